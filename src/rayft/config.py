@@ -1,0 +1,282 @@
+"""One typed config for the whole lifecycle, loaded from YAML and validated with pydantic.
+
+Every section forbids unknown keys, so a typo is an error rather than a silently ignored
+setting. Errors name the file and the dotted key path (``train.micro_batch_size``) and, where
+the YAML parser knows it, the line.
+
+Public entry points: :func:`load_config` (file + ``--set`` overrides → :class:`RayftConfig`)
+and :class:`ConfigError`.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from rayft.cluster.spec import ClusterConfig
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be read or does not validate. The message names file and key."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    """What to fine-tune.
+
+    ``name_or_path`` is a Hugging Face hub id (``Qwen/Qwen2.5-1.5B``), a local directory with
+    ``config.json`` and weights, or an architecture preset (``qwen2.5-0.5b``, ``qwen2.5-1.5b``,
+    ``qwen2.5-3b``, ``qwen2.5-7b``, ``qwen2-tiny``) built from its published config with random
+    initialisation. ``config_overrides`` edits the model config (e.g. fewer layers for a smoke test).
+    """
+
+    name_or_path: str = "qwen2-tiny"
+    revision: str | None = None
+    tokenizer: str | None = Field(
+        default=None,
+        description="Tokenizer hub id or directory; default: the model's, or the offline Qwen2.5 tokenizer for presets.",
+    )
+    config_overrides: dict[str, Any] = Field(default_factory=dict)
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2", "flex_attention"] = "sdpa"
+    trust_remote_code: bool = False
+
+
+class DataConfig(_Section):
+    """Training data: chat records rendered with the tokenizer's chat template.
+
+    ``format``: ``messages`` ({"messages": [{"role", "content"}]}), ``alpaca``
+    ({instruction, input, output}) or ``auto`` (decided per record by its keys).
+    """
+
+    train_files: list[str] = Field(min_length=1)
+    format: Literal["auto", "messages", "alpaca"] = "auto"
+    seq_len: int = Field(default=2048, ge=8, description="Maximum tokens per example (longer ones are truncated).")
+    shuffle: bool = True
+    seed: int = 0
+    max_examples: int | None = Field(default=None, ge=1)
+
+    @field_validator("train_files", mode="before")
+    @classmethod
+    def _one_or_many(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
+
+
+class TrainConfig(_Section):
+    """The optimisation: batch geometry, schedule, optimizer, step budget.
+
+    Global batch (examples) = ``num_workers`` × ``micro_batch_size`` × ``grad_accum_steps``.
+    """
+
+    num_workers: int | Literal["auto"] = "auto"
+    use_gpu: bool | Literal["auto"] = "auto"
+    cpus_per_worker: float = Field(default=1, gt=0)
+    micro_batch_size: int = Field(default=8, ge=1)
+    grad_accum_steps: int = Field(default=1, ge=1)
+    epochs: int = Field(default=1, ge=1)
+    max_steps: int | None = Field(default=None, ge=1, description="Stop after this many optimizer steps (overrides epochs).")
+    lr: float = Field(default=1e-5, gt=0)
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
+    warmup_steps: int = Field(default=0, ge=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = Field(default=1e-8, gt=0)
+    max_grad_norm: float | None = Field(default=1.0, gt=0)
+    activation_checkpointing: bool = False
+    compile: bool = False
+    seed: int = 0
+    log_every: int = Field(default=1, ge=1)
+
+
+class ParallelConfig(_Section):
+    """FSDP2 (``fully_shard``) settings.
+
+    Parameters are kept in fp32 (master weights) and cast to ``param_dtype`` for compute;
+    gradients are reduced in ``reduce_dtype``. On CPU workers compute stays fp32.
+    """
+
+    param_dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    reduce_dtype: Literal["bfloat16", "float32"] = "float32"
+    reshard_after_forward: bool = True
+    backend: Literal["auto", "nccl", "gloo"] = "auto"
+
+
+class CheckpointConfig(_Section):
+    """Where a run lives and how often it is checkpointed.
+
+    The run directory is ``storage_path/name``. ``storage_path`` must be reachable from every node
+    (a shared file system or ``s3://``) when the cluster has more than one node.
+    """
+
+    storage_path: str = "./runs"
+    name: str | None = None
+    every_steps: int | None = Field(default=None, ge=1)
+    keep_last: int = Field(default=2, ge=1)
+    export_hf: bool = True
+
+
+class RayConfig(_Section):
+    """How the driver reaches Ray: ``address`` (or RAY_ADDRESS) for a running cluster, else embedded."""
+
+    address: str | None = None
+    max_failures: int = Field(default=0, ge=-1, description="Worker-group restarts allowed (-1: unlimited).")
+    num_cpus: int | None = Field(default=None, ge=1, description="CPUs of the embedded local Ray (default: all).")
+    log_to_driver: bool = False
+
+
+class RayftConfig(_Section):
+    """The whole job: one YAML file with these sections."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    ray: RayConfig = Field(default_factory=RayConfig)
+    cluster: ClusterConfig | None = Field(default=None, description="Where the job runs on EKS (rayft.cluster.spec).")
+
+    @model_validator(mode="after")
+    def _check(self) -> "RayftConfig":
+        if self.train.warmup_steps and self.train.max_steps and self.train.warmup_steps > self.train.max_steps:
+            raise ValueError(
+                f"train.warmup_steps ({self.train.warmup_steps}) exceeds train.max_steps ({self.train.max_steps})"
+            )
+        return self
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _line_of(path: Path, loc: tuple[Any, ...]) -> int | None:
+    """1-based line of the key at ``loc`` in the YAML file, found by walking the node tree."""
+    try:
+        node = yaml.compose(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, OSError):
+        return None
+    for key in loc:
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                if k.value == str(key):
+                    node = v
+                    line = k.start_mark.line + 1
+                    break
+            else:
+                return getattr(node, "start_mark", None) and node.start_mark.line + 1
+        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
+            node = node.value[key]
+            line = node.start_mark.line + 1
+        else:
+            break
+    else:
+        return line if loc else None
+    return node.start_mark.line + 1 if node is not None else None
+
+
+def _format_validation_error(err: ValidationError, source: str, path: Path | None) -> str:
+    lines = [f"{source}: invalid config ({err.error_count()} error{'s' if err.error_count() > 1 else ''})"]
+    for e in err.errors():
+        loc = tuple(x for x in e["loc"])
+        dotted = ".".join(str(x) for x in loc) or "<top level>"
+        where = ""
+        if path is not None and loc:
+            ln = _line_of(path, loc)
+            if ln:
+                where = f" (line {ln})"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif e["type"] == "missing":
+            msg = "required key is missing"
+        given = e.get("input")
+        tail = "" if e["type"] in ("extra_forbidden", "missing") or isinstance(given, dict) else f" (got {given!r})"
+        lines.append(f"  {dotted}{where}: {msg}{tail}")
+    return "\n".join(lines)
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """Split ``a.b.c=value`` into (["a","b","c"], parsed value). The value is parsed as YAML.
+
+    Raises:
+        ConfigError: when ``item`` has no ``=`` or an empty key.
+    """
+    if "=" not in item:
+        raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. train.max_steps=100")
+    key, _, raw = item.partition("=")
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ConfigError(f"--set {item!r}: empty key segment in {key!r}")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return parts, value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``--set`` overrides in order to a raw (unvalidated) config mapping, in place."""
+    for item in overrides:
+        parts, value = parse_override(item)
+        node = raw
+        for p in parts[:-1]:
+            nxt = node.get(p)
+            if nxt is None:
+                nxt = node[p] = {}
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"--set {item!r}: {p!r} is not a section")
+            node = nxt
+        node[parts[-1]] = value
+    return raw
+
+
+def load_config(path: str | os.PathLike[str], overrides: list[str] | None = None) -> RayftConfig:
+    """Read, override and validate a config file.
+
+    Relative paths in ``data.train_files`` are resolved against the config file's directory
+    when they exist there, else against the current directory.
+
+    Raises:
+        ConfigError: unreadable file, YAML syntax error (with line and column), a top level that is
+            not a mapping, unknown keys or wrong types (each with its dotted key path and line).
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: config file not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{p}: cannot read config: {e}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{p}:{where}: YAML syntax error: {getattr(e, 'problem', e)}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping of sections, got {type(raw).__name__}")
+    apply_overrides(raw, overrides or [])
+    try:
+        cfg = RayftConfig.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(_format_validation_error(e, str(p), p)) from None
+    base = p.resolve().parent
+    resolved = []
+    for f in cfg.data.train_files:
+        local = base / f
+        if "://" not in f and not os.path.isabs(f) and (local.exists() or glob.glob(str(local))):
+            f = str(local.resolve()) if local.exists() else str(local)
+        resolved.append(f)
+    cfg.data.train_files = resolved
+    return cfg
+
+
+def dump_config(cfg: RayftConfig) -> str:
+    """The resolved config as YAML (what `rayft config show` prints and each run stores)."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
