@@ -58,6 +58,7 @@ class DataConfig(_Section):
     train_files: list[str] = Field(min_length=1)
     format: Literal["auto", "messages", "alpaca"] = "auto"
     seq_len: int = Field(default=2048, ge=8, description="Maximum tokens per example (longer ones are truncated).")
+    packing: bool = Field(default=True, description="Pack several examples per row (no cross-document attention); else one per row.")
     shuffle: bool = True
     seed: int = 0
     max_examples: int | None = Field(default=None, ge=1)

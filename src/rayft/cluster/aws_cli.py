@@ -1,0 +1,223 @@
+"""`rayft capacity` and `rayft cluster plan|up|status|down`: thin commands over capacity.py and eks.py."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from rayft.config import ConfigError, load_config
+
+console = Console(stderr=True)
+
+ConfigArg = Annotated[Path, typer.Argument(help="The job's YAML config file (with a cluster: section).")]
+SetOpt = Annotated[
+    Optional[list[str]], typer.Option("--set", "-s", help="Override a key, e.g. --set cluster.num_nodes=4 (repeatable).")
+]
+YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Answer yes to every confirmation.")]
+WorkdirOpt = Annotated[
+    Optional[Path], typer.Option(help="Where rendered eksctl files go (default: .rayft/<cluster name> beside the config).")
+]
+
+
+def _cluster(path: Path, overrides: list[str] | None):
+    try:
+        cfg = load_config(path, overrides or [])
+    except ConfigError as e:
+        console.print(f"[bold red]config error[/]: {e}", highlight=False)
+        raise typer.Exit(2) from None
+    if cfg.cluster is None:
+        console.print(f"[bold red]config error[/]: {path}: no `cluster:` section; add one to use EKS", highlight=False)
+        raise typer.Exit(2)
+    return cfg.cluster
+
+
+def _workdir(config: Path, name: str, workdir: Path | None) -> Path:
+    return workdir if workdir is not None else config.resolve().parent / ".rayft" / name
+
+
+def _confirm(yes: bool):
+    return (lambda q: True) if yes else (lambda q: typer.confirm(q, default=False, err=True))
+
+
+def _context(cluster, workdir: Path, yes: bool):
+    from rayft.cluster.capacity import boto3_clients
+    from rayft.cluster.eks import Context
+    from rayft.cluster.runner import SubprocessRunner
+
+    def say(msg: str) -> None:
+        console.print(msg, highlight=False, markup=False)
+
+    return Context(
+        cfg=cluster, runner=SubprocessRunner(echo=lambda s: console.print(s, style="dim", highlight=False, markup=False)),
+        clients=boto3_clients(), say=say, confirm=_confirm(yes), workdir=workdir,
+    )  # fmt: skip
+
+
+def _fail(e: Exception) -> None:
+    console.print(f"[bold red]error[/]: {e}", highlight=False)
+    raise typer.Exit(1) from None
+
+
+def capacity(
+    config: ConfigArg,
+    set_: SetOpt = None,
+    region: Annotated[
+        Optional[list[str]], typer.Option("--region", "-r", help="Region to search (repeatable; default: cluster.aws.capacity_regions or region).")
+    ] = None,
+    probe: Annotated[
+        bool, typer.Option(help="Definitive check: create a targeted capacity reservation per AZ and cancel it at once (billed for seconds).")
+    ] = False,
+    yes: YesOpt = False,
+) -> None:
+    """Where N × the GPU type can launch: offered AZs, vCPU quota headroom, optional live probe."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from rayft.cluster.capacity import ReservationLeak, boto3_clients, find_capacity, render_report
+
+    c = _cluster(config, set_)
+    regions = list(region or c.aws.capacity_regions or [c.aws.region])
+    if probe and not yes and not typer.confirm(
+        f"--probe reserves {c.num_nodes} × {c.instance_type} On-Demand per candidate AZ and cancels it at once "
+        "(billed for the seconds it exists). Proceed?", default=False, err=True,
+    ):  # fmt: skip
+        probe = False
+    try:
+        report = find_capacity(
+            boto3_clients(), c.instance_type, c.num_nodes, regions,
+            availability_zones=c.aws.availability_zones, capacity_type=c.aws.capacity_type, probe=probe,
+            tags={"rayft.io/cluster": c.name}, say=lambda s: console.print(s, highlight=False, markup=False),
+        )  # fmt: skip
+    except ReservationLeak as e:
+        _fail(e)
+    except (ClientError, BotoCoreError) as e:
+        _fail(e)
+    shape = report.shape
+    title = f"{c.num_nodes} × {c.instance_type} ({c.aws.capacity_type})"
+    if shape:
+        title += f": {shape.vcpus} vCPU each, need {report.need_vcpus} vCPU; {shape.gpus} GPU; EFA {'yes' if shape.efa_supported else 'no'}"
+    rows = render_report(report)
+    table = Table(title=title)
+    for h in rows[0]:
+        table.add_column(h)
+    for r in rows[1:]:
+        table.add_row(*r)
+    Console().print(table)
+    for n in report.notes:
+        console.print(f"note: {n}", highlight=False, markup=False)
+    if report.quota_commands:
+        console.print("Quota too low where marked 'quota short'. To request an increase (vCPUs):", highlight=False)
+        for cmd in report.quota_commands:
+            sys.stdout.write(cmd + "\n")
+    best = report.usable()
+    if not best:
+        console.print(f"[bold red]no region/AZ can take {c.num_nodes} × {c.instance_type} now[/]")
+        raise typer.Exit(1)
+    b = best[0]
+    console.print(f"best: {b.region} / {b.az} ({b.verdict})", highlight=False)
+
+
+cluster_app = typer.Typer(help="Create, inspect and remove the EKS cluster of the config (idempotent).", no_args_is_help=True)
+
+
+@cluster_app.command("plan")
+def cluster_plan(
+    config: ConfigArg,
+    set_: SetOpt = None,
+    workdir: WorkdirOpt = None,
+    az: Annotated[Optional[str], typer.Option(help="Show the GPU node group in this AZ.")] = None,
+) -> None:
+    """Print every AWS call, eksctl/helm/kubectl command and rendered file `up` would use. Changes nothing."""
+    from rayft.cluster.eks import plan, plan_down, render_plan
+    from rayft.cluster.runner import missing_tools
+
+    c = _cluster(config, set_)
+    missing = missing_tools()
+    if missing:
+        console.print(f"[yellow]warning[/]: not on PATH: {', '.join(missing)} (`up` needs them)", highlight=False)
+    try:
+        import boto3
+
+        if boto3.session.Session().get_credentials() is None:
+            console.print("[yellow]warning[/]: no AWS credentials found (`up` needs them)", highlight=False)
+    except ImportError:
+        console.print("[yellow]warning[/]: boto3 is not installed (pip install 'rayft[aws]')", highlight=False)
+    sys.stdout.write(render_plan(plan(c, _workdir(config, c.name, workdir), gpu_az=az)))
+    sys.stdout.write("## down (reverse order, each only when its probe finds the thing)\n")
+    for cmd in plan_down(c):
+        sys.stdout.write(f"  run     {cmd}\n")
+
+
+@cluster_app.command("up")
+def cluster_up(config: ConfigArg, set_: SetOpt = None, yes: YesOpt = False, workdir: WorkdirOpt = None) -> None:
+    """Create or resume the cluster, node groups and add-ons; a second run is a no-op."""
+    from rayft.cluster.eks import LifecycleError, up
+
+    c = _cluster(config, set_)
+    try:
+        up(_context(c, _workdir(config, c.name, workdir), yes))
+    except LifecycleError as e:
+        _fail(e)
+
+
+@cluster_app.command("status")
+def cluster_status(config: ConfigArg, set_: SetOpt = None) -> None:
+    """Cluster and node groups, allocatable GPU/EFA per node, RayClusters, hourly cost."""
+    from rayft.cluster.eks import LifecycleError, preflight, status
+
+    c = _cluster(config, set_)
+    ctx = _context(c, _workdir(config, c.name, None), False)
+    try:
+        preflight(ctx)
+        st = status(ctx)
+    except LifecycleError as e:
+        _fail(e)
+    out = Console()
+    out.print(f"cluster {c.name} ({c.aws.region}): {st.cluster}", highlight=False)
+    for ng, s in st.nodegroups.items():
+        out.print(f"  node group {ng}: {s}", highlight=False)
+    if st.nodes:
+        t = Table(title="nodes")
+        for h in ("name", "role", "instance type", "GPU", "EFA", "$/h"):
+            t.add_column(h)
+        for n in st.nodes:
+            price = "?" if n["usd_per_hour"] is None else f"{n['usd_per_hour']:.2f}"
+            t.add_row(n["name"], n["role"], n["instance_type"], str(n["gpus"]), str(n["efa"]), price)
+        out.print(t)
+    for rc in st.rayclusters:
+        out.print(f"  RayCluster {rc['namespace']}/{rc['name']}: {rc['state']}", highlight=False)
+    if st.hourly_usd is not None:
+        extra = f" (not priced: {', '.join(sorted(set(st.unpriced)))})" if st.unpriced else ""
+        out.print(f"running cost: ${st.hourly_usd:.2f}/hour On-Demand{extra}", highlight=False)
+
+
+@cluster_app.command("down")
+def cluster_down(config: ConfigArg, set_: SetOpt = None, yes: YesOpt = False) -> None:
+    """Remove add-ons, node groups and the cluster (reverse order); report billable leftovers by tag."""
+    from rayft.cluster.eks import LifecycleError, down
+
+    c = _cluster(config, set_)
+    if not yes and not typer.confirm(f"Delete cluster {c.name} in {c.aws.region} and everything `up` created?", default=False, err=True):
+        raise typer.Exit(1)
+    try:
+        left, errors = down(_context(c, _workdir(config, c.name, None), yes))
+    except LifecycleError as e:
+        _fail(e)
+    for e in errors:
+        console.print(f"[yellow]could not check[/] {e}", highlight=False)
+    if left:
+        console.print(f"[bold yellow]billable leftovers tagged for {c.name}:[/]", highlight=False)
+        for x in left:
+            sys.stdout.write(f"{x.kind}\t{x.id}\t{x.detail}\n")
+        raise typer.Exit(1)
+    console.print(f"cluster {c.name} removed; no billable leftovers found by tag")
+
+
+def register(app: typer.Typer) -> None:
+    """Attach `capacity` and the `cluster` sub-app to the rayft CLI."""
+    app.command("capacity")(capacity)
+    app.add_typer(cluster_app, name="cluster")

@@ -1,0 +1,921 @@
+"""The EKS cluster lifecycle: plan, up, status, down — each step probes state before it acts.
+
+``up`` runs these steps; each asks AWS (boto3) what exists before doing anything, so running it
+twice is a no-op and running it after a failure resumes:
+
+1. **preflight** — eksctl, helm, kubectl on PATH; AWS credentials valid (STS GetCallerIdentity).
+2. **capacity** — AZs offering the GPU type with vCPU quota headroom (only when something must be
+   created); see :mod:`rayft.cluster.capacity`.
+3. **cluster** — EKS DescribeCluster and CloudFormation ``eksctl-<name>-cluster``:
+   ACTIVE → reuse; CREATING/UPDATING → wait; DELETING → wait, then create; FAILED or a stack in
+   ROLLBACK_COMPLETE → explain and clean up on confirmation; absent → ``eksctl create cluster``
+   (VPC, OIDC, core add-ons and the system node group of m7i.xlarge).
+4. **kubeconfig** — ``eksctl utils write-kubeconfig``.
+5. **system node group**, **placement group** (optional), **GPU node group** — DescribeNodegroup
+   and the ``eksctl-<name>-nodegroup-<ng>`` stack, same transitions. The GPU group is pinned to one
+   AZ and the cluster's private subnet there; InsufficientInstanceCapacity in that AZ cleans up the
+   failed stack and moves to the next candidate AZ.
+6. **add-ons** — :mod:`rayft.cluster.addons`, then wait until the device plugins are ready.
+
+``down`` removes the same things in reverse order and reports billable leftovers by tag.
+``plan`` prints every AWS call, command and rendered file without touching anything.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
+from rayft.cluster import addons
+from rayft.cluster.capacity import TAG_CLUSTER, ClientFactory, CapacityReport, describe_shape, find_capacity
+from rayft.cluster.runner import Runner, missing_tools
+from rayft.cluster.spec import ClusterConfig
+
+NOT_FOUND = "NOT_FOUND"
+#: CloudFormation states that hold no running resources and block a re-create with the same name.
+FAILED_STACK_STATES = {"ROLLBACK_COMPLETE", "ROLLBACK_FAILED", "CREATE_FAILED", "DELETE_FAILED", "UPDATE_ROLLBACK_FAILED"}
+STACK_BUSY_STATES = {"CREATE_IN_PROGRESS", "ROLLBACK_IN_PROGRESS", "DELETE_IN_PROGRESS", "UPDATE_IN_PROGRESS",
+                     "UPDATE_COMPLETE_CLEANUP_IN_PROGRESS", "UPDATE_ROLLBACK_IN_PROGRESS",
+                     "UPDATE_ROLLBACK_COMPLETE_CLEANUP_IN_PROGRESS", "REVIEW_IN_PROGRESS"}  # fmt: skip
+CAPACITY_ERRORS = ("InsufficientInstanceCapacity", "insufficient capacity", "InsufficientCapacity")
+
+
+class LifecycleError(RuntimeError):
+    """A step that cannot go on; the message says why and how to recover by hand."""
+
+
+# --------------------------------------------------------------------------- names
+
+
+def cluster_stack(cfg: ClusterConfig) -> str:
+    return f"eksctl-{cfg.name}-cluster"
+
+
+def nodegroup_stack(cfg: ClusterConfig, ng: str) -> str:
+    return f"eksctl-{cfg.name}-nodegroup-{ng}"
+
+
+def placement_group_name(cfg: ClusterConfig) -> str:
+    return f"rayft-{cfg.name}-{cfg.aws.gpu_nodegroup}"
+
+
+def cluster_tags(cfg: ClusterConfig) -> dict[str, str]:
+    return {**cfg.aws.tags, TAG_CLUSTER: cfg.name}
+
+
+# --------------------------------------------------------------------------- eksctl config
+
+
+def render_cluster_config(cfg: ClusterConfig, cluster_azs: list[str]) -> dict[str, Any]:
+    """eksctl ClusterConfig for the control plane, its VPC and the system node group."""
+    a = cfg.aws
+    n = a.system_nodes
+    return {
+        "apiVersion": "eksctl.io/v1alpha5",
+        "kind": "ClusterConfig",
+        "metadata": {"name": cfg.name, "region": a.region, "version": str(a.kubernetes_version), "tags": cluster_tags(cfg)},
+        "availabilityZones": list(cluster_azs),
+        "vpc": {"clusterEndpoints": {"privateAccess": True, "publicAccess": True}, "nat": {"gateway": "Single"}},
+        "iam": {"withOIDC": True},
+        "addons": [{"name": "vpc-cni"}, {"name": "coredns"}, {"name": "kube-proxy"}],
+        "managedNodeGroups": [
+            {
+                "name": a.system_nodegroup,
+                "instanceType": a.system_instance_type,
+                "desiredCapacity": n,
+                "minSize": n,
+                "maxSize": n,
+                "privateNetworking": True,
+                "amiFamily": a.ami_family,
+                "labels": {"role": addons.SYSTEM_ROLE},
+                "tags": cluster_tags(cfg),
+            }
+        ],
+    }
+
+
+def render_gpu_nodegroup_config(cfg: ClusterConfig, az: str, subnet_id: str | None) -> dict[str, Any]:
+    """eksctl ClusterConfig holding only the GPU managed node group, pinned to ``az``.
+
+    ``subnet_id``: the cluster's private subnet in ``az`` (an explicit id, so the group can never
+    drift to another subnet); None renders ``availabilityZones: [az]`` (what ``plan`` shows before
+    the cluster exists).
+    """
+    a = cfg.aws
+    n = cfg.num_nodes
+    ng: dict[str, Any] = {
+        "name": a.gpu_nodegroup,
+        "instanceType": cfg.instance_type,
+        "desiredCapacity": n,
+        "minSize": n,
+        "maxSize": n,
+    }
+    if subnet_id:
+        ng["subnets"] = [subnet_id]
+    else:
+        ng["availabilityZones"] = [az]
+    ng["privateNetworking"] = True
+    ng["efaEnabled"] = bool(cfg.efa)
+    ng["amiFamily"] = a.ami_family
+    ng["volumeSize"] = a.volume_size_gib
+    if a.capacity_type == "spot":
+        ng["spot"] = True
+    ng["labels"] = {
+        **a.gpu_labels,
+        "role": addons.GPU_ROLE,
+        # the NVIDIA device plugin chart's default node affinity requires this label
+        "nvidia.com/gpu.present": "true",
+        TAG_CLUSTER: cfg.name,
+    }
+    if a.gpu_taints:
+        ng["taints"] = [t.model_dump() for t in a.gpu_taints]
+    if a.placement_group:
+        ng["placement"] = {"groupName": placement_group_name(cfg)}
+    if a.capacity_reservation_id:
+        ng["capacityReservation"] = {"capacityReservationTarget": {"capacityReservationID": a.capacity_reservation_id}}
+    ng["tags"] = cluster_tags(cfg)
+    return {
+        "apiVersion": "eksctl.io/v1alpha5",
+        "kind": "ClusterConfig",
+        "metadata": {"name": cfg.name, "region": a.region, "version": str(a.kubernetes_version), "tags": cluster_tags(cfg)},
+        "managedNodeGroups": [ng],
+    }
+
+
+def to_yaml(doc: dict[str, Any]) -> str:
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+# --------------------------------------------------------------------------- command lines
+
+
+def create_cluster_argv(path: Path) -> list[str]:
+    return ["eksctl", "create", "cluster", "--config-file", str(path), "--install-nvidia-plugin=false"]
+
+
+def create_nodegroup_argv(path: Path, ng: str) -> list[str]:
+    return ["eksctl", "create", "nodegroup", "--config-file", str(path), f"--include={ng}", "--install-nvidia-plugin=false"]
+
+
+def write_kubeconfig_argv(cfg: ClusterConfig) -> list[str]:
+    return ["eksctl", "utils", "write-kubeconfig", "--cluster", cfg.name, "--region", cfg.aws.region]
+
+
+def delete_nodegroup_argv(cfg: ClusterConfig, ng: str) -> list[str]:
+    return ["eksctl", "delete", "nodegroup", "--cluster", cfg.name, "--region", cfg.aws.region, "--name", ng, "--wait"]
+
+
+def delete_cluster_argv(cfg: ClusterConfig) -> list[str]:
+    return ["eksctl", "delete", "cluster", "--name", cfg.name, "--region", cfg.aws.region, "--wait"]
+
+
+# --------------------------------------------------------------------------- probes
+
+
+def _code(e: ClientError) -> str:
+    return e.response.get("Error", {}).get("Code", "")
+
+
+def cluster_status(eks: Any, name: str) -> str:
+    try:
+        return eks.describe_cluster(name=name)["cluster"]["status"]
+    except ClientError as e:
+        if _code(e) == "ResourceNotFoundException":
+            return NOT_FOUND
+        raise
+
+
+def nodegroup_info(eks: Any, cluster: str, ng: str) -> dict[str, Any] | None:
+    try:
+        return eks.describe_nodegroup(clusterName=cluster, nodegroupName=ng)["nodegroup"]
+    except ClientError as e:
+        if _code(e) == "ResourceNotFoundException":
+            return None
+        raise
+
+
+def nodegroup_status(eks: Any, cluster: str, ng: str) -> str:
+    info = nodegroup_info(eks, cluster, ng)
+    return NOT_FOUND if info is None else info["status"]
+
+
+def stack_status(cfn: Any, stack: str) -> str:
+    try:
+        stacks = cfn.describe_stacks(StackName=stack)["Stacks"]
+    except ClientError as e:
+        if _code(e) == "ValidationError" and "does not exist" in str(e):
+            return NOT_FOUND
+        raise
+    status = stacks[0]["StackStatus"] if stacks else NOT_FOUND
+    return NOT_FOUND if status == "DELETE_COMPLETE" else status
+
+
+def stack_failure_reasons(cfn: Any, stack: str, limit: int = 5) -> list[str]:
+    try:
+        events = cfn.describe_stack_events(StackName=stack)["StackEvents"]
+    except ClientError:
+        return []
+    out = []
+    for ev in events:
+        if ev.get("ResourceStatus", "").endswith("FAILED") and ev.get("ResourceStatusReason"):
+            out.append(f"{ev.get('LogicalResourceId', '?')}: {ev['ResourceStatusReason']}")
+    return out[:limit]
+
+
+def cluster_private_subnets(eks: Any, ec2: Any, name: str) -> dict[str, str]:
+    """AZ → the cluster's private subnet there (eksctl tags them kubernetes.io/role/internal-elb)."""
+    ids = eks.describe_cluster(name=name)["cluster"].get("resourcesVpcConfig", {}).get("subnetIds", [])
+    if not ids:
+        return {}
+    out: dict[str, str] = {}
+    for s in sorted(ec2.describe_subnets(SubnetIds=ids)["Subnets"], key=lambda s: s["SubnetId"]):
+        tags = {t["Key"]: t["Value"] for t in s.get("Tags", [])}
+        private = "kubernetes.io/role/internal-elb" in tags or not s.get("MapPublicIpOnLaunch", False)
+        if private and "kubernetes.io/role/elb" not in tags:
+            out.setdefault(s["AvailabilityZone"], s["SubnetId"])
+    return out
+
+
+# --------------------------------------------------------------------------- the context
+
+
+@dataclass
+class Context:
+    """Everything a lifecycle step needs; tests swap the runner, clients, confirm and sleep."""
+
+    cfg: ClusterConfig
+    runner: Runner
+    clients: ClientFactory
+    say: Callable[[str], None] = print
+    confirm: Callable[[str], bool] = lambda q: False
+    sleep: Callable[[float], None] = time.sleep
+    workdir: Path = Path(".rayft")
+    poll_s: float = 20.0
+
+    def client(self, service: str) -> Any:
+        return self.clients(service, self.cfg.aws.region)
+
+    @property
+    def max_polls(self) -> int:
+        return max(1, int(self.cfg.aws.wait_timeout_minutes * 60 / max(self.poll_s, 1e-3)))
+
+    def wait(self, what: str, probe: Callable[[], str], until: set[str], fail: set[str] = frozenset()) -> str:
+        """Poll ``probe`` until it reports a state in ``until`` (or ``fail``); raise on time-out."""
+        state = probe()
+        for _ in range(self.max_polls):
+            if state in until or state in fail:
+                return state
+            self.say(f"{what} is {state}; waiting")
+            self.sleep(self.poll_s)
+            state = probe()
+        if state in until or state in fail:
+            return state
+        raise LifecycleError(
+            f"{what} still {state} after {self.cfg.aws.wait_timeout_minutes} min; re-run the same command later, it resumes"
+        )
+
+
+@dataclass
+class UpResult:
+    created: list[str] = field(default_factory=list)
+    reused: list[str] = field(default_factory=list)
+    gpu_az: str | None = None
+    skipped_azs: dict[str, str] = field(default_factory=dict)
+    addons: addons.AddonOutcome | None = None
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.created) or bool(self.addons and self.addons.installed)
+
+
+# --------------------------------------------------------------------------- preflight
+
+
+def preflight(ctx: Context, tools: tuple[str, ...] = ("eksctl", "helm", "kubectl")) -> str:
+    """Fail before anything starts when a tool or the credentials are missing; returns the caller ARN."""
+    problems = []
+    missing = missing_tools(tools)
+    if missing:
+        problems.append(
+            "missing tools: " + ", ".join(missing) + " (eksctl: https://eksctl.io/installation/, "
+            "helm: https://helm.sh/docs/intro/install/, kubectl: https://kubernetes.io/docs/tasks/tools/)"
+        )
+    arn = ""
+    try:
+        arn = ctx.client("sts").get_caller_identity()["Arn"]
+    except (NoCredentialsError, ClientError, BotoCoreError) as e:
+        problems.append(
+            f"AWS credentials not usable ({type(e).__name__}: {e}); set AWS_PROFILE or AWS_ACCESS_KEY_ID/"
+            "AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN), then re-run"
+        )
+    if problems:
+        raise LifecycleError("cannot start:\n  " + "\n  ".join(problems))
+    return arn
+
+
+# --------------------------------------------------------------------------- steps
+
+
+def _clear_failed_stack(ctx: Context, stack: str, *, ours: bool = False) -> None:
+    """A stack left in ROLLBACK_COMPLETE (or another failed state) blocks eksctl; explain, confirm, delete."""
+    cfn = ctx.client("cloudformation")
+    status = stack_status(cfn, stack)
+    if status in STACK_BUSY_STATES:
+        status = ctx.wait(f"stack {stack}", lambda: stack_status(cfn, stack),
+                          until={NOT_FOUND, "CREATE_COMPLETE", "UPDATE_COMPLETE"} | FAILED_STACK_STATES)  # fmt: skip
+    if status not in FAILED_STACK_STATES:
+        return
+    reasons = stack_failure_reasons(cfn, stack)
+    ctx.say(
+        f"CloudFormation stack {stack} is {status}, left by a failed attempt"
+        + ("".join(f"\n    {r}" for r in reasons) if reasons else "")
+        + "\n  It holds no running resources, but eksctl cannot create a stack with the same name until it is deleted."
+    )
+    if not ours and not ctx.confirm(f"Delete stack {stack} ({status}) now?"):
+        raise LifecycleError(
+            f"stack {stack} is {status}; delete it, then re-run:\n"
+            f"  aws cloudformation delete-stack --stack-name {stack} --region {ctx.cfg.aws.region}"
+        )
+    cfn.delete_stack(StackName=stack)
+    ctx.wait(f"stack {stack}", lambda: stack_status(cfn, stack), until={NOT_FOUND}, fail={"DELETE_FAILED"})
+    if stack_status(cfn, stack) != NOT_FOUND:
+        raise LifecycleError(f"stack {stack} could not be deleted (DELETE_FAILED); inspect it in the CloudFormation console")
+    ctx.say(f"deleted stack {stack}")
+
+
+def _write(ctx: Context, name: str, doc: dict[str, Any]) -> Path:
+    ctx.workdir.mkdir(parents=True, exist_ok=True)
+    path = ctx.workdir / name
+    path.write_text(to_yaml(doc), encoding="utf-8")
+    return path
+
+
+def ensure_cluster(ctx: Context, cluster_azs: Callable[[], list[str]], result: UpResult) -> None:
+    cfg, eks = ctx.cfg, ctx.client("eks")
+    what = f"cluster {cfg.name}"
+    status = cluster_status(eks, cfg.name)
+    if status in ("CREATING", "UPDATING", "PENDING"):
+        status = ctx.wait(what, lambda: cluster_status(eks, cfg.name), until={"ACTIVE"}, fail={"FAILED", NOT_FOUND})
+    if status == "DELETING":
+        status = ctx.wait(what, lambda: cluster_status(eks, cfg.name), until={NOT_FOUND}, fail={"FAILED"})
+    if status == "FAILED":
+        reasons = stack_failure_reasons(ctx.client("cloudformation"), cluster_stack(cfg))
+        ctx.say(f"{what} is FAILED" + "".join(f"\n    {r}" for r in reasons))
+        if not ctx.confirm(f"Delete the failed cluster {cfg.name} (eksctl delete cluster) and create it again?"):
+            raise LifecycleError(f"{what} is FAILED; remove it by hand, then re-run `rayft cluster up`:\n  {shlex.join(delete_cluster_argv(cfg))}")
+        ctx.runner.run(delete_cluster_argv(cfg), stream=True)
+        status = ctx.wait(what, lambda: cluster_status(eks, cfg.name), until={NOT_FOUND})
+    if status == "ACTIVE":
+        ctx.say(f"{what}: ACTIVE, reused")
+        result.reused.append("cluster")
+        return
+    if status != NOT_FOUND:
+        raise LifecycleError(f"{what} is in state {status}; inspect it in the EKS console before re-running")
+    _clear_failed_stack(ctx, cluster_stack(cfg))
+    path = _write(ctx, "eksctl-cluster.yaml", render_cluster_config(cfg, cluster_azs()))
+    ctx.say(f"creating {what} with its system node group (15-20 min)")
+    res = ctx.runner.run(create_cluster_argv(path), check=False, stream=True)
+    status = cluster_status(eks, cfg.name)
+    if not res.ok or status != "ACTIVE":
+        raise LifecycleError(
+            f"`{shlex.join(create_cluster_argv(path))}` exited {res.returncode}; cluster status {status}. "
+            "Re-run `rayft cluster up`: it resumes from what exists."
+        )
+    result.created.append("cluster")
+    result.created.append(f"nodegroup/{cfg.aws.system_nodegroup}")
+
+
+def _nodegroup_ready_or_cleared(ctx: Context, ng: str) -> str:
+    """Probe a node group and bring it to ACTIVE (reuse) or NOT_FOUND (create); returns which."""
+    cfg, eks = ctx.cfg, ctx.client("eks")
+    what = f"node group {ng}"
+    status = nodegroup_status(eks, cfg.name, ng)
+    if status in ("CREATING", "UPDATING"):
+        status = ctx.wait(what, lambda: nodegroup_status(eks, cfg.name, ng), until={"ACTIVE"},
+                          fail={"CREATE_FAILED", "DEGRADED", "DELETE_FAILED", NOT_FOUND})  # fmt: skip
+    if status == "DELETING":
+        status = ctx.wait(what, lambda: nodegroup_status(eks, cfg.name, ng), until={NOT_FOUND}, fail={"DELETE_FAILED"})
+    if status in ("CREATE_FAILED", "DELETE_FAILED", "DEGRADED"):
+        info = nodegroup_info(eks, cfg.name, ng) or {}
+        issues = [f"{i.get('code')}: {i.get('message')}" for i in (info.get("health") or {}).get("issues", [])]
+        ctx.say(f"{what} is {status}" + "".join(f"\n    {i}" for i in issues))
+        if not ctx.confirm(f"Delete node group {ng} ({status}) and create it again?"):
+            raise LifecycleError(f"{what} is {status}; remove it by hand, then re-run:\n  {shlex.join(delete_nodegroup_argv(cfg, ng))}")
+        ctx.runner.run(delete_nodegroup_argv(cfg, ng), stream=True)
+        status = ctx.wait(what, lambda: nodegroup_status(eks, cfg.name, ng), until={NOT_FOUND})
+    if status not in ("ACTIVE", NOT_FOUND):
+        raise LifecycleError(f"{what} is in state {status}; inspect it in the EKS console before re-running")
+    return status
+
+
+def ensure_system_nodegroup(ctx: Context, result: UpResult) -> None:
+    cfg = ctx.cfg
+    ng = cfg.aws.system_nodegroup
+    if f"nodegroup/{ng}" in result.created:
+        return
+    if _nodegroup_ready_or_cleared(ctx, ng) == "ACTIVE":
+        ctx.say(f"node group {ng}: ACTIVE, reused")
+        result.reused.append(f"nodegroup/{ng}")
+        return
+    _clear_failed_stack(ctx, nodegroup_stack(cfg, ng))
+    azs = sorted(cluster_private_subnets(ctx.client("eks"), ctx.client("ec2"), cfg.name))
+    path = _write(ctx, "eksctl-cluster.yaml", render_cluster_config(cfg, azs))
+    res = ctx.runner.run(create_nodegroup_argv(path, ng), check=False, stream=True)
+    if not res.ok or nodegroup_status(ctx.client("eks"), cfg.name, ng) != "ACTIVE":
+        raise LifecycleError(f"creating node group {ng} failed (exit {res.returncode}); re-run `rayft cluster up` to resume")
+    result.created.append(f"nodegroup/{ng}")
+
+
+def ensure_placement_group(ctx: Context, result: UpResult) -> None:
+    if not ctx.cfg.aws.placement_group:
+        return
+    ec2, name = ctx.client("ec2"), placement_group_name(ctx.cfg)
+    try:
+        groups = ec2.describe_placement_groups(GroupNames=[name])["PlacementGroups"]
+    except ClientError as e:
+        if "NotFound" not in _code(e) and "InvalidPlacementGroup" not in _code(e):
+            raise
+        groups = []
+    if any(g.get("State") in ("available", "pending") for g in groups):
+        ctx.say(f"placement group {name}: exists, reused")
+        result.reused.append(f"placement-group/{name}")
+        return
+    tags = [{"Key": k, "Value": v} for k, v in cluster_tags(ctx.cfg).items()]
+    ec2.create_placement_group(GroupName=name, Strategy="cluster",
+                               TagSpecifications=[{"ResourceType": "placement-group", "Tags": tags}])  # fmt: skip
+    result.created.append(f"placement-group/{name}")
+
+
+def _reservation_az(ctx: Context) -> str | None:
+    rid = ctx.cfg.aws.capacity_reservation_id
+    if not rid:
+        return None
+    try:
+        crs = ctx.client("ec2").describe_capacity_reservations(CapacityReservationIds=[rid])["CapacityReservations"]
+    except (ClientError, BotoCoreError) as e:
+        ctx.say(f"warning: could not read capacity reservation {rid} ({e}); using the configured AZs")
+        return None
+    return crs[0]["AvailabilityZone"] if crs else None
+
+
+def _capacity_failure(ctx: Context, output: str) -> bool:
+    cfg = ctx.cfg
+    if any(s in output for s in CAPACITY_ERRORS):
+        return True
+    info = nodegroup_info(ctx.client("eks"), cfg.name, cfg.aws.gpu_nodegroup) or {}
+    text = " ".join(f"{i.get('code')} {i.get('message')}" for i in (info.get("health") or {}).get("issues", []))
+    text += " ".join(stack_failure_reasons(ctx.client("cloudformation"), nodegroup_stack(cfg, cfg.aws.gpu_nodegroup), limit=50))
+    return any(s in text for s in CAPACITY_ERRORS)
+
+
+def ensure_gpu_nodegroup(ctx: Context, candidates: Callable[[], list[str]], result: UpResult) -> None:
+    cfg = ctx.cfg
+    ng = cfg.aws.gpu_nodegroup
+    eks, ec2 = ctx.client("eks"), ctx.client("ec2")
+    if _nodegroup_ready_or_cleared(ctx, ng) == "ACTIVE":
+        info = nodegroup_info(eks, cfg.name, ng) or {}
+        size = (info.get("scalingConfig") or {}).get("desiredSize")
+        ctx.say(f"node group {ng}: ACTIVE, reused")
+        if size is not None and size != cfg.num_nodes:
+            ctx.say(
+                f"note: {ng} has {size} nodes, the config asks for {cfg.num_nodes}; to change it:\n"
+                f"  eksctl scale nodegroup --cluster {cfg.name} --region {cfg.aws.region} --name {ng} "
+                f"--nodes {cfg.num_nodes} --nodes-min {cfg.num_nodes} --nodes-max {cfg.num_nodes}"
+            )
+        result.reused.append(f"nodegroup/{ng}")
+        return
+    subnets = cluster_private_subnets(eks, ec2, cfg.name)
+    pinned = _reservation_az(ctx)
+    azs = [pinned] if pinned else [az for az in candidates() if az in subnets]
+    if not azs:
+        raise LifecycleError(
+            f"no candidate AZ for {cfg.instance_type} has a private subnet of cluster {cfg.name} "
+            f"(cluster subnets in: {', '.join(sorted(subnets)) or 'none'}); run `rayft capacity` to see why"
+        )
+    stack = nodegroup_stack(cfg, ng)
+    ours = False
+    for az in azs:
+        _clear_failed_stack(ctx, stack, ours=ours)
+        if az not in subnets:
+            result.skipped_azs[az] = "the cluster has no private subnet there"
+            continue
+        path = _write(ctx, "eksctl-gpu-nodegroup.yaml", render_gpu_nodegroup_config(cfg, az, subnets[az]))
+        ctx.say(f"creating node group {ng}: {cfg.num_nodes} × {cfg.instance_type} in {az} ({subnets[az]})")
+        res = ctx.runner.run(create_nodegroup_argv(path, ng), check=False, stream=True)
+        status = nodegroup_status(eks, cfg.name, ng)
+        if res.ok and status == "ACTIVE":
+            result.created.append(f"nodegroup/{ng}")
+            result.gpu_az = az
+            return
+        if _capacity_failure(ctx, res.stdout + res.stderr):
+            result.skipped_azs[az] = "InsufficientInstanceCapacity"
+            ctx.say(f"no capacity for {cfg.num_nodes} × {cfg.instance_type} in {az}; moving to the next AZ")
+            if status not in (NOT_FOUND,):
+                _nodegroup_ready_or_cleared(ctx, ng)
+            ours = True
+            continue
+        raise LifecycleError(
+            f"creating node group {ng} in {az} failed (exit {res.returncode}, status {status}); "
+            f"see the eksctl output above and `aws cloudformation describe-stack-events --stack-name {stack}`. "
+            "Re-run `rayft cluster up` to resume."
+        )
+    _clear_failed_stack(ctx, stack, ours=True)
+    raise LifecycleError(
+        f"no capacity for {cfg.num_nodes} × {cfg.instance_type} in any candidate AZ ({', '.join(azs)}); "
+        "try later, another region (`rayft capacity`), or a capacity reservation (cluster.aws.capacity_reservation_id)"
+    )
+
+
+def wait_addons_ready(ctx: Context, daemonsets: list[str], gpus_per_node: int) -> addons.Readiness:
+    cfg = ctx.cfg
+    last = addons.Readiness(ready=False)
+    for i in range(ctx.max_polls):
+        last = addons.check_ready(ctx.runner, daemonsets, cfg.num_nodes, gpus_per_node, cfg.efa)
+        if last.ready:
+            return last
+        ctx.say("device plugins not ready yet: " + "; ".join(last.problems))
+        ctx.sleep(ctx.poll_s)
+    raise LifecycleError(
+        "device plugins not ready: " + "; ".join(last.problems) + ". A healthy `helm status` does not mean the "
+        "DaemonSet scheduled: check node labels/taints and `kubectl get pods -n kube-system -o wide`."
+    )
+
+
+# --------------------------------------------------------------------------- capacity for up
+
+
+def _capacity(ctx: Context) -> CapacityReport:
+    cfg = ctx.cfg
+    return find_capacity(
+        ctx.clients, cfg.instance_type, cfg.num_nodes, [cfg.aws.region],
+        availability_zones=cfg.aws.availability_zones, capacity_type=cfg.aws.capacity_type,
+    )  # fmt: skip
+
+
+def _gpu_candidates(ctx: Context, cache: dict[str, Any]) -> list[str]:
+    if "report" not in cache:
+        report = cache["report"] = _capacity(ctx)
+        for note in report.notes:
+            ctx.say(f"note: {note}")
+        usable = [c.az for c in report.usable(ctx.cfg.aws.region)]
+        if not usable:
+            msg = f"no AZ in {ctx.cfg.aws.region} can take {ctx.cfg.num_nodes} × {ctx.cfg.instance_type}"
+            if report.quota_commands:
+                msg += f" (need {report.need_vcpus} vCPUs of quota). Request more:\n  " + "\n  ".join(report.quota_commands)
+            raise LifecycleError(msg)
+        cache["azs"] = usable
+    return cache["azs"]
+
+
+def _cluster_azs(ctx: Context, cache: dict[str, Any]) -> list[str]:
+    """The GPU candidates first (up to 3, so a capacity failure has somewhere to go), padded to ≥ 2."""
+    azs = _gpu_candidates(ctx, cache)[:3]
+    if len(azs) < 2:
+        zones = ctx.client("ec2").describe_availability_zones(Filters=[{"Name": "state", "Values": ["available"]}])
+        for z in sorted(x["ZoneName"] for x in zones["AvailabilityZones"] if x.get("ZoneType", "availability-zone") == "availability-zone"):
+            if z not in azs:
+                azs.append(z)
+            if len(azs) >= 2:
+                break
+    return azs
+
+
+# --------------------------------------------------------------------------- up / down / status
+
+
+def up(ctx: Context) -> UpResult:
+    """Bring the cluster to the config's state; every step probes first, so a second run is a no-op."""
+    preflight(ctx)
+    result = UpResult()
+    cache: dict[str, Any] = {}
+    ensure_cluster(ctx, lambda: _cluster_azs(ctx, cache), result)
+    ctx.runner.run(write_kubeconfig_argv(ctx.cfg))
+    ensure_system_nodegroup(ctx, result)
+    ensure_placement_group(ctx, result)
+    ensure_gpu_nodegroup(ctx, lambda: _gpu_candidates(ctx, cache), result)
+    shape = describe_shape(ctx.client("ec2"), ctx.cfg.instance_type)
+    if ctx.cfg.efa and not shape.efa_supported:
+        raise LifecycleError(f"{ctx.cfg.instance_type} does not support EFA; set cluster.efa: false or pick another type")
+    result.addons = addons.install_addons(ctx.runner, ctx.cfg, say=ctx.say)
+    ready = wait_addons_ready(ctx, result.addons.device_plugin_daemonsets, shape.gpus)
+    for n in ready.nodes:
+        ctx.say(f"{n.name}: {n.gpus} GPU, {n.efa} EFA allocatable")
+    ctx.say("cluster is up" if result.changed else "nothing to do: everything already matches the config")
+    return result
+
+
+@dataclass
+class Leftover:
+    kind: str
+    id: str
+    detail: str = ""
+
+
+def leftovers(ctx: Context) -> tuple[list[Leftover], list[str]]:
+    """Billable resources still tagged for this cluster, and the checks that could not run."""
+    cfg = ctx.cfg
+    ec2 = ctx.client("ec2")
+    name = cfg.name
+    found: list[Leftover] = []
+    errors: list[str] = []
+    tag_filters = [
+        [{"Name": f"tag:{TAG_CLUSTER}", "Values": [name]}],
+        [{"Name": "tag:alpha.eksctl.io/cluster-name", "Values": [name]}],
+        [{"Name": "tag:eks:cluster-name", "Values": [name]}],
+        [{"Name": "tag-key", "Values": [f"kubernetes.io/cluster/{name}"]}],
+    ]
+
+    def each(kind: str, call: Callable[[list[dict]], list[Leftover]]) -> None:
+        seen: set[str] = {x.id for x in found if x.kind == kind}
+        for filters in tag_filters:
+            try:
+                for item in call(filters):
+                    if item.id not in seen:
+                        seen.add(item.id)
+                        found.append(item)
+            except Exception as e:  # noqa: BLE001 - a check that cannot run is reported, not fatal
+                errors.append(f"{kind}: {type(e).__name__}: {e}")
+                return
+
+    def instances(f):
+        resp = ec2.describe_instances(Filters=f + [{"Name": "instance-state-name", "Values": ["pending", "running", "stopping", "stopped"]}])
+        return [Leftover("instance", i["InstanceId"], i["InstanceType"]) for r in resp["Reservations"] for i in r["Instances"]]
+
+    def nats(f):
+        resp = ec2.describe_nat_gateways(Filter=f + [{"Name": "state", "Values": ["pending", "available"]}])
+        return [Leftover("nat-gateway", n["NatGatewayId"], n.get("State", "")) for n in resp["NatGateways"]]
+
+    def volumes(f):
+        resp = ec2.describe_volumes(Filters=f)
+        return [Leftover("volume", v["VolumeId"], f"{v['Size']} GiB {v['State']}") for v in resp["Volumes"]]
+
+    def reservations(f):
+        resp = ec2.describe_capacity_reservations(Filters=f + [{"Name": "state", "Values": ["active", "pending"]}])
+        return [Leftover("capacity-reservation", c["CapacityReservationId"], c["InstanceType"]) for c in resp["CapacityReservations"]]
+
+    each("instance", instances)
+    each("nat-gateway", nats)
+    each("volume", volumes)
+    each("capacity-reservation", reservations)
+    try:
+        elb = ctx.client("elbv2")
+        arns = [lb["LoadBalancerArn"] for lb in elb.describe_load_balancers().get("LoadBalancers", [])]
+        for i in range(0, len(arns), 20):
+            for d in elb.describe_tags(ResourceArns=arns[i : i + 20])["TagDescriptions"]:
+                tags = {t["Key"]: t["Value"] for t in d.get("Tags", [])}
+                if tags.get(TAG_CLUSTER) == name or f"kubernetes.io/cluster/{name}" in tags or tags.get("elbv2.k8s.aws/cluster") == name:
+                    found.append(Leftover("load-balancer", d["ResourceArn"]))
+    except Exception as e:  # noqa: BLE001
+        errors.append(f"load-balancer: {type(e).__name__}: {e}")
+    return found, errors
+
+
+def down(ctx: Context) -> tuple[list[Leftover], list[str]]:
+    """Remove what ``up`` created, in reverse order, then report billable leftovers by tag."""
+    cfg = ctx.cfg
+    preflight(ctx)
+    eks = ctx.client("eks")
+    status = cluster_status(eks, cfg.name)
+    if status == "ACTIVE":
+        ctx.runner.run(write_kubeconfig_argv(cfg))
+        addons.uninstall_addons(ctx.runner, cfg, say=ctx.say)
+        for ng in (cfg.aws.gpu_nodegroup, cfg.aws.system_nodegroup):
+            st = nodegroup_status(eks, cfg.name, ng)
+            if st == "DELETING":
+                ctx.wait(f"node group {ng}", lambda ng=ng: nodegroup_status(eks, cfg.name, ng), until={NOT_FOUND})
+            elif st != NOT_FOUND:
+                ctx.runner.run(delete_nodegroup_argv(cfg, ng), stream=True)
+                ctx.wait(f"node group {ng}", lambda ng=ng: nodegroup_status(eks, cfg.name, ng), until={NOT_FOUND}, fail={"DELETE_FAILED"})
+            else:
+                ctx.say(f"node group {ng}: not found")
+            _clear_failed_stack(ctx, nodegroup_stack(cfg, ng), ours=True)
+            if ng == cfg.aws.gpu_nodegroup:
+                _delete_placement_group(ctx)
+    if status == "DELETING":
+        ctx.wait(f"cluster {cfg.name}", lambda: cluster_status(eks, cfg.name), until={NOT_FOUND})
+    elif status != NOT_FOUND:
+        ctx.runner.run(delete_cluster_argv(cfg), stream=True)
+        ctx.wait(f"cluster {cfg.name}", lambda: cluster_status(eks, cfg.name), until={NOT_FOUND}, fail={"FAILED"})
+    else:
+        ctx.say(f"cluster {cfg.name}: not found")
+    for ng in (cfg.aws.gpu_nodegroup, cfg.aws.system_nodegroup):
+        _clear_failed_stack(ctx, nodegroup_stack(cfg, ng), ours=True)
+    _clear_failed_stack(ctx, cluster_stack(cfg), ours=True)
+    _delete_placement_group(ctx)
+    return leftovers(ctx)
+
+
+def _delete_placement_group(ctx: Context) -> None:
+    if not ctx.cfg.aws.placement_group:
+        return
+    name = placement_group_name(ctx.cfg)
+    try:
+        ctx.client("ec2").delete_placement_group(GroupName=name)
+        ctx.say(f"deleted placement group {name}")
+    except ClientError as e:
+        if "NotFound" not in _code(e) and "InvalidPlacementGroup" not in _code(e):
+            raise
+
+
+@dataclass
+class Status:
+    cluster: str
+    nodegroups: dict[str, str]
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+    rayclusters: list[dict[str, str]] = field(default_factory=list)
+    hourly_usd: float | None = None
+    unpriced: list[str] = field(default_factory=list)
+
+
+def _price(instance_type: str) -> float | None:
+    try:
+        from rayft.cluster.instances import get_instance
+    except ImportError:
+        return None
+    try:
+        return get_instance(instance_type).on_demand_usd_per_hour
+    except (KeyError, ValueError):
+        return None
+
+
+def status(ctx: Context) -> Status:
+    """Cluster and node-group states; per node allocatable GPU/EFA; RayClusters; hourly cost of the nodes."""
+    import json
+
+    cfg, eks = ctx.cfg, ctx.client("eks")
+    st = Status(cluster_status(eks, cfg.name), {})
+    for ng in (cfg.aws.system_nodegroup, cfg.aws.gpu_nodegroup):
+        st.nodegroups[ng] = nodegroup_status(eks, cfg.name, ng) if st.cluster != NOT_FOUND else NOT_FOUND
+    if st.cluster != "ACTIVE":
+        return st
+    ctx.runner.run(write_kubeconfig_argv(cfg))
+    res = ctx.runner.run(["kubectl", "get", "nodes", "--output", "json"], check=False)
+    items = json.loads(res.stdout).get("items", []) if res.ok and res.stdout.strip() else []
+    total, priced = 0.0, False
+    for n in items:
+        r = addons._node_resources(n)
+        role = ((n.get("metadata") or {}).get("labels") or {}).get("role", "")
+        price = _price(r.instance_type)
+        if price is None:
+            st.unpriced.append(r.instance_type)
+        else:
+            total += price
+            priced = True
+        st.nodes.append({"name": r.name, "role": role, "instance_type": r.instance_type, "gpus": r.gpus, "efa": r.efa, "usd_per_hour": price})
+    st.hourly_usd = total if priced else None
+    res = ctx.runner.run(["kubectl", "get", "rayclusters.ray.io", "--all-namespaces", "--output", "json"], check=False)
+    if res.ok and res.stdout.strip():
+        for rc in json.loads(res.stdout).get("items", []):
+            meta = rc.get("metadata") or {}
+            st.rayclusters.append({
+                "namespace": meta.get("namespace", ""), "name": meta.get("name", ""),
+                "state": (rc.get("status") or {}).get("state", "?"),
+            })  # fmt: skip
+    return st
+
+
+# --------------------------------------------------------------------------- plan
+
+
+@dataclass
+class PlanStep:
+    title: str
+    probes: list[str] = field(default_factory=list)  # read-only AWS calls / commands
+    actions: list[str] = field(default_factory=list)  # what runs when the probe says "absent"
+    files: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def plan(cfg: ClusterConfig, workdir: Path = Path(".rayft"), gpu_az: str | None = None) -> list[PlanStep]:
+    """Every AWS call, eksctl/helm/kubectl command and rendered file ``up`` would use. No side effect."""
+    a = cfg.aws
+    r = a.region
+    az = gpu_az or (a.availability_zones[0] if a.availability_zones else None)
+    cluster_azs = list(a.availability_zones[:3]) if len(a.availability_zones) >= 2 else []
+    shown_az = az or "<first AZ offering the type with quota, chosen by `up`>"
+    cluster_file = workdir / "eksctl-cluster.yaml"
+    gpu_file = workdir / "eksctl-gpu-nodegroup.yaml"
+    from rayft.cluster.capacity import quota_family
+
+    fam = quota_family(cfg.instance_type)
+    code = fam.spot_code if a.capacity_type == "spot" else fam.on_demand_code
+    steps = [
+        PlanStep(
+            "preflight",
+            probes=["PATH: eksctl, helm, kubectl", f"sts:GetCallerIdentity (region {r})"],
+        ),
+        PlanStep(
+            f"capacity: {cfg.num_nodes} × {cfg.instance_type} in {r} (only when a node group must be created)",
+            probes=[
+                f"ec2:DescribeInstanceTypeOfferings(LocationType=availability-zone, Filters=[instance-type={cfg.instance_type}])",
+                f"ec2:DescribeInstanceTypes(InstanceTypes=[{cfg.instance_type}])",
+                f"service-quotas:GetServiceQuota(ServiceCode=ec2, QuotaCode={code}) ({fam.spot_name if a.capacity_type == 'spot' else fam.on_demand_name}, vCPUs)",
+                f"ec2:DescribeInstances(Filters=[instance-state-name=pending,running]) (vCPUs in use by {fam.label} instances)",
+            ],
+            notes=[f"GPU AZ candidates: {', '.join(a.availability_zones) or 'every AZ offering the type'}; quota-short AZs are skipped"],
+        ),
+        PlanStep(
+            f"cluster {cfg.name} (Kubernetes {a.kubernetes_version}) with system node group {a.system_nodegroup}",
+            probes=[f"eks:DescribeCluster(name={cfg.name})", f"cloudformation:DescribeStacks(StackName={cluster_stack(cfg)})"],
+            actions=[
+                f"cloudformation:DeleteStack(StackName={cluster_stack(cfg)})  # only if ROLLBACK_COMPLETE/failed, after confirmation",
+                shlex.join(create_cluster_argv(cluster_file)),
+            ],
+            files={str(cluster_file): to_yaml(render_cluster_config(cfg, cluster_azs or ["<GPU AZ candidates, ≥ 2>"]))},
+            notes=["ACTIVE → reuse; CREATING/UPDATING → wait; DELETING → wait, then create; FAILED → explain, delete on confirmation"],
+        ),
+        PlanStep("kubeconfig", actions=[shlex.join(write_kubeconfig_argv(cfg))]),
+        PlanStep(
+            f"system node group {a.system_nodegroup} ({a.system_nodes} × {a.system_instance_type}, label role=system)",
+            probes=[
+                f"eks:DescribeNodegroup(clusterName={cfg.name}, nodegroupName={a.system_nodegroup})",
+                f"cloudformation:DescribeStacks(StackName={nodegroup_stack(cfg, a.system_nodegroup)})",
+            ],
+            actions=[shlex.join(create_nodegroup_argv(cluster_file, a.system_nodegroup)) + "  # only if the cluster existed without it"],
+        ),
+    ]
+    if a.placement_group:
+        steps.append(
+            PlanStep(
+                f"placement group {placement_group_name(cfg)} (strategy cluster)",
+                probes=[f"ec2:DescribePlacementGroups(GroupNames=[{placement_group_name(cfg)}])"],
+                actions=[f"ec2:CreatePlacementGroup(GroupName={placement_group_name(cfg)}, Strategy=cluster)"],
+            )
+        )
+    gpu_step = PlanStep(
+        f"GPU node group {a.gpu_nodegroup}: {cfg.num_nodes} × {cfg.instance_type} in {shown_az}, EFA {'on' if cfg.efa else 'off'}",
+        probes=[
+            f"eks:DescribeNodegroup(clusterName={cfg.name}, nodegroupName={a.gpu_nodegroup})",
+            f"cloudformation:DescribeStacks(StackName={nodegroup_stack(cfg, a.gpu_nodegroup)})",
+            f"eks:DescribeCluster(name={cfg.name}) + ec2:DescribeSubnets (the cluster's private subnet in the AZ)",
+        ]
+        + ([f"ec2:DescribeCapacityReservations(CapacityReservationIds=[{a.capacity_reservation_id}]) (pins the AZ)"] if a.capacity_reservation_id else []),
+        actions=[
+            f"cloudformation:DeleteStack(StackName={nodegroup_stack(cfg, a.gpu_nodegroup)})  # only if ROLLBACK_COMPLETE/failed",
+            shlex.join(create_nodegroup_argv(gpu_file, a.gpu_nodegroup)),
+        ],
+        files={str(gpu_file): to_yaml(render_gpu_nodegroup_config(cfg, shown_az, None))},
+        notes=[
+            "`up` writes the cluster's private subnet id of the AZ into `subnets:` instead of `availabilityZones:`",
+            "InsufficientInstanceCapacity → the failed stack is deleted and the next candidate AZ is tried",
+        ],
+    )
+    steps.append(gpu_step)
+    add = PlanStep("add-ons (helm upgrade --install, pinned versions)", notes=[])
+    for ch in addons.charts(cfg):
+        add.probes.append(shlex.join(ch.status_argv()))
+        if ch.daemonset:
+            eksctl_ds = addons.EKSCTL_EFA_DS if ch.release == "aws-efa-k8s-device-plugin" else addons.EKSCTL_NVIDIA_DS
+            add.probes.append(shlex.join(addons.daemonset_argv(eksctl_ds)) + "  # installed by eksctl? then skip the chart")
+        if ch.release == "aws-efa-k8s-device-plugin":
+            add.probes.append(shlex.join(ch.show_values_argv()) + "  # instance-type allowlist")
+        add.actions.append(shlex.join(ch.upgrade_argv()))
+        if ch.release == "kuberay-operator":
+            add.actions.append(shlex.join(addons.kuberay_wait_argv()))
+    add.notes.append("a release already deployed at the pinned version is left alone")
+    steps.append(add)
+    ready = PlanStep("ready", probes=[shlex.join(addons.daemonset_argv("nvidia-device-plugin"))])
+    if cfg.efa:
+        ready.probes.append(shlex.join(addons.daemonset_argv("aws-efa-k8s-device-plugin")))
+    ready.probes.append(shlex.join(addons.gpu_nodes_argv()))
+    ready.notes.append(
+        f"ready: each DaemonSet's numberReady = {cfg.num_nodes} and every GPU node has nvidia.com/gpu allocatable"
+        + (" and vpc.amazonaws.com/efa ≥ 1" if cfg.efa else "")
+    )
+    steps.append(ready)
+    return steps
+
+
+def render_plan(steps: list[PlanStep]) -> str:
+    out: list[str] = []
+    for i, s in enumerate(steps, 1):
+        out.append(f"## {i}. {s.title}")
+        for p in s.probes:
+            out.append(f"  probe   {p}")
+        for a in s.actions:
+            out.append(f"  run     {a}")
+        for n in s.notes:
+            out.append(f"  note    {n}")
+        for path, text in s.files.items():
+            out.append(f"  file    {path}:")
+            out.extend("          " + line for line in text.rstrip("\n").splitlines())
+        out.append("")
+    return "\n".join(out)
+
+
+def plan_down(cfg: ClusterConfig) -> list[str]:
+    """The commands ``down`` runs, in order (each only when its probe finds the thing)."""
+    cmds = [shlex.join(write_kubeconfig_argv(cfg))]
+    cmds += [shlex.join(c.uninstall_argv()) for c in reversed(addons.charts(cfg))]
+    cmds.append(shlex.join(delete_nodegroup_argv(cfg, cfg.aws.gpu_nodegroup)))
+    if cfg.aws.placement_group:
+        cmds.append(f"ec2:DeletePlacementGroup(GroupName={placement_group_name(cfg)})")
+    cmds.append(shlex.join(delete_nodegroup_argv(cfg, cfg.aws.system_nodegroup)))
+    cmds.append(shlex.join(delete_cluster_argv(cfg)))
+    return cmds

@@ -1,0 +1,144 @@
+"""Sharded checkpoints (torch.distributed.checkpoint) and the Hugging Face export.
+
+A checkpoint directory holds every rank's DCP shards of ``{"model", "optim"}`` plus
+``rayft_state.json`` (step, epoch, world size, loss) and the model's ``config.json``, written by
+rank 0 *last*: a directory without ``rayft_state.json`` is incomplete and is never resumed or
+exported. Ray Train collects the directory of every rank into one checkpoint on the run's storage.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+
+STATE_FILE = "rayft_state.json"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint or run directory that cannot be used; the message names the path."""
+
+
+def save_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str, state: dict, model_config) -> None:
+    """Collective: every rank writes its shards to ``path``; rank 0 then writes the state file."""
+    msd, osd = get_state_dict(model, optimizer)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)
+    if dist.get_rank() == 0:
+        model_config.to_json_file(os.path.join(path, "config.json"))
+        tmp = os.path.join(path, STATE_FILE + ".tmp")
+        with open(tmp, "w") as f:
+            json.dump(state, f, indent=2)
+        os.replace(tmp, os.path.join(path, STATE_FILE))
+
+
+def is_complete(path: str | os.PathLike) -> bool:
+    """True when ``path`` holds a finished checkpoint (state file and DCP metadata present)."""
+    return (Path(path) / STATE_FILE).is_file() and (Path(path) / ".metadata").is_file()
+
+
+def read_state(path: str | os.PathLike) -> dict:
+    with open(Path(path) / STATE_FILE) as f:
+        return json.load(f)
+
+
+def load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str) -> dict:
+    """Collective: load model and optimizer shards from ``path`` (any saved world size) and return
+    its state dict (``step``, ``world_size``, ...).
+
+    Raises:
+        CheckpointError: an incomplete checkpoint directory.
+    """
+    if not is_complete(path):
+        raise CheckpointError(f"{path}: incomplete checkpoint (no {STATE_FILE} or .metadata)")
+    msd, osd = get_state_dict(model, optimizer)
+    state = {"model": msd, "optim": osd}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return read_state(path)
+
+
+def full_model_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Collective: the unsharded fp32 weights on CPU, on rank 0 only (other ranks get ``{}``)."""
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def write_hf_model(state_dict: dict[str, torch.Tensor], model_config, tokenizer, out: str | os.PathLike) -> Path:
+    """Write a Hugging Face model directory (safetensors, config, tokenizer + chat template),
+    atomically: the files go to ``out.tmp`` which is then renamed to ``out``."""
+    from transformers import AutoModelForCausalLM
+
+    out = Path(out)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(model_config, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(state_dict, strict=False, assign=True)
+    if getattr(model_config, "tie_word_embeddings", False):
+        model.tie_weights()
+        missing = [k for k in missing if k != "lm_head.weight"]
+    if missing or unexpected:
+        raise CheckpointError(f"{out}: weights do not match the model (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    model.config.use_cache = True
+    model.save_pretrained(tmp, safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    return out
+
+
+def find_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    """Complete checkpoints of a run as (step, path), oldest first. Incomplete ones are skipped."""
+    out = []
+    for d in Path(run_dir).glob("checkpoint_*"):
+        if d.is_dir() and is_complete(d):
+            out.append((int(read_state(d)["step"]), d))
+    return sorted(out)
+
+
+def export_run(run: str, step: int | None = None, out: str | os.PathLike | None = None) -> Path:
+    """Consolidate a run's checkpoint into a Hugging Face model (single process, CPU).
+
+    Raises:
+        CheckpointError: no such run, no complete checkpoint, or no checkpoint at ``step``.
+    """
+    from transformers import AutoConfig
+
+    from rayft.data.tokenizer import load_tokenizer
+
+    run_dir = Path(run)
+    if not run_dir.is_dir():
+        raise CheckpointError(f"{run}: no such run directory")
+    ckpts = find_checkpoints(run_dir)
+    if not ckpts:
+        raise CheckpointError(f"{run}: no complete checkpoint in this run")
+    if step is None:
+        step, ckpt = ckpts[-1]
+    else:
+        match = [c for s, c in ckpts if s == step]
+        if not match:
+            raise CheckpointError(f"{run}: no complete checkpoint at step {step} (have {[s for s, _ in ckpts]})")
+        ckpt = match[0]
+    conf = AutoConfig.from_pretrained(ckpt)
+    state = read_state(ckpt)
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(conf, dtype=torch.float32)
+    sd = {k: torch.empty(v.shape, dtype=torch.float32) for k, v in skeleton.state_dict().items()}
+    if getattr(conf, "tie_word_embeddings", False):
+        sd.pop("lm_head.weight", None)
+    dcp.load({"model": sd}, checkpoint_id=str(ckpt), no_dist=True)
+    tokenizer = load_tokenizer(state["tokenizer"]) if state.get("tokenizer") else None
+    return write_hf_model(sd, conf, tokenizer, out or run_dir / f"hf-step{step}")

@@ -1,0 +1,256 @@
+"""The driver: read and tokenize the data, reach Ray, start the workers, show progress.
+
+Data problems surface here, before any worker (or GPU) starts. The tokenized dataset travels to
+the workers through the Ray object store, so it works the same on one machine and on a cluster.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from rayft.config import RayftConfig, dump_config
+
+
+class TrainError(RuntimeError):
+    """The job cannot start or did not finish; the message says why."""
+
+
+def prepare_dataset(cfg: RayftConfig, console: Console):
+    """Load, validate and tokenize the training data on the driver.
+
+    Raises:
+        TrainError: a bad record (``file:line: reason``) or nothing left to train on.
+    """
+    from rayft.data.formats import DataError, load_conversations
+    from rayft.data.tokenize import tokenize_dataset
+    from rayft.data.tokenizer import load_tokenizer
+    from rayft.train.model import default_tokenizer
+
+    tok_name = default_tokenizer(cfg.model)
+    tokenizer = load_tokenizer(tok_name, revision=cfg.model.revision, trust_remote_code=cfg.model.trust_remote_code)
+    try:
+        convs = load_conversations(cfg.data.train_files, cfg.data.format)
+    except DataError as e:
+        raise TrainError(str(e)) from None
+    if cfg.data.max_examples:
+        convs = convs[: cfg.data.max_examples]
+    ds = tokenize_dataset(tokenizer, convs, cfg.data.seq_len)
+    console.print(
+        f"data: {len(convs)} records → {len(ds)} examples, {int(ds.trainable.sum()):,} trainable of {len(ds.tokens):,} tokens; "
+        f"truncated to {cfg.data.seq_len}: {ds.truncated}; dropped (no trainable token left): {ds.dropped_no_trainable}",
+        highlight=False,
+    )
+    if len(ds) == 0:
+        raise TrainError(f"empty dataset: no example with a trainable token in {cfg.data.train_files}")
+    return tokenizer, tok_name, ds
+
+
+def connect_ray(cfg: RayftConfig) -> str:
+    """Join the cluster at ray.address / RAY_ADDRESS, else start an embedded local Ray. Returns which."""
+    import ray
+
+    address = cfg.ray.address or os.environ.get("RAY_ADDRESS")
+    os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
+    kwargs: dict[str, Any] = dict(
+        logging_level="ERROR", log_to_driver=cfg.ray.log_to_driver, include_dashboard=False,
+        configure_logging=True,
+    )  # fmt: skip
+    if ray.is_initialized():
+        return "existing"
+    if address:
+        ray.init(address=address, **kwargs)
+        return address
+    ray.init(num_cpus=cfg.ray.num_cpus, **kwargs)
+    return "embedded local Ray"
+
+
+def resolve_workers(cfg: RayftConfig) -> tuple[int, bool]:
+    """(number of workers, use GPUs) from the config and the cluster's resources.
+
+    ``num_workers: auto`` is every GPU in the cluster, or one CPU worker when there is none.
+
+    Raises:
+        TrainError: more GPUs (or CPUs) requested than the cluster has — at once, never a silent wait.
+    """
+    import ray
+
+    res = ray.cluster_resources()
+    gpus, cpus = int(res.get("GPU", 0)), res.get("CPU", 0)
+    use_gpu = gpus > 0 if cfg.train.use_gpu == "auto" else bool(cfg.train.use_gpu)
+    n = cfg.train.num_workers
+    if n == "auto":
+        n = gpus if use_gpu else 1
+    if use_gpu and n > gpus:
+        raise TrainError(
+            f"train.num_workers={n} needs {n} GPUs but the Ray cluster has {gpus}; "
+            f"lower train.num_workers or add GPU nodes"
+        )
+    need_cpu = n * cfg.train.cpus_per_worker
+    if need_cpu > cpus:
+        raise TrainError(
+            f"{n} workers × train.cpus_per_worker={cfg.train.cpus_per_worker} need {need_cpu:g} CPUs "
+            f"but the Ray cluster has {cpus:g}"
+        )
+    return n, use_gpu
+
+
+def run_dir_of(cfg: RayftConfig, name: str) -> str:
+    sp = cfg.checkpoint.storage_path
+    return f"{sp.rstrip('/')}/{name}" if "://" in sp else str(Path(sp).resolve() / name)
+
+
+def run_training(cfg: RayftConfig, resume: str | None = None, console: Console | None = None) -> dict:
+    """Run the whole job and return the final summary (metrics of the last step, export check).
+
+    Raises:
+        TrainError: bad data, impossible resources, or a failed run (with the worker's error).
+    """
+    import ray
+    import ray.train
+    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.util.queue import Queue
+
+    from rayft.train.loop import make_plan, train_func
+
+    console = console or Console(stderr=True)
+    tokenizer, tok_name, ds = prepare_dataset(cfg, console)
+    where = connect_ray(cfg)
+    n_workers, use_gpu = resolve_workers(cfg)
+    if resume:
+        name = Path(resume).name
+        if os.sep in resume or "://" in resume:
+            cfg.checkpoint.storage_path = str(Path(resume).parent) if "://" not in resume else resume.rsplit("/", 1)[0]
+    else:
+        name = cfg.checkpoint.name or f"rayft-{dt.datetime.now():%Y%m%d-%H%M%S}"
+    run_dir = run_dir_of(cfg, name)
+    if "://" not in run_dir:
+        if resume and not Path(run_dir).is_dir():
+            raise TrainError(f"--resume {resume}: no run directory at {run_dir}")
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        (Path(run_dir) / "rayft.yaml").write_text(dump_config(cfg))
+    total = len(make_plan(cfg, ds, n_workers))
+    backend = cfg.parallel.backend if cfg.parallel.backend != "auto" else ("nccl" if use_gpu else "gloo")
+    console.print(
+        f"ray: {where}; {n_workers} {'GPU' if use_gpu else 'CPU'} worker(s), backend {backend}; "
+        f"{total} steps; run {run_dir}",
+        highlight=False,
+    )
+    progress = Queue()
+    trainer = TorchTrainer(
+        train_func,
+        train_loop_config={
+            "config": cfg.model_dump(mode="json"),
+            "dataset": ray.put(ds),
+            "pad_id": tokenizer.pad_token_id,
+            "tokenizer": tok_name,
+            "run_dir": run_dir,
+            "progress": progress,
+        },
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=n_workers, use_gpu=use_gpu, resources_per_worker={"CPU": cfg.train.cpus_per_worker}
+        ),
+        run_config=ray.train.RunConfig(
+            name=name,
+            storage_path=cfg.checkpoint.storage_path if "://" in cfg.checkpoint.storage_path else str(Path(cfg.checkpoint.storage_path).resolve()),
+            failure_config=ray.train.FailureConfig(max_failures=cfg.ray.max_failures),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.checkpoint.keep_last),
+            worker_runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}},
+        ),
+        torch_config=TorchConfig(backend=backend),
+    )
+    outcome: dict[str, Any] = {}
+
+    def _fit() -> None:
+        try:
+            outcome["result"] = trainer.fit()
+        except Exception as e:  # surfaced on the driver below
+            outcome["error"] = e
+
+    th = threading.Thread(target=_fit, daemon=True)
+    th.start()
+    history, export = _show_progress(th, progress, total, console)
+    th.join()
+    if "error" in outcome:
+        raise TrainError(f"training failed: {outcome['error']}")
+    summary = _summary(history, export, run_dir, total, console)
+    if "://" not in run_dir:
+        (Path(run_dir) / "rayft_metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in history))
+        (Path(run_dir) / "rayft_summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def _show_progress(th: threading.Thread, queue, total: int, console: Console) -> tuple[list[dict], dict]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    history: list[dict] = []
+    export: dict = {}
+    cols = [TextColumn("step"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()]  # fmt: skip
+    with Progress(*cols, console=console, transient=False, refresh_per_second=4) as bar:
+        task = bar.add_task("train", total=total, info="starting workers…")
+        while True:
+            alive = th.is_alive()
+            drained = False
+            while True:
+                try:
+                    m = queue.get_nowait()
+                except Exception:
+                    break
+                drained = True
+                if "export" in m:
+                    export = m["export"]
+                    continue
+                history.append(m)
+                info = f"loss {m['loss']:.4f}  {m['tokens_per_s_per_gpu']:,.0f} tok/s/GPU"
+                if m.get("mfu"):
+                    info += f"  MFU {100 * m['mfu']:.1f}%"
+                bar.update(task, completed=m["step"], info=info)
+            if not alive and not drained:
+                break
+            time.sleep(0.25)
+    return history, export
+
+
+def _summary(history: list[dict], export: dict, run_dir: str, total: int, console: Console) -> dict:
+    if not history:
+        raise TrainError("training finished without reporting a step")
+    last = history[-1]
+    steady = history[min(3, len(history) - 1) :]
+    tps = sorted(h["tokens_per_s_per_gpu"] for h in steady)
+    med = tps[len(tps) // 2]
+    summary = {
+        "run_dir": run_dir,
+        "steps": last["step"],
+        "total_steps": total,
+        "first_loss": history[0]["loss"],
+        "final_loss": last["loss"],
+        "median_tokens_per_s_per_gpu": med,
+        "median_mfu": sorted(h["mfu"] for h in steady)[len(steady) // 2] if last.get("mfu") is not None else None,
+        "peak_mem_gib": max((h["peak_mem_gib"] or 0) for h in history) if last.get("peak_mem_gib") else None,
+        "gpu": last["gpu"],
+        "world_size": last["world_size"],
+        "export": export,
+    }
+    t = Table(title="rayft run summary", show_header=False)
+    t.add_row("run", run_dir)
+    t.add_row("steps", f"{last['step']}/{total}")
+    t.add_row("loss", f"{history[0]['loss']:.4f} → {last['loss']:.4f}")
+    t.add_row("tokens/s/GPU (median)", f"{med:,.0f}")
+    if summary["median_mfu"] is not None:
+        t.add_row("MFU (median)", f"{100 * summary['median_mfu']:.1f}% of {last['peak_flops'] / 1e12:.0f} TFLOP/s")
+    if summary["peak_mem_gib"]:
+        t.add_row("peak GPU memory", f"{summary['peak_mem_gib']:.1f} GiB")
+    t.add_row("workers", f"{last['world_size']} × {last['gpu']}")
+    if export:
+        t.add_row("HF export", f"{export['export_dir']} (max |Δlogit| {export['export_max_abs_logit_diff']:.2e})")
+    console.print(t)
+    return summary

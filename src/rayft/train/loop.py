@@ -1,0 +1,194 @@
+"""What every Ray Train worker runs: the training step, top to bottom.
+
+Loss is the mean cross-entropy over every trainable token of the *global* batch (all ranks, all
+accumulation micro-batches): each micro-batch contributes ``sum(token losses) / N_global`` where
+``N_global`` is all-reduced before the first backward. FSDP2 averages gradients over ranks, so the
+backward loss is multiplied by the world size to undo that average. Uneven shards (a rank with
+fewer rows at the end of an epoch) are therefore weighted correctly.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import time
+from typing import Any
+
+import ray
+import ray.train
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from rayft.config import RayftConfig
+from rayft.data.packing import IGNORE_INDEX, collate, plan_steps, rank_micro_batches
+from rayft.train import checkpoint as ckpt_lib
+from rayft.train.metrics import flops_per_token, gpu_peak_flops, mfu
+from rayft.train.model import build_sharded_model, load_model_config, matmul_params, tied_embeddings
+from rayft.train.optim import build_optimizer, lr_at, set_lr
+
+
+def make_plan(cfg: RayftConfig, ds, world_size: int):
+    """The run's step plan (identical on the driver and on every worker)."""
+    return plan_steps(
+        ds,
+        rows_per_step=world_size * cfg.train.micro_batch_size * cfg.train.grad_accum_steps,
+        row_len=cfg.data.seq_len,
+        packing=cfg.data.packing,
+        shuffle=cfg.data.shuffle,
+        seed=cfg.data.seed,
+        epochs=cfg.train.epochs,
+        max_steps=cfg.train.max_steps,
+    )
+
+
+def micro_batch_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Sum of token cross-entropies (fp32) over the micro-batch's trainable targets."""
+    logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits
+    return F.cross_entropy(
+        logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
+    )
+
+
+def train_func(loop_config: dict[str, Any]) -> None:
+    """The Ray Train worker entry point. ``loop_config``: ``config`` (RayftConfig as a dict),
+    ``dataset`` (ObjectRef of the TokenizedDataset), ``pad_id``, ``tokenizer``, ``run_dir``,
+    ``progress`` (optional ray.util.queue.Queue for the driver's live display)."""
+    cfg = RayftConfig.model_validate(loop_config["config"])
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    device = ray.train.torch.get_device()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    ds = ray.get(loop_config["dataset"])
+    plan = make_plan(cfg, ds, world)
+    total_steps = len(plan)
+    tc = cfg.train
+
+    model = build_sharded_model(
+        cfg.model, cfg.parallel, device=device, activation_checkpointing=tc.activation_checkpointing,
+        compile_layers=tc.compile, seed=tc.seed,
+    )  # fmt: skip
+    model_conf = load_model_config(cfg.model)
+    optimizer = build_optimizer(model, tc, device)
+    n_matmul = matmul_params(model)
+    gpu_name, peak = gpu_peak_flops(device)
+
+    start_step = 0
+    resumed = ray.train.get_checkpoint()
+    if resumed is not None:
+        with resumed.as_directory() as d:
+            state = ckpt_lib.load_sharded(model, optimizer, d)
+        start_step = int(state["step"])
+        if rank == 0:
+            note = f" (saved at world size {state['world_size']}, resharded to {world})" if state["world_size"] != world else ""
+            print(f"[rayft] resumed from step {start_step}{note}", flush=True)
+
+    progress = loop_config.get("progress")
+    every = cfg.checkpoint.every_steps
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    t_last = time.perf_counter()
+    for step in range(start_step, total_steps):
+        lr = lr_at(step, total_steps, tc)
+        set_lr(optimizer, lr)
+        micro = rank_micro_batches(plan.rows[step], rank, world, tc.micro_batch_size, tc.grad_accum_steps)
+        batches = [
+            {k: v.to(device, non_blocking=True) for k, v in collate(ds, rows, cfg.data.seq_len, loop_config["pad_id"], fixed_len=cfg.data.packing).items()}
+            for rows in micro
+        ]
+        # Global count of trainable targets: the denominator of the step's mean loss.
+        counts = torch.stack([sum(b[k] for b in batches).to(torch.float64) for k in ("num_trainable", "num_tokens", "attn_tokens_sq")])
+        dist.all_reduce(counts)
+        n_trainable, n_tokens, attn_sq = counts.tolist()
+
+        loss_sum = torch.zeros((), device=device, dtype=torch.float64)
+        for i, batch in enumerate(batches):
+            model.set_requires_gradient_sync(i == len(batches) - 1)
+            ce = micro_batch_loss(model, batch)
+            (ce * (world / n_trainable)).backward()
+            loss_sum += ce.detach().double()
+        grad_norm = (
+            torch.nn.utils.clip_grad_norm_(model.parameters(), tc.max_grad_norm)
+            if tc.max_grad_norm
+            else torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+        )
+        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        dist.all_reduce(loss_sum)
+        loss = loss_sum.item() / n_trainable
+        now = time.perf_counter()
+        dt, t_last = now - t_last, now
+
+        step_done = step + 1
+        span = attn_sq / max(n_tokens, 1)
+        tps_gpu = n_tokens / dt / world
+        metrics = {
+            "step": step_done,
+            "total_steps": total_steps,
+            "epoch": plan.epoch_of_step[step],
+            "loss": loss,
+            "lr": lr,
+            "grad_norm": float(grad_norm),
+            "step_time_s": dt,
+            "tokens": n_tokens,
+            "trainable_tokens": n_trainable,
+            "tokens_per_s_per_gpu": tps_gpu,
+            "trainable_tokens_per_s_per_gpu": n_trainable / dt / world,
+            "mfu": mfu(tps_gpu, flops_per_token(n_matmul, model_conf.num_hidden_layers, model_conf.hidden_size, span), peak),
+            "peak_flops": peak,
+            "gpu": gpu_name,
+            "world_size": world,
+            "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
+        }
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"loss is {loss} at step {step_done}")
+        if rank == 0 and progress is not None:
+            progress.actor.put_nowait.remote(metrics)
+        save = step_done == total_steps or (every is not None and step_done % every == 0)
+        if save:
+            state = {"step": step_done, "epoch": plan.epoch_of_step[step], "world_size": world, "loss": loss,
+                     "tokenizer": loop_config.get("tokenizer")}  # fmt: skip
+            with tempfile.TemporaryDirectory(prefix="rayft-ckpt-") as tmp:
+                ckpt_lib.save_sharded(model, optimizer, tmp, state, model_conf)
+                ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp),
+                                 checkpoint_dir_name=f"checkpoint_{step_done:07d}")  # fmt: skip
+            t_last = time.perf_counter()  # checkpoint time is not step time
+        elif step_done % tc.log_every == 0:
+            ray.train.report(metrics)
+
+    if cfg.checkpoint.export_hf:
+        export_and_verify(model, model_conf, loop_config, ds, cfg, device, rank, progress)
+
+
+def export_and_verify(model, model_conf, loop_config, ds, cfg: RayftConfig, device, rank: int, progress) -> None:
+    """Collective: write the HF export from rank 0, then check that the exported model's logits
+    equal the trained model's on a fixed batch (the first packed row); report the largest gap."""
+    from transformers import AutoModelForCausalLM
+
+    from rayft.data.tokenizer import load_tokenizer
+
+    sd = ckpt_lib.full_model_state_dict(model)
+    out = os.path.join(loop_config["run_dir"], "hf")
+    probe = collate(ds, [[0]], cfg.data.seq_len, loop_config["pad_id"], fixed_len=False)
+    model.eval()
+    with torch.no_grad():
+        ref = model(input_ids=probe["input_ids"].to(device), position_ids=probe["position_ids"].to(device)).logits.float().cpu()
+    if rank == 0:
+        assert tied_embeddings(model) == bool(getattr(model_conf, "tie_word_embeddings", False))
+        ckpt_lib.write_hf_model(sd, model_conf, load_tokenizer(loop_config["tokenizer"]), out)
+        dtype = torch.bfloat16 if device.type == "cuda" and cfg.parallel.param_dtype == "bfloat16" else torch.float32
+        hf = AutoModelForCausalLM.from_pretrained(out, dtype=dtype).to(device).eval()
+        with torch.no_grad():
+            got = hf(input_ids=probe["input_ids"].to(device), position_ids=probe["position_ids"].to(device)).logits.float().cpu()
+        diff = (got - ref).abs().max().item()
+        info = {"export_dir": out, "export_max_abs_logit_diff": diff, "export_tied": tied_embeddings(hf)}
+        with open(os.path.join(out, "rayft_export_check.json"), "w") as f:
+            import json
+
+            json.dump(info, f, indent=2)
+        if progress is not None:
+            progress.actor.put_nowait.remote({"export": info})
+    dist.barrier()

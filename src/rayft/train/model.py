@@ -1,0 +1,173 @@
+"""The model on every worker: build on the meta device, shard with FSDP2, fill from rank 0.
+
+Only rank 0 ever holds a full copy of the weights in CPU memory (loaded from the hub / a
+directory, or randomly initialised from a preset with a fixed seed, so the same seed gives the
+same initial weights at any world size). Every rank builds the model on the meta device, applies
+``fully_shard`` per decoder layer and at the root, allocates its shards, and receives its part of
+rank 0's weights through ``set_model_state_dict(..., broadcast_from_rank0=True)``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
+
+from rayft.config import ModelConfig, ParallelConfig
+
+# Published configurations (config.json of Qwen/Qwen2.5-*B on the Hugging Face hub).
+_QWEN2_5_COMMON = dict(
+    model_type="qwen2", vocab_size=151936, max_position_embeddings=32768, rope_theta=1_000_000.0,
+    rms_norm_eps=1e-6, hidden_act="silu", bos_token_id=151643, eos_token_id=151643,
+    attention_dropout=0.0, use_sliding_window=False,
+)  # fmt: skip
+PRESETS: dict[str, dict[str, Any]] = {
+    "qwen2.5-0.5b": dict(_QWEN2_5_COMMON, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True),
+    "qwen2.5-1.5b": dict(_QWEN2_5_COMMON, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                         num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True),
+    "qwen2.5-3b": dict(_QWEN2_5_COMMON, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+                       num_attention_heads=16, num_key_value_heads=2, tie_word_embeddings=True),
+    "qwen2.5-7b": dict(_QWEN2_5_COMMON, vocab_size=152064, hidden_size=3584, intermediate_size=18944,
+                       num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+                       tie_word_embeddings=False, rms_norm_eps=1e-6),
+    # A tiny Qwen2-architecture model with the real vocabulary, for CPU smoke tests and CI.
+    "qwen2-tiny": dict(_QWEN2_5_COMMON, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
+}  # fmt: skip
+
+
+def is_preset(name: str) -> bool:
+    return name.lower() in PRESETS
+
+
+def default_tokenizer(cfg: ModelConfig) -> str:
+    """The tokenizer to use: explicit, else the offline Qwen2.5 one for presets, else the model's."""
+    from rayft.data.tokenizer import QWEN2_5_TOKENIZER
+
+    if cfg.tokenizer:
+        return cfg.tokenizer
+    return QWEN2_5_TOKENIZER if is_preset(cfg.name_or_path) else cfg.name_or_path
+
+
+def load_model_config(cfg: ModelConfig) -> PretrainedConfig:
+    """The model's transformers config (preset, hub id or directory) with ``config_overrides`` applied."""
+    if is_preset(cfg.name_or_path):
+        d = dict(PRESETS[cfg.name_or_path.lower()])
+        model_type = d.pop("model_type")
+        conf = AutoConfig.for_model(model_type, **d)
+    else:
+        conf = AutoConfig.from_pretrained(cfg.name_or_path, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
+    for k, v in cfg.config_overrides.items():
+        if not hasattr(conf, k):
+            raise ValueError(f"model.config_overrides.{k}: the {conf.model_type} config has no such field")
+        setattr(conf, k, v)
+    conf.use_cache = False
+    conf._attn_implementation = cfg.attn_implementation
+    return conf
+
+
+def load_full_state_dict(cfg: ModelConfig, conf: PretrainedConfig, seed: int) -> dict[str, torch.Tensor]:
+    """Full fp32 weights on CPU (rank 0 only): from the checkpoint, or a seeded random init."""
+    if is_preset(cfg.name_or_path):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(conf, dtype=torch.float32)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(
+            cfg.name_or_path, config=conf, revision=cfg.revision, dtype=torch.float32,
+            trust_remote_code=cfg.trust_remote_code,
+        )  # fmt: skip
+    return model.state_dict()
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The transformer blocks (``model.model.layers`` for Llama/Qwen-style models)."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__}: cannot find decoder layers at model.model.layers")
+    return list(layers)
+
+
+def tied_embeddings(model: torch.nn.Module) -> bool:
+    """True when the LM head and the input embedding are one tensor."""
+    out = model.get_output_embeddings()
+    return out is not None and out.weight is model.get_input_embeddings().weight
+
+
+def _reset_rotary_buffers(model: torch.nn.Module, device: torch.device) -> None:
+    # Non-persistent buffers (RoPE inverse frequencies) are not in the state dict: recompute them.
+    for mod in model.modules():
+        if hasattr(mod, "inv_freq") and hasattr(mod, "config"):
+            with torch.device(device):
+                fresh = type(mod)(config=mod.config)
+            for name, buf in fresh.named_buffers(recurse=False):
+                setattr(mod, name, buf)
+
+
+def build_sharded_model(
+    model_cfg: ModelConfig,
+    par: ParallelConfig,
+    *,
+    device: torch.device,
+    activation_checkpointing: bool,
+    compile_layers: bool,
+    seed: int,
+) -> torch.nn.Module:
+    """The FSDP2-sharded causal LM with fp32 master weights, ready to train.
+
+    Compute runs in ``par.param_dtype`` on GPU and fp32 on CPU; gradients reduce in
+    ``par.reduce_dtype``. Call on every rank of an initialised process group.
+
+    Raises:
+        AssertionError: if tied embeddings were untied by sharding.
+    """
+    conf = load_model_config(model_cfg)
+    rank = dist.get_rank()
+    full_sd = load_full_state_dict(model_cfg, conf, seed) if rank == 0 else {}
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(conf, dtype=torch.float32)
+    tied = bool(getattr(conf, "tie_word_embeddings", False))
+    if activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    on_gpu = device.type == "cuda"
+    dtypes = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+    mp = MixedPrecisionPolicy(
+        param_dtype=dtypes[par.param_dtype] if on_gpu else torch.float32,
+        reduce_dtype=dtypes[par.reduce_dtype] if on_gpu else torch.float32,
+    )
+    for layer in decoder_layers(model):
+        if compile_layers:
+            layer.compile()
+        fully_shard(layer, mp_policy=mp, reshard_after_forward=par.reshard_after_forward)
+    fully_shard(model, mp_policy=mp, reshard_after_forward=par.reshard_after_forward)
+    model.to_empty(device=device)
+    if tied and not tied_embeddings(model):
+        model.tie_weights()
+    set_model_state_dict(model, full_sd, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    del full_sd
+    _reset_rotary_buffers(model, device)
+    assert tied_embeddings(model) == tied, "tied input/output embeddings must stay one tensor after sharding"
+    model.train()
+    return model
+
+
+def matmul_params(model: torch.nn.Module) -> int:
+    """Parameters that take part in matrix products: all unique parameters, minus the input
+    embedding (a lookup), plus the LM head (counted even when tied). See ARCHITECTURE.md (MFU)."""
+    total = sum(p.numel() for p in model.parameters())
+    emb = model.get_input_embeddings().weight
+    head = model.get_output_embeddings().weight
+    return total - emb.numel() + (head.numel() if head is emb else 0)
+
+
+def world_info() -> tuple[int, int]:
+    return dist.get_rank(), dist.get_world_size()
+
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
