@@ -163,7 +163,7 @@ def test_socket_fallback_on_efa_cluster_names_the_missing_plugin():
     for v in vs:
         assert causes(v) == ["OFI plugin not found"]
     # Ray folded rank 0's and rank 8's plugin lines for the others
-    assert any("lines were folded by Ray" in n for n in vs[0].notes)
+    assert any(n.startswith("Ray folded 12 similar lines of other workers") for n in vs[0].notes)
     assert any("used those of pid 3300" in n for n in vs[3].notes)
     assert any("used those of pid 3340" in n for n in vs[12].notes)
     assert check(vs, "efa") == [
@@ -340,6 +340,25 @@ def test_nccl_net_socket_forced_and_ray_ip_prefix_and_repeated_suffix():
         "ranks 0, 2-3 left no NCCL line in the log, so the transport cannot be verified",
         "rank 1 (on h9) used intra-node unknown, not NET/Socket",
     ]
+
+
+def test_loopback_interface_between_hosts_is_a_wrong_interface():
+    text = "\n".join([
+        _w("n1", 5, 0, "NET/Socket : Using [0]lo:127.0.0.1<0>"),
+        _w("n1", 5, 0, "Using network Socket"),
+        _w("n1", 5, 0, "comm 0x7f0000001000 rank 0 nRanks 2 nNodes 2 localRanks 1 localRank 0 MNNVL 0"),
+        _w("n2", 5, 0, "NET/Socket : Using [0]eth0:10.4.0.2<0>"),
+        _w("n2", 5, 0, "Using network Socket"),
+        _w("n2", 5, 0, "comm 0x7f0000002000 rank 1 nRanks 2 nNodes 2 localRanks 1 localRank 0 MNNVL 0"),
+    ])
+    vs = verdicts_from_text(text)
+    assert [summary(v) for v in vs] == [
+        (0, "n1", 5, InterNode.SOCKET, IntraNode.NONE, None, "lo 127.0.0.1"),
+        (1, "n2", 5, InterNode.SOCKET, IntraNode.NONE, None, "eth0 10.4.0.2"),
+    ]
+    assert [v.evidence for v in vs] == ["init", "init"]
+    assert causes(vs[0]) == ["aws-ofi-nccl never initialized (no NET/OFI line from this rank)", "wrong interface"]
+    assert causes(vs[1]) == ["aws-ofi-nccl never initialized (no NET/OFI line from this rank)"]
 
 
 def test_no_nccl_lines():

@@ -108,7 +108,7 @@ def test_sample_job_additions():
     assert "FI_EFA_USE_DEVICE_RDMA" not in env_of(wc)  # g6 has no GPUDirect RDMA
     ws = worker(spec)["template"]["spec"]
     assert ws["nodeSelector"]["node.kubernetes.io/instance-type"] == "g6.12xlarge"
-    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in ws["tolerations"]
+    assert ws["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Equal", "value": "true", "effect": "NoSchedule"}]
     assert named(ws["volumes"], "dshm")["emptyDir"] == {"medium": "Memory", "sizeLimit": "53Gi"}  # 160Gi / 3
     assert named(spec["headGroupSpec"]["template"]["spec"]["volumes"], "dshm")["emptyDir"]["sizeLimit"] == "4Gi"
     assert named(ws["volumes"], "shared")["persistentVolumeClaim"] == {"claimName": "fsx-claim"}
@@ -182,6 +182,34 @@ def test_auth_secret_and_network_policy():
     assert sel == {"app.kubernetes.io/name": "rayft", "app.kubernetes.io/instance": "ray-train-cluster"}
     pod_labels = worker(m.raycluster["spec"])["template"]["metadata"]["labels"]
     assert sel.items() <= pod_labels.items()
+
+
+def test_tolerations_follow_the_gpu_node_group_taints():
+    cfg = cfg_from(["cluster.aws.gpu_taints=[{key: dedicated, value: training}, {key: efa, effect: NoExecute}]",
+                    "cluster.kube.worker_tolerations=[{key: spot, effect: NoSchedule}]"])  # fmt: skip
+    ws = worker(M.render(cfg).raycluster["spec"])["template"]["spec"]
+    assert ws["tolerations"] == [
+        {"key": "dedicated", "operator": "Equal", "value": "training", "effect": "NoSchedule"},
+        {"key": "efa", "operator": "Exists", "effect": "NoExecute"},
+        {"key": "spot", "operator": "Exists", "effect": "NoSchedule"},
+    ]
+
+
+def test_pods_land_on_the_node_groups_rayft_creates():
+    """Worker selector/tolerations match the eksctl GPU node group; the head's selector the system group."""
+    eks = pytest.importorskip("rayft.cluster.eks")
+    cfg = cfg_from(["cluster.aws.gpu_labels={team: ml}"])
+    m = M.render(cfg)
+    ng = eks.render_gpu_nodegroup_config(cfg.cluster, "us-east-2a", None)["managedNodeGroups"][0]
+    node_labels = {**ng["labels"], "node.kubernetes.io/instance-type": ng["instanceType"]}
+    ws = worker(m.raycluster["spec"])["template"]["spec"]
+    assert ws["nodeSelector"].items() <= node_labels.items()
+    for taint in ng.get("taints", []):
+        assert any(t["key"] == taint["key"] and t["effect"] == taint["effect"]
+                   and (t["operator"] == "Exists" or t.get("value") == taint["value"]) for t in ws["tolerations"])  # fmt: skip
+    system = eks.render_cluster_config(cfg.cluster, ["us-east-2a", "us-east-2b"])["managedNodeGroups"][0]
+    hs = m.raycluster["spec"]["headGroupSpec"]["template"]["spec"]
+    assert hs["nodeSelector"].items() <= system["labels"].items()
 
 
 def test_worker_overrides():

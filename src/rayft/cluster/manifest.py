@@ -269,6 +269,19 @@ def worker_env(instance: InstanceType, cluster: ClusterConfig, common_env: dict[
     return env
 
 
+def worker_tolerations(cluster: ClusterConfig) -> list[dict[str, str]]:
+    """Tolerations of the worker pods: one per taint of the GPU node group, then the extra ones."""
+    out: list[dict[str, str]] = []
+    for t in cluster.aws.gpu_taints:
+        tol = {"key": t.key, "operator": "Equal", "value": t.value} if t.value else {"key": t.key, "operator": "Exists"}
+        out.append({**tol, "effect": t.effect})
+    for t in cluster.kube.worker_tolerations:
+        tol = t.model_dump(exclude_none=True)
+        if tol not in out:
+            out.append(tol)
+    return out
+
+
 def _worker_group(instance: InstanceType, cluster: ClusterConfig, config_map: str,
                   common_env: dict[str, str]) -> dict[str, Any]:  # fmt: skip
     kube = cluster.kube
@@ -285,7 +298,7 @@ def _worker_group(instance: InstanceType, cluster: ClusterConfig, config_map: st
         "lifecycle": _lifecycle(),
     }
     node_selector = {**kube.worker_node_selector, "node.kubernetes.io/instance-type": instance.name}
-    tolerations = [t.model_dump(exclude_none=True) for t in kube.worker_tolerations]
+    tolerations = worker_tolerations(cluster)
     params = {"num-gpus": str(instance.gpu_count), **kube.worker_ray_start_params}
     return {
         "groupName": WORKER_GROUP,

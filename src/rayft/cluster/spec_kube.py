@@ -38,10 +38,6 @@ class Toleration(BaseModel):
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
 
 
-def _gpu_tolerations() -> list[Toleration]:
-    return [Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")]
-
-
 class KubeSpec(BaseModel):
     """Pod-level settings for the rendered RayCluster / RayJob manifests."""
 
@@ -75,7 +71,10 @@ class KubeSpec(BaseModel):
         default_factory=lambda: {"role": "gpu-worker"},
         description="Labels of the GPU node group; node.kubernetes.io/instance-type is added.",
     )
-    worker_tolerations: list[Toleration] = Field(default_factory=_gpu_tolerations)
+    worker_tolerations: list[Toleration] = Field(
+        default_factory=list,
+        description="Extra worker tolerations; one per taint of the GPU node group (cluster.aws.gpu_taints) is always added.",
+    )
     worker_ray_start_params: dict[str, StrValue] = Field(
         default_factory=dict, description="Extra `ray start` flags of the workers; num-gpus must equal the GPU limit."
     )

@@ -308,8 +308,6 @@ class _Proc:
     gdr_hca: set[str] = field(default_factory=set)
     version: str | None = None
     repeated: int = 0
-    ray_rank: int | None = None
-    ray_world: int | None = None
     borrowed: int | None = None  # pid whose plugin lines stand in for this process's folded ones
 
     def primary(self) -> _Comm | None:
@@ -320,6 +318,7 @@ class _Proc:
 
 
 def _classify_via(via: str) -> tuple[str, str | None, bool]:
+    """``"NET/AWS Libfabric/0/GDRDMA"`` -> ``("NET", "AWS Libfabric", True)``."""
     v = via.strip()
     if v.startswith("P2P"):
         return "P2P", None, False
@@ -327,13 +326,9 @@ def _classify_via(via: str) -> tuple[str, str | None, bool]:
         return "SHM", None, False
     if v.startswith("NVLS"):
         return "NVLS", None, False
-    if v.startswith("NET/") or v.startswith("NET "):
-        parts = v.split("/")
-        name = parts[1] if len(parts) > 1 else "?"
-        return "NET", name.strip(), "GDRDMA" in v
-    if v.startswith("CollNet") or v.startswith("COLLNET"):
-        return "other", None, False
-    return "other", None, False
+    if v.startswith("NET/"):
+        return "NET", v.split("/")[1].strip() or "?", "GDRDMA" in v
+    return "other", None, False  # CollNet and the like
 
 
 def _feed(proc: _Proc, ln: NcclLine) -> None:

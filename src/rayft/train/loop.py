@@ -17,6 +17,7 @@ from typing import Any
 
 import ray
 import ray.train
+import ray.train.torch
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F

@@ -1,0 +1,609 @@
+"""Cluster lifecycle against the moto server (a real HTTP AWS API emulator on a loopback port).
+
+AWS state (EKS clusters and node groups, CloudFormation stacks, VPC subnets, instances, quotas)
+lives in moto and is read by the code under test through boto3 over HTTP. eksctl, helm and kubectl
+are never run: a recorder stands in for them, records every command line and, like eksctl would,
+creates or deletes the matching resources in moto through the AWS API.
+
+What moto cannot express is set on its in-process backend (the server runs in this process):
+a CloudFormation stack in ROLLBACK_COMPLETE, an EKS cluster in CREATING/DELETING. moto 5.2.5 has
+no EC2 Service Quotas (service-quotas knows only `vpc`), so quota values come from a botocore
+Stubber on the service-quotas client only; the "quota unavailable" path runs on moto as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import socket
+import urllib.request
+from pathlib import Path
+
+import boto3
+import pytest
+import yaml
+from botocore.stub import Stubber
+from typer.testing import CliRunner
+
+from rayft.cluster import capacity as cap
+from rayft.cluster import eks
+from rayft.cluster.runner import Result
+from rayft.cluster.spec import ClusterConfig
+
+pytestmark = pytest.mark.integration
+
+ACCOUNT = "123456789012"
+REGION = "us-west-2"
+TRIVIAL_TEMPLATE = json.dumps({"Resources": {"H": {"Type": "AWS::CloudFormation::WaitConditionHandle"}}})
+
+
+# --------------------------------------------------------------------------- the moto server
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def moto_url():
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=_free_port(), verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def aws(moto_url, monkeypatch):
+    """Fake credentials, every boto3 client pointed at the moto server, state reset per test."""
+    for k in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_url)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/dev/null")
+    urllib.request.urlopen(urllib.request.Request(f"{moto_url}/moto-api/reset", method="POST")).read()
+    return moto_url
+
+
+def _quota_factory(value: float | None, code: str = "L-DB2E81BA"):
+    """boto3 clients on moto, except service-quotas: a Stubber answering GetServiceQuota with ``value``."""
+    real = cap.boto3_clients()
+    sq = boto3.client("service-quotas", region_name=REGION, endpoint_url="http://127.0.0.1:9")
+    stub = Stubber(sq)
+    for _ in range(10):
+        stub.add_response("get_service_quota", {"Quota": {"ServiceCode": "ec2", "QuotaCode": code, "Value": value}},
+                          {"ServiceCode": "ec2", "QuotaCode": code})  # fmt: skip
+    stub.activate()
+    return lambda service, region: sq if service == "service-quotas" else real(service, region)
+
+
+def _backend(service: str):
+    if service == "eks":
+        from moto.eks.models import eks_backends
+
+        return eks_backends[ACCOUNT][REGION]
+    from moto.cloudformation.models import cloudformation_backends
+
+    return cloudformation_backends[ACCOUNT][REGION]
+
+
+def _set_stack(name: str, status: str, reason: str | None = None) -> None:
+    for st in _backend("cloudformation").stacks.values():
+        if st.name == name:
+            st.status = status
+            if reason:
+                st._add_stack_event("CREATE_FAILED", resource_status_reason=reason)
+            return
+    raise KeyError(name)
+
+
+# --------------------------------------------------------------------------- eksctl / helm / kubectl stand-in
+
+
+class World:
+    """Records every command; does to moto what eksctl would, and answers helm/kubectl like a cluster."""
+
+    def __init__(self, no_capacity_azs=(), gpus=4, efa=1):
+        self.calls: list[list[str]] = []
+        self.no_capacity_azs = set(no_capacity_azs)
+        self.releases: dict[str, str] = {}  # release -> chart version
+        self.eksctl_efa_plugin = False
+        self.gpu_nodes = 0
+        self.gpus, self.efa = gpus, efa
+        self.rendered: dict[str, str] = {}
+        c = cap.boto3_clients()
+        self.ec2, self.eks, self.cfn = c("ec2", REGION), c("eks", REGION), c("cloudformation", REGION)
+
+    # the Runner protocol
+    def run(self, argv, *, check=True, stream=False):
+        argv = [str(a) for a in argv]
+        self.calls.append(argv)
+        res = self._dispatch(argv)
+        if check and not res.ok:
+            from rayft.cluster.runner import CommandError
+
+            raise CommandError(res)
+        return res
+
+    @property
+    def lines(self) -> list[str]:
+        return [shlex.join(c) for c in self.calls]
+
+    @property
+    def mutating(self) -> list[str]:
+        read_only = (("helm", "status"), ("helm", "show"), ("kubectl", "get"), ("kubectl", "wait"), ("eksctl", "utils"))
+        return [shlex.join(c) for c in self.calls if tuple(c[:2]) not in read_only]
+
+    def _ok(self, argv, out=""):
+        return Result(tuple(argv), 0, out, "")
+
+    def _fail(self, argv, err):
+        return Result(tuple(argv), 1, "", err)
+
+    def _dispatch(self, a):
+        if a[:3] == ["eksctl", "create", "cluster"]:
+            return self._create_cluster(a)
+        if a[:3] == ["eksctl", "create", "nodegroup"]:
+            return self._create_nodegroup(a)
+        if a[:3] == ["eksctl", "delete", "nodegroup"]:
+            name, ng = a[a.index("--cluster") + 1], a[a.index("--name") + 1]
+            self.eks.delete_nodegroup(clusterName=name, nodegroupName=ng)
+            self.cfn.delete_stack(StackName=f"eksctl-{name}-nodegroup-{ng}")
+            return self._ok(a)
+        if a[:3] == ["eksctl", "delete", "cluster"]:
+            name = a[a.index("--name") + 1]
+            self.eks.delete_cluster(name=name)
+            self.cfn.delete_stack(StackName=f"eksctl-{name}-cluster")
+            return self._ok(a)
+        if a[:3] == ["eksctl", "utils", "write-kubeconfig"]:
+            return self._ok(a)
+        if a[:2] == ["helm", "status"]:
+            rel = a[2]
+            if rel not in self.releases:
+                return self._fail(a, f"Error: release: not found")
+            return self._ok(a, json.dumps({"info": {"status": "deployed"}, "chart": {"metadata": {"version": self.releases[rel]}}}))
+        if a[:3] == ["helm", "upgrade", "--install"]:
+            self.releases[a[3]] = a[a.index("--version") + 1]
+            return self._ok(a)
+        if a[:2] == ["helm", "uninstall"]:
+            self.releases.pop(a[2], None)
+            return self._ok(a)
+        if a[:3] == ["helm", "show", "values"]:
+            return self._ok(a, yaml.safe_dump({"supportedInstanceLabels": {"values": ["g6.12xlarge", "p5.48xlarge"]}}))
+        if a[:3] == ["kubectl", "get", "daemonset"]:
+            return self._daemonset(a)
+        if a[:3] == ["kubectl", "get", "nodes"]:
+            return self._ok(a, json.dumps({"items": self._nodes(a)}))
+        if a[:3] == ["kubectl", "get", "rayclusters.ray.io"]:
+            return self._ok(a, json.dumps({"items": [{"metadata": {"namespace": "default", "name": "rayft"}, "status": {"state": "ready"}}]}))
+        if a[:2] == ["kubectl", "wait"]:
+            return self._ok(a)
+        raise AssertionError(f"unexpected command: {shlex.join(a)}")
+
+    def _doc(self, a):
+        path = a[a.index("--config-file") + 1]
+        text = Path(path).read_text()
+        self.rendered[Path(path).name] = text
+        return yaml.safe_load(text)
+
+    def _create_cluster(self, a):
+        doc = self._doc(a)
+        name = doc["metadata"]["name"]
+        vpc = self.ec2.create_vpc(CidrBlock="192.168.0.0/16")["Vpc"]["VpcId"]
+        ids = []
+        for i, az in enumerate(doc["availabilityZones"]):
+            pub = self.ec2.create_subnet(VpcId=vpc, CidrBlock=f"192.168.{i * 32}.0/20", AvailabilityZone=az)["Subnet"]["SubnetId"]
+            self.ec2.create_tags(Resources=[pub], Tags=[{"Key": "kubernetes.io/role/elb", "Value": "1"}])
+            self.ec2.modify_subnet_attribute(SubnetId=pub, MapPublicIpOnLaunch={"Value": True})
+            prv = self.ec2.create_subnet(VpcId=vpc, CidrBlock=f"192.168.{i * 32 + 16}.0/20", AvailabilityZone=az)["Subnet"]["SubnetId"]
+            self.ec2.create_tags(Resources=[prv], Tags=[{"Key": "kubernetes.io/role/internal-elb", "Value": "1"}])
+            ids += [pub, prv]
+        self.eks.create_cluster(name=name, version=doc["metadata"]["version"], roleArn=f"arn:aws:iam::{ACCOUNT}:role/eks",
+                                resourcesVpcConfig={"subnetIds": ids})  # fmt: skip
+        self.cfn.create_stack(StackName=f"eksctl-{name}-cluster", TemplateBody=TRIVIAL_TEMPLATE)
+        for ng in doc.get("managedNodeGroups", []):
+            self._make_nodegroup(name, ng)
+        return self._ok(a)
+
+    def _private_subnet(self, cluster, az):
+        return eks.cluster_private_subnets(self.eks, self.ec2, cluster)[az]
+
+    def _make_nodegroup(self, cluster, ng):
+        if "subnets" in ng:
+            subnets = ng["subnets"]
+        else:
+            subnets = [self._private_subnet(cluster, z) for z in ng.get("availabilityZones") or sorted(eks.cluster_private_subnets(self.eks, self.ec2, cluster))]
+        az = self.ec2.describe_subnets(SubnetIds=subnets)["Subnets"][0]["AvailabilityZone"]
+        stack = f"eksctl-{cluster}-nodegroup-{ng['name']}"
+        self.cfn.create_stack(StackName=stack, TemplateBody=TRIVIAL_TEMPLATE)
+        if az in self.no_capacity_azs and ng["name"] == "gpu-workers":
+            _set_stack(stack, "ROLLBACK_COMPLETE",
+                       f"Resource handler returned message: \"InsufficientInstanceCapacity: We currently do not have sufficient {ng['instanceType']} capacity in {az}\"")  # fmt: skip
+            return False
+        self.eks.create_nodegroup(
+            clusterName=cluster, nodegroupName=ng["name"], nodeRole=f"arn:aws:iam::{ACCOUNT}:role/ng",
+            subnets=subnets, instanceTypes=[ng["instanceType"]], labels=ng.get("labels", {}),
+            scalingConfig={"minSize": ng["minSize"], "maxSize": ng["maxSize"], "desiredSize": ng["desiredCapacity"]},
+        )  # fmt: skip
+        if ng.get("efaEnabled"):
+            self.eksctl_efa_plugin = True  # eksctl installs its own EFA device plugin
+        if ng["name"] == "gpu-workers":
+            self.gpu_nodes = ng["desiredCapacity"]
+        return True
+
+    def _create_nodegroup(self, a):
+        doc = self._doc(a)
+        include = next(x.split("=", 1)[1] for x in a if x.startswith("--include="))
+        ng = next(n for n in doc["managedNodeGroups"] if n["name"] == include)
+        if self._make_nodegroup(doc["metadata"]["name"], ng):
+            return self._ok(a)
+        return Result(tuple(a), 1, "Error: waiter state transitioned to Failure; InsufficientInstanceCapacity\n", "")
+
+    def _daemonset(self, a):
+        name = a[3]
+        ready = {"status": {"numberReady": self.gpu_nodes}}
+        if name == "aws-efa-k8s-device-plugin" and self.eksctl_efa_plugin:
+            return self._ok(a, json.dumps({"metadata": {"name": name, "labels": {"name": name}}, **ready}))
+        if name == "nvidia-device-plugin" and "nvidia-device-plugin" in self.releases:
+            return self._ok(a, json.dumps({"metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "Helm"}}, **ready}))
+        return self._fail(a, f'Error from server (NotFound): daemonsets.apps "{name}" not found')
+
+    def _nodes(self, a):
+        gpu = [
+            {"metadata": {"name": f"gpu-{i}", "labels": {"role": "gpu-worker", "node.kubernetes.io/instance-type": "g6.12xlarge"}},
+             "status": {"allocatable": {"nvidia.com/gpu": str(self.gpus), "vpc.amazonaws.com/efa": str(self.efa)}}}
+            for i in range(self.gpu_nodes)
+        ]  # fmt: skip
+        if "--selector" in a:
+            return gpu
+        system = {"metadata": {"name": "sys-0", "labels": {"role": "system", "node.kubernetes.io/instance-type": "m7i.xlarge"}},
+                  "status": {"allocatable": {}}}  # fmt: skip
+        return [system, *gpu]
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _cfg(**aws) -> ClusterConfig:
+    base = {"region": REGION, "availability_zones": ["us-west-2a", "us-west-2b", "us-west-2c"]}
+    return ClusterConfig.model_validate({"name": "rayft", "instance_type": "g6.12xlarge", "num_nodes": 2, "aws": {**base, **aws}})
+
+
+def _ctx(cfg, world, tmp_path, clients=None, confirm=None, sleep=None, messages=None):
+    msgs = messages if messages is not None else []
+    return eks.Context(
+        cfg=cfg, runner=world, clients=clients or _quota_factory(192.0), say=msgs.append,
+        confirm=confirm or (lambda q: msgs.append(f"? {q}") or True), sleep=sleep or (lambda s: None),
+        workdir=tmp_path / "work", poll_s=1,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def tools_present(monkeypatch):
+    monkeypatch.setattr(eks, "missing_tools", lambda tools=(): [])
+
+
+# --------------------------------------------------------------------------- capacity on moto
+
+
+def test_offerings_and_running_usage_from_moto(aws):
+    c = cap.boto3_clients()
+    ec2 = c("ec2", REGION)
+    assert cap.offered_azs(ec2, "g6.12xlarge") == ["us-west-2a", "us-west-2b", "us-west-2c", "us-west-2d"]
+    shape = cap.describe_shape(ec2, "g6.12xlarge")
+    assert (shape.vcpus, shape.gpus, shape.efa_supported, shape.max_efa_interfaces) == (48, 4, True, 1)
+    ami = "ami-12c6146b"
+    ec2.run_instances(ImageId=ami, MinCount=2, MaxCount=2, InstanceType="g5.12xlarge")  # 2 × 48 vCPUs
+    ec2.run_instances(ImageId=ami, MinCount=1, MaxCount=1, InstanceType="p4d.24xlarge")  # another family
+    stopped = ec2.run_instances(ImageId=ami, MinCount=1, MaxCount=1, InstanceType="g5.xlarge")["Instances"][0]["InstanceId"]
+    ec2.stop_instances(InstanceIds=[stopped])  # not running: not counted
+    assert cap.vcpus_in_use(ec2, cap.quota_family("g6.12xlarge"), spot=False) == 96
+    assert cap.vcpus_in_use(ec2, cap.quota_family("p5.48xlarge"), spot=False) == 96
+    rep = cap.find_capacity(_quota_factory(200.0), "g6.12xlarge", 2, [REGION], availability_zones=["us-west-2b", "us-west-2a"])
+    assert [(x.az, x.used_vcpus, x.headroom, x.quota_ok) for x in rep.ranked()] == [
+        ("us-west-2b", 96, 104.0, True), ("us-west-2a", 96, 104.0, True)]  # fmt: skip
+
+
+def test_configured_az_that_does_not_offer_the_type(aws):
+    rep = cap.find_capacity(_quota_factory(500.0), "g6.12xlarge", 1, [REGION], availability_zones=["us-west-2z", "us-west-2c"])
+    assert [(x.az, x.verdict) for x in rep.ranked()] == [("us-west-2c", "quota ok"), ("us-west-2z", "not offered")]
+
+
+def test_moto_has_no_ec2_quotas_so_headroom_is_unknown(aws):
+    rep = cap.find_capacity(cap.boto3_clients(), "g6.12xlarge", 2, [REGION])
+    assert {x.verdict for x in rep.candidates} == {"quota unknown"}
+    assert all(x.quota.value is None and x.quota.source == "unavailable" for x in rep.candidates)
+    assert rep.usable() and rep.quota_commands == []
+    assert "could not read quota L-DB2E81BA" in rep.notes[0]
+
+
+def test_capacity_cli_prints_the_quota_increase_for_a_zero_quota(aws, monkeypatch, tmp_path):
+    from rayft.cli import app
+
+    factory = _quota_factory(0.0)
+    monkeypatch.setattr(cap, "boto3_clients", lambda: factory)
+    f = tmp_path / "job.yaml"
+    f.write_text(yaml.safe_dump({"data": {"train_files": ["x.jsonl"]}, "cluster": {"num_nodes": 2, "aws": {"region": REGION}}}))
+    res = CliRunner().invoke(app, ["capacity", str(f)])
+    assert res.exit_code == 1
+    assert (
+        "aws service-quotas request-service-quota-increase --service-code ec2 --quota-code L-DB2E81BA "
+        "--desired-value 96 --region us-west-2\n"
+    ) in res.stdout
+
+
+# --------------------------------------------------------------------------- state probes and waits
+
+
+def test_state_probes(aws):
+    c = cap.boto3_clients()
+    e, cfn = c("eks", REGION), c("cloudformation", REGION)
+    assert eks.cluster_status(e, "nope") == eks.NOT_FOUND
+    assert eks.nodegroup_status(e, "nope", "ng") == eks.NOT_FOUND
+    assert eks.stack_status(cfn, "eksctl-nope-cluster") == eks.NOT_FOUND
+    e.create_cluster(name="c1", roleArn=f"arn:aws:iam::{ACCOUNT}:role/r", resourcesVpcConfig={"subnetIds": []})
+    assert eks.cluster_status(e, "c1") == "ACTIVE"
+    cfn.create_stack(StackName="eksctl-c1-nodegroup-gpu-workers", TemplateBody=TRIVIAL_TEMPLATE)
+    assert eks.stack_status(cfn, "eksctl-c1-nodegroup-gpu-workers") == "CREATE_COMPLETE"
+    _set_stack("eksctl-c1-nodegroup-gpu-workers", "ROLLBACK_COMPLETE", "InsufficientInstanceCapacity in us-west-2a")
+    assert eks.stack_status(cfn, "eksctl-c1-nodegroup-gpu-workers") == "ROLLBACK_COMPLETE"
+    assert any("InsufficientInstanceCapacity" in r for r in eks.stack_failure_reasons(cfn, "eksctl-c1-nodegroup-gpu-workers"))
+    cfn.delete_stack(StackName="eksctl-c1-nodegroup-gpu-workers")
+    assert eks.stack_status(cfn, "eksctl-c1-nodegroup-gpu-workers") == eks.NOT_FOUND
+
+
+def test_creating_cluster_is_waited_for_then_reused(aws, tmp_path):
+    c = cap.boto3_clients()
+    c("eks", REGION).create_cluster(name="rayft", roleArn=f"arn:aws:iam::{ACCOUNT}:role/r", resourcesVpcConfig={"subnetIds": []})
+    cluster = _backend("eks").clusters["rayft"]
+    cluster.status = "CREATING"
+    polls = []
+
+    def sleep(s):
+        polls.append(s)
+        if len(polls) == 3:
+            cluster.status = "ACTIVE"
+
+    world, msgs = World(), []
+    ctx = _ctx(_cfg(), world, tmp_path, sleep=sleep, messages=msgs)
+    result = eks.UpResult()
+    eks.ensure_cluster(ctx, lambda: ["us-west-2a", "us-west-2b"], result)
+    assert polls == [1, 1, 1] and result.reused == ["cluster"] and world.calls == []
+    assert msgs.count("cluster rayft is CREATING; waiting") == 3
+
+
+def test_deleting_cluster_is_waited_for_then_created(aws, tmp_path):
+    c = cap.boto3_clients()
+    c("eks", REGION).create_cluster(name="rayft", roleArn=f"arn:aws:iam::{ACCOUNT}:role/r", resourcesVpcConfig={"subnetIds": []})
+    _backend("eks").clusters["rayft"].status = "DELETING"
+    world = World()
+    ctx = _ctx(_cfg(), world, tmp_path, sleep=lambda s: _backend("eks").clusters.pop("rayft", None))
+    result = eks.UpResult()
+    eks.ensure_cluster(ctx, lambda: ["us-west-2a", "us-west-2b"], result)
+    assert result.created[0] == "cluster"
+    assert world.lines == [f"eksctl create cluster --config-file {tmp_path}/work/eksctl-cluster.yaml --install-nvidia-plugin=false"]
+    assert eks.cluster_status(c("eks", REGION), "rayft") == "ACTIVE"
+
+
+def test_wait_times_out_with_a_resume_hint(aws, tmp_path):
+    c = cap.boto3_clients()
+    c("eks", REGION).create_cluster(name="rayft", roleArn=f"arn:aws:iam::{ACCOUNT}:role/r", resourcesVpcConfig={"subnetIds": []})
+    _backend("eks").clusters["rayft"].status = "UPDATING"
+    ctx = _ctx(_cfg(wait_timeout_minutes=1), World(), tmp_path)
+    with pytest.raises(eks.LifecycleError, match="still UPDATING after 1 min; re-run"):
+        eks.ensure_cluster(ctx, lambda: [], eks.UpResult())
+
+
+# --------------------------------------------------------------------------- up, twice, and down
+
+
+def test_up_from_nothing_runs_exactly_the_plan_and_a_second_up_is_a_no_op(aws, tmp_path, tools_present):
+    cfg = _cfg()
+    world, msgs = World(), []
+    result = eks.up(_ctx(cfg, world, tmp_path, messages=msgs))
+    work = tmp_path / "work"
+    assert result.created == ["cluster", "nodegroup/system", "nodegroup/gpu-workers"]
+    assert result.gpu_az == "us-west-2a"
+    # every command up ran that changes something is printed, verbatim, by plan
+    plan_text = eks.render_plan(eks.plan(cfg, work))
+    assert world.mutating == [
+        f"eksctl create cluster --config-file {work}/eksctl-cluster.yaml --install-nvidia-plugin=false",
+        f"eksctl create nodegroup --config-file {work}/eksctl-gpu-nodegroup.yaml --include=gpu-workers --install-nvidia-plugin=false",
+        "helm upgrade --install nvidia-device-plugin nvidia-device-plugin --repo https://nvidia.github.io/k8s-device-plugin "
+        "--version 0.20.0 --namespace kube-system --set nodeSelector.role=gpu-worker --set-json "
+        "'tolerations=[{\"key\":\"nvidia.com/gpu\",\"operator\":\"Exists\",\"effect\":\"NoSchedule\"},{\"key\":\"CriticalAddonsOnly\",\"operator\":\"Exists\"}]'",
+        "helm upgrade --install kuberay-operator kuberay-operator --repo https://ray-project.github.io/kuberay-helm/ "
+        "--version 1.7.0 --namespace kuberay-operator --create-namespace --set nodeSelector.role=system",
+    ]
+    for line in world.mutating + ["kubectl wait --for=condition=Available deployment/kuberay-operator --namespace kuberay-operator --timeout=300s"]:
+        assert f"  run     {line}" in plan_text
+    # eksctl installed the EFA plugin for the efaEnabled group: ours is skipped, never two
+    assert "aws-efa-k8s-device-plugin" not in world.releases
+    assert result.addons.skipped["aws-efa-k8s-device-plugin"].startswith("DaemonSet kube-system/aws-efa-k8s-device-plugin already runs")
+    # the GPU group was pinned to the cluster's private subnet in the chosen AZ
+    gpu_doc = yaml.safe_load(world.rendered["eksctl-gpu-nodegroup.yaml"])["managedNodeGroups"][0]
+    c = cap.boto3_clients()
+    private = eks.cluster_private_subnets(c("eks", REGION), c("ec2", REGION), "rayft")
+    assert gpu_doc["subnets"] == [private["us-west-2a"]] and "availabilityZones" not in gpu_doc
+    assert gpu_doc["efaEnabled"] is True and gpu_doc["labels"]["nvidia.com/gpu.present"] == "true"
+    assert gpu_doc["taints"] == [{"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}]
+    cluster_doc = yaml.safe_load(world.rendered["eksctl-cluster.yaml"])
+    assert cluster_doc["availabilityZones"] == ["us-west-2a", "us-west-2b", "us-west-2c"]
+    assert cluster_doc["managedNodeGroups"][0]["instanceType"] == "m7i.xlarge"
+    assert "gpu-0: 4 GPU, 1 EFA allocatable" in msgs
+
+    # second up: only probes, nothing created, nothing installed
+    world2 = World()
+    world2.releases, world2.eksctl_efa_plugin, world2.gpu_nodes = dict(world.releases), True, 2
+    second = eks.up(_ctx(cfg, world2, tmp_path, clients=cap.boto3_clients(), messages=(m2 := [])))
+    assert world2.mutating == []
+    assert not second.changed and second.created == []
+    assert second.reused == ["cluster", "nodegroup/system", "nodegroup/gpu-workers"]
+    assert sorted(second.addons.unchanged) == ["kuberay-operator", "nvidia-device-plugin"]
+    assert m2[-1] == "nothing to do: everything already matches the config"
+
+
+def test_insufficient_capacity_in_first_az_moves_to_the_next(aws, tmp_path, tools_present):
+    cfg = _cfg()
+    world, msgs = World(no_capacity_azs={"us-west-2a"}), []
+    result = eks.up(_ctx(cfg, world, tmp_path, messages=msgs))
+    assert result.gpu_az == "us-west-2b"
+    assert result.skipped_azs == {"us-west-2a": "InsufficientInstanceCapacity"}
+    creates = [l for l in world.lines if l.startswith("eksctl create nodegroup")]
+    assert len(creates) == 2
+    assert "no capacity for 2 × g6.12xlarge in us-west-2a; moving to the next AZ" in msgs
+    assert "deleted stack eksctl-rayft-nodegroup-gpu-workers" in msgs  # our own failed stack, no question asked
+    assert not any(m.startswith("? ") for m in msgs)
+    c = cap.boto3_clients()
+    ng = c("eks", REGION).describe_nodegroup(clusterName="rayft", nodegroupName="gpu-workers")["nodegroup"]
+    sub = c("ec2", REGION).describe_subnets(SubnetIds=ng["subnets"])["Subnets"][0]
+    assert ng["status"] == "ACTIVE" and sub["AvailabilityZone"] == "us-west-2b"
+
+
+def test_no_capacity_anywhere_leaves_no_failed_stack(aws, tmp_path, tools_present):
+    world = World(no_capacity_azs={"us-west-2a", "us-west-2b", "us-west-2c"})
+    with pytest.raises(eks.LifecycleError, match="no capacity for 2 × g6.12xlarge in any candidate AZ"):
+        eks.up(_ctx(_cfg(), world, tmp_path))
+    assert eks.stack_status(cap.boto3_clients()("cloudformation", REGION), "eksctl-rayft-nodegroup-gpu-workers") == eks.NOT_FOUND
+
+
+def _cluster_only(tmp_path):
+    """A cluster with its system group, made by a first eksctl run, and nothing else."""
+    world = World()
+    ctx = _ctx(_cfg(), world, tmp_path)
+    eks.ensure_cluster(ctx, lambda: ["us-west-2a", "us-west-2b"], eks.UpResult())
+    cap.boto3_clients()("cloudformation", REGION).create_stack(StackName="eksctl-rayft-nodegroup-gpu-workers", TemplateBody=TRIVIAL_TEMPLATE)
+    _set_stack("eksctl-rayft-nodegroup-gpu-workers", "ROLLBACK_COMPLETE", "InsufficientInstanceCapacity (a previous attempt)")
+
+
+def test_rollback_complete_nodegroup_stack_is_explained_and_removed_on_confirmation(aws, tmp_path, tools_present):
+    _cluster_only(tmp_path)
+    world, msgs = World(), []
+    result = eks.up(_ctx(_cfg(), world, tmp_path, messages=msgs))
+    assert "? Delete stack eksctl-rayft-nodegroup-gpu-workers (ROLLBACK_COMPLETE) now?" in msgs
+    explained = next(m for m in msgs if m.startswith("CloudFormation stack eksctl-rayft-nodegroup-gpu-workers is ROLLBACK_COMPLETE"))
+    assert "InsufficientInstanceCapacity (a previous attempt)" in explained
+    assert result.created == ["nodegroup/gpu-workers"] and result.reused == ["cluster", "nodegroup/system"]
+    assert world.mutating[0].startswith("eksctl create nodegroup")
+
+
+def test_rollback_complete_stack_kept_when_not_confirmed(aws, tmp_path, tools_present):
+    _cluster_only(tmp_path)
+    world = World()
+    with pytest.raises(eks.LifecycleError) as ei:
+        eks.up(_ctx(_cfg(), world, tmp_path, confirm=lambda q: False))
+    assert "aws cloudformation delete-stack --stack-name eksctl-rayft-nodegroup-gpu-workers --region us-west-2" in str(ei.value)
+    assert world.mutating == []
+    assert eks.stack_status(cap.boto3_clients()("cloudformation", REGION), "eksctl-rayft-nodegroup-gpu-workers") == "ROLLBACK_COMPLETE"
+
+
+def test_quota_of_zero_stops_up_before_anything_is_created(aws, tmp_path, tools_present):
+    world = World()
+    with pytest.raises(eks.LifecycleError) as ei:
+        eks.up(_ctx(_cfg(), world, tmp_path, clients=_quota_factory(0.0)))
+    assert (
+        "aws service-quotas request-service-quota-increase --service-code ec2 --quota-code L-DB2E81BA "
+        "--desired-value 96 --region us-west-2"
+    ) in str(ei.value)
+    assert world.calls == []
+    assert eks.cluster_status(cap.boto3_clients()("eks", REGION), "rayft") == eks.NOT_FOUND
+
+
+def test_missing_tools_and_credentials_are_reported_before_anything_starts(aws, tmp_path, monkeypatch):
+    monkeypatch.setattr(eks, "missing_tools", lambda tools=(): ["eksctl", "helm"])
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    monkeypatch.delenv("AWS_SESSION_TOKEN")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    world = World()
+    with pytest.raises(eks.LifecycleError) as ei:
+        eks.up(_ctx(_cfg(), world, tmp_path, clients=cap.boto3_clients()))
+    msg = str(ei.value)
+    assert "missing tools: eksctl, helm" in msg and "AWS credentials not usable" in msg
+    assert world.calls == []
+
+
+def test_down_reverses_up_and_reports_tagged_leftovers(aws, tmp_path, tools_present):
+    cfg = _cfg(placement_group=True)
+    world = World()
+    eks.up(_ctx(cfg, world, tmp_path))
+    c = cap.boto3_clients()
+    ec2 = c("ec2", REGION)
+    assert ec2.describe_placement_groups(GroupNames=["rayft-rayft-gpu-workers"])["PlacementGroups"][0]["Strategy"] == "cluster"
+    stray = ec2.run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1, InstanceType="g6.12xlarge",
+                              TagSpecifications=[{"ResourceType": "instance", "Tags": [{"Key": "rayft.io/cluster", "Value": "rayft"}]}])  # fmt: skip
+    stray_id = stray["Instances"][0]["InstanceId"]
+    world.calls.clear()
+    left, errors = eks.down(_ctx(cfg, world, tmp_path))
+    assert world.mutating == [
+        "helm uninstall kuberay-operator --namespace kuberay-operator --wait",
+        "helm uninstall nvidia-device-plugin --namespace kube-system --wait",
+        "eksctl delete nodegroup --cluster rayft --region us-west-2 --name gpu-workers --wait",
+        "eksctl delete nodegroup --cluster rayft --region us-west-2 --name system --wait",
+        "eksctl delete cluster --name rayft --region us-west-2 --wait",
+    ]
+    assert eks.cluster_status(c("eks", REGION), "rayft") == eks.NOT_FOUND
+    assert ec2.describe_placement_groups()["PlacementGroups"] == [] or all(
+        g["GroupName"] != "rayft-rayft-gpu-workers" for g in ec2.describe_placement_groups()["PlacementGroups"])  # fmt: skip
+    assert [(x.kind, x.id, x.detail) for x in left] == [("instance", stray_id, "g6.12xlarge")]
+    assert any(e.startswith("capacity-reservation:") for e in errors)  # moto lacks DescribeCapacityReservations filters/API
+
+
+def test_down_of_nothing_is_quiet(aws, tmp_path, tools_present):
+    world, msgs = World(), []
+    left, _ = eks.down(_ctx(_cfg(), world, tmp_path, messages=msgs))
+    assert world.calls == [] and left == []
+    assert "cluster rayft: not found" in msgs
+
+
+def test_status_reports_nodes_rayclusters_and_cost(aws, tmp_path, tools_present):
+    from rayft.cluster.instances import get_instance
+
+    cfg = _cfg()
+    world = World()
+    eks.up(_ctx(cfg, world, tmp_path))
+    st = eks.status(_ctx(cfg, world, tmp_path))
+    assert st.cluster == "ACTIVE" and st.nodegroups == {"system": "ACTIVE", "gpu-workers": "ACTIVE"}
+    assert [(n["name"], n["gpus"], n["efa"]) for n in st.nodes] == [("sys-0", 0, 0), ("gpu-0", 4, 1), ("gpu-1", 4, 1)]
+    assert st.rayclusters == [{"namespace": "default", "name": "rayft", "state": "ready"}]
+    assert st.hourly_usd == pytest.approx(2 * get_instance("g6.12xlarge").on_demand_usd_per_hour)
+    assert st.unpriced == ["m7i.xlarge"]
+
+
+def test_plan_cli_prints_the_sample_sequence_without_side_effects(aws, tmp_path):
+    from rayft.cli import app
+
+    f = tmp_path / "job.yaml"
+    f.write_text(yaml.safe_dump({
+        "data": {"train_files": ["x.jsonl"]},
+        "cluster": {"name": "eks-cluster", "instance_type": "g6.12xlarge", "num_nodes": 2, "efa": True,
+                    "aws": {"region": "us-east-2", "availability_zones": ["us-east-2a", "us-east-2b"]}},
+    }))  # fmt: skip
+    res = CliRunner().invoke(app, ["cluster", "plan", str(f), "--workdir", str(tmp_path / "w")])
+    assert res.exit_code == 0, res.output
+    out = res.stdout
+    order = [
+        "sts:GetCallerIdentity",
+        "service-quotas:GetServiceQuota(ServiceCode=ec2, QuotaCode=L-DB2E81BA)",
+        f"eksctl create cluster --config-file {tmp_path}/w/eksctl-cluster.yaml --install-nvidia-plugin=false",
+        "eksctl utils write-kubeconfig --cluster eks-cluster --region us-east-2",
+        f"eksctl create nodegroup --config-file {tmp_path}/w/eksctl-gpu-nodegroup.yaml --include=gpu-workers --install-nvidia-plugin=false",
+        "helm upgrade --install nvidia-device-plugin nvidia-device-plugin --repo https://nvidia.github.io/k8s-device-plugin --version 0.20.0",
+        "helm upgrade --install aws-efa-k8s-device-plugin aws-efa-k8s-device-plugin --repo https://aws.github.io/eks-charts --version v0.5.32",
+        "helm upgrade --install kuberay-operator kuberay-operator --repo https://ray-project.github.io/kuberay-helm/ --version 1.7.0",
+        "kubectl get nodes --selector role=gpu-worker --output json",
+        "eksctl delete cluster --name eks-cluster --region us-east-2 --wait",
+    ]
+    pos = [out.index(s) for s in order]
+    assert pos == sorted(pos)
+    assert "efaEnabled: true" in out and "- us-east-2a" in out
+    assert not (tmp_path / "w").exists()  # nothing written
+    assert cap.boto3_clients()("eks", "us-east-2").list_clusters()["clusters"] == []
