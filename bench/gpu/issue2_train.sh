@@ -5,7 +5,7 @@
 set -uo pipefail
 source .gpu/setup.sh
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-SH=$(ls -d ../shared 2>/dev/null || ls -d shared 2>/dev/null || echo /work/shared)
+SH=$(ls -d ../shared 2>/dev/null || ls -d shared 2>/dev/null || echo .gpu)  # the data travels in the carried .gpu/data
 echo "shared at: $SH"; ls "$SH/data" || exit 3
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 NG=$(nvidia-smi -L | wc -l)

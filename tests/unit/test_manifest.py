@@ -10,7 +10,7 @@ import yaml
 
 from rayft.cluster import manifest as M
 from rayft.cluster.instances import get_instance
-from rayft.config import RayftConfig, apply_overrides, load_config
+from rayft.config import RayftConfig, load_config
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "qwen2.5-1.5b-eks.yaml"
@@ -131,8 +131,7 @@ def test_rayjob_embeds_the_cluster_and_runs_rayft_train():
 
 
 def test_rayjob_select_mode():
-    cfg = cfg_from(["cluster.kube.job_cluster=select", "cluster.kube.job_shutdown_after_finishes=false",
-                    "cluster.kube.job_ttl_seconds_after_finished=0"])  # fmt: skip
+    cfg = cfg_from(["cluster.kube.job_cluster=select", "cluster.kube.job_shutdown_after_finishes=false"])
     m = M.render(cfg)
     assert m.rayjob["spec"]["clusterSelector"] == {"ray.io/cluster": "ray-train-cluster"}
     assert "rayClusterSpec" not in m.rayjob["spec"] and "ttlSecondsAfterFinished" not in m.rayjob["spec"]
@@ -236,6 +235,12 @@ def test_contradiction_num_gpus_caught_in_the_rendered_object():
     assert any("num-gpus 3 != " in msg for _, msg in M.check(cfg, m))
 
 
+def test_contradiction_head_with_gpus():
+    p = problems_of(["cluster.kube.head_ray_start_params.num-gpus=1"])
+    key = [k for k in p if "headGroupSpec.rayStartParams.num-gpus" in k]
+    assert key and "cluster.kube.head_ray_start_params" in key[0] and "must be 0" in p[key[0]]
+
+
 def test_contradiction_efa_on_instance_without_efa():
     p = problems_of(["cluster.instance_type=g6.xlarge", "train.num_workers=2"])
     assert "cluster.efa" in p and "g6.xlarge has no EFA" in p["cluster.efa"]
@@ -295,8 +300,9 @@ def test_contradiction_worker_resources_beyond_the_instance():
 def test_contradiction_rayjob_select_rules():
     p = problems_of(["cluster.kube.job_cluster=select", "cluster.kube.job_backoff_limit=2"])
     assert "cluster.kube.job_shutdown_after_finishes" in p and "cluster.kube.job_backoff_limit" in p
-    p = problems_of(["cluster.kube.job_shutdown_after_finishes=false"])
+    p = problems_of(["cluster.kube.job_shutdown_after_finishes=false", "cluster.kube.job_ttl_seconds_after_finished=300"])
     assert "cluster.kube.job_ttl_seconds_after_finished" in p
+    assert problems_of(["cluster.kube.job_shutdown_after_finishes=false"]) == {}  # the default TTL is simply not rendered
 
 
 def test_contradiction_cluster_name():
@@ -320,7 +326,7 @@ def test_config_errors_name_the_kube_field():
         cfg_from(["cluster.kube.head_memory=lots"])
 
 
-def test_no_cluster_section_is_an_error(tmp_path):
+def test_no_cluster_section_is_an_error():
     raw = yaml.safe_load(EXAMPLE.read_text())
     del raw["cluster"]
     with pytest.raises(M.ManifestError, match="cluster"):
@@ -376,3 +382,12 @@ def test_cli_refuses_contradictions_and_writes_nothing(tmp_path):
     assert r.exit_code == 1
     assert "train.num_workers" in r.output
     assert not out.exists()
+
+
+def test_notes_for_uri_data_and_a_per_pod_hf_cache():
+    cfg = cfg_from(["cluster.kube.fsx_pvc=null", "checkpoint.storage_path=s3://b/runs", "data.train_files=s3://b/d.json"])
+    m = M.render(cfg)
+    assert M.check(cfg, m) == []
+    assert any(n.startswith("data.train_files[0]: s3://b/d.json is a URI") for n in m.notes)
+    assert any("own Hugging Face cache" in n for n in m.notes)
+    assert "HF_HOME" not in env_of(wcontainer(m.raycluster["spec"]))

@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from rayft.config import ConfigError, load_config
@@ -58,9 +59,20 @@ def _context(cluster, workdir: Path, yes: bool):
     )  # fmt: skip
 
 
-def _fail(e: Exception) -> None:
-    console.print(f"[bold red]error[/]: {e}", highlight=False)
+def _fail(e: BaseException) -> None:
+    console.print(f"[bold red]error[/]: {escape(str(e))}", highlight=False)
     raise typer.Exit(1) from None
+
+
+def _errors() -> tuple[type[BaseException], ...]:
+    """What a lifecycle command reports as an error (exit 1) instead of a traceback."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from rayft.cluster.capacity import ReservationLeak
+    from rayft.cluster.eks import LifecycleError
+    from rayft.cluster.runner import CommandError
+
+    return (LifecycleError, CommandError, ReservationLeak, ClientError, BotoCoreError)
 
 
 def capacity(
@@ -75,9 +87,7 @@ def capacity(
     yes: YesOpt = False,
 ) -> None:
     """Where N × the GPU type can launch: offered AZs, vCPU quota headroom, optional live probe."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    from rayft.cluster.capacity import ReservationLeak, boto3_clients, find_capacity, render_report
+    from rayft.cluster.capacity import boto3_clients, find_capacity, render_report
 
     c = _cluster(config, set_)
     regions = list(region or c.aws.capacity_regions or [c.aws.region])
@@ -92,9 +102,7 @@ def capacity(
             availability_zones=c.aws.availability_zones, capacity_type=c.aws.capacity_type, probe=probe,
             tags={"rayft.io/cluster": c.name}, say=lambda s: console.print(s, highlight=False, markup=False),
         )  # fmt: skip
-    except ReservationLeak as e:
-        _fail(e)
-    except (ClientError, BotoCoreError) as e:
+    except _errors() as e:
         _fail(e)
     shape = report.shape
     title = f"{c.num_nodes} × {c.instance_type} ({c.aws.capacity_type})"
@@ -148,33 +156,33 @@ def cluster_plan(
         console.print("[yellow]warning[/]: boto3 is not installed (pip install 'rayft[aws]')", highlight=False)
     sys.stdout.write(render_plan(plan(c, _workdir(config, c.name, workdir), gpu_az=az)))
     sys.stdout.write("## down (reverse order, each only when its probe finds the thing)\n")
-    for cmd in plan_down(c):
-        sys.stdout.write(f"  run     {cmd}\n")
+    for kind, text in plan_down(c):
+        sys.stdout.write(f"  {kind:<7} {text}\n")
 
 
 @cluster_app.command("up")
 def cluster_up(config: ConfigArg, set_: SetOpt = None, yes: YesOpt = False, workdir: WorkdirOpt = None) -> None:
     """Create or resume the cluster, node groups and add-ons; a second run is a no-op."""
-    from rayft.cluster.eks import LifecycleError, up
+    from rayft.cluster.eks import up
 
     c = _cluster(config, set_)
     try:
         up(_context(c, _workdir(config, c.name, workdir), yes))
-    except LifecycleError as e:
+    except _errors() as e:
         _fail(e)
 
 
 @cluster_app.command("status")
 def cluster_status(config: ConfigArg, set_: SetOpt = None) -> None:
     """Cluster and node groups, allocatable GPU/EFA per node, RayClusters, hourly cost."""
-    from rayft.cluster.eks import LifecycleError, preflight, status
+    from rayft.cluster.eks import preflight, status
 
     c = _cluster(config, set_)
     ctx = _context(c, _workdir(config, c.name, None), False)
     try:
-        preflight(ctx)
+        preflight(ctx, tools=("eksctl", "kubectl"))
         st = status(ctx)
-    except LifecycleError as e:
+    except _errors() as e:
         _fail(e)
     out = Console()
     out.print(f"cluster {c.name} ({c.aws.region}): {st.cluster}", highlight=False)
@@ -198,14 +206,14 @@ def cluster_status(config: ConfigArg, set_: SetOpt = None) -> None:
 @cluster_app.command("down")
 def cluster_down(config: ConfigArg, set_: SetOpt = None, yes: YesOpt = False) -> None:
     """Remove add-ons, node groups and the cluster (reverse order); report billable leftovers by tag."""
-    from rayft.cluster.eks import LifecycleError, down
+    from rayft.cluster.eks import down
 
     c = _cluster(config, set_)
     if not yes and not typer.confirm(f"Delete cluster {c.name} in {c.aws.region} and everything `up` created?", default=False, err=True):
         raise typer.Exit(1)
     try:
         left, errors = down(_context(c, _workdir(config, c.name, None), yes))
-    except LifecycleError as e:
+    except _errors() as e:
         _fail(e)
     for e in errors:
         console.print(f"[yellow]could not check[/] {e}", highlight=False)

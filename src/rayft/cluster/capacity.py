@@ -41,14 +41,12 @@ def boto3_clients() -> ClientFactory:
     import boto3
 
     cache: dict[tuple[str, str], Any] = {}
-    sessions: dict[str, Any] = {}
+    session = boto3.session.Session()
 
     def get(service: str, region: str) -> Any:
         key = (service, region)
         if key not in cache:
-            if region not in sessions:
-                sessions[region] = boto3.session.Session(region_name=region)
-            cache[key] = sessions[region].client(service)
+            cache[key] = session.client(service, region_name=region)
         return cache[key]
 
     return get

@@ -23,6 +23,7 @@ twice is a no-op and running it after a failure resumes:
 
 from __future__ import annotations
 
+import json
 import shlex
 import time
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ import yaml
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
 from rayft.cluster import addons
-from rayft.cluster.capacity import TAG_CLUSTER, ClientFactory, CapacityReport, describe_shape, find_capacity
+from rayft.cluster.capacity import TAG_CLUSTER, CapacityReport, ClientFactory, describe_shape, find_capacity, quota_family
 from rayft.cluster.runner import Runner, missing_tools
 from rayft.cluster.spec import ClusterConfig
 
@@ -43,6 +44,11 @@ FAILED_STACK_STATES = {"ROLLBACK_COMPLETE", "ROLLBACK_FAILED", "CREATE_FAILED", 
 STACK_BUSY_STATES = {"CREATE_IN_PROGRESS", "ROLLBACK_IN_PROGRESS", "DELETE_IN_PROGRESS", "UPDATE_IN_PROGRESS",
                      "UPDATE_COMPLETE_CLEANUP_IN_PROGRESS", "UPDATE_ROLLBACK_IN_PROGRESS",
                      "UPDATE_ROLLBACK_COMPLETE_CLEANUP_IN_PROGRESS", "REVIEW_IN_PROGRESS"}  # fmt: skip
+INSTALL_HINTS = {
+    "eksctl": "https://eksctl.io/installation/",
+    "helm": "https://helm.sh/docs/intro/install/",
+    "kubectl": "https://kubernetes.io/docs/tasks/tools/",
+}
 CAPACITY_ERRORS = ("InsufficientInstanceCapacity", "insufficient capacity", "InsufficientCapacity")
 
 
@@ -143,13 +149,13 @@ def render_gpu_nodegroup_config(cfg: ClusterConfig, az: str, subnet_id: str | No
     return {
         "apiVersion": "eksctl.io/v1alpha5",
         "kind": "ClusterConfig",
-        "metadata": {"name": cfg.name, "region": a.region, "version": str(a.kubernetes_version), "tags": cluster_tags(cfg)},
+        "metadata": {"name": cfg.name, "region": a.region, "tags": cluster_tags(cfg)},
         "managedNodeGroups": [ng],
     }
 
 
 def to_yaml(doc: dict[str, Any]) -> str:
-    return yaml.safe_dump(doc, sort_keys=False)
+    return yaml.safe_dump(doc, sort_keys=False, allow_unicode=True)
 
 
 # --------------------------------------------------------------------------- command lines
@@ -303,8 +309,7 @@ def preflight(ctx: Context, tools: tuple[str, ...] = ("eksctl", "helm", "kubectl
     missing = missing_tools(tools)
     if missing:
         problems.append(
-            "missing tools: " + ", ".join(missing) + " (eksctl: https://eksctl.io/installation/, "
-            "helm: https://helm.sh/docs/intro/install/, kubectl: https://kubernetes.io/docs/tasks/tools/)"
+            "missing tools: " + ", ".join(missing) + " (install: " + "; ".join(f"{t}: {INSTALL_HINTS.get(t, '?')}" for t in missing) + ")"
         )
     arn = ""
     try:
@@ -391,8 +396,11 @@ def ensure_cluster(ctx: Context, cluster_azs: Callable[[], list[str]], result: U
     result.created.append(f"nodegroup/{cfg.aws.system_nodegroup}")
 
 
-def _nodegroup_ready_or_cleared(ctx: Context, ng: str) -> str:
-    """Probe a node group and bring it to ACTIVE (reuse) or NOT_FOUND (create); returns which."""
+def _nodegroup_ready_or_cleared(ctx: Context, ng: str, *, ours: bool = False) -> str:
+    """Probe a node group and bring it to ACTIVE (reuse) or NOT_FOUND (create); returns which.
+
+    ``ours``: the failed group was made by this very run, so it is removed without asking.
+    """
     cfg, eks = ctx.cfg, ctx.client("eks")
     what = f"node group {ng}"
     status = nodegroup_status(eks, cfg.name, ng)
@@ -405,7 +413,7 @@ def _nodegroup_ready_or_cleared(ctx: Context, ng: str) -> str:
         info = nodegroup_info(eks, cfg.name, ng) or {}
         issues = [f"{i.get('code')}: {i.get('message')}" for i in (info.get("health") or {}).get("issues", [])]
         ctx.say(f"{what} is {status}" + "".join(f"\n    {i}" for i in issues))
-        if not ctx.confirm(f"Delete node group {ng} ({status}) and create it again?"):
+        if not ours and not ctx.confirm(f"Delete node group {ng} ({status}) and create it again?"):
             raise LifecycleError(f"{what} is {status}; remove it by hand, then re-run:\n  {shlex.join(delete_nodegroup_argv(cfg, ng))}")
         ctx.runner.run(delete_nodegroup_argv(cfg, ng), stream=True)
         status = ctx.wait(what, lambda: nodegroup_status(eks, cfg.name, ng), until={NOT_FOUND})
@@ -436,12 +444,7 @@ def ensure_placement_group(ctx: Context, result: UpResult) -> None:
     if not ctx.cfg.aws.placement_group:
         return
     ec2, name = ctx.client("ec2"), placement_group_name(ctx.cfg)
-    try:
-        groups = ec2.describe_placement_groups(GroupNames=[name])["PlacementGroups"]
-    except ClientError as e:
-        if "NotFound" not in _code(e) and "InvalidPlacementGroup" not in _code(e):
-            raise
-        groups = []
+    groups = ec2.describe_placement_groups(Filters=[{"Name": "group-name", "Values": [name]}])["PlacementGroups"]
     if any(g.get("State") in ("available", "pending") for g in groups):
         ctx.say(f"placement group {name}: exists, reused")
         result.reused.append(f"placement-group/{name}")
@@ -516,8 +519,8 @@ def ensure_gpu_nodegroup(ctx: Context, candidates: Callable[[], list[str]], resu
         if _capacity_failure(ctx, res.stdout + res.stderr):
             result.skipped_azs[az] = "InsufficientInstanceCapacity"
             ctx.say(f"no capacity for {cfg.num_nodes} × {cfg.instance_type} in {az}; moving to the next AZ")
-            if status not in (NOT_FOUND,):
-                _nodegroup_ready_or_cleared(ctx, ng)
+            if status != NOT_FOUND:
+                _nodegroup_ready_or_cleared(ctx, ng, ours=True)
             ours = True
             continue
         raise LifecycleError(
@@ -746,8 +749,6 @@ def _price(instance_type: str) -> float | None:
 
 def status(ctx: Context) -> Status:
     """Cluster and node-group states; per node allocatable GPU/EFA; RayClusters; hourly cost of the nodes."""
-    import json
-
     cfg, eks = ctx.cfg, ctx.client("eks")
     st = Status(cluster_status(eks, cfg.name), {})
     for ng in (cfg.aws.system_nodegroup, cfg.aws.gpu_nodegroup):
@@ -756,7 +757,10 @@ def status(ctx: Context) -> Status:
         return st
     ctx.runner.run(write_kubeconfig_argv(cfg))
     res = ctx.runner.run(["kubectl", "get", "nodes", "--output", "json"], check=False)
-    items = json.loads(res.stdout).get("items", []) if res.ok and res.stdout.strip() else []
+    try:
+        items = json.loads(res.stdout).get("items", []) if res.ok else []
+    except json.JSONDecodeError:
+        items = []
     total, priced = 0.0, False
     for n in items:
         r = addons._node_resources(n)
@@ -770,13 +774,16 @@ def status(ctx: Context) -> Status:
         st.nodes.append({"name": r.name, "role": role, "instance_type": r.instance_type, "gpus": r.gpus, "efa": r.efa, "usd_per_hour": price})
     st.hourly_usd = total if priced else None
     res = ctx.runner.run(["kubectl", "get", "rayclusters.ray.io", "--all-namespaces", "--output", "json"], check=False)
-    if res.ok and res.stdout.strip():
-        for rc in json.loads(res.stdout).get("items", []):
-            meta = rc.get("metadata") or {}
-            st.rayclusters.append({
-                "namespace": meta.get("namespace", ""), "name": meta.get("name", ""),
-                "state": (rc.get("status") or {}).get("state", "?"),
-            })  # fmt: skip
+    try:
+        rcs = json.loads(res.stdout).get("items", []) if res.ok else []
+    except json.JSONDecodeError:
+        rcs = []
+    for rc in rcs:
+        meta = rc.get("metadata") or {}
+        st.rayclusters.append({
+            "namespace": meta.get("namespace", ""), "name": meta.get("name", ""),
+            "state": (rc.get("status") or {}).get("state", "?"),
+        })  # fmt: skip
     return st
 
 
@@ -801,8 +808,6 @@ def plan(cfg: ClusterConfig, workdir: Path = Path(".rayft"), gpu_az: str | None 
     shown_az = az or "<first AZ offering the type with quota, chosen by `up`>"
     cluster_file = workdir / "eksctl-cluster.yaml"
     gpu_file = workdir / "eksctl-gpu-nodegroup.yaml"
-    from rayft.cluster.capacity import quota_family
-
     fam = quota_family(cfg.instance_type)
     code = fam.spot_code if a.capacity_type == "spot" else fam.on_demand_code
     steps = [
@@ -822,8 +827,14 @@ def plan(cfg: ClusterConfig, workdir: Path = Path(".rayft"), gpu_az: str | None 
         ),
         PlanStep(
             f"cluster {cfg.name} (Kubernetes {a.kubernetes_version}) with system node group {a.system_nodegroup}",
-            probes=[f"eks:DescribeCluster(name={cfg.name})", f"cloudformation:DescribeStacks(StackName={cluster_stack(cfg)})"],
+            probes=[
+                f"eks:DescribeCluster(name={cfg.name})",
+                f"cloudformation:DescribeStacks(StackName={cluster_stack(cfg)})",
+                f"cloudformation:DescribeStackEvents(StackName={cluster_stack(cfg)})  # only to explain a failure",
+                "ec2:DescribeAvailabilityZones(Filters=[state=available])  # only when fewer than 2 GPU AZ candidates",
+            ],
             actions=[
+                shlex.join(delete_cluster_argv(cfg)) + "  # only if FAILED, after confirmation",
                 f"cloudformation:DeleteStack(StackName={cluster_stack(cfg)})  # only if ROLLBACK_COMPLETE/failed, after confirmation",
                 shlex.join(create_cluster_argv(cluster_file)),
             ],
@@ -844,7 +855,7 @@ def plan(cfg: ClusterConfig, workdir: Path = Path(".rayft"), gpu_az: str | None 
         steps.append(
             PlanStep(
                 f"placement group {placement_group_name(cfg)} (strategy cluster)",
-                probes=[f"ec2:DescribePlacementGroups(GroupNames=[{placement_group_name(cfg)}])"],
+                probes=[f"ec2:DescribePlacementGroups(Filters=[group-name={placement_group_name(cfg)}])"],
                 actions=[f"ec2:CreatePlacementGroup(GroupName={placement_group_name(cfg)}, Strategy=cluster)"],
             )
         )
@@ -853,10 +864,13 @@ def plan(cfg: ClusterConfig, workdir: Path = Path(".rayft"), gpu_az: str | None 
         probes=[
             f"eks:DescribeNodegroup(clusterName={cfg.name}, nodegroupName={a.gpu_nodegroup})",
             f"cloudformation:DescribeStacks(StackName={nodegroup_stack(cfg, a.gpu_nodegroup)})",
+            f"cloudformation:DescribeStackEvents(StackName={nodegroup_stack(cfg, a.gpu_nodegroup)})  # only to explain a failure",
             f"eks:DescribeCluster(name={cfg.name}) + ec2:DescribeSubnets (the cluster's private subnet in the AZ)",
+            f"ec2:DescribeInstanceTypes(InstanceTypes=[{cfg.instance_type}])  # GPUs per node and EFA support, for readiness",
         ]
         + ([f"ec2:DescribeCapacityReservations(CapacityReservationIds=[{a.capacity_reservation_id}]) (pins the AZ)"] if a.capacity_reservation_id else []),
         actions=[
+            shlex.join(delete_nodegroup_argv(cfg, a.gpu_nodegroup)) + "  # only if CREATE_FAILED/DEGRADED, after confirmation",
             f"cloudformation:DeleteStack(StackName={nodegroup_stack(cfg, a.gpu_nodegroup)})  # only if ROLLBACK_COMPLETE/failed",
             shlex.join(create_nodegroup_argv(gpu_file, a.gpu_nodegroup)),
         ],
@@ -909,13 +923,21 @@ def render_plan(steps: list[PlanStep]) -> str:
     return "\n".join(out)
 
 
-def plan_down(cfg: ClusterConfig) -> list[str]:
-    """The commands ``down`` runs, in order (each only when its probe finds the thing)."""
-    cmds = [shlex.join(write_kubeconfig_argv(cfg))]
-    cmds += [shlex.join(c.uninstall_argv()) for c in reversed(addons.charts(cfg))]
-    cmds.append(shlex.join(delete_nodegroup_argv(cfg, cfg.aws.gpu_nodegroup)))
+def plan_down(cfg: ClusterConfig) -> list[tuple[str, str]]:
+    """("probe" | "run", text) for what ``down`` does, in order (each run only when its probe finds the thing)."""
+    out = [("probe", f"eks:DescribeCluster(name={cfg.name}), eks:DescribeNodegroup, cloudformation:DescribeStacks, helm status")]
+    out.append(("run", shlex.join(write_kubeconfig_argv(cfg))))
+    out += [("run", shlex.join(c.uninstall_argv())) for c in reversed(addons.charts(cfg))]
+    out.append(("run", shlex.join(delete_nodegroup_argv(cfg, cfg.aws.gpu_nodegroup))))
     if cfg.aws.placement_group:
-        cmds.append(f"ec2:DeletePlacementGroup(GroupName={placement_group_name(cfg)})")
-    cmds.append(shlex.join(delete_nodegroup_argv(cfg, cfg.aws.system_nodegroup)))
-    cmds.append(shlex.join(delete_cluster_argv(cfg)))
-    return cmds
+        out.append(("run", f"ec2:DeletePlacementGroup(GroupName={placement_group_name(cfg)})"))
+    out.append(("run", shlex.join(delete_nodegroup_argv(cfg, cfg.aws.system_nodegroup))))
+    out.append(("run", shlex.join(delete_cluster_argv(cfg))))
+    out.append(("run", f"cloudformation:DeleteStack(StackName=eksctl-{cfg.name}-*)  # stacks left in a failed state"))
+    out.append((
+        "probe",
+        f"leftovers by tag ({TAG_CLUSTER}={cfg.name}, alpha.eksctl.io/cluster-name, eks:cluster-name, kubernetes.io/cluster/{cfg.name}): "
+        "ec2:DescribeInstances, ec2:DescribeNatGateways, ec2:DescribeVolumes, ec2:DescribeCapacityReservations, "
+        "elbv2:DescribeLoadBalancers + elbv2:DescribeTags",
+    ))  # fmt: skip
+    return out

@@ -243,7 +243,7 @@ def _head_group(cluster: ClusterConfig, config_map: str, common_env: dict[str, s
         "volumeMounts": mounts,
         "lifecycle": _lifecycle(),
     }
-    params = {"dashboard-host": "0.0.0.0", **kube.head_ray_start_params, "num-gpus": "0"}
+    params = {"dashboard-host": "0.0.0.0", "num-gpus": "0", **kube.head_ray_start_params}
     return {
         "serviceType": "ClusterIP",
         "enableIngress": False,
@@ -430,7 +430,10 @@ def _check_cluster_spec(where: str, spec: dict[str, Any], instance: InstanceType
     out: list[tuple[str, str]] = []
     head = spec["headGroupSpec"]
     if str(head["rayStartParams"].get("num-gpus")) != "0":
-        out.append((f"{where}.headGroupSpec.rayStartParams.num-gpus", "the head runs on a CPU node: num-gpus must be 0"))
+        out.append((
+            f"{where}.headGroupSpec.rayStartParams.num-gpus (cluster.kube.head_ray_start_params)",
+            f"{head['rayStartParams'].get('num-gpus')}, but the head runs on a CPU node: num-gpus must be 0",
+        ))
     for i, g in enumerate(spec["workerGroupSpecs"]):
         gw = f"{where}.workerGroupSpecs[{i}]"
         c = _container(g, WORKER_CONTAINER)
@@ -519,6 +522,11 @@ def check(cfg: RayftConfig, manifests: Manifests) -> list[tuple[str, str]]:
         for i, f in enumerate(cfg.data.train_files):
             if not is_shared_path(f, cluster):
                 out.append((f"data.train_files[{i}]", f"{f!r} is a path on this machine, not visible in the pods; put it on shared storage or use a URI"))
+    for i, f in enumerate(cfg.data.train_files):
+        if _URI.match(f):
+            manifests.notes.append(f"data.train_files[{i}]: {f} is a URI; rayft's data reader reads files (put it under {kube.shared_mount_path})")
+    if cluster.num_nodes > 1 and hf_home(cluster) is None:
+        manifests.notes.append("no shared file system (cluster.kube.fsx_pvc): each pod keeps its own Hugging Face cache")
     if kube.hf_home and not is_shared_path(kube.hf_home, cluster):
         out.append(("cluster.kube.hf_home", f"{kube.hf_home!r} is not on shared storage ({kube.shared_mount_path} with cluster.kube.fsx_pvc)"))
 
@@ -528,8 +536,12 @@ def check(cfg: RayftConfig, manifests: Manifests) -> list[tuple[str, str]]:
             out.append(("cluster.kube.job_shutdown_after_finishes", "must be false with job_cluster: select (the RayCluster is not the job's)"))
         if kube.job_backoff_limit > 0:
             out.append(("cluster.kube.job_backoff_limit", "KubeRay rejects backoffLimit > 0 with job_cluster: select"))
-    if not kube.job_shutdown_after_finishes and kube.job_ttl_seconds_after_finished > 0 and kube.job_cluster == "embed":
-        out.append(("cluster.kube.job_ttl_seconds_after_finished", "KubeRay rejects a TTL when job_shutdown_after_finishes is false; set it to 0"))
+    ttl_set = "job_ttl_seconds_after_finished" in kube.model_fields_set
+    if not kube.job_shutdown_after_finishes and ttl_set and kube.job_ttl_seconds_after_finished > 0:
+        out.append((
+            "cluster.kube.job_ttl_seconds_after_finished",
+            "KubeRay rejects a TTL when job_shutdown_after_finishes is false; remove it or set it to 0",
+        ))
 
     # the rendered objects themselves
     out += _check_cluster_spec(f"RayCluster/{cluster.name}: spec", manifests.raycluster["spec"], inst, cfg)

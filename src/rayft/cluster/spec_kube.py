@@ -57,7 +57,7 @@ class KubeSpec(BaseModel):
     head_memory_limit: Quantity | None = Field(default="12Gi", description="Head memory limit (None: the request).")
     head_node_selector: dict[str, str] = Field(default_factory=lambda: {"role": "system"})
     head_ray_start_params: dict[str, StrValue] = Field(
-        default_factory=dict, description="Extra `ray start` flags of the head (num-gpus stays 0)."
+        default_factory=dict, description="Extra `ray start` flags of the head (num-gpus must stay 0)."
     )
 
     # worker pods: one per GPU node, all of its GPUs

@@ -664,9 +664,8 @@ def _verdict(
 
     # Intra-node.
     if intra:
-        kinds = {("NET" if ln.kind == "NET" else ln.kind) for ln in intra} - {"other"}
         order = {"NET": IntraNode.NET, "SHM": IntraNode.SHM, "P2P": IntraNode.P2P, "NVLS": IntraNode.NVLS}
-        found = [order[k] for k in kinds if k in order]
+        found = [order[k] for k in {ln.kind for ln in intra} if k in order]
         v.intra_node = next((k for k in _INTRA_WORST if k in found), IntraNode.UNKNOWN)
         vias = sorted({_short_via(ln) for ln in intra if ln.kind != "other"})
         v.intra_detail = ", ".join(vias)
