@@ -26,6 +26,8 @@ ap.add_argument("--mb", type=int, default=8)
 ap.add_argument("--seq", type=int, default=2048)
 ap.add_argument("--data", nargs="+", default=[".gpu/data/alpaca_en_demo.json", ".gpu/data/alpaca_zh_demo.json"])
 ap.add_argument("--attn", default="sdpa")
+ap.add_argument("--clip", action="store_true")
+ap.add_argument("--no-profile", action="store_true")
 a = ap.parse_args()
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29555", RANK="0", WORLD_SIZE="1")
 dist.init_process_group("nccl")
@@ -45,7 +47,10 @@ def timed(name, make_batch, n=8, warm=3):
         b = make_batch(i)
         torch.cuda.synchronize(); t = time.perf_counter()
         loss = micro_batch_loss(model, b) / 1000
-        loss.backward(); opt.step(); opt.zero_grad()
+        loss.backward()
+        if a.clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0).full_tensor().item()
+        opt.step(); opt.zero_grad()
         torch.cuda.synchronize(); ts.append(time.perf_counter() - t)
     ts = sorted(ts[warm:]); med = ts[len(ts) // 2]
     print(f"{name}: {1000 * med:.1f} ms/step, {a.mb * a.seq / med:,.0f} tokens/s (row tokens), peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB", flush=True)
@@ -66,6 +71,8 @@ for i in range(10):
 print(f"collate: {100 * (time.perf_counter() - t):.1f} ms per micro-batch", flush=True)
 timed("random tokens, causal", rnd)
 timed("packed rows, restarting position ids", packed)
+if a.no_profile:
+    raise SystemExit(0)
 from torch.profiler import ProfilerActivity, profile
 
 with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:

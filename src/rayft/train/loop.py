@@ -102,7 +102,8 @@ def train_func(loop_config: dict[str, Any]) -> None:
         # Global count of trainable targets: the denominator of the step's mean loss.
         counts = torch.stack([sum(b[k] for b in batches).to(torch.float64) for k in ("num_trainable", "num_tokens", "attn_tokens_sq")])
         dist.all_reduce(counts)
-        n_trainable, n_tokens, attn_sq = counts.tolist()
+        n_trainable, n_tokens, attn_sq = counts.tolist()  # (synchronises: data time ends here)
+        t_data = time.perf_counter()
 
         loss_sum = torch.zeros((), device=device, dtype=torch.float64)
         for i, batch in enumerate(batches):
@@ -110,6 +111,9 @@ def train_func(loop_config: dict[str, Any]) -> None:
             ce = micro_batch_loss(model, batch)
             (ce * (world / n_trainable)).backward()
             loss_sum += ce.detach().double()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t_fwd_bwd = time.perf_counter()
         grad_norm = (
             torch.nn.utils.clip_grad_norm_(model.parameters(), tc.max_grad_norm)
             if tc.max_grad_norm
@@ -122,6 +126,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
         loss = loss_sum.item() / n_trainable
         now = time.perf_counter()
         dt, t_last = now - t_last, now
+        breakdown = {"data_s": t_data - (now - dt), "fwd_bwd_s": t_fwd_bwd - t_data, "optim_s": now - t_fwd_bwd}
 
         step_done = step + 1
         span = attn_sq / max(n_tokens, 1)
@@ -134,6 +139,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
             "lr": lr,
             "grad_norm": float(grad_norm),
             "step_time_s": dt,
+            **{f"time_{k}": v for k, v in breakdown.items()},
             "tokens": n_tokens,
             "trainable_tokens": n_trainable,
             "tokens_per_s_per_gpu": tps_gpu,
