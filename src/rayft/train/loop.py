@@ -152,7 +152,9 @@ def train_func(loop_config: dict[str, Any]) -> None:
         }
         if not math.isfinite(loss):
             raise FloatingPointError(f"loss is {loss} at step {step_done}")
-        if rank == 0 and progress is not None:
+        # Live metrics go to the driver through our own queue: ray.train.report() waits for the
+        # controller to consume each result (a queue of one), which costs ~1.5 s per call.
+        if rank == 0 and progress is not None and (step_done % tc.log_every == 0 or step_done == total_steps):
             progress.actor.put_nowait.remote(metrics)
         save = step_done == total_steps or (every is not None and step_done % every == 0)
         if save:
@@ -163,8 +165,6 @@ def train_func(loop_config: dict[str, Any]) -> None:
                 ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp),
                                  checkpoint_dir_name=f"checkpoint_{step_done:07d}")  # fmt: skip
             t_last = time.perf_counter()  # checkpoint time is not step time
-        elif step_done % tc.log_every == 0:
-            ray.train.report(metrics)
 
     if cfg.checkpoint.export_hf:
         export_and_verify(model, model_conf, loop_config, ds, cfg, device, rank, progress)
