@@ -177,11 +177,11 @@ def run_training(cfg: RayftConfig, resume: str | None = None, console: Console |
 
     th = threading.Thread(target=_fit, daemon=True)
     th.start()
-    history, export = _show_progress(th, progress, total, console)
+    history, extra = _show_progress(th, progress, total, console)
     th.join()
     if "error" in outcome:
         raise TrainError(f"training failed: {outcome['error']}")
-    summary = _summary(history, export, run_dir, total, console)
+    summary = _summary(history, extra, run_dir, total, console)
     if "://" not in run_dir:
         (Path(run_dir) / "rayft_metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in history))
         (Path(run_dir) / "rayft_summary.json").write_text(json.dumps(summary, indent=2))
@@ -193,6 +193,7 @@ def _show_progress(th: threading.Thread, queue, total: int, console: Console) ->
 
     history: list[dict] = []
     export: dict = {}
+    checkpoints: list[dict] = []
     cols = [TextColumn("step"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.fields[info]}"),
             TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()]  # fmt: skip
     with Progress(*cols, console=console, transient=False, refresh_per_second=4) as bar:
@@ -209,6 +210,9 @@ def _show_progress(th: threading.Thread, queue, total: int, console: Console) ->
                 if "export" in m:
                     export = m["export"]
                     continue
+                if "checkpoint" in m:
+                    checkpoints.append(m["checkpoint"])
+                    continue
                 history.append(m)
                 info = f"loss {m['loss']:.4f}  {m['tokens_per_s_per_gpu']:,.0f} tok/s/GPU"
                 if m.get("mfu"):
@@ -217,10 +221,10 @@ def _show_progress(th: threading.Thread, queue, total: int, console: Console) ->
             if not alive and not drained:
                 break
             time.sleep(0.25)
-    return history, export
+    return history, {"export": export, "checkpoints": checkpoints}
 
 
-def _summary(history: list[dict], export: dict, run_dir: str, total: int, console: Console) -> dict:
+def _summary(history: list[dict], extra: dict, run_dir: str, total: int, console: Console) -> dict:
     if not history:
         raise TrainError("training finished without reporting a step")
     last = history[-1]
@@ -238,8 +242,10 @@ def _summary(history: list[dict], export: dict, run_dir: str, total: int, consol
         "peak_mem_gib": max((h["peak_mem_gib"] or 0) for h in history) if last.get("peak_mem_gib") else None,
         "gpu": last["gpu"],
         "world_size": last["world_size"],
-        "export": export,
+        "export": extra["export"],
+        "checkpoints": extra["checkpoints"],
     }
+    export = extra["export"]
     t = Table(title="rayft run summary", show_header=False)
     t.add_row("run", run_dir)
     t.add_row("steps", f"{last['step']}/{total}")

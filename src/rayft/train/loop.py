@@ -160,10 +160,15 @@ def train_func(loop_config: dict[str, Any]) -> None:
         if save:
             state = {"step": step_done, "epoch": plan.epoch_of_step[step], "world_size": world, "loss": loss,
                      "tokenizer": loop_config.get("tokenizer")}  # fmt: skip
+            t0 = time.perf_counter()
             with tempfile.TemporaryDirectory(prefix="rayft-ckpt-") as tmp:
                 ckpt_lib.save_sharded(model, optimizer, tmp, state, model_conf)
+                t1 = time.perf_counter()
                 ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp),
                                  checkpoint_dir_name=f"checkpoint_{step_done:07d}")  # fmt: skip
+            if rank == 0 and progress is not None:
+                timing = {"step": step_done, "save_s": t1 - t0, "report_upload_s": time.perf_counter() - t1}
+                progress.actor.put_nowait.remote({"checkpoint": timing})
             t_last = time.perf_counter()  # checkpoint time is not step time
 
     if cfg.checkpoint.export_hf:
