@@ -155,37 +155,35 @@ class RayftConfig(_Section):
 
 
 def _line_of(path: Path, loc: tuple[Any, ...]) -> int | None:
-    """1-based line of the key at ``loc`` in the YAML file, found by walking the node tree."""
+    """1-based line of the key at ``loc`` in the YAML file, or None when the file lacks that key."""
     try:
         node = yaml.compose(path.read_text(encoding="utf-8"))
     except (yaml.YAMLError, OSError):
         return None
+    line = None
     for key in loc:
         if isinstance(node, yaml.MappingNode):
-            for k, v in node.value:
-                if k.value == str(key):
-                    node = v
-                    line = k.start_mark.line + 1
-                    break
-            else:
-                return getattr(node, "start_mark", None) and node.start_mark.line + 1
+            hit = next(((k, v) for k, v in node.value if k.value == str(key)), None)
+            if hit is None:
+                return None
+            line, node = hit[0].start_mark.line + 1, hit[1]
         elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
             node = node.value[key]
             line = node.start_mark.line + 1
         else:
-            break
-    else:
-        return line if loc else None
-    return node.start_mark.line + 1 if node is not None else None
+            return line
+    return line
 
 
-def _format_validation_error(err: ValidationError, source: str, path: Path | None) -> str:
+def _format_validation_error(err: ValidationError, source: str, path: Path | None, overridden: set[str]) -> str:
     lines = [f"{source}: invalid config ({err.error_count()} error{'s' if err.error_count() > 1 else ''})"]
     for e in err.errors():
         loc = tuple(x for x in e["loc"])
         dotted = ".".join(str(x) for x in loc) or "<top level>"
         where = ""
-        if path is not None and loc:
+        if any(dotted == o or dotted.startswith(o + ".") for o in overridden):
+            where = " (from --set)"
+        elif path is not None and loc:
             ln = _line_of(path, loc)
             if ln:
                 where = f" (line {ln})"
@@ -266,7 +264,8 @@ def load_config(path: str | os.PathLike[str], overrides: list[str] | None = None
     try:
         cfg = RayftConfig.model_validate(raw)
     except ValidationError as e:
-        raise ConfigError(_format_validation_error(e, str(p), p)) from None
+        overridden = {".".join(parse_override(o)[0]) for o in overrides or []}
+        raise ConfigError(_format_validation_error(e, str(p), p, overridden)) from None
     base = p.resolve().parent
     resolved = []
     for f in cfg.data.train_files:

@@ -1,0 +1,115 @@
+import textwrap
+
+import pytest
+
+from rayft.config import ConfigError, dump_config, load_config
+
+
+def write(tmp_path, text, name="job.yaml"):
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def test_minimal_config_fills_defaults_and_resolves_relative_data(tmp_path):
+    (tmp_path / "d.jsonl").write_text("{}\n")
+    cfg = load_config(write(tmp_path, "data:\n  train_files: d.jsonl\n"))
+    assert cfg.data.train_files == [str((tmp_path / "d.jsonl").resolve())]
+    assert cfg.train.num_workers == "auto"
+    assert cfg.parallel.param_dtype == "bfloat16" and cfg.parallel.reduce_dtype == "float32"
+    assert cfg.model.name_or_path == "qwen2-tiny"
+
+
+def test_unknown_key_names_file_key_path_and_line(tmp_path):
+    p = write(tmp_path, """\
+        data:
+          train_files: [x.json]
+        train:
+          micro_batch_size: 4
+          lerning_rate: 0.1
+        """)
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    msg = str(e.value)
+    assert str(p) in msg
+    assert "train.lerning_rate (line 5): unknown key" in msg
+
+
+def test_wrong_type_names_key_line_and_value(tmp_path):
+    p = write(tmp_path, "data:\n  train_files: [x.json]\ntrain:\n  micro_batch_size: eight\n")
+    with pytest.raises(ConfigError, match=r"train\.micro_batch_size \(line 4\): .*integer.*'eight'"):
+        load_config(p)
+
+
+def test_missing_required_section(tmp_path):
+    with pytest.raises(ConfigError, match=r"data \(line|data: required key is missing"):
+        load_config(write(tmp_path, "train:\n  lr: 1e-4\n"))
+
+
+def test_yaml_syntax_error_has_line_and_column(tmp_path):
+    p = write(tmp_path, "data:\n  train_files: [a.json\ntrain: {}\n")
+    with pytest.raises(ConfigError, match=r"job.yaml: line \d+, column \d+: YAML syntax error"):
+        load_config(p)
+
+
+def test_top_level_must_be_mapping(tmp_path):
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(write(tmp_path, "- a\n- b\n"))
+
+
+def test_missing_file():
+    with pytest.raises(ConfigError, match="nope.yaml: config file not found"):
+        load_config("nope.yaml")
+
+
+def test_set_overrides_parse_yaml_values_and_create_sections(tmp_path):
+    p = write(tmp_path, "data:\n  train_files: [x.json]\n")
+    cfg = load_config(p, ["train.max_steps=7", "train.lr=3e-4", "ray.address=auto", "data.packing=false", "train.num_workers=2"])
+    assert cfg.train.max_steps == 7 and cfg.train.lr == pytest.approx(3e-4)
+    assert cfg.ray.address == "auto" and cfg.data.packing is False and cfg.train.num_workers == 2
+
+
+def test_set_override_errors(tmp_path):
+    p = write(tmp_path, "data:\n  train_files: [x.json]\n")
+    with pytest.raises(ConfigError, match="expected KEY=VALUE"):
+        load_config(p, ["train.max_steps"])
+    with pytest.raises(ConfigError, match=r"train\.max_stepz \(from --set\): unknown key"):
+        load_config(p, ["train.max_stepz=3"])
+    with pytest.raises(ConfigError, match="'train' is not a section"):
+        load_config(write(tmp_path, "data:\n  train_files: [x.json]\ntrain: 3\n", "b.yaml"), ["train.lr=1"])
+
+
+def test_cross_field_check(tmp_path):
+    p = write(tmp_path, "data:\n  train_files: [x.json]\ntrain:\n  max_steps: 5\n  warmup_steps: 10\n")
+    with pytest.raises(ConfigError, match=r"warmup_steps \(10\) exceeds train.max_steps \(5\)"):
+        load_config(p)
+
+
+def test_dump_round_trips(tmp_path):
+    p = write(tmp_path, "data:\n  train_files: [x.json]\ntrain:\n  lr: 0.001\n")
+    cfg = load_config(p)
+    again = load_config(write(tmp_path, dump_config(cfg), "again.yaml"))
+    assert again == cfg
+
+
+def test_examples_validate():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "examples"
+    q = load_config(root / "quickstart.yaml")
+    assert q.train.num_workers == 2 and q.train.use_gpu is False and Path(q.data.train_files[0]).is_file()
+    big = load_config(root / "qwen2.5-1.5b.yaml")
+    assert big.model.name_or_path == "Qwen/Qwen2.5-1.5B" and big.train.num_workers == 8
+
+
+def test_cli_config_show(tmp_path):
+    from typer.testing import CliRunner
+
+    from rayft.cli import app
+
+    p = write(tmp_path, "data:\n  train_files: [x.json]\n")
+    r = CliRunner().invoke(app, ["config", "show", str(p), "--set", "train.lr=0.5"])
+    assert r.exit_code == 0, r.output
+    assert "lr: 0.5" in r.output and "micro_batch_size: 8" in r.output
+    bad = CliRunner().invoke(app, ["config", "show", str(write(tmp_path, "data: {train_files: [x], foo: 1}\n", "bad.yaml"))])
+    assert bad.exit_code == 2 and "data.foo" in bad.output

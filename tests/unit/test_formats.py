@@ -1,0 +1,87 @@
+"""Reading records: every bad record is reported as file:line with its reason."""
+
+import gzip
+
+import pytest
+
+from conftest import shared_path
+from rayft.data.formats import DataError, expand_files, load_conversations, read_records
+
+
+def write(tmp_path, name, data: bytes | str):
+    p = tmp_path / name
+    p.write_bytes(data.encode() if isinstance(data, str) else data)
+    return p
+
+
+GOOD = '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}'
+
+
+def test_jsonl_lines_are_kept_through_blank_lines_bom_and_crlf(tmp_path):
+    p = write(tmp_path, "a.jsonl", "\ufeff" + GOOD + "\r\n\r\n" + GOOD + "\r\n")
+    recs = list(read_records(p))
+    assert [line for line, _ in recs] == [1, 3]
+    convs = load_conversations([str(p)])
+    assert [c.source for c in convs] == [f"{p}:1", f"{p}:3"]
+    assert convs[0].messages[1] == {"role": "assistant", "content": "hello"}
+
+
+def test_json_array_records_carry_their_line(tmp_path):
+    p = write(tmp_path, "a.json", '[\n  {"instruction": "a", "output": "b"},\n\n  {"instruction": "c", "input": "d", "output": "e"}\n]\n')
+    convs = load_conversations([str(p)])
+    assert [c.source for c in convs] == [f"{p}:2", f"{p}:4"]
+    assert convs[1].messages == ({"role": "user", "content": "c\nd"}, {"role": "assistant", "content": "e"})
+
+
+def test_real_shared_files_load_every_record():
+    en, zh = shared_path("data", "alpaca_en_demo.json"), shared_path("data", "alpaca_zh_demo.json")
+    convs = load_conversations([str(en), str(zh)], "alpaca")
+    assert len(convs) == 999 + 1000
+    assert convs[0].source == f"{en}:2"
+    assert all(c.messages[-1]["role"] == "assistant" for c in convs)
+
+
+@pytest.mark.parametrize(
+    "content,reason",
+    [
+        (GOOD + "\n" + '{"messages": [}' + "\n", r":2: invalid JSON: Expecting value \(column 15\)"),
+        (GOOD + "\n[1, 2]\n", r":2: a record must be a JSON object, got list"),
+        (GOOD + " " + GOOD + "\n", r":1: more than one JSON value on one line"),
+        ('{"messages": [{"role": "user", "content": "a\tb"}]}\n', r":1: invalid JSON: Invalid control character"),
+        ('{"messages": [{"role": "bot", "content": "x"}]}\n', r":1: messages\[0\] has unknown role 'bot'"),
+        ('{"messages": [{"content": "x"}]}\n', r":1: messages\[0\] has no 'role'"),
+        ('{"messages": []}\n', r":1: empty conversation"),
+        ('{"messages": [{"role": "user", "content": "x"}]}\n', r":1: no assistant turn"),
+        ('{"messages": [{"role": "user", "content": 5}, {"role": "assistant", "content": "x"}]}\n', r":1: messages\[0\]\.content must be a string, got int"),
+        ('{"instruction": "x"}\n', r":1: missing field 'output'"),
+        ('{"instruction": 1, "output": "y"}\n', r":1: field 'instruction' must be a string, got int"),
+        ('{"prompt": "x"}\n', r":1: unknown record format"),
+    ],
+)
+def test_bad_records(tmp_path, content, reason):
+    p = write(tmp_path, "bad.jsonl", content)
+    with pytest.raises(DataError, match=str(p).replace(".", r"\.") + reason):
+        load_conversations([str(p)])
+
+
+def test_invalid_utf8_names_line(tmp_path):
+    p = write(tmp_path, "bad.jsonl", GOOD.encode() + b"\n" + b'{"text": "\xff\xfe"}\n')
+    with pytest.raises(DataError, match=r"bad\.jsonl:2: invalid UTF-8 \(byte 0xff"):
+        list(read_records(p))
+
+
+def test_broken_json_array(tmp_path):
+    p = write(tmp_path, "bad.json", '[\n {"instruction": "a", "output": "b"}\n {"instruction": "c", "output": "d"}\n]')
+    with pytest.raises(DataError, match=r"bad\.json:3: invalid JSON: expected ',' or '\]'"):
+        load_conversations([str(p)])
+
+
+def test_missing_files_and_globs(tmp_path):
+    with pytest.raises(DataError, match=r"nope\.json: no such data file"):
+        expand_files([str(tmp_path / "nope.json")])
+    with pytest.raises(DataError, match=r"\*\.jsonl: no such data file"):
+        expand_files([str(tmp_path / "*.jsonl")])
+    write(tmp_path, "b.jsonl", GOOD + "\n")
+    write(tmp_path, "a.json", "[" + GOOD + "]")
+    assert [p.name for p in expand_files([str(tmp_path)])] == ["a.json", "b.jsonl"]
+    assert len(load_conversations([str(tmp_path / "*.json*")])) == 2
