@@ -1,0 +1,21 @@
+# Two entry points (see README): `make quickstart` and `make test`. Each creates .venv and installs
+# what it needs; the CPU build of torch 2.13.0 is installed first so that no CUDA build is pulled.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTHON ?= python3
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+.PHONY: install quickstart test
+install: $(VENV)/.installed
+
+quickstart: $(VENV)/.installed
+	$(VENV)/bin/rayft train examples/quickstart.yaml
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q

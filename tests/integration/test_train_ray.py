@@ -1,0 +1,128 @@
+"""The main job end to end on a real embedded local Ray: 2 CPU workers, FSDP2 over gloo."""
+
+import json
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rayft.config import load_config
+from rayft.train.driver import TrainError, prepare_dataset, run_training
+
+pytestmark = pytest.mark.integration
+
+RECORDS = [
+    {"messages": [{"role": "user", "content": f"What is {a} plus {b}?"}, {"role": "assistant", "content": f"{a} plus {b} is {a + b}."}]}
+    for a, b in [(1, 2), (30, 4), (7, 7), (12, 50), (9, 0)]
+]
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def job(tmp_path, *overrides):
+    data = tmp_path / "chat.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
+    cfg_file = tmp_path / "job.yaml"
+    cfg_file.write_text(
+        "model: {name_or_path: qwen2-tiny}\n"
+        "data: {train_files: [chat.jsonl], seq_len: 64, packing: false, shuffle: true, seed: 1}\n"
+        "train: {num_workers: 2, use_gpu: false, micro_batch_size: 2, grad_accum_steps: 2, epochs: 6, lr: 3.0e-3, warmup_steps: 0, seed: 5}\n"
+        f"checkpoint: {{storage_path: {tmp_path / 'runs'}, name: t, every_steps: 3}}\n"
+    )
+    return load_config(cfg_file, list(overrides))
+
+
+def reference_first_step_loss(cfg):
+    """Mean CE over every trainable token of step 1's global batch, from an unsharded copy of the
+    same initial weights: what the 2-worker FSDP2 run must report for step 1."""
+    from transformers import AutoModelForCausalLM
+
+    from rayft.data.packing import IGNORE_INDEX, collate
+    from rayft.train.loop import make_plan
+    from rayft.train.model import load_full_state_dict, load_model_config
+
+    _, _, ds = prepare_dataset(cfg, __import__("rich.console").console.Console(quiet=True))
+    conf = load_model_config(cfg.model)
+    model = AutoModelForCausalLM.from_config(conf)
+    model.load_state_dict(load_full_state_dict(cfg.model, conf, cfg.train.seed))
+    rows = make_plan(cfg, ds, 2).rows[0]
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for row in rows:
+            b = collate(ds, [row], cfg.data.seq_len, 151643, fixed_len=False)
+            logits = model(input_ids=b["input_ids"], position_ids=b["position_ids"]).logits
+            total += F.cross_entropy(logits.flatten(0, 1), b["labels"].flatten(), ignore_index=IGNORE_INDEX, reduction="sum").item()
+            count += int(b["num_trainable"])
+    return total / count, len(rows)
+
+
+def test_two_worker_fsdp2_run_loss_export_and_tied_weights(ray_local, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from rayft.train.checkpoint import export_run, find_checkpoints
+
+    cfg = job(tmp_path)
+    ref_loss, n_rows = reference_first_step_loss(cfg)
+    assert n_rows == 5  # 5 rows over 2 ranks × 2 micro-batches × 2: uneven, one micro-batch empty
+    summary = run_training(cfg)
+    run = tmp_path / "runs" / "t"
+    hist = [json.loads(line) for line in (run / "rayft_metrics.jsonl").read_text().splitlines()]
+    losses = [h["loss"] for h in hist]
+
+    assert summary["steps"] == 6 and [h["step"] for h in hist] == list(range(1, 7))
+    # step 1's loss is the mean over all trainable tokens of the uneven global batch
+    assert losses[0] == pytest.approx(ref_loss, rel=1e-5)
+    assert losses[-1] < losses[0] - 1.0  # falls by more than one nat in 6 steps
+    assert all(h["trainable_tokens"] > 0 and h["grad_norm"] > 0 for h in hist)
+
+    # the HF export loads, keeps the embeddings tied, and reproduces the trained model's logits
+    check = json.loads((run / "hf" / "rayft_export_check.json").read_text())
+    assert check["export_tied"] is True and check["export_max_abs_logit_diff"] < 1e-5
+    hf = AutoModelForCausalLM.from_pretrained(run / "hf")
+    assert hf.lm_head.weight is hf.model.embed_tokens.weight
+    assert hf.config.tie_word_embeddings is True
+    # 2 layers × 64 hidden + the 151936 × 64 embedding, stored once
+    assert sum(p.numel() for p in hf.parameters()) == 9_798_208 + 151936 * 64 - 151936 * 64
+
+    # the DCP checkpoints are complete; exporting the last one gives the same weights, still tied
+    assert [s for s, _ in find_checkpoints(run)] == [3, 6]
+    again = AutoModelForCausalLM.from_pretrained(export_run(str(run)))
+    assert again.lm_head.weight is again.model.embed_tokens.weight
+    for (k, a), (_, b) in zip(sorted(hf.state_dict().items()), sorted(again.state_dict().items())):
+        assert torch.equal(a, b), k
+    tok_ids = again.config.eos_token_id
+    assert tok_ids == 151643
+
+
+def test_too_many_gpus_fails_fast_with_a_clear_message(ray_local, tmp_path):
+    cfg = job(tmp_path, "train.use_gpu=true", "train.num_workers=4")
+    t0 = time.perf_counter()
+    with pytest.raises(TrainError, match=r"train.num_workers=4 needs 4 GPUs but the Ray cluster has 0"):
+        run_training(cfg)
+    assert time.perf_counter() - t0 < 30
+
+
+def test_empty_dataset_is_an_error_before_any_worker(tmp_path):
+    # every example loses its only trainable token to truncation
+    long = {"messages": [{"role": "user", "content": "x " * 200}, {"role": "assistant", "content": "y"}]}
+    (tmp_path / "chat.jsonl").write_text(json.dumps(long) + "\n")
+    cfg = job(tmp_path)
+    (tmp_path / "chat.jsonl").write_text(json.dumps(long) + "\n")
+    with pytest.raises(TrainError, match=r"empty dataset: no example with a trainable token"):
+        run_training(cfg)
+
+
+def test_bad_record_is_reported_before_any_worker(tmp_path):
+    cfg = job(tmp_path)
+    (tmp_path / "chat.jsonl").write_text(json.dumps(RECORDS[0]) + "\n{oops\n")
+    with pytest.raises(TrainError, match=r"chat\.jsonl:2: invalid JSON"):
+        run_training(cfg)
