@@ -117,7 +117,8 @@ class CheckpointConfig(_Section):
 
     storage_path: str = "./runs"
     name: str | None = None
-    every_steps: int | None = Field(default=None, ge=1)
+    every_steps: int | None = Field(default=None, ge=1, description="Checkpoint every N optimizer steps.")
+    every_minutes: float | None = Field(default=None, gt=0, description="Checkpoint when M minutes passed since the last one.")
     keep_last: int = Field(default=2, ge=1)
     export_hf: bool = True
 

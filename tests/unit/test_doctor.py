@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from rayft.nccl.doctor import (
     IntraNode,
     RankVerdict,
     check,
+    mixed_jobs,
     parse_lines,
     rank_problem,
     verdicts_from_text,
@@ -121,6 +123,7 @@ def test_real_log_survives_interleaving_truncation_and_ansi_colour():
     ]
     assert [v.intra_detail for v in vs] == ["P2P/CUMEM over NVLink"] * 2
     assert check(vs, "nvlink") == []
+    assert mixed_jobs(vs) is None  # a hostname glued to a fragment is the same process, not another job
 
 
 # ------------------------------------------------------------------------------------------ fixtures
@@ -411,12 +414,161 @@ def test_cli_reads_stdin_and_writes_json():
     assert "provider tcp, not efa" in res.stderr
 
 
+REAL_DETAIL = {
+    # (log, rank, pid, inter_node, intra_node, intra_detail, p2p_link, gdr, interface, world, n_nodes)
+    "nvlink": [
+        ("nccl-h200x2-nvlink-fsdp2.log", 0, 8198, "none", "P2P", "P2P/CUMEM over NVLink", "NVLink", None, None, 2, 1),
+        ("nccl-h200x2-nvlink-fsdp2.log", 1, 8197, "none", "P2P", "P2P/CUMEM over NVLink", "NVLink", None, None, 2, 1),
+    ],
+    "socket": [
+        ("nccl-h200x2-socketforced-fsdp2.log", 0, 10912, "none", "network", "NET/Socket", None, False,
+         "eth0 192.0.2.2", 2, 1),
+        ("nccl-h200x2-socketforced-fsdp2.log", 1, 10911, "none", "network", "NET/Socket", None, False,
+         "eth0 192.0.2.2", 2, 1),
+    ],
+}
+
+
+def detail(d: dict) -> tuple:
+    return (d["log"], d["rank"], d["pid"], d["inter_node"], d["intra_node"], d["intra_detail"], d["p2p_link"],
+            d["gdr"], d["interface"], d["world_size"], d["n_nodes"])
+
+
 @real_logs
-def test_cli_on_both_real_logs_together_counts_four_processes():
-    # two runs concatenated: ranks 0 and 1 appear twice, each with its own pid
-    res = runner.invoke(app, ["doctor", str(NVLINK_LOG), str(SOCKET_LOG), "--expect", "nvlink", "--json"])
-    assert res.exit_code == 1
+@pytest.mark.parametrize("order", [("nvlink", "socket"), ("socket", "nvlink")])
+def test_cli_reads_each_real_log_as_its_own_run(order):
+    # Two runs whose ranks 0 and 1 are different processes. Joined into one text, the socket run's
+    # ranks were credited the NVLink run's P2P links by rank number ("NET/Socket, P2P/CUMEM").
+    paths = {"nvlink": NVLINK_LOG, "socket": SOCKET_LOG}
+    args = [str(paths[k]) for k in order]
+    res = runner.invoke(app, ["doctor", *args, "--expect", "nvlink", "--json"])
+    assert res.exit_code == 1, res.output
     data = json.loads(res.stdout)
-    assert [(d["rank"], d["pid"], d["intra_node"]) for d in data] == [
-        (0, 8198, "P2P"), (0, 10912, "network"), (1, 8197, "P2P"), (1, 10911, "network"),
+    assert [detail(d) for d in data] == REAL_DETAIL[order[0]] + REAL_DETAIL[order[1]]
+    assert all(d["mixed"] is None and d["job"] for d in data)
+    assert {d["job"] for d in data if d["pid"] in (8197, 8198)} == {"0xb7028a62e4204034"}
+    assert {d["job"] for d in data if d["pid"] in (10911, 10912)} == {"0xa2f5c74c2c3afe86"}
+    # only the socket run fails --expect nvlink, and the message names its file
+    expected = " ".join(res.stderr.split()).split("expected nvlink: ")[1:]
+    assert len(expected) == 1
+    assert expected[0].startswith("nccl-h200x2-socketforced-fsdp2.log: ranks 0-1 (on vm) used NET/Socket between "
+                                  "local GPUs, not P2P/NVLink")
+    assert "more than one NCCL job" not in res.stderr
+
+    # the other way round: only the NVLink run fails --expect socket
+    res = runner.invoke(app, ["doctor", *args, "--expect", "socket"])
+    assert res.exit_code == 1
+    err = " ".join(res.stderr.split())
+    assert "nccl-h200x2-nvlink-fsdp2.log: ranks 0-1 (on vm) used intra-node P2P/CUMEM over NVLink, not NET/Socket" in err
+    assert "socketforced-fsdp2.log: ranks" not in err
+
+    assert runner.invoke(app, ["doctor", *args]).exit_code == 0  # --expect any
+
+
+@real_logs
+def test_cli_table_names_the_file_of_each_rank():
+    res = runner.invoke(app, ["doctor", str(NVLINK_LOG), str(SOCKET_LOG), "--expect", "nvlink"])
+    assert res.exit_code == 1
+    rows = [[c.strip() for c in ln.split("│")[1:-1]] for ln in res.stdout.splitlines() if ln.startswith("│")]
+    assert [r[:6] + r[6:9] + [r[-1]] for r in rows] == [
+        ["nccl-h200x2-nvlink-fsdp2.log", "0", "vm", "8198", "0 (60)", "— (one host)", "P2P/CUMEM over NVLink",
+         "—", "—", "ok"],
+        ["nccl-h200x2-nvlink-fsdp2.log", "1", "vm", "8197", "1 (70)", "— (one host)", "P2P/CUMEM over NVLink",
+         "—", "—", "ok"],
+        ["nccl-h200x2-socketforced-fsdp2.log", "0", "vm", "10912", "0 (60)", "— (one host)", "NET/Socket",
+         "off", "eth0 192.0.2.2", "FAIL"],
+        ["nccl-h200x2-socketforced-fsdp2.log", "1", "vm", "10911", "1 (70)", "— (one host)", "NET/Socket",
+         "off", "eth0 192.0.2.2", "FAIL"],
     ]
+
+
+def test_cli_exit_code_is_the_worst_over_all_files(tmp_path):
+    efa = str(FIXTURES / "efa_2x8.log")
+    mixed = str(FIXTURES / "mixed_efa_socket_2x4.log")
+    assert runner.invoke(app, ["doctor", efa, efa, "--expect", "efa"]).exit_code == 0
+    both = runner.invoke(app, ["doctor", efa, mixed, "--expect", "efa", "--json"])
+    assert both.exit_code == 1
+    data = json.loads(both.stdout)
+    assert [(d["log"], d["rank"], d["world_size"], d["inter_node"]) for d in data] == [
+        ("efa_2x8.log", r, 16, "EFA") for r in range(16)
+    ] + [("mixed_efa_socket_2x4.log", r, 8, "EFA" if r < 4 else "Socket") for r in range(8)]
+    assert "mixed_efa_socket_2x4.log: ranks 4-7" in " ".join(both.stderr.split())
+    assert "efa_2x8.log: " not in both.stderr
+    empty = tmp_path / "empty.log"
+    empty.write_text("no nccl here\n")
+    bad = runner.invoke(app, ["doctor", efa, str(empty), "--expect", "efa"])
+    assert bad.exit_code == 2
+    assert "empty.log: no NCCL lines found" in " ".join(bad.stderr.split())
+    assert "rayft-gpu-worker-7kq2m" in bad.stdout  # the good file is still reported
+
+
+# ------------------------------------------------------------------------------------------ two jobs in one text
+
+
+def test_single_job_logs_are_never_flagged_as_mixed():
+    for log in sorted(FIXTURES.glob("*.log")):
+        vs = verdicts_from_text(log.read_text())
+        assert vs and mixed_jobs(vs) is None, log.name
+        assert all(v.mixed is None for v in vs)
+
+
+@real_logs
+def test_one_text_holding_two_real_runs_is_flagged_and_split_by_comm_id():
+    text = NVLINK_LOG.read_text() + "\n" + SOCKET_LOG.read_text()
+    vs = verdicts_from_text(text)
+    assert [(v.rank, v.pid, v.job, v.intra_node, v.intra_detail, v.gdr, v.interface) for v in vs] == [
+        (0, 8198, "0xb7028a62e4204034", IntraNode.P2P, "P2P/CUMEM over NVLink", None, None),
+        (1, 8197, "0xb7028a62e4204034", IntraNode.P2P, "P2P/CUMEM over NVLink", None, None),
+        (0, 10912, "0xa2f5c74c2c3afe86", IntraNode.NET, "NET/Socket", False, "eth0 192.0.2.2"),
+        (1, 10911, "0xa2f5c74c2c3afe86", IntraNode.NET, "NET/Socket", False, "eth0 192.0.2.2"),
+    ]
+    mixed = mixed_jobs(vs)
+    assert mixed is not None and all(v.mixed == mixed for v in vs)
+    assert mixed.startswith("this log holds more than one NCCL job (rank 0 is vm pid 8198 and vm pid 10912; "
+                            "rank 1 is vm pid 8197 and vm pid 10911)")
+    assert "2 jobs, told apart by NCCL's commId" in mixed
+    # a mixed text is a problem whatever was expected, listed first
+    assert check(vs, "any") == [mixed]
+    assert check(vs, "nvlink")[0] == mixed and len(check(vs, "nvlink")) == 2
+    assert check(vs, "socket")[0] == mixed and len(check(vs, "socket")) == 2
+
+
+@real_logs
+def test_two_runs_without_comm_id_are_flagged_and_links_not_credited_by_rank():
+    # older NCCL prints no commId: the jobs cannot be told apart, so no link is credited to a
+    # rank number that names two processes
+    text = re.sub(r" commId 0x[0-9a-f]+", "", NVLINK_LOG.read_text() + "\n" + SOCKET_LOG.read_text())
+    vs = verdicts_from_text(text)
+    assert [(v.rank, v.pid, v.job, v.intra_node, v.intra_detail) for v in vs] == [
+        (0, 8198, None, IntraNode.P2P, "P2P/CUMEM over NVLink"),
+        (0, 10912, None, IntraNode.NET, "NET/Socket"),
+        (1, 8197, None, IntraNode.P2P, "P2P/CUMEM over NVLink"),
+        (1, 10911, None, IntraNode.NET, "NET/Socket"),
+    ]
+    assert "were not credited to ranks 0-1" in mixed_jobs(vs)
+    assert check(vs, "any") == [mixed_jobs(vs)]
+
+
+def test_concatenated_fixture_jobs_of_different_sizes(tmp_path):
+    text = fixture("efa_2x8.log") + "\n" + fixture("mixed_efa_socket_2x4.log")
+    vs = verdicts_from_text(text)
+    assert [(v.rank, v.world_size, v.host, v.inter_node) for v in vs] == [
+        (r, 16, EFA_HOSTS[r // 8], InterNode.EFA) for r in range(16)
+    ] + [(r, 8, "rayft-gpu-worker-q1w2e" if r < 4 else "rayft-gpu-worker-r5t6y",
+          InterNode.EFA if r < 4 else InterNode.SOCKET) for r in range(8)]
+    mixed = mixed_jobs(vs)
+    assert mixed and "rank 0 is rayft-gpu-worker-7kq2m pid 2101 and rayft-gpu-worker-q1w2e pid 512" in mixed
+    assert "and so on for ranks 2-7" in mixed
+
+    stripped = re.sub(r" commId 0x[0-9a-f]+", "", text)
+    assert "were not credited to ranks 0-7" in (mixed_jobs(verdicts_from_text(stripped)) or "")
+
+    log = tmp_path / "two-runs.log"
+    log.write_text(text)
+    res = runner.invoke(app, ["doctor", str(log), "--expect", "efa"])
+    assert res.exit_code == 2
+    err = " ".join(res.stderr.split())
+    assert "error: this log holds more than one NCCL job" in err
+    assert "Pass each run's log as its own file." in err
+    assert "0x5ab1e2d3c4f60718" in res.stdout and "0x77aa66bb55cc44dd" in res.stdout  # a job column
+

@@ -13,25 +13,36 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rayft.nccl.doctor import Expect, InterNode, IntraNode, RankVerdict, check, label_ranks, rank_problem, verdicts_from_text
+from rayft.nccl.doctor import (
+    Expect,
+    InterNode,
+    IntraNode,
+    RankVerdict,
+    check,
+    label_ranks,
+    mixed_jobs,
+    rank_problem,
+    verdicts_from_text,
+)
 
 err = Console(stderr=True)
 
 
-def _read(logs: list[str]) -> str:
-    """Concatenated text of the given files (``-`` is stdin); exit 2 when one cannot be read."""
-    parts: list[str] = []
+def _read(logs: list[str]) -> list[tuple[str, str]]:
+    """``(name, text)`` of each given file (``-`` is stdin), each one run's log, never joined:
+    rank numbers only name a process within one job. Exit 2 when one cannot be read."""
+    out: list[tuple[str, str]] = []
     for name in logs:
         if name == "-":
-            parts.append(sys.stdin.read())
+            out.append(("<stdin>", sys.stdin.read()))
             continue
         path = Path(name)
         try:
-            parts.append(path.read_text(encoding="utf-8", errors="replace"))
+            out.append((name, path.read_text(encoding="utf-8", errors="replace")))
         except OSError as e:
             err.print(f"[bold red]error[/]: cannot read {name}: {e.strerror or e}", highlight=False)
             raise typer.Exit(2) from None
-    return "\n".join(parts)
+    return out
 
 
 def _yes_no(b: bool | None) -> str:
@@ -56,21 +67,42 @@ def _intra(v: RankVerdict) -> str:
     return v.intra_node.value
 
 
-def _table(verdicts: list[RankVerdict], failing: set[int | None]) -> Table:
+def _table(runs: list[tuple[str, list[RankVerdict]]], failing: set[int]) -> Table:
+    """One row per rank; a ``log`` column names the file when several were given, a ``job``
+    column the NCCL commId when a file held more than one job."""
+    show_log = len(runs) > 1
+    show_job = any(mixed_jobs(vs) for _, vs in runs)
     t = Table(title="NCCL transport per rank", title_justify="left")
-    for col in ("rank", "host", "pid", "GPU", "inter-node", "intra-node", "GDR", "interface", ""):
+    cols = (["log"] if show_log else []) + ["rank", "host", "pid"] + (["job"] if show_job else [])
+    for col in cols + ["GPU", "inter-node", "intra-node", "GDR", "interface", ""]:
         t.add_column(col, overflow="fold")
-    for v in verdicts:
-        gpu = "" if v.cuda_dev is None else f"{v.cuda_dev}" + (f" ({v.bus_id})" if v.bus_id else "")
-        mark = "[red]FAIL[/]" if id(v) in failing else "[green]ok[/]"
-        if not v.seen:
-            mark = "[red]FAIL[/]" if id(v) in failing else "[yellow]unseen[/]"
-        t.add_row(
-            "?" if v.rank is None else str(v.rank), v.host or "—", "—" if v.pid is None else str(v.pid), gpu,
-            _inter(v) if v.seen else "—", _intra(v) if v.seen else "—", _yes_no(v.gdr),
-            v.interface or "—", mark,
-        )
+    for i, (name, verdicts) in enumerate(runs):
+        if i:
+            t.add_section()
+        for v in verdicts:
+            t.add_row(*_row(name, v, failing, show_log, show_job))
     return t
+
+
+def _row(name: str, v: RankVerdict, failing: set[int], show_log: bool, show_job: bool) -> list[str]:
+    gpu = "" if v.cuda_dev is None else f"{v.cuda_dev}" + (f" ({v.bus_id})" if v.bus_id else "")
+    mark = "[red]FAIL[/]" if id(v) in failing else "[green]ok[/]"
+    if not v.seen:
+        mark = "[red]FAIL[/]" if id(v) in failing else "[yellow]unseen[/]"
+    row = ([escape(name)] if show_log else []) + [
+        "?" if v.rank is None else str(v.rank), v.host or "—", "—" if v.pid is None else str(v.pid),
+    ]
+    row += [v.job or "?"] if show_job else []
+    return row + [
+        gpu, _inter(v) if v.seen else "—", _intra(v) if v.seen else "—", _yes_no(v.gdr),
+        v.interface or "—", mark,
+    ]
+
+
+def _short_names(names: list[str]) -> list[str]:
+    """File names without their folders, unless that makes two of them alike."""
+    base = [Path(n).name for n in names]
+    return base if len(set(base)) == len(base) else names
 
 
 def register(app: typer.Typer) -> None:
@@ -89,43 +121,72 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Say, per rank, which transport NCCL really used (EFA / IB / Socket, P2P / SHM, GPUDirect RDMA).
 
-        Exit status: 0 as expected, 1 some rank did not use the expected transport, 2 bad input (unreadable file, no NCCL lines).
+        Each file is one run's log, read on its own (ranks are matched by number only within a run).
+
+        Exit status, the worst over all files: 0 as expected, 1 some rank did not use the expected
+        transport, 2 bad input (unreadable file, a file with no NCCL lines, a file holding more than one job).
         """
         if not logs:
             if sys.stdin.isatty():
                 err.print("[bold red]error[/]: give NCCL log files, or '-' to read stdin", highlight=False)
                 raise typer.Exit(2)
             logs = ["-"]
-        verdicts = verdicts_from_text(_read(logs))
-        if not verdicts:
-            err.print(
-                "[bold red]error[/]: no NCCL lines found (run with NCCL_DEBUG=INFO and pass the workers' output)",
-                highlight=False,
-            )
-            raise typer.Exit(2)
-        problems = check(verdicts, expect)
+        files = _read(logs)
+        names = _short_names([name for name, _ in files])
+        several = len(files) > 1
+        runs: list[tuple[str, list[RankVerdict]]] = []
+        rc = 0
+        for (name, text), short in zip(files, names):
+            verdicts = verdicts_from_text(text)
+            if not verdicts:
+                where = f"{escape(name)}: " if several else ""
+                err.print(
+                    f"[bold red]error[/]: {where}no NCCL lines found (run with NCCL_DEBUG=INFO and pass the "
+                    "workers' output)",
+                    highlight=False,
+                )
+                rc = 2
+                continue
+            runs.append((short, verdicts))
+        if not runs:
+            raise typer.Exit(rc)
 
-        failing = {id(v) for v in verdicts if expect != Expect.ANY and rank_problem(v, expect)}
+        failing = {id(v) for _, vs in runs for v in vs if expect != Expect.ANY and rank_problem(v, expect)}
         if as_json:
-            sys.stdout.write(json.dumps([_jsonable(v) for v in verdicts], indent=2) + "\n")
+            rows = [{"log": name, **_jsonable(v)} for name, vs in runs for v in vs]
+            sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         else:
             out = Console()
             if not out.is_terminal:
-                out = Console(width=160)
-            out.print(_table(verdicts, failing))
-            notes: dict[str, list[int]] = {}
-            for v in verdicts:
-                for n in v.notes:
-                    notes.setdefault(n, []).extend([] if v.rank is None else [v.rank])
-            for n, ranks in notes.items():
-                who = ("rank " if len(set(ranks)) == 1 else "ranks ") + (label_ranks(ranks) or "?")
-                err.print(f"[yellow]note[/] ({who}): {escape(n)}", highlight=False)
-        if problems:
+                out = Console(width=180)
+            out.print(_table(runs, failing))
+            for name, verdicts in runs:
+                where = f"{escape(name)}, " if several else ""
+                notes: dict[str, list[int]] = {}
+                for v in verdicts:
+                    for n in v.notes:
+                        notes.setdefault(n, []).extend([] if v.rank is None else [v.rank])
+                for n, ranks in notes.items():
+                    who = ("rank " if len(set(ranks)) == 1 else "ranks ") + (label_ranks(ranks) or "?")
+                    err.print(f"[yellow]note[/] ({where}{who}): {escape(n)}", highlight=False)
+
+        for name, verdicts in runs:
+            where = f"{escape(name)}: " if several else ""
+            mixed = mixed_jobs(verdicts)
+            if mixed:
+                err.print(f"[bold red]error[/]: {where}{escape(mixed)}", highlight=False)
+                rc = 2
+            problems = [p for p in check(verdicts, expect) if p != mixed]
             for p in problems:
-                err.print(f"[bold red]expected {expect.value}[/]: {escape(p)}", highlight=False)
-            raise typer.Exit(1)
-        if expect != Expect.ANY:
-            err.print(f"[green]all {len(verdicts)} ranks used {expect.value}[/]", highlight=False)
+                err.print(f"[bold red]expected {expect.value}[/]: {where}{escape(p)}", highlight=False)
+            if problems:
+                rc = max(rc, 1)
+        if rc == 0 and expect != Expect.ANY:
+            n = sum(len(vs) for _, vs in runs)
+            in_logs = f" in {len(runs)} logs" if several else ""
+            err.print(f"[green]all {n} ranks{in_logs} used {expect.value}[/]", highlight=False)
+        if rc:
+            raise typer.Exit(rc)
 
 
 def _jsonable(v: RankVerdict) -> dict:

@@ -13,6 +13,12 @@ libfabric provider, InfiniBand, Socket), the intra-node transport (P2P, SHM, or 
 GPUDirect RDMA, the interface, and the likely causes of a fallback. :func:`check` compares the
 verdicts with what a run expected.
 
+One text is one job: ranks are told apart by their number, and a P2P/SHM link logged by the
+sender is credited to the receiving rank by number. When a text holds more than one job (two
+runs' logs concatenated, a restarted run), the same rank shows up in several processes; the
+doctor then splits the processes by NCCL's ``commId`` where the log has it, never credits a
+link to an ambiguous rank, and says so in every verdict's ``mixed`` (and in :func:`check`).
+
 Pure functions over text: no file or process I/O.
 """
 
@@ -32,6 +38,7 @@ __all__ = [
     "RankVerdict",
     "check",
     "label_ranks",
+    "mixed_jobs",
     "parse_lines",
     "rank_problem",
     "verdicts_from_text",
@@ -132,6 +139,8 @@ class RankVerdict:
     nccl_version: str | None = None
     causes: list[Cause] = field(default_factory=list)  # likely reasons for a fallback
     notes: list[str] = field(default_factory=list)
+    job: str | None = None  # NCCL commId of the rank's world communicator, when logged
+    mixed: str | None = None  # set when the text held more than one job: what clashed, and what was done
 
     @property
     def seen(self) -> bool:
@@ -215,7 +224,7 @@ _COMM_INFO = re.compile(
 )
 _COMM_INIT = re.compile(
     r"\bcomm (?P<ptr>0x[0-9a-fA-F]+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) cudaDev (?P<dev>\d+)"
-    r"(?: nvmlDev \d+)? busId (?P<bus>[0-9a-fA-F]+)"
+    r"(?: nvmlDev \d+)? busId (?P<bus>[0-9a-fA-F]+)(?:.*?\bcommId (?P<cid>0x[0-9a-fA-F]+))?"
 )
 _CHANNEL = re.compile(
     r"\b(?:Channel|Ring|Tree) \d+(?:/\d+)? : (?P<src>\d+)(?:\[[0-9a-fA-F]+\])? -> (?P<dst>\d+)"
@@ -273,6 +282,7 @@ class _Comm:
     nnodes: int | None = None
     local_ranks: int | None = None
     local_rank: int | None = None
+    comm_id: str | None = None  # NCCL's commId: the same in every rank of one communicator
 
 
 @dataclass
@@ -362,6 +372,8 @@ def _feed(proc: _Proc, ln: NcclLine) -> None:
     if (m := _COMM_INIT.search(msg)):
         c = proc.comms.setdefault(m["ptr"], _Comm(m["ptr"], int(m["rank"]), int(m["nranks"])))
         proc.cuda_dev, proc.bus_id = int(m["dev"]), m["bus"]
+        if m["cid"] and "Destroy" not in msg:
+            c.comm_id = c.comm_id or m["cid"]
         if ln.tid is not None and "Destroy" not in msg:
             proc.tid_comm[ln.tid] = m["ptr"]
         return
@@ -517,24 +529,143 @@ _INTER_WORST = [InterNode.SOCKET, InterNode.LIBFABRIC, InterNode.IB, InterNode.E
 _INTRA_WORST = [IntraNode.NET, IntraNode.SHM, IntraNode.P2P, IntraNode.NVLS]
 
 
+_Key = tuple[str | None, int]
+
+
 def verdicts_from_text(text: str) -> list[RankVerdict]:
     """One :class:`RankVerdict` per rank found in NCCL_DEBUG=INFO ``text`` (sorted by rank).
 
-    Ranks of the job (known from ``nRanks``) that left no NCCL line get a verdict with
-    ``evidence == "none"``. Returns ``[]`` when the text holds no NCCL line at all.
+    ``text`` is one job's output. Ranks of the job (known from ``nRanks``) that left no NCCL line
+    get a verdict with ``evidence == "none"``. Returns ``[]`` when the text holds no NCCL line at all.
+
+    When the same rank number belongs to several processes (the text holds more than one job), the
+    processes are split into jobs by NCCL's ``commId`` where it was logged (verdicts then come job
+    by job, each with ``job`` set), links are never credited to a rank that stays ambiguous, and
+    every verdict's ``mixed`` says what clashed; :func:`check` reports it as a problem.
     """
     procs, ray_rank, ray_world = _collect(text)
     if not procs:
         return []
-    world = max((c.nranks for p in procs.values() for c in p.comms.values()), default=None) or ray_world
+    clashes = _rank_clashes(procs)
+    if not clashes:
+        return _job_verdicts(procs, ray_rank, ray_world)
 
-    # rank -> host, from the world communicator (or Ray Train's rank lines).
-    rank_of: dict[tuple[str | None, int], int | None] = {}
-    rank_host: dict[int, str] = {}
+    groups = _split_by_comm_id(procs)
+    verdicts: list[RankVerdict] = []
+    unresolved: dict[int, list[_Proc]] = {}
+    for g in groups:
+        left = _rank_clashes(g)
+        unresolved.update(left)
+        verdicts.extend(_job_verdicts(g, ray_rank, ray_world, ambiguous=set(left)))
+    said = "; ".join(
+        f"rank {r} is " + " and ".join(f"{p.host or '?'} pid {p.pid}" for p in ps)
+        for r, ps in sorted(clashes.items())[:2]
+    )
+    if len(clashes) > 2:
+        said += f"; and so on for ranks {label_ranks(sorted(clashes)[2:])}"
+    msg = f"this log holds more than one NCCL job ({said}): a concatenated log or a restarted run? "
+    if unresolved:
+        one = len(unresolved) == 1
+        msg += (f"Links logged by other ranks were not credited to {'rank' if one else 'ranks'} "
+                f"{label_ranks(list(unresolved))}, whose number names more than one process. ")
+    else:
+        msg += f"Verdicts are given job by job ({len(groups)} jobs, told apart by NCCL's commId). "
+    msg += "Pass each run's log as its own file."
+    for v in verdicts:
+        v.mixed = msg
+    return verdicts
+
+
+def mixed_jobs(verdicts: list[RankVerdict]) -> str | None:
+    """The warning set by :func:`verdicts_from_text` when its text held more than one job, else None."""
+    return next((v.mixed for v in verdicts if v.mixed), None)
+
+
+def _world_and_ranks(
+    procs: dict[_Key, _Proc], ray_rank: dict[int, int], ray_world: int | None
+) -> tuple[int | None, dict[_Key, int | None]]:
+    """The job's world size and each process's rank in it (from the world communicator, else
+    from Ray Train's rank lines)."""
+    world = max((c.nranks for p in procs.values() for c in p.comms.values()), default=None) or ray_world
+    rank_of: dict[_Key, int | None] = {}
     for key, p in procs.items():
         c = p.primary()
-        r = c.rank if c and (world is None or c.nranks == world) else ray_rank.get(p.pid)
-        rank_of[key] = r
+        rank_of[key] = c.rank if c and (world is None or c.nranks == world) else ray_rank.get(p.pid)
+    return world, rank_of
+
+
+def _rank_clashes(procs: dict[_Key, _Proc]) -> dict[int, list[_Proc]]:
+    """Rank numbers claimed by more than one process: the text holds more than one job.
+
+    A process claims the rank of its largest communicator. Two processes with the same rank in
+    equal-sized communicators smaller than the largest one may be sibling sub-groups of one job,
+    so they do not count; any other repeat does (two jobs of one size, or of different sizes).
+    Ray Train's rank lines are not used (they key by pid alone, which repeats across pods), and
+    two keys that may be one process (same pid, one hostname a fragment of the other) are one.
+    """
+    world = max((c.nranks for p in procs.values() for c in p.comms.values()), default=None)
+    claims: dict[int, list[tuple[_Proc, int]]] = defaultdict(list)
+    for p in procs.values():
+        c = p.primary()
+        if c is None:
+            continue
+        same = next((q for q, _ in claims[c.rank] if _maybe_same_process(p, q)), None)
+        if same is None:
+            claims[c.rank].append((p, c.nranks))
+    out: dict[int, list[_Proc]] = {}
+    for r, ps in claims.items():
+        sizes = {n for _, n in ps}
+        if len(ps) > 1 and not (len(sizes) == 1 and world is not None and next(iter(sizes)) < world):
+            out[r] = [p for p, _ in ps]
+    return out
+
+
+def _maybe_same_process(p: _Proc, q: _Proc) -> bool:
+    if p.pid != q.pid:
+        return False
+    if not p.host or not q.host:
+        return True
+    return p.host.endswith(q.host) or q.host.endswith(p.host)
+
+
+def _split_by_comm_id(procs: dict[_Key, _Proc]) -> list[dict[_Key, _Proc]]:
+    """Processes grouped into jobs: two processes are in one job when they share a communicator
+    (the same NCCL ``commId``). Processes whose log has no commId form one more group."""
+    parent: dict[_Key, _Key] = {k: k for k in procs}
+
+    def find(k: _Key) -> _Key:
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    owner: dict[str, _Key] = {}
+    for key, p in procs.items():
+        for c in p.comms.values():
+            if not c.comm_id:
+                continue
+            if c.comm_id in owner:
+                parent[find(key)] = find(owner[c.comm_id])
+            else:
+                owner[c.comm_id] = key
+    groups: dict[_Key | None, dict[_Key, _Proc]] = {}
+    for key, p in procs.items():
+        has_id = any(c.comm_id for c in p.comms.values())
+        groups.setdefault(find(key) if has_id else None, {})[key] = p
+    return list(groups.values())
+
+
+def _job_verdicts(
+    procs: dict[_Key, _Proc], ray_rank: dict[int, int], ray_world: int | None,
+    ambiguous: frozenset[int] | set[int] = frozenset(),
+) -> list[RankVerdict]:
+    """Verdicts for the processes of one job; ``ambiguous`` ranks get no link credited by number."""
+    world, rank_of = _world_and_ranks(procs, ray_rank, ray_world)
+
+    # rank -> host, from the world communicator (or Ray Train's rank lines).
+    rank_host: dict[int, str] = {}
+    for key, p in procs.items():
+        r = rank_of[key]
         if r is not None:
             rank_host.setdefault(r, _host_key(p))
     hosts = set(rank_host.values()) | {_host_key(p) for p in procs.values()}
@@ -545,19 +676,23 @@ def verdicts_from_text(text: str) -> list[RankVerdict]:
     single_host = n_hosts == 1 or (n_hosts is None and nnodes_nccl == 1)
     _share_plugin_evidence(procs)
     links = {key: _resolve_links(p, world, rank_host, single_host) for key, p in procs.items()}
-    # NCCL logs a P2P/SHM connection on the sending side only: credit it to the receiver too.
+    # NCCL logs a P2P/SHM connection on the sending side only: credit it to the receiver too,
+    # found by its rank number (so only where that number names one process).
     incoming: dict[int, list[Link]] = defaultdict(list)
     for key, p in procs.items():
         r = rank_of[key]
         for ln, in_world in links[key]:
-            if r is not None and in_world and ln.kind in ("P2P", "SHM", "NVLS"):
+            if r is not None and in_world and ln.kind in ("P2P", "SHM", "NVLS") and ln.peer not in ambiguous:
                 incoming[ln.peer].append(replace(ln, peer=r))
     verdicts: list[RankVerdict] = []
     for key, p in procs.items():
         r = rank_of[key]
         own = [ln for ln, _ in links[key]]
-        verdicts.append(_verdict(p, r, world, own, incoming.get(r, []) if r is not None else [],
-                                 n_hosts, nnodes_nccl, single_host))
+        v = _verdict(p, r, world, own, incoming.get(r, []) if r is not None else [],
+                     n_hosts, nnodes_nccl, single_host)
+        c = p.primary()
+        v.job = c.comm_id if c else None
+        verdicts.append(v)
     seen = {v.rank for v in verdicts if v.rank is not None}
     if world:
         for r in range(world):
@@ -577,7 +712,7 @@ def _plugin_evidence(p: _Proc) -> bool:
     return p.plugin_missing or p.ofi_seen or bool(p.plugin_loaded) or bool(p.ofi_failed) or bool(p.net_init_failed)
 
 
-def _share_plugin_evidence(procs: dict[tuple[str | None, int], _Proc]) -> None:
+def _share_plugin_evidence(procs: dict[_Key, _Proc]) -> None:
     """Give a process whose plugin lines are missing (Ray folded them into another worker's
     ``[repeated Nx across cluster]`` line) the plugin evidence of a process on the same host."""
     donors = [p for p in procs.values() if _plugin_evidence(p)]
@@ -814,14 +949,17 @@ def rank_problem(v: RankVerdict, expect: Expect | str) -> str | None:
 def check(verdicts: list[RankVerdict], expect: Expect | str) -> list[str]:
     """Problems (one sentence each, naming the ranks and the likely cause); ``[]`` means as expected.
 
-    ``expect`` is ``efa``, ``nvlink``, ``socket`` or ``any`` (only an empty log is a problem).
-    Ranks failing the same way for the same reasons are reported together.
+    ``expect`` is ``efa``, ``nvlink``, ``socket`` or ``any`` (only an empty log, or one that holds
+    more than one job, is a problem). Ranks failing the same way for the same reasons are
+    reported together. A text that held more than one job (see :func:`mixed_jobs`) is a problem
+    of its own, listed first, whatever ``expect`` is.
     """
     expect = Expect(expect)
     if not verdicts:
         return ["no NCCL lines found (was NCCL_DEBUG=INFO set, and is this the workers' output?)"]
+    mixed = mixed_jobs(verdicts)
     if expect == Expect.ANY:
-        return []
+        return [mixed] if mixed else []
     scopes = {Expect.EFA: ("inter", "both"), Expect.NVLINK: ("intra", "both"), Expect.SOCKET: ()}[expect]
     groups: dict[tuple[str, tuple[str, ...]], list[RankVerdict]] = defaultdict(list)
     for v in verdicts:
@@ -842,4 +980,4 @@ def check(verdicts: list[RankVerdict], expect: Expect | str) -> list[str]:
         if causes:
             line += ". Likely cause: " + "; ".join(causes)
         out.append(line)
-    return out
+    return ([mixed] if mixed else []) + out

@@ -11,6 +11,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
+import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -43,8 +46,19 @@ def save_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path:
 
 
 def is_complete(path: str | os.PathLike) -> bool:
-    """True when ``path`` holds a finished checkpoint (state file and DCP metadata present)."""
-    return (Path(path) / STATE_FILE).is_file() and (Path(path) / ".metadata").is_file()
+    """True when ``path`` holds a finished checkpoint: the state file (written last), the DCP
+    metadata, and every shard file the metadata names, each at least as long as its data."""
+    path = Path(path)
+    if not (path / STATE_FILE).is_file() or not (path / ".metadata").is_file():
+        return False
+    try:
+        meta = dcp.FileSystemReader(str(path)).read_metadata()
+    except Exception:
+        return False
+    need: dict[str, int] = {}
+    for info in (meta.storage_data or {}).values():
+        need[info.relative_path] = max(need.get(info.relative_path, 0), info.offset + info.length)
+    return all((path / f).is_file() and (path / f).stat().st_size >= n for f, n in need.items())
 
 
 def read_state(path: str | os.PathLike) -> dict:
@@ -96,6 +110,88 @@ def write_hf_model(state_dict: dict[str, torch.Tensor], model_config, tokenizer,
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
     return out
+
+
+def resolve_resume_dir(path: str | None, run_dir: str) -> str | None:
+    """The checkpoint directory to resume from.
+
+    ``path`` is Ray Train's latest registered checkpoint (or the one ``--resume`` chose). On a
+    local or shared file system the run directory may hold a newer *complete* checkpoint that
+    Ray had not registered yet when a worker died (the state file is written last, after every
+    rank's shards and the DCP metadata); that one is used instead, so a failure costs at most one
+    checkpoint interval. An incomplete ``path`` is skipped, with a warning, for the newest complete
+    one. Remote (``s3://``) checkpoints are downloaded first.
+
+    Raises:
+        CheckpointError: ``path`` is incomplete and the run has no complete checkpoint.
+    """
+    if path is None:
+        return None
+    if "://" in run_dir:
+        import ray.train
+
+        path = ray.train.Checkpoint(path).to_directory()
+        if not is_complete(path):
+            raise CheckpointError(f"{path}: incomplete checkpoint")
+        return path
+    complete = find_checkpoints(Path(path).parent)
+    if not is_complete(path):
+        if not complete:
+            raise CheckpointError(f"{path}: incomplete checkpoint and no complete checkpoint in {run_dir}")
+        warnings.warn(f"[rayft] {path} is incomplete (interrupted save?); resuming from {complete[-1][1]}", stacklevel=2)
+        print(f"[rayft] WARNING: {path} is incomplete; resuming from {complete[-1][1]}", flush=True)
+        return str(complete[-1][1])
+    if complete and complete[-1][0] > int(read_state(path)["step"]):
+        print(f"[rayft] {complete[-1][1]} is complete but was not yet registered by Ray Train; resuming from it", flush=True)
+        return str(complete[-1][1])
+    return path
+
+
+class CheckpointWriter:
+    """Decides when to checkpoint (every N steps and/or M minutes) and writes + reports one.
+
+    On a local or shared file system the shards go straight into the run directory and are handed
+    to Ray Train without a copy (``CheckpointUploadMode.NO_UPLOAD``); elsewhere (``s3://``) they go
+    to a local temporary directory that Ray Train uploads. Ray Train keeps the last
+    ``keep_last`` *registered* checkpoints, and registers one only after every rank reported it, so
+    the only complete checkpoint is never deleted for an unfinished one.
+    """
+
+    def __init__(self, ccfg, model_config):
+        self.every_steps, self.every_minutes = ccfg.every_steps, ccfg.every_minutes
+        self.model_config = model_config
+        self.last_save = time.monotonic()
+
+    def step_is_due(self, step: int) -> bool:
+        return bool(self.every_steps) and step % self.every_steps == 0
+
+    def time_is_due(self) -> bool:
+        return bool(self.every_minutes) and (time.monotonic() - self.last_save) >= 60 * self.every_minutes
+
+    def save(self, model, optimizer, state: dict, metrics: dict) -> dict:
+        """Collective. Returns timings in seconds: ``save_s`` (DCP write), ``report_s`` (hand-off/upload)."""
+        import pyarrow.fs
+        import ray.train
+
+        name = f"checkpoint_{state['step']:07d}"
+        storage = ray.train.get_context().get_storage()
+        t0 = time.perf_counter()
+        if isinstance(storage.storage_filesystem, pyarrow.fs.LocalFileSystem):
+            path = os.path.join(storage.experiment_fs_path, name)
+            if dist.get_rank() == 0:
+                shutil.rmtree(path, ignore_errors=True)  # leftovers of an interrupted save
+            dist.barrier()
+            save_sharded(model, optimizer, path, state, self.model_config)
+            t1 = time.perf_counter()
+            ckpt = ray.train.Checkpoint(path, filesystem=storage.storage_filesystem)
+            ray.train.report(metrics, checkpoint=ckpt, checkpoint_upload_mode=ray.train.CheckpointUploadMode.NO_UPLOAD)
+        else:
+            with tempfile.TemporaryDirectory(prefix="rayft-ckpt-") as tmp:
+                save_sharded(model, optimizer, tmp, state, self.model_config)
+                t1 = time.perf_counter()
+                ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp), checkpoint_dir_name=name)
+        self.last_save = time.monotonic()
+        return {"step": state["step"], "save_s": t1 - t0, "report_s": time.perf_counter() - t1}
 
 
 def find_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:

@@ -144,6 +144,19 @@ def run_training(cfg: RayftConfig, resume: str | None = None, console: Console |
         f"{total} steps; run {run_dir}",
         highlight=False,
     )
+    resume_from = None
+    if resume:
+        from rayft.train.checkpoint import find_checkpoints, is_complete
+
+        done = find_checkpoints(run_dir) if "://" not in run_dir else []
+        for d in sorted(Path(run_dir).glob("checkpoint_*")) if "://" not in run_dir else []:
+            if not is_complete(d):
+                console.print(f"[yellow]warning[/]: skipping incomplete checkpoint {d} (interrupted save?)", highlight=False)
+        if done:
+            resume_from = str(done[-1][1])
+            console.print(f"resuming {run_dir} from its checkpoint of step {done[-1][0]}", highlight=False)
+        elif "://" not in run_dir:
+            raise TrainError(f"--resume {resume}: no complete checkpoint in {run_dir}")
     progress = Queue()
     trainer = TorchTrainer(
         train_func,
@@ -154,6 +167,7 @@ def run_training(cfg: RayftConfig, resume: str | None = None, console: Console |
             "tokenizer": tok_name,
             "run_dir": run_dir,
             "progress": progress,
+            "resume_from": resume_from,
         },
         scaling_config=ray.train.ScalingConfig(
             num_workers=n_workers, use_gpu=use_gpu, resources_per_worker={"CPU": cfg.train.cpus_per_worker}
@@ -194,6 +208,7 @@ def _show_progress(th: threading.Thread, queue, total: int, console: Console) ->
     history: list[dict] = []
     export: dict = {}
     checkpoints: list[dict] = []
+    resumes: list[dict] = []
     cols = [TextColumn("step"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.fields[info]}"),
             TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()]  # fmt: skip
     with Progress(*cols, console=console, transient=False, refresh_per_second=4) as bar:
@@ -213,6 +228,14 @@ def _show_progress(th: threading.Thread, queue, total: int, console: Console) ->
                 if "checkpoint" in m:
                     checkpoints.append(m["checkpoint"])
                     continue
+                if "resumed" in m:
+                    r = m["resumed"]
+                    resumes.append(r)
+                    bar.console.print(f"resumed from the checkpoint of step {r['step']} (world size {r['from_world_size']} → {r['world_size']})")
+                    continue
+                # After a restart the steps since the last checkpoint run again: keep the latest.
+                while history and history[-1]["step"] >= m["step"]:
+                    history.pop()
                 history.append(m)
                 info = f"loss {m['loss']:.4f}  {m['tokens_per_s_per_gpu']:,.0f} tok/s/GPU"
                 if m.get("mfu"):
@@ -221,7 +244,7 @@ def _show_progress(th: threading.Thread, queue, total: int, console: Console) ->
             if not alive and not drained:
                 break
             time.sleep(0.25)
-    return history, {"export": export, "checkpoints": checkpoints}
+    return history, {"export": export, "checkpoints": checkpoints, "resumes": resumes}
 
 
 def _summary(history: list[dict], extra: dict, run_dir: str, total: int, console: Console) -> dict:
@@ -244,6 +267,7 @@ def _summary(history: list[dict], extra: dict, run_dir: str, total: int, console
         "world_size": last["world_size"],
         "export": extra["export"],
         "checkpoints": extra["checkpoints"],
+        "resumes": extra["resumes"],
     }
     export = extra["export"]
     t = Table(title="rayft run summary", show_header=False)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 import time
 from typing import Any
 
@@ -76,18 +75,25 @@ def train_func(loop_config: dict[str, Any]) -> None:
     n_matmul = matmul_params(model)
     gpu_name, peak = gpu_peak_flops(device)
 
+    progress = loop_config.get("progress")
     start_step = 0
-    resumed = ray.train.get_checkpoint()
-    if resumed is not None:
-        with resumed.as_directory() as d:
-            state = ckpt_lib.load_sharded(model, optimizer, d)
+    # Ray Train's latest checkpoint after a worker-group restart; else the one `--resume` chose.
+    latest = ray.train.get_checkpoint()
+    resume_dir = ckpt_lib.resolve_resume_dir(latest.path if latest else loop_config.get("resume_from"), loop_config["run_dir"])
+    if resume_dir is not None:
+        state = ckpt_lib.load_sharded(model, optimizer, resume_dir)
         start_step = int(state["step"])
         if rank == 0:
-            note = f" (saved at world size {state['world_size']}, resharded to {world})" if state["world_size"] != world else ""
-            print(f"[rayft] resumed from step {start_step}{note}", flush=True)
+            note = f" (saved at world size {state['world_size']}, resharded to {world} by DCP)" if state["world_size"] != world else ""
+            rows = world * tc.micro_batch_size * tc.grad_accum_steps
+            if state.get("global_batch_rows", rows) != rows:
+                note += (f"; WARNING: the global batch changed from {state['global_batch_rows']} to {rows} rows, so the data "
+                         "order differs from the original run (keep workers × micro_batch_size × grad_accum_steps)")
+            print(f"[rayft] resumed from step {start_step} of {resume_dir}{note}", flush=True)
+            if progress is not None:
+                progress.actor.put_nowait.remote({"resumed": {"step": start_step, "from_world_size": state["world_size"], "world_size": world}})
 
-    progress = loop_config.get("progress")
-    every = cfg.checkpoint.every_steps
+    saver = ckpt_lib.CheckpointWriter(cfg.checkpoint, model_conf)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     t_last = time.perf_counter()
@@ -100,9 +106,12 @@ def train_func(loop_config: dict[str, Any]) -> None:
             for rows in micro
         ]
         # Global count of trainable targets: the denominator of the step's mean loss.
-        counts = torch.stack([sum(b[k] for b in batches).to(torch.float64) for k in ("num_trainable", "num_tokens", "attn_tokens_sq")])
+        # One all-reduce: the step's global token counts, and rank 0's clock-based vote to checkpoint.
+        counts = [sum(b[k] for b in batches).to(torch.float64) for k in ("num_trainable", "num_tokens", "attn_tokens_sq")]
+        counts.append(torch.tensor(float(rank == 0 and saver.time_is_due()), dtype=torch.float64, device=device))
+        counts = torch.stack(counts)
         dist.all_reduce(counts)
-        n_trainable, n_tokens, attn_sq = counts.tolist()  # (synchronises: data time ends here)
+        n_trainable, n_tokens, attn_sq, time_vote = counts.tolist()  # (synchronises: data time ends here)
         t_data = time.perf_counter()
 
         loss_sum = torch.zeros((), device=device, dtype=torch.float64)
@@ -156,18 +165,12 @@ def train_func(loop_config: dict[str, Any]) -> None:
         # controller to consume each result (a queue of one), which costs ~1.5 s per call.
         if rank == 0 and progress is not None and (step_done % tc.log_every == 0 or step_done == total_steps):
             progress.actor.put_nowait.remote(metrics)
-        save = step_done == total_steps or (every is not None and step_done % every == 0)
-        if save:
+        if step_done == total_steps or saver.step_is_due(step_done) or time_vote > 0:
             state = {"step": step_done, "epoch": plan.epoch_of_step[step], "world_size": world, "loss": loss,
+                     "global_batch_rows": world * tc.micro_batch_size * tc.grad_accum_steps,
                      "tokenizer": loop_config.get("tokenizer")}  # fmt: skip
-            t0 = time.perf_counter()
-            with tempfile.TemporaryDirectory(prefix="rayft-ckpt-") as tmp:
-                ckpt_lib.save_sharded(model, optimizer, tmp, state, model_conf)
-                t1 = time.perf_counter()
-                ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp),
-                                 checkpoint_dir_name=f"checkpoint_{step_done:07d}")  # fmt: skip
+            timing = saver.save(model, optimizer, state, metrics)
             if rank == 0 and progress is not None:
-                timing = {"step": step_done, "save_s": t1 - t0, "report_upload_s": time.perf_counter() - t1}
                 progress.actor.put_nowait.remote({"checkpoint": timing})
             t_last = time.perf_counter()  # checkpoint time is not step time
 

@@ -1,0 +1,121 @@
+"""Fault tolerance on a real embedded Ray with 2 CPU workers: a SIGKILLed worker, an incomplete
+checkpoint, and a resume at a different world size all reproduce the uninterrupted run's losses."""
+
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+
+import psutil
+import pytest
+
+from rayft.config import load_config
+from rayft.train.driver import run_training
+
+pytestmark = pytest.mark.integration
+
+RECORDS = [
+    {"messages": [{"role": "user", "content": f"What is {a} times {b}?"}, {"role": "assistant", "content": f"{a} times {b} is {a * b}."}]}
+    for a in range(2, 5) for b in range(3, 7)
+]  # 12 conversations: with 8 rows a step, each epoch is one full step and one short (uneven) step
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ft")
+    (d / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
+    return d
+
+
+def config(workdir, name, *overrides):
+    f = workdir / "job.yaml"
+    f.write_text(
+        "model: {name_or_path: qwen2-tiny}\n"
+        "data: {train_files: [chat.jsonl], seq_len: 64, packing: false, seed: 3}\n"
+        "train: {num_workers: 2, use_gpu: false, micro_batch_size: 2, grad_accum_steps: 2, epochs: 4, lr: 3.0e-3, seed: 1}\n"
+        f"checkpoint: {{storage_path: {workdir / 'runs'}, every_steps: 2, keep_last: 3, export_hf: false}}\n"
+        "ray: {max_failures: 2}\n"
+    )
+    return load_config(f, [f"checkpoint.name={name}", *overrides])
+
+
+def losses(workdir, name):
+    lines = (workdir / "runs" / name / "rayft_metrics.jsonl").read_text().splitlines()
+    return {h["step"]: h["loss"] for h in map(json.loads, lines)}
+
+
+@pytest.fixture(scope="module")
+def baseline(ray_local, workdir):
+    run_training(config(workdir, "base"))
+    return losses(workdir, "base")
+
+
+def test_sigkill_of_a_worker_costs_at_most_one_checkpoint_interval(baseline, workdir):
+    assert sorted(baseline) == list(range(1, 9))
+    killed = []
+
+    def kill_after_checkpoint_4():
+        ckpt = workdir / "runs" / "killed" / "checkpoint_0000004" / "rayft_state.json"
+        deadline = time.time() + 240
+        while not ckpt.exists() and time.time() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.0)  # into step 5
+        workers = [p for p in psutil.process_iter(["cmdline"]) if "ray::RayTrainWorker" in " ".join(p.info["cmdline"] or [])]
+        if workers:
+            os.kill(workers[-1].pid, signal.SIGKILL)
+            killed.append(workers[-1].pid)
+
+    t = threading.Thread(target=kill_after_checkpoint_4)
+    t.start()
+    summary = run_training(config(workdir, "killed"))
+    t.join()
+    assert killed, "no Ray Train worker process was found to kill"
+    assert summary["resumes"] and summary["resumes"][0]["step"] in (4, 6)
+    got = losses(workdir, "killed")
+    assert sorted(got) == list(range(1, 9))
+    for step in range(1, 9):
+        assert got[step] == pytest.approx(baseline[step], abs=1e-5), step
+
+
+def copy_run(workdir, src: str, dst: str, drop=()):
+    """A stopped run to resume: a copy of ``src`` without Ray's bookkeeping of the original name."""
+    run = workdir / "runs" / dst
+    shutil.copytree(workdir / "runs" / src, run)
+    (run / "checkpoint_manager_snapshot.json").unlink()
+    for name in drop:
+        shutil.rmtree(run / name)
+    return run
+
+
+def test_incomplete_checkpoint_is_skipped_for_the_previous_one(baseline, workdir, capfd):
+    run = copy_run(workdir, "base", "partial")
+    (run / "checkpoint_0000008" / "__1_0.distcp").unlink()  # one rank's shard never arrived
+    summary = run_training(config(workdir, "partial"), resume=str(run))
+    assert "skipping incomplete checkpoint" in capfd.readouterr().err
+    assert summary["resumes"][0]["step"] == 6
+    got = losses(workdir, "partial")
+    assert sorted(got) == [7, 8]
+    for step in (7, 8):
+        assert got[step] == pytest.approx(baseline[step], abs=1e-5)
+
+
+def test_resume_at_a_different_world_size(baseline, workdir):
+    # the run stopped after its checkpoint of step 4; continue at 1 worker with the same global batch
+    run = copy_run(workdir, "base", "reshard", drop=("checkpoint_0000006", "checkpoint_0000008"))
+    summary = run_training(config(workdir, "reshard", "train.num_workers=1", "train.grad_accum_steps=4"), resume=str(run))
+    assert summary["resumes"][0] == {"step": 4, "from_world_size": 2, "world_size": 1}
+    got = losses(workdir, "reshard")
+    assert sorted(got) == [5, 6, 7, 8]
+    for step in range(5, 9):
+        assert got[step] == pytest.approx(baseline[step], abs=1e-4), step
