@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from rayft.config import ConfigError, dump_config, load_config
 
@@ -29,11 +30,16 @@ SetOpt = Annotated[
 ]
 
 
+def _error(label: str, err: BaseException) -> None:
+    """Print an error without interpreting its text as Rich markup (paths like ``[/a/b.cc:5]``)."""
+    console.print(Text.assemble((label, "bold red"), ": ", str(err)), highlight=False)
+
+
 def _load(path: Path, overrides: list[str] | None):
     try:
         return load_config(path, overrides or [])
     except ConfigError as e:
-        console.print(f"[bold red]config error[/]: {e}", markup=True, highlight=False)
+        _error("config error", e)
         raise typer.Exit(2) from None
 
 
@@ -59,7 +65,7 @@ def train(
     try:
         run_training(cfg, resume=resume, console=console)
     except TrainError as e:
-        console.print(f"[bold red]error[/]: {e}", highlight=False)
+        _error("error", e)
         raise typer.Exit(1) from None
 
 
@@ -75,7 +81,7 @@ def export(
     try:
         path = export_run(run, step=step, out=out)
     except CheckpointError as e:
-        console.print(f"[bold red]error[/]: {e}", highlight=False)
+        _error("error", e)
         raise typer.Exit(1) from None
     console.print(f"exported Hugging Face model to {path}")
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import glob
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from rayft.cluster.spec import ClusterConfig
@@ -75,7 +75,7 @@ class TrainConfig(_Section):
     Global batch (examples) = ``num_workers`` × ``micro_batch_size`` × ``grad_accum_steps``.
     """
 
-    num_workers: int | Literal["auto"] = "auto"
+    num_workers: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
     use_gpu: bool | Literal["auto"] = "auto"
     cpus_per_worker: float = Field(default=1, gt=0)
     micro_batch_size: int = Field(default=8, ge=1)
@@ -153,6 +153,22 @@ class RayftConfig(_Section):
 
 
 # --------------------------------------------------------------------------- loading
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (YAML would keep the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (lines {seen[key]} and {line})", key_node.start_mark
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
 
 
 def _line_of(path: Path, loc: tuple[Any, ...]) -> int | None:
@@ -252,7 +268,9 @@ def load_config(path: str | os.PathLike[str], overrides: list[str] | None = None
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{p}: cannot read config: {e}") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+    except RecursionError:
+        raise ConfigError(f"{p}: config nested too deeply") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -71,7 +71,8 @@ def test_sigkill_of_a_worker_costs_at_most_one_checkpoint_interval(baseline, wor
         while not ckpt.exists() and time.time() < deadline:
             time.sleep(0.2)
         time.sleep(1.0)  # into step 5
-        workers = [p for p in psutil.process_iter(["cmdline"]) if "ray::RayTrainWorker" in " ".join(p.info["cmdline"] or [])]
+        # only this test's workers: descendants of this process (it started the embedded Ray)
+        workers = [p for p in psutil.Process().children(recursive=True) if "ray::RayTrainWorker" in " ".join(p.cmdline())]
         if workers:
             os.kill(workers[-1].pid, signal.SIGKILL)
             killed.append(workers[-1].pid)

@@ -113,3 +113,22 @@ def test_cli_config_show(tmp_path):
     assert "lr: 0.5" in r.output and "micro_batch_size: 8" in r.output
     bad = CliRunner().invoke(app, ["config", "show", str(write(tmp_path, "data: {train_files: [x], foo: 1}\n", "bad.yaml"))])
     assert bad.exit_code == 2 and "data.foo" in bad.output
+
+
+def test_duplicate_keys_are_errors_with_both_lines(tmp_path):
+    p = write(tmp_path, "data:\n  train_files: [x.json]\n  seq_len: 100\n  seq_len: 200\n")
+    with pytest.raises(ConfigError, match=r"duplicate key 'seq_len' \(lines 3 and 4\)"):
+        load_config(p)
+
+
+@pytest.mark.parametrize("value", ["0", "-3"])
+def test_num_workers_must_be_positive(tmp_path, value):
+    p = write(tmp_path, f"data:\n  train_files: [x.json]\ntrain:\n  num_workers: {value}\n")
+    with pytest.raises(ConfigError, match=r"train\.num_workers"):
+        load_config(p)
+
+
+def test_absurd_nesting_is_a_config_error(tmp_path):
+    p = write(tmp_path, "data:\n  train_files: [x.json]\nmodel:\n  config_overrides:\n    x: " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        load_config(p)

@@ -85,3 +85,58 @@ def test_missing_files_and_globs(tmp_path):
     write(tmp_path, "a.json", "[" + GOOD + "]")
     assert [p.name for p in expand_files([str(tmp_path)])] == ["a.json", "b.jsonl"]
     assert len(load_conversations([str(tmp_path / "*.json*")])) == 2
+
+
+@pytest.mark.parametrize(
+    "content,reason",
+    [
+        ('{"instruction": "a", "output": "b", "n": ' + "9" * 5000 + "}\n", r":1: invalid JSON value: Exceeds the limit"),
+        ('{"instruction": "a", "output": "b", "x": ' + "[" * 100000 + "]" * 100000 + "}\n", r":1: invalid JSON value: nested too deeply"),
+        ('{"instruction": "a\\ud800", "output": "b"}\n', r":1: instruction holds invalid Unicode \(surrogates not allowed, e\.g\. a lone \\ud800"),
+        ('{"instruction": "a", "output": "  \\n"}\n', r":1: assistant turn 1 is empty"),
+        ('{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": []}]}\n', r":1: messages\[1\] has unsupported key\(s\) \['tool_calls'\]"),
+        ('{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "weight": 0}]}\n', r":1: messages\[1\] has unsupported key\(s\) \['weight'\]"),
+        ('{"messages": [{"role": "user", "content": "q"}, {"role": "system", "content": "s"}, {"role": "assistant", "content": "a"}]}\n', r":1: messages\[1\] is a system turn after the first message"),
+        ('{"tools": [], "messages": []}\n', r":1: 'tools' \(function calling\) is not supported yet"),
+        ('{"instruction": "a", "output": "b", "history": [["q"]]}\n', r":1: history\[0\] must be a \[user, assistant\] pair"),
+    ],
+)
+def test_more_bad_records(tmp_path, content, reason):
+    p = write(tmp_path, "bad.jsonl", content)
+    with pytest.raises(DataError, match=str(p).replace(".", r"\.") + reason):
+        load_conversations([str(p)])
+
+
+def test_alpaca_history_becomes_earlier_turns(tmp_path):
+    p = write(tmp_path, "h.jsonl", '{"instruction": "i", "input": "x", "output": "o", "system": "s", "history": [["q1", "a1"], ["q2", "a2"]]}\n')
+    (conv,) = load_conversations([str(p)])
+    assert [m["role"] for m in conv.messages] == ["system", "user", "assistant", "user", "assistant", "user", "assistant"]
+    assert [m["content"] for m in conv.messages] == ["s", "q1", "a1", "q2", "a2", "i\nx", "o"]
+
+
+def test_pretty_printed_single_object_json_file(tmp_path):
+    p = write(tmp_path, "one.json", '{\n  "instruction": "a",\n  "output": "b"\n}\n')
+    (conv,) = load_conversations([str(p)])
+    assert conv.source == f"{p}:1" and conv.messages[-1]["content"] == "b"
+
+
+def test_directories_compressed_and_duplicate_files(tmp_path):
+    d = tmp_path / "d"
+    d.mkdir()
+    write(d, "A.JSONL", GOOD + "\n")
+    write(d, "notes.txt", "ignored: not data")
+    assert [p.name for p in expand_files([str(d)])] == ["A.JSONL"]
+    gz = d / "z.jsonl.gz"
+    gz.write_bytes(gzip.compress((GOOD + "\n").encode()))
+    with pytest.raises(DataError, match=r"holds \['z\.jsonl\.gz'\]: compressed or columnar files are not supported yet"):
+        expand_files([str(d)])
+    with pytest.raises(DataError, match=r"z\.jsonl\.gz: compressed or columnar files are not supported yet"):
+        expand_files([str(gz)])
+    gz.unlink()
+    with pytest.raises(DataError, match=r"A\.JSONL: listed more than once"):
+        expand_files([str(d), str(d / "A.JSONL")])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match=r"empty: directory has no \.json or \.jsonl file"):
+        expand_files([str(tmp_path / "empty")])
+    literal = write(tmp_path, "we[ir]d.jsonl", GOOD + "\n")
+    assert expand_files([str(literal)]) == [literal]

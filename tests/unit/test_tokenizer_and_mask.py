@@ -95,3 +95,15 @@ def test_truncation_drops_examples_without_trainable_tokens_and_counts(qwen_toke
     assert len(ds) == 2 and ds.dropped_no_trainable == 1 and ds.truncated == 2
     assert ds.lengths().tolist()[0] == 64
     assert np.diff(ds.offsets).sum() == len(ds.tokens) == len(ds.trainable)
+
+
+def test_conversation_starting_with_an_assistant_turn_trains_only_that_reply(qwen_tokenizer):
+    ex = tokenize_conversation(qwen_tokenizer, Conversation(({"role": "assistant", "content": "x"},), "t:1"))
+    assert qwen_tokenizer.decode(ex.input_ids[ex.trainable]) == "x<|im_end|>"
+
+
+def test_leading_newlines_of_a_reply_are_trained(qwen_tokenizer):
+    msgs = ({"role": "user", "content": "q"}, {"role": "assistant", "content": "\n\nHello"})
+    ex = tokenize_conversation(qwen_tokenizer, Conversation(msgs, "t:1"))
+    trained = qwen_tokenizer.decode(ex.input_ids[ex.trainable])
+    assert trained.endswith("\n\nHello<|im_end|>") and "user" not in trained

@@ -5,9 +5,14 @@ Readers keep the file and line of every record so that each bad record is report
 and ``.jsonl`` (one object per line). Supported record formats:
 
 * ``messages``: ``{"messages": [{"role": "system"|"user"|"assistant", "content": str}, ...]}``
-* ``alpaca``: ``{"instruction": str, "input": str (optional), "output": str, "system": str (optional)}``
-  rendered as an optional system turn, a user turn ``instruction`` (+ ``"\\n"`` + ``input`` when
-  non-empty) and an assistant turn ``output`` (the Stanford Alpaca / LLaMA-Factory convention).
+* ``alpaca``: ``{"instruction": str, "input": str (optional), "output": str, "system": str (optional),
+  "history": [[user, assistant], ...] (optional)}`` rendered as an optional system turn, the history
+  turns, a user turn ``instruction`` (+ ``"\\n"`` + ``input`` when non-empty) and an assistant turn
+  ``output`` (the Stanford Alpaca / LLaMA-Factory convention).
+
+Refused, with ``file:line`` and the reason: invalid JSON or UTF-8 (or lone surrogates), a record
+that is not an object, unknown roles or message keys, empty conversations, no assistant turn, an
+empty assistant turn, a system turn after the first message, and wrong types.
 """
 
 from __future__ import annotations
@@ -35,24 +40,44 @@ class Conversation:
     source: str
 
 
+DATA_SUFFIXES = (".json", ".jsonl")
+UNSUPPORTED_SUFFIXES = (".gz", ".zst", ".bz2", ".xz", ".parquet", ".arrow", ".csv")
+
+
 def expand_files(patterns: list[str]) -> list[Path]:
-    """Files named by paths, globs and directories (``*.json``/``*.jsonl`` inside), in sorted order.
+    """Files named by paths, globs and directories (their ``*.json``/``*.jsonl`` files, any case),
+    in sorted order, each once.
 
     Raises:
-        DataError: a pattern that matches nothing, or a remote URI (not supported yet).
+        DataError: a pattern that matches nothing, a remote URI or a compressed/columnar file (not
+            supported by this reader yet), a directory holding such files, or a file listed twice.
     """
     out: list[Path] = []
     for pat in patterns:
         if "://" in pat:
             raise DataError(f"{pat}: remote URIs are not supported by this reader yet; copy the file locally")
         if os.path.isdir(pat):
-            found = sorted(p for p in Path(pat).iterdir() if p.suffix in (".json", ".jsonl"))
+            files = sorted(p for p in Path(pat).iterdir() if p.is_file())
+            bad = [p.name for p in files if p.suffix.lower() in UNSUPPORTED_SUFFIXES]
+            if bad:
+                raise DataError(f"{pat}: holds {bad[:3]}: compressed or columnar files are not supported yet (decompress or convert to JSONL)")
+            found = [p for p in files if p.suffix.lower() in DATA_SUFFIXES]
+            if not found:
+                raise DataError(f"{pat}: directory has no .json or .jsonl file (data.train_files)")
         else:
-            found = sorted(Path(p) for p in glob.glob(pat)) if glob.has_magic(pat) else [Path(pat)]
-            found = [p for p in found if p.exists()]
-        if not found:
-            raise DataError(f"{pat}: no such data file (data.train_files)")
+            found = sorted(Path(p) for p in glob.glob(pat)) if glob.has_magic(pat) and not os.path.exists(pat) else [Path(pat)]
+            found = [p for p in found if p.is_file()]
+            if not found:
+                raise DataError(f"{pat or repr(pat)}: no such data file (data.train_files)")
+            for p in found:
+                if p.suffix.lower() in UNSUPPORTED_SUFFIXES:
+                    raise DataError(f"{p}: compressed or columnar files are not supported yet (decompress or convert to JSONL)")
         out.extend(found)
+    seen: set[Path] = set()
+    for p in out:
+        if p.resolve() in seen:
+            raise DataError(f"{p}: listed more than once in data.train_files (its records would be trained twice)")
+        seen.add(p.resolve())
     return out
 
 
@@ -91,6 +116,25 @@ def read_records(path: Path) -> Iterator[tuple[int, object]]:
     starts = _line_index(text)
     stripped = text.lstrip()
     dec = json.JSONDecoder()
+
+    def decode(s: str, pos: int, line_of_pos) -> tuple[object, int]:
+        try:
+            return dec.raw_decode(s, pos)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{line_of_pos(e.pos)}: invalid JSON: {e.msg} (column {e.colno})") from None
+        except (ValueError, RecursionError) as e:  # e.g. integers over 4300 digits, absurd nesting
+            kind = "nested too deeply" if isinstance(e, RecursionError) else str(e).split(";")[0]
+            raise DataError(f"{path}:{line_of_pos(pos)}: invalid JSON value: {kind}") from None
+
+    if path.suffix.lower() == ".json" and stripped.startswith("{") and "\n" in stripped.strip():
+        # one JSON object spread over several lines (a pretty-printed single record)?
+        try:
+            value, end = dec.raw_decode(text, len(text) - len(stripped))
+        except (ValueError, RecursionError):
+            value, end = None, -1
+        if isinstance(value, dict) and not text[end:].strip():
+            yield _line_of(starts, len(text) - len(stripped)), value
+            return
     if stripped.startswith("["):
         pos = len(text) - len(stripped) + 1
         n = 0
@@ -106,10 +150,7 @@ def read_records(path: Path) -> Iterator[tuple[int, object]]:
                 pos += 1
                 while pos < len(text) and text[pos] in " \t\r\n":
                     pos += 1
-            try:
-                value, end = dec.raw_decode(text, pos)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{_line_of(starts, e.pos)}: invalid JSON: {e.msg}") from None
+            value, end = decode(text, pos, lambda off: _line_of(starts, off))
             yield _line_of(starts, pos), value
             pos, n = end, n + 1
         if text[pos:].strip():
@@ -118,10 +159,7 @@ def read_records(path: Path) -> Iterator[tuple[int, object]]:
     for lineno, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
-        try:
-            value, end = dec.raw_decode(line.strip())
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{lineno}: invalid JSON: {e.msg} (column {e.colno})") from None
+        value, end = decode(line.strip(), 0, lambda _off, n=lineno: n)
         if line.strip()[end:].strip():
             raise DataError(f"{path}:{lineno}: more than one JSON value on one line")
         yield lineno, value
@@ -135,6 +173,14 @@ def _str_field(rec: dict, key: str, where: str, required: bool) -> str:
         return ""
     if not isinstance(v, str):
         raise DataError(f"{where}: field {key!r} must be a string, got {type(v).__name__}")
+    return _valid_text(v, where, key)
+
+
+def _valid_text(v: str, where: str, field: str) -> str:
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise DataError(f"{where}: {field} holds invalid Unicode ({e.reason}, e.g. a lone \\u{ord(v[e.start]):04x} escape)") from None
     return v
 
 
@@ -147,6 +193,8 @@ def to_conversation(rec: object, where: str, fmt: Format = "auto") -> Conversati
     """
     if not isinstance(rec, dict):
         raise DataError(f"{where}: a record must be a JSON object, got {type(rec).__name__}")
+    if "tools" in rec:
+        raise DataError(f"{where}: 'tools' (function calling) is not supported yet")
     if fmt == "auto":
         if "messages" in rec:
             fmt = "messages"
@@ -161,8 +209,16 @@ def to_conversation(rec: object, where: str, fmt: Format = "auto") -> Conversati
         system = _str_field(rec, "system", where, False)
         user = f"{instruction}\n{inp}" if inp else instruction
         msgs: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
+        history = rec.get("history") or []
+        if not isinstance(history, list):
+            raise DataError(f"{where}: field 'history' must be a list of [user, assistant] pairs")
+        for i, pair in enumerate(history):
+            if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)):
+                raise DataError(f"{where}: history[{i}] must be a [user, assistant] pair of strings")
+            msgs += [{"role": "user", "content": _valid_text(pair[0], where, f"history[{i}][0]")},
+                     {"role": "assistant", "content": _valid_text(pair[1], where, f"history[{i}][1]")}]  # fmt: skip
         msgs += [{"role": "user", "content": user}, {"role": "assistant", "content": output}]
-        return Conversation(tuple(msgs), where)
+        return _checked(Conversation(tuple(msgs), where))
     messages = rec.get("messages")
     if not isinstance(messages, list):
         raise DataError(f"{where}: field 'messages' must be a list, got {type(messages).__name__}")
@@ -172,6 +228,12 @@ def to_conversation(rec: object, where: str, fmt: Format = "auto") -> Conversati
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise DataError(f"{where}: messages[{i}] must be an object, got {type(m).__name__}")
+        extra = set(m) - {"role", "content"}
+        if extra:
+            raise DataError(
+                f"{where}: messages[{i}] has unsupported key(s) {sorted(extra)} "
+                "(tool calls, names and per-turn weights are not supported yet; remove them or convert the record)"
+            )
         role = m.get("role")
         if role is None:
             raise DataError(f"{where}: messages[{i}] has no 'role'")
@@ -180,10 +242,21 @@ def to_conversation(rec: object, where: str, fmt: Format = "auto") -> Conversati
         content = m.get("content")
         if not isinstance(content, str):
             raise DataError(f"{where}: messages[{i}].content must be a string, got {type(content).__name__}")
-        out.append({"role": role, "content": content})
-    if not any(m["role"] == "assistant" for m in out):
-        raise DataError(f"{where}: no assistant turn (nothing to train on)")
-    return Conversation(tuple(out), where)
+        out.append({"role": role, "content": _valid_text(content, where, f"messages[{i}].content")})
+    return _checked(Conversation(tuple(out), where))
+
+
+def _checked(conv: Conversation) -> Conversation:
+    """Reject conversations that would train on nothing, or on empty replies."""
+    roles = [m["role"] for m in conv.messages]
+    if "assistant" not in roles:
+        raise DataError(f"{conv.source}: no assistant turn (nothing to train on)")
+    for i, m in enumerate(conv.messages):
+        if m["role"] == "assistant" and not m["content"].strip():
+            raise DataError(f"{conv.source}: assistant turn {i} is empty (training on it teaches empty replies)")
+        if m["role"] == "system" and i > 0:
+            raise DataError(f"{conv.source}: messages[{i}] is a system turn after the first message")
+    return conv
 
 
 def load_conversations(patterns: list[str], fmt: Format = "auto") -> list[Conversation]:

@@ -1,11 +1,9 @@
 """Chat conversations ─► token ids + loss mask.
 
 The conversation is rendered once with the tokenizer's chat template. The characters that belong
-to each assistant turn are found by rendering prefixes of the conversation: turn *i* spans from the
-end of ``render(messages[:i], add_generation_prompt=True)`` to the end of
-``render(messages[:i+1])`` with trailing whitespace removed, so the turn's content and its
-end-of-turn token (``<|im_end|>`` in ChatML) are trained, and the newline the template puts after it
-is not. A token is trainable when its first character lies in an assistant span. Masking by
+to each assistant turn are found by rendering prefixes of the conversation (see
+:func:`assistant_char_spans`), so the turn's content and its end-of-turn token (``<|im_end|>`` in
+ChatML) are trained, and the role header and the newline the template puts after the turn are not. A token is trainable when any of its characters lies in an assistant span. Masking by
 character offsets, never by token id, matters: Qwen's pad and eos share an id.
 """
 
@@ -27,23 +25,30 @@ class TokenizedExample:
     source: str
 
 
+_SENTINEL = "RAYFTSPAN7f3a"
+
+
 def assistant_char_spans(tokenizer, messages: list[dict[str, str]], text: str, where: str) -> list[tuple[int, int]]:
     """Character spans ``[start, end)`` of each assistant turn inside ``text`` (the full render).
 
+    Turn *i* starts where its content starts: the position of a sentinel rendered in place of the
+    content after ``messages[:i]``. It ends at the end of ``render(messages[:i+1])`` with trailing
+    whitespace removed, so the end-of-turn token is included and the newline after it is not.
+
     Raises:
-        DataError: when the template does not render prefixes of the conversation as prefixes of
-            the full text (such templates cannot be masked this way).
+        DataError: when the template does not render conversation prefixes as prefixes of the
+            full text (such templates cannot be masked this way).
     """
     spans = []
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        before = tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True) if i else ""
+        probe = tokenizer.apply_chat_template([*messages[:i], {"role": "assistant", "content": _SENTINEL}], tokenize=False)
+        start = probe.find(_SENTINEL)
         upto = tokenizer.apply_chat_template(messages[: i + 1], tokenize=False)
-        if not text.startswith(upto) or not upto.startswith(before):
+        if start < 0 or not text.startswith(probe[:start]) or not text.startswith(upto):
             raise DataError(f"{where}: the chat template does not render conversation prefixes as text prefixes")
-        end = len(upto.rstrip())
-        spans.append((len(before), end))
+        spans.append((start, len(upto.rstrip())))
     return spans
 
 
@@ -54,10 +59,12 @@ def tokenize_conversation(tokenizer, conv: Conversation) -> TokenizedExample:
     spans = assistant_char_spans(tokenizer, messages, text, conv.source)
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids = np.asarray(enc["input_ids"], dtype=np.int32)
-    starts = np.asarray([s for s, _ in enc["offset_mapping"]], dtype=np.int64)
+    offsets = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
+    starts, ends = offsets[:, 0], offsets[:, 1]
     trainable = np.zeros(len(ids), dtype=bool)
     for s, e in spans:
-        trainable |= (starts >= s) & (starts < e)
+        trainable |= (ends > s) & (starts < e)  # any overlap: a token merging the header's newline
+        # with leading newlines of the reply is trained too
     return TokenizedExample(ids, trainable, conv.source)
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.text import Text
 from rich.table import Table
 
 from rayft.config import RayftConfig, dump_config
@@ -151,7 +152,7 @@ def run_training(cfg: RayftConfig, resume: str | None = None, console: Console |
         done = find_checkpoints(run_dir) if "://" not in run_dir else []
         for d in sorted(Path(run_dir).glob("checkpoint_*")) if "://" not in run_dir else []:
             if not is_complete(d):
-                console.print(f"[yellow]warning[/]: skipping incomplete checkpoint {d} (interrupted save?)", highlight=False)
+                console.print(Text.assemble(("warning", "yellow"), f": skipping incomplete checkpoint {d} (interrupted save?)"))
         if done:
             resume_from = str(done[-1][1])
             console.print(f"resuming {run_dir} from its checkpoint of step {done[-1][0]}", highlight=False)
@@ -237,7 +238,8 @@ def _show_progress(th: threading.Thread, queue, total: int, console: Console) ->
                 while history and history[-1]["step"] >= m["step"]:
                     history.pop()
                 history.append(m)
-                info = f"loss {m['loss']:.4f}  {m['tokens_per_s_per_gpu']:,.0f} tok/s/GPU"
+                unit = "GPU" if m["gpu"] != "cpu" else "worker"
+                info = f"loss {m['loss']:.4f}  {m['tokens_per_s_per_gpu']:,.0f} tok/s/{unit}"
                 if m.get("mfu"):
                     info += f"  MFU {100 * m['mfu']:.1f}%"
                 bar.update(task, completed=m["step"], info=info)
@@ -274,7 +276,7 @@ def _summary(history: list[dict], extra: dict, run_dir: str, total: int, console
     t.add_row("run", run_dir)
     t.add_row("steps", f"{last['step']}/{total}")
     t.add_row("loss", f"{history[0]['loss']:.4f} → {last['loss']:.4f}")
-    t.add_row("tokens/s/GPU (median)", f"{med:,.0f}")
+    t.add_row(f"tokens/s/{'GPU' if last['gpu'] != 'cpu' else 'worker'} (median)", f"{med:,.0f}")
     if summary["median_mfu"] is not None:
         t.add_row("MFU (median)", f"{100 * summary['median_mfu']:.1f}% of {last['peak_flops'] / 1e12:.0f} TFLOP/s")
     if summary["peak_mem_gib"]:
