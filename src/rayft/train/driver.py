@@ -104,6 +104,52 @@ def resolve_workers(cfg: RayftConfig) -> tuple[int, bool]:
     return n, use_gpu
 
 
+def nodes_missing_storage(storage_path: str) -> list[str]:
+    """Addresses of live Ray nodes that cannot see ``storage_path`` (a local path).
+
+    A marker with a random token is written from one node and read back on every other node, so a
+    node-local directory that merely exists everywhere is told apart from a shared file system.
+    Returns ``[]`` for URIs (``s3://``) and single-node clusters.
+    """
+    import uuid
+
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    if "://" in storage_path or len(nodes) <= 1:
+        return []
+    token = uuid.uuid4().hex
+    marker = os.path.join(os.path.abspath(storage_path), f".rayft-shared-{token}")
+
+    @ray.remote(num_cpus=0)
+    def probe(path: str, action: str) -> bool:
+        if action == "write":
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                f.write(token)
+            return True
+        if action == "remove":
+            os.remove(path)
+            return True
+        try:
+            with open(path) as f:
+                return f.read() == token
+        except OSError:
+            return False
+
+    def on(node):
+        return probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False))
+
+    first, rest = nodes[0], nodes[1:]
+    ray.get(on(first).remote(marker, "write"))
+    try:
+        seen = ray.get([on(n).remote(marker, "read") for n in rest])
+    finally:
+        ray.get(on(first).remote(marker, "remove"))
+    return [n["NodeManagerAddress"] for n, ok in zip(rest, seen) if not ok]
+
+
 def run_dir_of(cfg: RayftConfig, name: str) -> str:
     sp = cfg.checkpoint.storage_path
     return f"{sp.rstrip('/')}/{name}" if "://" in sp else str(Path(sp).resolve() / name)
@@ -126,6 +172,13 @@ def run_training(cfg: RayftConfig, resume: str | None = None, console: Console |
     tokenizer, tok_name, ds = prepare_dataset(cfg, console)
     where = connect_ray(cfg)
     n_workers, use_gpu = resolve_workers(cfg)
+    blind = nodes_missing_storage(cfg.checkpoint.storage_path)
+    if blind:
+        raise TrainError(
+            f"checkpoint.storage_path={cfg.checkpoint.storage_path} is node-local: Ray nodes {', '.join(blind)} cannot "
+            "see it, so checkpoints could not be resumed there. Use a file system mounted on every node "
+            "(e.g. FSx for Lustre at /fsx) or an s3://bucket/prefix URI."
+        )
     if resume:
         name = Path(resume).name
         if os.sep in resume or "://" in resume:
