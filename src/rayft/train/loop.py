@@ -9,8 +9,10 @@ fewer rows at the end of an epoch) are therefore weighted correctly.
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import tempfile
 import time
 from typing import Any
 
@@ -76,22 +78,8 @@ def train_func(loop_config: dict[str, Any]) -> None:
     gpu_name, peak = gpu_peak_flops(device)
 
     progress = loop_config.get("progress")
-    start_step = 0
-    # Ray Train's latest checkpoint after a worker-group restart; else the one `--resume` chose.
-    latest = ray.train.get_checkpoint()
-    resume_dir = ckpt_lib.resolve_resume_dir(latest.path if latest else loop_config.get("resume_from"), loop_config["run_dir"])
-    if resume_dir is not None:
-        state = ckpt_lib.load_sharded(model, optimizer, resume_dir)
-        start_step = int(state["step"])
-        if rank == 0:
-            note = f" (saved at world size {state['world_size']}, resharded to {world} by DCP)" if state["world_size"] != world else ""
-            rows = world * tc.micro_batch_size * tc.grad_accum_steps
-            if state.get("global_batch_rows", rows) != rows:
-                note += (f"; WARNING: the global batch changed from {state['global_batch_rows']} to {rows} rows, so the data "
-                         "order differs from the original run (keep workers × micro_batch_size × grad_accum_steps)")
-            print(f"[rayft] resumed from step {start_step} of {resume_dir}{note}", flush=True)
-            if progress is not None:
-                progress.actor.put_nowait.remote({"resumed": {"step": start_step, "from_world_size": state["world_size"], "world_size": world}})
+    rows_per_step = world * tc.micro_batch_size * tc.grad_accum_steps
+    start_step = resume(model, optimizer, loop_config, rows_per_step)
 
     saver = ckpt_lib.CheckpointWriter(cfg.checkpoint, model_conf)
     if device.type == "cuda":
@@ -167,7 +155,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
             progress.actor.put_nowait.remote(metrics)
         if step_done == total_steps or saver.step_is_due(step_done) or time_vote > 0:
             state = {"step": step_done, "epoch": plan.epoch_of_step[step], "world_size": world, "loss": loss,
-                     "global_batch_rows": world * tc.micro_batch_size * tc.grad_accum_steps,
+                     "global_batch_rows": rows_per_step,
                      "tokenizer": loop_config.get("tokenizer")}  # fmt: skip
             timing = saver.save(model, optimizer, state, metrics)
             if rank == 0 and progress is not None:
@@ -178,6 +166,30 @@ def train_func(loop_config: dict[str, Any]) -> None:
         export_and_verify(model, model_conf, loop_config, ds, cfg, device, rank, progress)
 
 
+def resume(model, optimizer, loop_config: dict[str, Any], rows_per_step: int) -> int:
+    """Collective: load the checkpoint to continue from, if any, and return its step (else 0).
+
+    That is Ray Train's latest checkpoint after a worker-group restart, else the one ``--resume``
+    chose (see :func:`checkpoint.resolve_resume_dir` for incomplete and unregistered ones).
+    """
+    latest = ray.train.get_checkpoint()
+    path = ckpt_lib.resolve_resume_dir(latest.path if latest else loop_config.get("resume_from"), loop_config["run_dir"])
+    if path is None:
+        return 0
+    state = ckpt_lib.load_sharded(model, optimizer, path)
+    world = dist.get_world_size()
+    if dist.get_rank() == 0:
+        note = f" (saved at world size {state['world_size']}, resharded to {world} by DCP)" if state["world_size"] != world else ""
+        if state.get("global_batch_rows", rows_per_step) != rows_per_step:
+            note += (f"; WARNING: the global batch changed from {state['global_batch_rows']} to {rows_per_step} rows, so the "
+                     "data order differs from the original run (keep workers × micro_batch_size × grad_accum_steps)")  # fmt: skip
+        print(f"[rayft] resumed from step {state['step']} of {path}{note}", flush=True)
+        if loop_config.get("progress") is not None:
+            event = {"step": int(state["step"]), "from_world_size": state["world_size"], "world_size": world}
+            loop_config["progress"].actor.put_nowait.remote({"resumed": event})
+    return int(state["step"])
+
+
 def export_and_verify(model, model_conf, loop_config, ds, cfg: RayftConfig, device, rank: int, progress) -> None:
     """Collective: write the HF export from rank 0, then check that the exported model's logits
     equal the trained model's on a fixed batch (the first packed row); report the largest gap."""
@@ -186,12 +198,14 @@ def export_and_verify(model, model_conf, loop_config, ds, cfg: RayftConfig, devi
     from rayft.data.tokenizer import load_tokenizer
 
     sd = ckpt_lib.full_model_state_dict(model)
-    out = os.path.join(loop_config["run_dir"], "hf")
+    run_dir = loop_config["run_dir"]
+    remote = "://" in run_dir
     probe = collate(ds, [[0]], cfg.data.seq_len, loop_config["pad_id"], fixed_len=False)
     model.eval()
     with torch.no_grad():
         ref = model(input_ids=probe["input_ids"].to(device), position_ids=probe["position_ids"].to(device)).logits.float().cpu()
     if rank == 0:
+        out = os.path.join(tempfile.mkdtemp(prefix="rayft-hf-"), "hf") if remote else os.path.join(run_dir, "hf")
         assert tied_embeddings(model) == bool(getattr(model_conf, "tie_word_embeddings", False))
         ckpt_lib.write_hf_model(sd, model_conf, load_tokenizer(loop_config["tokenizer"]), out)
         dtype = torch.bfloat16 if device.type == "cuda" and cfg.parallel.param_dtype == "bfloat16" else torch.float32
@@ -201,9 +215,12 @@ def export_and_verify(model, model_conf, loop_config, ds, cfg: RayftConfig, devi
         diff = (got - ref).abs().max().item()
         info = {"export_dir": out, "export_max_abs_logit_diff": diff, "export_tied": tied_embeddings(hf)}
         with open(os.path.join(out, "rayft_export_check.json"), "w") as f:
-            import json
-
             json.dump(info, f, indent=2)
+        if remote:  # upload to the run directory on object storage
+            import pyarrow.fs
+
+            pyarrow.fs.copy_files(out, f"{run_dir.rstrip('/')}/hf")
+            info["export_dir"] = f"{run_dir.rstrip('/')}/hf"
         if progress is not None:
             progress.actor.put_nowait.remote({"export": info})
     dist.barrier()
