@@ -1,4 +1,5 @@
-"""Cluster lifecycle against the moto server (a real HTTP AWS API emulator on a loopback port).
+"""Cluster lifecycle against the moto server (a real HTTP AWS API emulator on a loopback port
+the OS assigns when it binds: port 0, read back from the server).
 
 AWS state (EKS clusters and node groups, CloudFormation stacks, VPC subnets, instances, quotas)
 lives in moto and is read by the code under test through boto3 over HTTP. eksctl, helm and kubectl
@@ -9,6 +10,8 @@ What moto cannot express is set on its in-process backend (the server runs in th
 a CloudFormation stack in ROLLBACK_COMPLETE, an EKS cluster in CREATING/DELETING. moto 5.2.5 has
 no EC2 Service Quotas (service-quotas knows only `vpc`), so quota values come from a botocore
 Stubber on the service-quotas client only; the "quota unavailable" path runs on moto as it is.
+moto has no capacity-reservation API either: where `down`'s leftover check needs one, that single
+call is answered on the client (:func:`_with_capacity_reservations`), never left to moto's failure.
 """
 
 from __future__ import annotations
@@ -16,13 +19,15 @@ from __future__ import annotations
 import json
 import logging
 import shlex
-import socket
+import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 
 import boto3
 import pytest
 import yaml
+from botocore.awsrequest import AWSResponse
 from botocore.stub import Stubber
 from typer.testing import CliRunner
 
@@ -41,20 +46,16 @@ TRIVIAL_TEMPLATE = json.dumps({"Resources": {"Topic": {"Type": "AWS::SNS::Topic"
 # --------------------------------------------------------------------------- the moto server
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def moto_url():
     from moto.server import ThreadedMotoServer
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=_free_port(), verbose=False)
+    # port 0: the OS picks a free port when the server binds (no pick-free-rebind race)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
+    assert port != 0
     yield f"http://{host}:{port}"
     server.stop()
 
@@ -112,6 +113,25 @@ def _quota_factory(value: float | None, code: str = "L-DB2E81BA"):
                           {"ServiceCode": "ec2", "QuotaCode": code})  # fmt: skip
     stub.activate()
     return lambda service, region: sq if service == "service-quotas" else real(service, region)
+
+
+def _with_capacity_reservations(factory, reservations: list[dict], calls: list[dict]):
+    """``factory``, but its EC2 client answers DescribeCapacityReservations itself with ``reservations``.
+
+    Everything else still goes to moto. (moto 5.2.5 implements no capacity-reservation API; the
+    test must not depend on how it fails.) Each call's parameters are appended to ``calls``.
+    """
+    ec2 = boto3.session.Session().client("ec2", region_name=REGION)
+
+    def params(params, **kw):
+        calls.append(params)
+
+    def answer(**kw):  # botocore: an answer from a before-call handler replaces the HTTP request
+        return AWSResponse(f"{REGION}/stubbed", 200, {}, None), {"CapacityReservations": reservations}
+
+    ec2.meta.events.register("provide-client-params.ec2.DescribeCapacityReservations", params)
+    ec2.meta.events.register("before-call.ec2.DescribeCapacityReservations", answer)
+    return lambda service, region: ec2 if service == "ec2" else factory(service, region)
 
 
 def _backend(service: str):
@@ -207,6 +227,8 @@ class World:
             return self._ok(a)
         if a[:3] == ["helm", "show", "values"]:
             return self._ok(a, yaml.safe_dump({"supportedInstanceLabels": {"values": ["g6.12xlarge", "p5.48xlarge"]}}))
+        if a[:3] == ["kubectl", "get", "daemonsets"]:
+            return self._ok(a, json.dumps({"items": self._daemonsets()}))
         if a[:3] == ["kubectl", "get", "daemonset"]:
             return self._daemonset(a)
         if a[:3] == ["kubectl", "get", "nodes"]:
@@ -235,9 +257,11 @@ class World:
             prv = self.ec2.create_subnet(VpcId=vpc, CidrBlock=f"192.168.{i * 32 + 16}.0/20", AvailabilityZone=az)["Subnet"]["SubnetId"]
             self.ec2.create_tags(Resources=[prv], Tags=[{"Key": "kubernetes.io/role/internal-elb", "Value": "1"}])
             ids += [pub, prv]
+        tags = doc["metadata"].get("tags") or {}  # eksctl puts metadata.tags on the cluster and its stacks
         self.eks.create_cluster(name=name, version=doc["metadata"]["version"], roleArn=f"arn:aws:iam::{ACCOUNT}:role/eks",
-                                resourcesVpcConfig={"subnetIds": ids})  # fmt: skip
-        self.cfn.create_stack(StackName=f"eksctl-{name}-cluster", TemplateBody=TRIVIAL_TEMPLATE)
+                                resourcesVpcConfig={"subnetIds": ids}, tags=tags)  # fmt: skip
+        self.cfn.create_stack(StackName=f"eksctl-{name}-cluster", TemplateBody=TRIVIAL_TEMPLATE,
+                              Tags=[{"Key": k, "Value": v} for k, v in tags.items()])  # fmt: skip
         for ng in doc.get("managedNodeGroups", []):
             self._make_nodegroup(name, ng)
         return self._ok(a)
@@ -276,13 +300,29 @@ class World:
             return self._ok(a)
         return Result(tuple(a), 1, "Error: waiter state transitioned to Failure; InsufficientInstanceCapacity\n", "")
 
+    def _daemonsets(self):
+        """kube-system's DaemonSets: eksctl's EFA plugin (as eksctl names it) and the Helm releases'."""
+        ready = {"status": {"numberReady": self.gpu_nodes}}
+        out = []
+        if self.eksctl_efa_plugin:  # eksctl-io/eksctl pkg/addons/assets/efa-device-plugin.yaml
+            out.append({
+                "metadata": {"name": "aws-efa-k8s-device-plugin-daemonset", "namespace": "kube-system"},
+                "spec": {"template": {"metadata": {"labels": {"name": "aws-efa-k8s-device-plugin"}}, "spec": {"containers": [
+                    {"name": "aws-efa-k8s-device-plugin", "image": "602401143452.dkr.ecr.us-west-2.amazonaws.com/eks/aws-efa-k8s-device-plugin:v0.3.3"},
+                ]}}},
+                **ready,
+            })  # fmt: skip
+        for rel in ("nvidia-device-plugin", "aws-efa-k8s-device-plugin"):
+            if rel in self.releases:
+                out.append({"metadata": {"name": rel, "namespace": "kube-system", "labels": {"app.kubernetes.io/managed-by": "Helm"},
+                                         "annotations": {"meta.helm.sh/release-name": rel}}, **ready})  # fmt: skip
+        return out
+
     def _daemonset(self, a):
         name = a[3]
-        ready = {"status": {"numberReady": self.gpu_nodes}}
-        if name == "aws-efa-k8s-device-plugin" and self.eksctl_efa_plugin:
-            return self._ok(a, json.dumps({"metadata": {"name": name, "labels": {"name": name}}, **ready}))
-        if name == "nvidia-device-plugin" and "nvidia-device-plugin" in self.releases:
-            return self._ok(a, json.dumps({"metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "Helm"}}, **ready}))
+        for ds in self._daemonsets():
+            if ds["metadata"]["name"] == name:
+                return self._ok(a, json.dumps(ds))
         return self._fail(a, f'Error from server (NotFound): daemonsets.apps "{name}" not found')
 
     def _nodes(self, a):
@@ -492,7 +532,11 @@ def test_up_from_nothing_runs_exactly_the_plan_and_a_second_up_is_a_no_op(aws, t
         assert call in plan_text, call
     # eksctl installed the EFA plugin for the efaEnabled group: ours is skipped, never two
     assert "aws-efa-k8s-device-plugin" not in world.releases
-    assert result.addons.skipped["aws-efa-k8s-device-plugin"].startswith("DaemonSet kube-system/aws-efa-k8s-device-plugin already runs")
+    assert result.addons.skipped["aws-efa-k8s-device-plugin"].startswith(
+        "DaemonSet kube-system/aws-efa-k8s-device-plugin-daemonset already runs"
+    )
+    assert result.addons.device_plugin_daemonsets == ["nvidia-device-plugin", "aws-efa-k8s-device-plugin-daemonset"]
+    assert "kubectl get daemonset aws-efa-k8s-device-plugin-daemonset --namespace kube-system --output json" in world.lines
     # the GPU group was pinned to the cluster's private subnet in the chosen AZ
     gpu_doc = yaml.safe_load(world.rendered["eksctl-gpu-nodegroup.yaml"])["managedNodeGroups"][0]
     c = _clients()
@@ -608,7 +652,10 @@ def test_down_reverses_up_and_reports_tagged_leftovers(aws, tmp_path, tools_pres
     stray_id = stray["Instances"][0]["InstanceId"]
     ec2.run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1, InstanceType="g6.12xlarge")  # someone else's
     world.calls.clear()
-    left, errors = eks.down(_ctx(cfg, world, tmp_path))
+    cr_calls: list[dict] = []
+    reservation = {"CapacityReservationId": "cr-0tagged", "InstanceType": "g6.12xlarge", "State": "active"}
+    clients = _with_capacity_reservations(_quota_factory(192.0), [reservation], cr_calls)
+    left, errors = eks.down(_ctx(cfg, world, tmp_path, clients=clients))
     assert world.mutating == [
         "helm uninstall kuberay-operator --namespace kuberay-operator --wait",
         "helm uninstall nvidia-device-plugin --namespace kube-system --wait",
@@ -624,9 +671,27 @@ def test_down_reverses_up_and_reports_tagged_leftovers(aws, tmp_path, tools_pres
     assert eks.cluster_status(c("eks", REGION), "rayft") == eks.NOT_FOUND
     for stack in ("eksctl-rayft-cluster", "eksctl-rayft-nodegroup-system", "eksctl-rayft-nodegroup-gpu-workers"):
         assert eks.stack_status(c("cloudformation", REGION), stack) == eks.NOT_FOUND
-    assert [(x.kind, x.id, x.detail) for x in left] == [("instance", stray_id, "g6.12xlarge")]
-    # moto implements no DescribeCapacityReservations: the check is reported as not run, not skipped silently
-    assert [e.split(":")[0] for e in errors] == ["capacity-reservation"]
+    assert [(x.kind, x.id, x.detail) for x in left] == [
+        ("instance", stray_id, "g6.12xlarge"), ("capacity-reservation", "cr-0tagged", "g6.12xlarge")]  # fmt: skip
+    assert errors == []
+    # asked by each ownership tag, only for reservations that bill
+    assert cr_calls[0]["Filters"] == [{"Name": "tag:rayft.io/cluster", "Values": ["rayft"]},
+                                      {"Name": "state", "Values": ["active", "pending"]}]  # fmt: skip
+    assert len(cr_calls) == 4
+
+
+def test_a_leftover_check_that_cannot_run_is_reported_not_skipped(aws, tmp_path, tools_present):
+    ec2 = boto3.session.Session().client("ec2", region_name=REGION)
+
+    def refuse(**kw):
+        raise cap.ClientError({"Error": {"Code": "UnauthorizedOperation", "Message": "no"}}, "DescribeCapacityReservations")
+
+    ec2.meta.events.register("before-call.ec2.DescribeCapacityReservations", refuse)
+    base = _quota_factory(192.0)
+    left, errors = eks.leftovers(_ctx(_cfg(), World(), tmp_path, clients=lambda s, r: ec2 if s == "ec2" else base(s, r)))
+    assert left == []
+    assert errors == ["capacity-reservation: ClientError: An error occurred (UnauthorizedOperation) when calling "
+                      "the DescribeCapacityReservations operation: no"]  # fmt: skip
 
 
 def test_placement_group_created_once_and_deleted(tmp_path, monkeypatch):
@@ -713,3 +778,152 @@ def test_plan_cli_prints_the_sample_sequence_without_side_effects(aws, tmp_path)
     assert "efaEnabled: true" in out and "- us-east-2a" in out
     assert not (tmp_path / "w").exists()  # nothing written
     assert _clients()("eks", "us-east-2").list_clusters()["clusters"] == []
+
+
+# --------------------------------------------------------------------------- review fixes
+
+
+def test_instance_type_without_efa_stops_up_in_preflight_before_anything_is_created(aws, tmp_path, tools_present):
+    cfg = ClusterConfig.model_validate({"name": "rayft", "instance_type": "g6.4xlarge", "num_nodes": 2,
+                                        "aws": {"region": REGION, "availability_zones": ["us-west-2a", "us-west-2b"]}})  # fmt: skip
+    world, aws_calls = World(), []
+    with pytest.raises(eks.LifecycleError) as ei:
+        eks.up(_ctx(cfg, world, tmp_path, clients=_recording(_quota_factory(192.0), aws_calls)))
+    assert "cluster.efa: g6.4xlarge does not support EFA; set cluster.efa: false" in str(ei.value)
+    assert world.calls == []  # no eksctl, no helm
+    assert set(aws_calls) == {"sts:GetCallerIdentity", "ec2:DescribeInstanceTypes"}  # only the preflight's reads
+    assert eks.cluster_status(_clients()("eks", REGION), "rayft") == eks.NOT_FOUND
+    # and the plan shows that check in the preflight step
+    plan_text = eks.render_plan(eks.plan(cfg))
+    assert plan_text.index("ec2:DescribeInstanceTypes(InstanceTypes=[g6.4xlarge])  # exists, has GPUs, supports EFA") < plan_text.index("## 2.")
+
+
+def test_preflight_reports_every_problem_at_once(aws, tmp_path, monkeypatch):
+    monkeypatch.setattr(eks, "missing_tools", lambda tools=(): ["helm"])
+    cfg = ClusterConfig.model_validate({"instance_type": "m7i.xlarge", "aws": {"region": REGION}})
+    with pytest.raises(eks.LifecycleError) as ei:
+        eks.preflight(_ctx(cfg, World(), tmp_path), instance=True)
+    msg = str(ei.value)
+    assert "missing tools: helm" in msg and "m7i.xlarge has no GPUs" in msg and "does not support EFA" in msg
+    # down/status do not look at the instance type
+    monkeypatch.setattr(eks, "missing_tools", lambda tools=(): [])
+    assert eks.preflight(_ctx(cfg, World(), tmp_path)).shape is None
+
+
+def _foreign_cluster(tags=None):
+    """A cluster made outside rayft (no rayft.io/cluster tag), as `up` would find and reuse it."""
+    _clients()("eks", REGION).create_cluster(name="rayft", roleArn=f"arn:aws:iam::{ACCOUNT}:role/r",
+                                             resourcesVpcConfig={"subnetIds": []}, tags=tags or {"team": "ml"})  # fmt: skip
+
+
+def test_down_refuses_a_cluster_rayft_did_not_create(aws, tmp_path, tools_present):
+    _foreign_cluster()
+    world = World()
+    with pytest.raises(eks.LifecycleError) as ei:
+        eks.down(_ctx(_cfg(), world, tmp_path))
+    msg = str(ei.value)
+    assert "cluster rayft in us-west-2 has no rayft.io/cluster tag" in msg and "--delete-untagged" in msg
+    assert "Nothing was changed" in msg
+    assert world.calls == []
+    assert eks.cluster_status(_clients()("eks", REGION), "rayft") == "ACTIVE"
+
+
+def test_down_refuses_a_cluster_tagged_for_another_rayft_cluster(aws, tmp_path, tools_present):
+    _foreign_cluster({"rayft.io/cluster": "someone-else"})
+    with pytest.raises(eks.LifecycleError, match="has tag rayft.io/cluster=someone-else"):
+        eks.down(_ctx(_cfg(), World(), tmp_path))
+
+
+def test_down_deletes_an_untagged_cluster_only_when_told(aws, tmp_path, tools_present):
+    _foreign_cluster()
+    world, msgs = World(), []
+    eks.down(_ctx(_cfg(), world, tmp_path, messages=msgs), allow_untagged=True)
+    assert "warning: cluster rayft has no rayft.io/cluster tag; deleting it anyway (--delete-untagged)" in msgs
+    assert "eksctl delete cluster --name rayft --region us-west-2 --wait" in world.mutating
+    assert eks.cluster_status(_clients()("eks", REGION), "rayft") == eks.NOT_FOUND
+
+
+def test_down_cli_refuses_untagged_and_names_the_flag(aws, tmp_path, tools_present):
+    from rayft.cli import app
+
+    _foreign_cluster()
+    f = tmp_path / "job.yaml"
+    f.write_text(yaml.safe_dump({"data": {"train_files": ["x.jsonl"]}, "cluster": {"aws": {"region": REGION}}}))
+    res = CliRunner().invoke(app, ["cluster", "down", str(f), "--yes"])
+    assert res.exit_code == 1
+    assert "--delete-untagged" in " ".join(res.output.split())
+    assert eks.cluster_status(_clients()("eks", REGION), "rayft") == "ACTIVE"
+
+
+def test_a_tagged_cluster_is_recognised_by_its_stack_tags_too(aws):
+    c = _clients()
+    c("eks", REGION).create_cluster(name="c2", roleArn=f"arn:aws:iam::{ACCOUNT}:role/r", resourcesVpcConfig={"subnetIds": []})
+    assert eks.cluster_owner(c("eks", REGION), c("cloudformation", REGION), "c2") is None
+    c("cloudformation", REGION).create_stack(StackName="eksctl-c2-cluster", TemplateBody=TRIVIAL_TEMPLATE,
+                                             Tags=[{"Key": "rayft.io/cluster", "Value": "c2"}])  # fmt: skip
+    assert eks.cluster_owner(c("eks", REGION), c("cloudformation", REGION), "c2") == "c2"
+
+
+def _ds(name, labels=None, pod_label=None, image="registry.example/other:1"):
+    tmpl = {"metadata": {"labels": {"name": pod_label}} if pod_label else {}, "spec": {"containers": [{"name": "c", "image": image}]}}
+    return {"metadata": {"name": name, "labels": labels or {}}, "spec": {"template": tmpl}}
+
+
+def test_device_plugins_outside_helm_are_recognised_by_name_label_or_image():
+    from rayft.cluster import addons
+
+    efa, nvidia = addons.EKSCTL_EFA, addons.EKSCTL_NVIDIA
+    eksctl_efa = _ds("aws-efa-k8s-device-plugin-daemonset", pod_label="aws-efa-k8s-device-plugin",
+                     image="602401143452.dkr.ecr.us-west-2.amazonaws.com/eks/aws-efa-k8s-device-plugin:v0.3.3")  # fmt: skip
+    assert addons.foreign_daemonset([eksctl_efa], efa) is eksctl_efa
+    assert addons.foreign_daemonset([eksctl_efa], nvidia) is None
+    assert efa.matches(_ds("aws-efa-k8s-device-plugin-daemonset"))  # by eksctl's name alone
+    assert efa.matches(_ds("aws-efa-k8s-device-plugin"))  # by the chart's name
+    assert efa.matches(_ds("efa-device-plugin-daemonset", pod_label="aws-efa-k8s-device-plugin"))  # renamed, same pods
+    assert efa.matches(_ds("my-efa", image="602401143452.dkr.ecr.us-west-2.amazonaws.com/eks/aws-efa-k8s-device-plugin@sha256:ab"))
+    assert not efa.matches(_ds("aws-node", image="602401143452.dkr.ecr.us-west-2.amazonaws.com/amazon-k8s-cni:v1.19.0"))
+    assert nvidia.matches(_ds("nvidia-device-plugin-daemonset", pod_label="nvidia-device-plugin-ds", image="nvcr.io/nvidia/k8s-device-plugin:v0.19.0"))
+    assert nvidia.matches(_ds("gpu-operator-device-plugin", image="nvcr.io/nvidia/k8s-device-plugin:v0.17.1"))
+    helm = _ds("aws-efa-k8s-device-plugin", labels={"app.kubernetes.io/managed-by": "Helm"})
+    assert addons.foreign_daemonset([helm], efa) is None  # ours, from an earlier `up`
+
+
+def test_eksctls_efa_plugin_is_found_and_waited_for_by_its_real_name(aws):
+    from rayft.cluster import addons
+
+    cfg = ClusterConfig.model_validate({"instance_type": "g6.12xlarge", "aws": {"region": REGION}})
+    world, msgs = World(), []
+    world.eksctl_efa_plugin, world.gpu_nodes = True, 2
+    out = addons.install_addons(world, cfg, say=msgs.append)
+    assert "aws-efa-k8s-device-plugin" not in world.releases and "aws-efa-k8s-device-plugin" not in out.installed
+    assert out.device_plugin_daemonsets == ["nvidia-device-plugin", "aws-efa-k8s-device-plugin-daemonset"]
+    ready = addons.check_ready(world, out.device_plugin_daemonsets, 2, 4, True)
+    assert ready.ready, ready.problems
+    assert world.lines.count("kubectl get daemonsets --namespace kube-system --output json") == 1
+
+
+def test_aws_cli_imports_in_either_order():
+    """rayft.cli imports aws_cli at its end; importing aws_cli first must work too (no circular-import error)."""
+    for first in ("rayft.cluster.aws_cli", "rayft.cli"):
+        code = (f"import {first}; from rayft.cli import app; import typer.main; "
+                "print(sorted(typer.main.get_command(app).commands))")  # fmt: skip
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert "'capacity'" in out.stdout and "'cluster'" in out.stdout
+
+
+def test_capacity_cli_reports_a_cleanup_failure_noted_on_ctrl_c(aws, monkeypatch, tmp_path):
+    from rayft.cli import app
+
+    def interrupted(*a, **kw):
+        e = KeyboardInterrupt()
+        e.add_note("and then: could not cancel probe capacity reservation cr-1 (x); it is billed until cancelled:\n"
+                   "  aws ec2 cancel-capacity-reservation --capacity-reservation-id cr-1 --region us-west-2")  # fmt: skip
+        raise e
+
+    monkeypatch.setattr(cap, "find_capacity", interrupted)
+    f = tmp_path / "job.yaml"
+    f.write_text(yaml.safe_dump({"data": {"train_files": ["x.jsonl"]}, "cluster": {"aws": {"region": REGION}}}))
+    res = CliRunner().invoke(app, ["capacity", str(f), "--probe", "--yes"])
+    assert res.exit_code == 130
+    assert "aws ec2 cancel-capacity-reservation --capacity-reservation-id cr-1 --region us-west-2" in res.output

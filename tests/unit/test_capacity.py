@@ -250,3 +250,57 @@ def test_probe_maps_quota_errors(clients):
     factory, stubs = clients
     _create(stubs["ec2"], "us-west-2a", error="VcpuLimitExceeded")
     assert cap.probe_capacity(factory("ec2", "us-west-2"), "us-west-2", "g6.12xlarge", "us-west-2a", 2) == "quota"
+
+
+def _interrupt_create(client, exc=KeyboardInterrupt):
+    def interrupt(**kw):
+        raise exc  # lands after AWS created it, before we saw its id
+
+    client.meta.events.register("after-call.ec2.CreateCapacityReservation", interrupt)
+
+
+def test_ctrl_c_survives_a_failed_lookup_and_says_how_to_finish_by_hand(clients):
+    factory, stubs = clients
+    ec2 = stubs["ec2"]
+    client = factory("ec2", "us-west-2")
+    _interrupt_create(client)
+    _create(ec2, "us-west-2a", rid="cr-lost")
+    ec2.add_client_error("describe_capacity_reservations", "RequestLimitExceeded", "slow down", expected_params={"Filters": ANY})
+    with pytest.raises(KeyboardInterrupt) as ei:  # the original, not the lookup's ClientError
+        cap.probe_capacity(client, "us-west-2", "g6.12xlarge", "us-west-2a", 2)
+    [note] = ei.value.__notes__
+    assert "RequestLimitExceeded" in note and f"Name=tag:{cap.TAG_PROBE},Values=" in note
+    assert "aws ec2 describe-capacity-reservations --region us-west-2" in note
+    assert "aws ec2 cancel-capacity-reservation --capacity-reservation-id <id> --region us-west-2" in note
+    ec2.assert_no_pending_responses()
+
+
+def test_ctrl_c_survives_a_failed_cancel_and_names_the_reservation(clients):
+    factory, stubs = clients
+    ec2 = stubs["ec2"]
+    client = factory("ec2", "us-west-2")
+    _interrupt_create(client)
+    _create(ec2, "us-west-2a", rid="cr-lost")
+    ec2.add_response("describe_capacity_reservations", {"CapacityReservations": [{"CapacityReservationId": "cr-lost"}]}, {"Filters": ANY})
+    for _ in range(3):
+        ec2.add_client_error("cancel_capacity_reservation", "RequestLimitExceeded", "slow down")
+    with pytest.raises(KeyboardInterrupt) as ei:
+        cap.probe_capacity(client, "us-west-2", "g6.12xlarge", "us-west-2a", 2)
+    [note] = ei.value.__notes__
+    assert "aws ec2 cancel-capacity-reservation --capacity-reservation-id cr-lost --region us-west-2" in note
+
+
+def test_any_other_interruption_propagates_unchanged_after_cleanup(clients):
+    from botocore.exceptions import ReadTimeoutError
+
+    factory, stubs = clients
+    ec2 = stubs["ec2"]
+    client = factory("ec2", "us-west-2")
+    _interrupt_create(client, ReadTimeoutError(endpoint_url="https://ec2.us-west-2.amazonaws.com"))
+    _create(ec2, "us-west-2a", rid="cr-maybe")
+    ec2.add_response("describe_capacity_reservations", {"CapacityReservations": [{"CapacityReservationId": "cr-maybe"}]}, {"Filters": ANY})
+    ec2.add_response("cancel_capacity_reservation", {"Return": True}, {"CapacityReservationId": "cr-maybe"})
+    with pytest.raises(ReadTimeoutError) as ei:
+        cap.probe_capacity(client, "us-west-2", "g6.12xlarge", "us-west-2a", 2)
+    assert not getattr(ei.value, "__notes__", None)  # cleanup worked: nothing to add
+    ec2.assert_no_pending_responses()

@@ -156,3 +156,32 @@ def test_describe_without_credentials_uses_the_catalog(monkeypatch, tmp_path):
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     inst = describe_instance_type("p5en.48xlarge")
     assert inst.origin == "catalog" and inst.max_efa_interfaces == 16
+
+
+def test_one_describe_instance_types_parser_shared_with_capacity(ec2):
+    from rayft.cluster import capacity, instances
+
+    assert capacity.describe_shape is instances.describe_shape and capacity.Shape is instances.Shape
+    g6 = instances.describe_shape(ec2, "g6.12xlarge")
+    assert (g6.vcpus, g6.gpus, g6.efa_supported, g6.max_efa_interfaces, g6.memory_mib) == (48, 4, True, 1, 196608)
+    # a CPU type parses too (capacity needs its vCPUs); instance_from_ec2 still refuses it
+    m7i = instances.describe_shape(ec2, "m7i.xlarge")
+    assert (m7i.vcpus, m7i.gpus, m7i.efa_supported, m7i.max_efa_interfaces) == (4, 0, False, 0)
+
+
+def test_shape_reports_no_efa_interfaces_when_efa_is_unsupported():
+    from rayft.cluster.instances import shape_from_ec2
+
+    item = {"InstanceType": "x1.large", "VCpuInfo": {"DefaultVCpus": 2},
+            "NetworkInfo": {"EfaSupported": False, "EfaInfo": {"MaximumEfaInterfaces": 1}}}  # fmt: skip
+    s = shape_from_ec2(item)
+    assert (s.efa_supported, s.max_efa_interfaces, s.gpus, s.memory_mib) == (False, 0, 0, 0)
+
+
+def test_the_given_region_wins_over_the_sessions(aws_env, monkeypatch):
+    pytest.importorskip("boto3")
+    from rayft.cluster import instances
+
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    assert instances._default_ec2_client("eu-north-1").meta.region_name == "eu-north-1"
+    assert instances._default_ec2_client(None).meta.region_name == "us-east-1"

@@ -336,9 +336,22 @@ def test_no_cluster_section_is_an_error():
 # --------------------------------------------------------------------------- helpers
 
 
-@pytest.mark.parametrize("q, v", [("4", 4), ("500m", Decimal("0.5")), ("160Gi", 160 * 2**30), ("1e3", 1000), ("2k", 2000)])
+@pytest.mark.parametrize("q, v", [
+    ("4", 4), ("500m", Decimal("0.5")), ("160Gi", 160 * 2**30), ("1e3", 1000), ("2k", 2000),
+    ("1E3", 1000), ("1E", 10**18), ("+.5Ki", 512), ("3.", 3),
+])  # fmt: skip
 def test_parse_quantity(q, v):
     assert M.parse_quantity(q) == v
+
+
+def test_one_quantity_pattern_for_the_config_and_the_parser():
+    import re
+
+    from rayft.cluster.spec_kube import QUANTITY_PATTERN
+
+    assert M._QTY.pattern == QUANTITY_PATTERN
+    for q in ("4", "500m", "160Gi", "1e3", "1E", "12 GB", "1e", "Gi", "-1"):  # both accept exactly the same strings
+        assert (re.fullmatch(QUANTITY_PATTERN, q) is not None) == (M._QTY.match(q) is not None), q
 
 
 def test_parse_quantity_rejects_garbage():
@@ -382,6 +395,64 @@ def test_cli_refuses_contradictions_and_writes_nothing(tmp_path):
     assert r.exit_code == 1
     assert "train.num_workers" in r.output
     assert not out.exists()
+
+
+def test_default_image_without_rayft_is_a_warning_with_the_ways_to_provide_it():
+    cfg = cfg_from()
+    m = M.render(cfg)
+    assert M.check(cfg, m) == []  # a warning, not an error
+    [w] = m.warnings
+    assert "rayft train /etc/rayft/config.yaml" in w and "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1" in w
+    assert "cluster.kube.runtime_env: {pip:" in w and "cluster.kube.image" in w
+    assert M.build(cfg, crd_dir=None).warnings == [w]  # build does not refuse it
+
+
+@pytest.mark.parametrize("overrides", [
+    ['cluster.kube.runtime_env={"pip": ["rayft @ s3://bucket/rayft-0.1.0-py3-none-any.whl"]}'],
+    ['cluster.kube.runtime_env={"uv": ["rayft==0.1.0"]}'],
+    ["cluster.kube.image=123456789012.dkr.ecr.us-west-2.amazonaws.com/rayft:0.1.0", "cluster.kube.ray_version=2.58.0"],
+])  # fmt: skip
+def test_no_rayft_warning_when_runtime_env_or_image_provides_it(overrides):
+    cfg = cfg_from(overrides)
+    m = M.render(cfg)
+    M.check(cfg, m)
+    assert m.warnings == []
+
+
+def test_rayproject_image_without_rayft_warns_too():
+    cfg = cfg_from(["cluster.kube.image=rayproject/ray:2.58.0-gpu"])
+    m = M.render(cfg)
+    M.check(cfg, m)
+    assert len(m.warnings) == 1 and "rayproject/ray:2.58.0-gpu does not contain rayft" in m.warnings[0]
+
+
+def test_cli_prints_the_rayft_warning_and_still_writes(tmp_path):
+    from typer.testing import CliRunner
+
+    from rayft.cli import app
+
+    r = CliRunner().invoke(app, ["manifest", str(EXAMPLE), "-o", str(tmp_path), "--no-ec2"])
+    assert r.exit_code == 0, r.output
+    assert "warning" in r.output and "does not contain rayft" in " ".join(r.output.split())
+    assert (tmp_path / "rayjob.yaml").is_file()
+
+
+def test_cli_looks_the_instance_up_in_the_clusters_region(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from rayft.cli import app
+    from rayft.cluster import instances
+
+    seen = {}
+
+    def fake(name, ec2_client=None, *, region=None):
+        seen.update(name=name, region=region)
+        return get_instance(name)
+
+    monkeypatch.setattr(instances, "describe_instance_type", fake)
+    r = CliRunner().invoke(app, ["manifest", str(EXAMPLE), "-o", str(tmp_path), "--set", "cluster.aws.region=eu-north-1"])
+    assert r.exit_code == 0, r.output
+    assert seen == {"name": "g6.12xlarge", "region": "eu-north-1"}
 
 
 def test_notes_for_uri_data_and_a_per_pod_hf_cache():

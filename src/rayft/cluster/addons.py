@@ -2,11 +2,13 @@
 
 - NVIDIA device plugin (advertises ``nvidia.com/gpu``), scheduled on ``role=gpu-worker`` nodes;
   those nodes carry the ``nvidia.com/gpu.present=true`` label its default affinity requires.
-- AWS EFA device plugin (advertises ``vpc.amazonaws.com/efa``). eksctl installs its own copy, a
-  DaemonSet with the same name, for node groups with ``efaEnabled``; when one that Helm does not
-  manage is found, ours is skipped so two never run. The chart only schedules on an explicit
-  instance-type allowlist (read from ``helm show values`` at the pinned version); a type outside
-  it gets a warning.
+- AWS EFA device plugin (advertises ``vpc.amazonaws.com/efa``). eksctl installs its own copy for
+  node groups with ``efaEnabled``: the DaemonSet ``kube-system/aws-efa-k8s-device-plugin-daemonset``
+  (eksctl's pkg/addons/assets/efa-device-plugin.yaml). A device-plugin DaemonSet that Helm does not
+  manage is recognised by its name, its pod label ``name`` or its container image
+  (:data:`EKSCTL_EFA`, :data:`EKSCTL_NVIDIA`); when one is found, our chart is skipped so two never
+  run. The chart only schedules on an explicit instance-type allowlist (read from
+  ``helm show values`` at the pinned version); a type outside it gets a warning.
 - KubeRay operator 1.7.x on the system node group.
 
 Ready means each device-plugin DaemonSet's ready count equals the GPU node count and every GPU
@@ -22,21 +24,65 @@ from typing import Any, Callable
 
 import yaml
 
+from rayft.cluster.instances import EFA_RESOURCE, GPU_RESOURCE
 from rayft.cluster.runner import Result, Runner
 from rayft.cluster.spec import ClusterConfig
 
 GPU_ROLE = "gpu-worker"
 SYSTEM_ROLE = "system"
-GPU_RESOURCE = "nvidia.com/gpu"
-EFA_RESOURCE = "vpc.amazonaws.com/efa"
 
 NVIDIA_REPO = "https://nvidia.github.io/k8s-device-plugin"
 EKS_REPO = "https://aws.github.io/eks-charts"
 KUBERAY_REPO = "https://ray-project.github.io/kuberay-helm/"
 
-#: DaemonSet names eksctl uses for the plugins it installs itself.
-EKSCTL_NVIDIA_DS = "nvidia-device-plugin-daemonset"
-EKSCTL_EFA_DS = "aws-efa-k8s-device-plugin"
+
+
+@dataclass(frozen=True)
+class PluginSignature:
+    """How a device-plugin DaemonSet installed outside Helm (by eksctl, or by hand) is recognised.
+
+    Any one of: its name is in ``names``; its pod template's ``name`` label is ``pod_label``; a
+    container image's repository (the last path part, without tag or digest) is ``image``.
+    """
+
+    names: tuple[str, ...]
+    pod_label: str
+    image: str
+
+    def matches(self, ds: dict[str, Any]) -> bool:
+        """True when the DaemonSet object ``ds`` (kubectl's JSON) is this plugin."""
+        meta = ds.get("metadata") or {}
+        if meta.get("name") in self.names:
+            return True
+        tmpl = (ds.get("spec") or {}).get("template") or {}
+        if ((tmpl.get("metadata") or {}).get("labels") or {}).get("name") == self.pod_label:
+            return True
+        containers = (tmpl.get("spec") or {}).get("containers") or []
+        return any(_image_repo(c.get("image", "")) == self.image for c in containers)
+
+
+def _image_repo(image: str) -> str:
+    """``602401143452.dkr.ecr.us-west-2.amazonaws.com/eks/aws-efa-k8s-device-plugin:v0.3.3`` → ``aws-efa-k8s-device-plugin``."""
+    last = image.split("@", 1)[0].rsplit("/", 1)[-1]
+    return last.split(":", 1)[0]
+
+
+#: eksctl's own plugins (eksctl-io/eksctl pkg/addons/assets/{efa,nvidia}-device-plugin.yaml): the
+#: EFA DaemonSet is ``aws-efa-k8s-device-plugin-daemonset`` (pods labelled
+#: ``name=aws-efa-k8s-device-plugin``); the NVIDIA one ``nvidia-device-plugin-daemonset``. The EFA
+#: chart's own DaemonSet name ``aws-efa-k8s-device-plugin`` is recognised too (e.g. applied from a
+#: rendered chart without Helm).
+EKSCTL_EFA = PluginSignature(
+    names=("aws-efa-k8s-device-plugin-daemonset", "aws-efa-k8s-device-plugin"),
+    pod_label="aws-efa-k8s-device-plugin",
+    image="aws-efa-k8s-device-plugin",
+)
+EKSCTL_NVIDIA = PluginSignature(
+    names=("nvidia-device-plugin-daemonset",),
+    pod_label="nvidia-device-plugin-ds",
+    image="k8s-device-plugin",
+)
+EFA_RELEASE = "aws-efa-k8s-device-plugin"
 
 
 @dataclass(frozen=True)
@@ -95,7 +141,7 @@ def charts(cfg: ClusterConfig) -> list[Chart]:
     if cfg.efa:
         out.append(
             Chart(
-                "aws-efa-k8s-device-plugin", "aws-efa-k8s-device-plugin", EKS_REPO, v.efa_device_plugin, "kube-system",
+                EFA_RELEASE, "aws-efa-k8s-device-plugin", EKS_REPO, v.efa_device_plugin, "kube-system",
                 daemonset="aws-efa-k8s-device-plugin", set_values=gpu_sel, set_json=(("tolerations", _tolerations(cfg)),),
             )
         )  # fmt: skip
@@ -109,6 +155,7 @@ def charts(cfg: ClusterConfig) -> list[Chart]:
 
 
 def kuberay_wait_argv(timeout_s: int = 300) -> list[str]:
+    """``kubectl wait`` until the KubeRay operator Deployment is Available (``timeout_s`` seconds)."""
     return [
         "kubectl", "wait", "--for=condition=Available", "deployment/kuberay-operator",
         "--namespace", "kuberay-operator", f"--timeout={timeout_s}s",
@@ -116,10 +163,17 @@ def kuberay_wait_argv(timeout_s: int = 300) -> list[str]:
 
 
 def daemonset_argv(name: str) -> list[str]:
+    """``kubectl get daemonset NAME`` in kube-system, as JSON (readiness of one plugin)."""
     return ["kubectl", "get", "daemonset", name, "--namespace", "kube-system", "--output", "json"]
 
 
+def daemonsets_argv() -> list[str]:
+    """``kubectl get daemonsets`` in kube-system, as JSON (to find plugins installed outside Helm)."""
+    return ["kubectl", "get", "daemonsets", "--namespace", "kube-system", "--output", "json"]
+
+
 def gpu_nodes_argv() -> list[str]:
+    """``kubectl get nodes`` of the GPU node group (label ``role=gpu-worker``), as JSON."""
     return ["kubectl", "get", "nodes", "--selector", f"role={GPU_ROLE}", "--output", "json"]
 
 
@@ -149,16 +203,25 @@ def _json_or_none(res: Result) -> dict[str, Any] | None:
         return None
 
 
-def foreign_daemonset(runner: Runner, name: str) -> dict[str, Any] | None:
-    """The DaemonSet ``name`` in kube-system when it exists and Helm does not manage it (eksctl's)."""
-    ds = _json_or_none(runner.run(daemonset_argv(name), check=False))
-    if ds is None:
-        return None
+def _helm_managed(ds: dict[str, Any]) -> bool:
     meta = ds.get("metadata") or {}
-    helm = (meta.get("labels") or {}).get("app.kubernetes.io/managed-by") == "Helm" or "meta.helm.sh/release-name" in (
+    return (meta.get("labels") or {}).get("app.kubernetes.io/managed-by") == "Helm" or "meta.helm.sh/release-name" in (
         meta.get("annotations") or {}
     )
-    return None if helm else ds
+
+
+def kube_system_daemonsets(runner: Runner) -> list[dict[str, Any]] | None:
+    """Every DaemonSet in kube-system (kubectl JSON items); None when kubectl could not list them."""
+    doc = _json_or_none(runner.run(daemonsets_argv(), check=False))
+    return None if doc is None else list(doc.get("items") or [])
+
+
+def foreign_daemonset(daemonsets: list[dict[str, Any]], plugin: PluginSignature) -> dict[str, Any] | None:
+    """The first DaemonSet of ``daemonsets`` that is ``plugin`` and that Helm does not manage (eksctl's)."""
+    for ds in daemonsets:
+        if not _helm_managed(ds) and plugin.matches(ds):
+            return ds
+    return None
 
 
 def efa_allowlist(runner: Runner, chart: Chart) -> list[str] | None:
@@ -176,6 +239,8 @@ def efa_allowlist(runner: Runner, chart: Chart) -> list[str] | None:
 
 @dataclass
 class NodeResources:
+    """One node's allocatable GPUs and EFA interfaces (counts)."""
+
     name: str
     instance_type: str
     gpus: int
@@ -183,11 +248,13 @@ class NodeResources:
 
 
 def gpu_node_resources(runner: Runner) -> list[NodeResources]:
+    """Allocatable GPUs/EFA of every GPU node (none when kubectl fails)."""
     doc = _json_or_none(runner.run(gpu_nodes_argv(), check=False)) or {}
-    return [_node_resources(n) for n in doc.get("items", [])]
+    return [node_resources(n) for n in doc.get("items", [])]
 
 
-def _node_resources(n: dict[str, Any]) -> NodeResources:
+def node_resources(n: dict[str, Any]) -> NodeResources:
+    """Name, instance type and allocatable ``nvidia.com/gpu`` / ``vpc.amazonaws.com/efa`` of one node (kubectl JSON)."""
     alloc = (n.get("status") or {}).get("allocatable") or {}
     labels = (n.get("metadata") or {}).get("labels") or {}
     return NodeResources(
@@ -200,6 +267,8 @@ def _node_resources(n: dict[str, Any]) -> NodeResources:
 
 @dataclass
 class Readiness:
+    """The outcome of :func:`check_ready`; ``problems`` says what is missing when not ready."""
+
     ready: bool
     daemonsets: dict[str, int] = field(default_factory=dict)  # name -> numberReady
     nodes: list[NodeResources] = field(default_factory=list)
@@ -235,6 +304,8 @@ def check_ready(runner: Runner, daemonsets: list[str], gpu_nodes: int, gpus_per_
 
 @dataclass
 class AddonOutcome:
+    """What :func:`install_addons` did per release, and the device-plugin DaemonSets to wait for."""
+
     installed: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)  # release -> why
@@ -245,15 +316,35 @@ class AddonOutcome:
 def install_addons(
     runner: Runner, cfg: ClusterConfig, say: Callable[[str], None] = lambda s: None
 ) -> AddonOutcome:
-    """Install or upgrade each chart unless it is already deployed at the pinned version."""
+    """Install or upgrade each chart of :func:`charts` unless it is already deployed at the pinned version.
+
+    A device-plugin chart is skipped when the same plugin already runs outside Helm (eksctl's; see
+    :data:`EKSCTL_EFA`), so two copies never run; :attr:`AddonOutcome.device_plugin_daemonsets`
+    then names that DaemonSet for the readiness check. A type outside the EFA chart's allowlist
+    gives a warning (also passed to ``say``), not an error.
+
+    Raises:
+        rayft.cluster.runner.CommandError: a ``helm upgrade --install`` or ``kubectl wait`` failed.
+    """
     out = AddonOutcome()
+    existing: list[dict[str, Any]] | None = None
     for chart in charts(cfg):
         if chart.daemonset:
-            eksctl_name = EKSCTL_EFA_DS if chart.release == "aws-efa-k8s-device-plugin" else EKSCTL_NVIDIA_DS
-            if foreign_daemonset(runner, eksctl_name) is not None:
-                why = f"DaemonSet kube-system/{eksctl_name} already runs, installed outside Helm (by eksctl)"
+            if existing is None:
+                existing = kube_system_daemonsets(runner)
+                if existing is None:
+                    out.warnings.append(
+                        f"could not list DaemonSets in kube-system ({shlex.join(daemonsets_argv())}); "
+                        "a device plugin installed outside Helm would not be noticed"
+                    )
+                    existing = []
+            plugin = EKSCTL_EFA if chart.release == EFA_RELEASE else EKSCTL_NVIDIA
+            found = foreign_daemonset(existing, plugin)
+            if found is not None:
+                name = (found.get("metadata") or {}).get("name", "?")
+                why = f"DaemonSet kube-system/{name} already runs, installed outside Helm (by eksctl)"
                 out.skipped[chart.release] = why
-                out.device_plugin_daemonsets.append(eksctl_name)
+                out.device_plugin_daemonsets.append(name)
                 say(f"{chart.release}: skipped, {why}; two copies must never run")
                 continue
             out.device_plugin_daemonsets.append(chart.daemonset)
@@ -262,7 +353,7 @@ def install_addons(
             out.unchanged.append(chart.release)
             say(f"{chart.release}: deployed at {version} (unchanged)")
             continue
-        if chart.release == "aws-efa-k8s-device-plugin":
+        if chart.release == EFA_RELEASE:
             allow = efa_allowlist(runner, chart)
             if allow is None:
                 out.warnings.append(f"could not read the EFA chart's instance-type allowlist ({shlex.join(chart.show_values_argv())})")

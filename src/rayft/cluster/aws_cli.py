@@ -1,4 +1,11 @@
-"""`rayft capacity` and `rayft cluster plan|up|status|down`: thin commands over capacity.py and eks.py."""
+"""`rayft capacity` and `rayft cluster plan|up|status|down`: thin commands over capacity.py and eks.py.
+
+The console, the CONFIG argument, ``--set`` and the config loader are rayft.cli's, imported at the
+bottom of this file. rayft.cli imports this module at its very end (``_register_optional``) and
+calls :func:`register`; importing rayft.cli last means that works whichever of the two modules is
+imported first (everything :func:`register` touches already exists; the imported names are only
+used when a command runs).
+"""
 
 from __future__ import annotations
 
@@ -11,14 +18,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rayft.config import ConfigError, load_config
-
-console = Console(stderr=True)
-
-ConfigArg = Annotated[Path, typer.Argument(help="The job's YAML config file (with a cluster: section).")]
-SetOpt = Annotated[
-    Optional[list[str]], typer.Option("--set", "-s", help="Override a key, e.g. --set cluster.num_nodes=4 (repeatable).")
-]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Answer yes to every confirmation.")]
 WorkdirOpt = Annotated[
     Optional[Path], typer.Option(help="Where rendered eksctl files go (default: .rayft/<cluster name> beside the config).")
@@ -26,11 +25,7 @@ WorkdirOpt = Annotated[
 
 
 def _cluster(path: Path, overrides: list[str] | None):
-    try:
-        cfg = load_config(path, overrides or [])
-    except ConfigError as e:
-        console.print(f"[bold red]config error[/]: {e}", highlight=False)
-        raise typer.Exit(2) from None
+    cfg = _load(path, overrides)  # exit 2 on a config error
     if cfg.cluster is None:
         console.print(f"[bold red]config error[/]: {path}: no `cluster:` section; add one to use EKS", highlight=False)
         raise typer.Exit(2)
@@ -59,9 +54,16 @@ def _context(cluster, workdir: Path, yes: bool):
     )  # fmt: skip
 
 
-def _fail(e: BaseException) -> None:
-    console.print(f"[bold red]error[/]: {escape(str(e))}", highlight=False)
-    raise typer.Exit(1) from None
+def _notes(e: BaseException) -> str:
+    """What was attached to ``e`` while handling it (e.g. a failed cleanup), one line per note."""
+    return "".join(f"\n{n}" for n in getattr(e, "__notes__", ()))
+
+
+def _fail(e: BaseException, code: int = 1) -> None:
+    text = str(e) or ("interrupted" if isinstance(e, KeyboardInterrupt) else type(e).__name__)
+    # soft_wrap: never break a line, so printed commands stay copy-pasteable
+    console.print(f"[bold red]error[/]: {escape(text + _notes(e))}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code) from None
 
 
 def _errors() -> tuple[type[BaseException], ...]:
@@ -104,6 +106,8 @@ def capacity(
         )  # fmt: skip
     except _errors() as e:
         _fail(e)
+    except KeyboardInterrupt as e:  # the probe cancelled its reservation first; its notes say if it could not
+        _fail(e, 130)
     shape = report.shape
     title = f"{c.num_nodes} × {c.instance_type} ({c.aws.capacity_type})"
     if shape:
@@ -204,15 +208,29 @@ def cluster_status(config: ConfigArg, set_: SetOpt = None) -> None:
 
 
 @cluster_app.command("down")
-def cluster_down(config: ConfigArg, set_: SetOpt = None, yes: YesOpt = False) -> None:
-    """Remove add-ons, node groups and the cluster (reverse order); report billable leftovers by tag."""
+def cluster_down(
+    config: ConfigArg,
+    set_: SetOpt = None,
+    yes: YesOpt = False,
+    delete_untagged: Annotated[
+        bool,
+        typer.Option(
+            "--delete-untagged",
+            help="Also delete a cluster that lacks the rayft.io/cluster=<name> tag, i.e. one rayft did not create.",
+        ),
+    ] = False,
+) -> None:
+    """Remove add-ons, node groups and the cluster (reverse order); report billable leftovers by tag.
+
+    Refuses a cluster not tagged rayft.io/cluster=<name> (one `up` only reused) unless --delete-untagged.
+    """
     from rayft.cluster.eks import down
 
     c = _cluster(config, set_)
     if not yes and not typer.confirm(f"Delete cluster {c.name} in {c.aws.region} and everything `up` created?", default=False, err=True):
         raise typer.Exit(1)
     try:
-        left, errors = down(_context(c, _workdir(config, c.name, None), yes))
+        left, errors = down(_context(c, _workdir(config, c.name, None), yes), allow_untagged=delete_untagged)
     except _errors() as e:
         _fail(e)
     for e in errors:
@@ -229,3 +247,7 @@ def register(app: typer.Typer) -> None:
     """Attach `capacity` and the `cluster` sub-app to the rayft CLI."""
     app.command("capacity")(capacity)
     app.add_typer(cluster_app, name="cluster")
+
+
+# Last, on purpose: see the module docstring (rayft.cli imports this module and calls register()).
+from rayft.cli import ConfigArg, SetOpt, _load, console  # noqa: E402

@@ -30,6 +30,9 @@ from typing import Any, Callable, Iterator
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+# The one DescribeInstanceTypes parser lives in instances.py; capacity uses (and re-exports) it.
+from rayft.cluster.instances import Shape, describe_shape  # noqa: F401 - re-exported
+
 TAG_CLUSTER = "rayft.io/cluster"
 TAG_PROBE = "rayft.io/capacity-probe"
 
@@ -94,6 +97,11 @@ def instance_family(instance_type: str) -> str:
 
 
 def quota_family(instance_type: str) -> QuotaFamily:
+    """The EC2 vCPU quota family ``instance_type`` counts against.
+
+    Raises:
+        ValueError: not an instance type, or a family with no known quota.
+    """
     for fam in QUOTA_FAMILIES:
         if fam.covers(instance_type):
             return fam
@@ -167,31 +175,7 @@ def quota_increase_command(region: str, code: str, desired_vcpus: int) -> str:
     )  # fmt: skip
 
 
-# --------------------------------------------------------------------------- shape and offerings
-
-
-@dataclass(frozen=True)
-class Shape:
-    """What EC2 says about an instance type (DescribeInstanceTypes)."""
-
-    instance_type: str
-    vcpus: int
-    gpus: int
-    efa_supported: bool
-    max_efa_interfaces: int
-
-
-def describe_shape(ec2: Any, instance_type: str) -> Shape:
-    it = ec2.describe_instance_types(InstanceTypes=[instance_type])["InstanceTypes"][0]
-    gpus = sum(g.get("Count", 0) for g in (it.get("GpuInfo") or {}).get("Gpus", []))
-    net = it.get("NetworkInfo") or {}
-    return Shape(
-        instance_type=instance_type,
-        vcpus=int(it["VCpuInfo"]["DefaultVCpus"]),
-        gpus=int(gpus),
-        efa_supported=bool(net.get("EfaSupported")),
-        max_efa_interfaces=int((net.get("EfaInfo") or {}).get("MaximumEfaInterfaces", 0)),
-    )
+# --------------------------------------------------------------------------- offerings
 
 
 def offered_azs(ec2: Any, instance_type: str) -> list[str]:
@@ -214,7 +198,11 @@ class ReservationLeak(RuntimeError):
 
 @contextmanager
 def _sigint_deferred() -> Iterator[None]:
-    """Hold Ctrl-C until the block ends (main thread only), then re-raise it."""
+    """Hold Ctrl-C until the block ends (main thread only), then raise it.
+
+    When the block itself raises, that exception propagates and a held Ctrl-C is dropped (it must
+    not hide, e.g., a :class:`ReservationLeak` that carries the manual cancel command).
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -224,11 +212,16 @@ def _sigint_deferred() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, old)
-        if got:
-            raise KeyboardInterrupt
+    if got:
+        raise KeyboardInterrupt
 
 
 def _cancel(ec2: Any, region: str, rid: str, attempts: int = 3) -> None:
+    """Cancel reservation ``rid`` (already gone counts as done), retrying ``attempts`` times.
+
+    Raises:
+        ReservationLeak: every attempt failed; the message has the manual cancel command.
+    """
     last = ""
     for _ in range(attempts):
         try:
@@ -237,6 +230,8 @@ def _cancel(ec2: Any, region: str, rid: str, attempts: int = 3) -> None:
         except ClientError as e:
             if e.response.get("Error", {}).get("Code") in ("InvalidCapacityReservationId.NotFound",):
                 return
+            last = _err_text(e)
+        except BotoCoreError as e:
             last = _err_text(e)
     raise ReservationLeak(
         f"could not cancel probe capacity reservation {rid} ({last}); it is billed until cancelled:\n"
@@ -254,17 +249,52 @@ def _reservations_tagged(ec2: Any, token: str) -> list[str]:
     return [r["CapacityReservationId"] for r in resp.get("CapacityReservations", [])]
 
 
+def _release_probe(ec2: Any, region: str, token: str, rid: str | None, original: BaseException | None) -> None:
+    """Cancel the probe reservation (``rid``, or whatever carries the probe tag ``token``).
+
+    With ``original`` (the exception already on its way out), a failure here never replaces it:
+    it is attached to ``original`` as a note, with the commands to finish by hand. Without one,
+    the failure is raised.
+    """
+    try:
+        with _sigint_deferred():
+            for found in [rid] if rid is not None else _reservations_tagged(ec2, token):
+                _cancel(ec2, region, found)
+    except BaseException as cleanup:  # noqa: BLE001 - reported on the original, or re-raised
+        if original is None:
+            raise
+        if isinstance(cleanup, ReservationLeak):
+            note = f"and then: {cleanup}"
+        else:
+            note = (
+                f"and then the probe reservation tagged {TAG_PROBE}={token} could not be looked up "
+                f"({_err_text(cleanup)}); if it was created it is billed until cancelled:\n"
+                f"  aws ec2 describe-capacity-reservations --region {region} "
+                f"--filters Name=tag:{TAG_PROBE},Values={token} --query 'CapacityReservations[].CapacityReservationId'\n"
+                f"  aws ec2 cancel-capacity-reservation --capacity-reservation-id <id> --region {region}"
+            )
+        original.add_note(note)
+
+
 def probe_capacity(ec2: Any, region: str, instance_type: str, az: str, count: int, tags: dict[str, str] | None = None) -> str:
     """Create a targeted On-Demand Capacity Reservation for ``count`` × ``instance_type`` in ``az``, cancel it.
 
     Returns ``"AVAILABLE"``, ``"no capacity"`` (InsufficientInstanceCapacity), ``"quota"`` or
     ``"error: <code>"``. The reservation never outlives this call: it is cancelled in ``finally``;
     when the create call was interrupted before its answer arrived, the reservation is found by
-    its unique probe tag and cancelled. Raises :class:`ReservationLeak` if cancelling fails.
+    its unique probe tag and cancelled.
+
+    Raises:
+        ReservationLeak: the reservation was created but could not be cancelled (the message has
+            the command to cancel it by hand).
+        KeyboardInterrupt, or whatever else interrupted the create call: always the original
+            exception, even when cleaning up after it failed too; that failure is attached as a
+            note (``__notes__``) with the commands to finish by hand.
     """
     token = uuid.uuid4().hex
     rid: str | None = None
     maybe_created = True
+    original: BaseException | None = None
     all_tags = {**(tags or {}), TAG_PROBE: token}
     try:
         resp = ec2.create_capacity_reservation(
@@ -282,20 +312,19 @@ def probe_capacity(ec2: Any, region: str, instance_type: str, az: str, count: in
         rid = resp["CapacityReservation"]["CapacityReservationId"]
         return "AVAILABLE"
     except ClientError as e:
-        maybe_created = False
+        maybe_created = False  # AWS answered with an error: nothing was created
         code = e.response.get("Error", {}).get("Code", "")
         if code == "InsufficientInstanceCapacity":
             return "no capacity"
         if code in ("InstanceLimitExceeded", "VcpuLimitExceeded", "ReservationCapacityExceeded"):
             return "quota"
         return f"error: {code or e}"
+    except BaseException as e:  # Ctrl-C, a timeout, anything: the reservation may exist
+        original = e
+        raise
     finally:
-        with _sigint_deferred():
-            if rid is not None:
-                _cancel(ec2, region, rid)
-            elif maybe_created:
-                for found in _reservations_tagged(ec2, token):
-                    _cancel(ec2, region, found)
+        if maybe_created:
+            _release_probe(ec2, region, token, rid, original)
 
 
 # --------------------------------------------------------------------------- the search
@@ -351,6 +380,8 @@ class Candidate:
 
 @dataclass
 class CapacityReport:
+    """The result of :func:`find_capacity`: the type's shape, every candidate, quota commands, notes."""
+
     instance_type: str
     count: int
     capacity_type: str
@@ -361,12 +392,15 @@ class CapacityReport:
 
     @property
     def need_vcpus(self) -> int:
+        """vCPUs the request needs: the type's default vCPUs × ``count`` (0 when the type is offered nowhere)."""
         return (self.shape.vcpus if self.shape else 0) * self.count
 
     def ranked(self) -> list[Candidate]:
+        """Candidates best first (confirmed capacity, quota ok, quota unknown, short, not offered)."""
         return sorted(self.candidates, key=Candidate.rank_key)
 
     def usable(self, region: str | None = None) -> list[Candidate]:
+        """Ranked candidates worth trying (optionally only in ``region``)."""
         return [c for c in self.ranked() if c.usable and (region is None or c.region == region)]
 
 
@@ -384,9 +418,20 @@ def find_capacity(
 ) -> CapacityReport:
     """Check offerings, quota headroom (vCPUs) and, with ``probe``, live capacity in every candidate AZ.
 
-    ``availability_zones``: restrict to these (in preference order); empty: every AZ offering the
-    type. With ``probe`` the AZs are probed in rank order and probing stops at the first AZ with
-    capacity, so an InsufficientInstanceCapacity in the first AZ moves on to the next.
+    ``clients``: (service, region) → boto3 client; ``count``: instances wanted; ``regions``: searched
+    in order. ``availability_zones``: restrict to these (in preference order); empty: every AZ
+    offering the type. ``capacity_type``: ``on-demand`` or ``spot`` (picks the quota code). With
+    ``probe`` (On-Demand only) the AZs are probed in rank order and probing stops at the first AZ
+    with capacity, so an InsufficientInstanceCapacity in the first AZ moves on to the next;
+    ``tags`` go on the probe reservations; ``say`` reports progress.
+
+    Quotas, usage and need are all in vCPUs (need = the type's default vCPUs × ``count``); a quota
+    that cannot be read is "unknown", never 0 (see :attr:`CapacityReport.notes`).
+
+    Raises:
+        ValueError: ``instance_type`` is not an EC2 type or belongs to no known quota family.
+        botocore.exceptions.ClientError, BotoCoreError: an offerings/usage/shape call failed.
+        ReservationLeak: (``probe``) a probe reservation could not be cancelled.
     """
     spot = capacity_type == "spot"
     fam = quota_family(instance_type)

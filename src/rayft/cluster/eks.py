@@ -3,7 +3,9 @@
 ``up`` runs these steps; each asks AWS (boto3) what exists before doing anything, so running it
 twice is a no-op and running it after a failure resumes:
 
-1. **preflight** — eksctl, helm, kubectl on PATH; AWS credentials valid (STS GetCallerIdentity).
+1. **preflight** — eksctl, helm, kubectl on PATH; AWS credentials valid (STS GetCallerIdentity);
+   the instance type exists, has GPUs and, with ``cluster.efa``, supports EFA (DescribeInstanceTypes).
+   Nothing is created before all of these pass.
 2. **capacity** — AZs offering the GPU type with vCPU quota headroom (only when something must be
    created); see :mod:`rayft.cluster.capacity`.
 3. **cluster** — EKS DescribeCluster and CloudFormation ``eksctl-<name>-cluster``:
@@ -17,7 +19,9 @@ twice is a no-op and running it after a failure resumes:
    failed stack and moves to the next candidate AZ.
 6. **add-ons** — :mod:`rayft.cluster.addons`, then wait until the device plugins are ready.
 
-``down`` removes the same things in reverse order and reports billable leftovers by tag.
+``down`` removes the same things in reverse order and reports billable leftovers by tag. It only
+deletes a cluster tagged ``rayft.io/cluster=<name>`` (what ``up`` creates); a cluster ``up`` merely
+reused is refused unless ``allow_untagged`` (``--delete-untagged``) says otherwise.
 ``plan`` prints every AWS call, command and rendered file without touching anything.
 """
 
@@ -34,7 +38,8 @@ import yaml
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
 from rayft.cluster import addons
-from rayft.cluster.capacity import TAG_CLUSTER, CapacityReport, ClientFactory, describe_shape, find_capacity, quota_family
+from rayft.cluster.capacity import TAG_CLUSTER, CapacityReport, ClientFactory, find_capacity, quota_family
+from rayft.cluster.instances import Shape, UnknownInstanceTypeError, describe_shape, get_instance
 from rayft.cluster.runner import Runner, missing_tools
 from rayft.cluster.spec import ClusterConfig
 
@@ -60,18 +65,22 @@ class LifecycleError(RuntimeError):
 
 
 def cluster_stack(cfg: ClusterConfig) -> str:
+    """CloudFormation stack eksctl makes for the control plane: ``eksctl-<name>-cluster``."""
     return f"eksctl-{cfg.name}-cluster"
 
 
 def nodegroup_stack(cfg: ClusterConfig, ng: str) -> str:
+    """CloudFormation stack eksctl makes for node group ``ng``: ``eksctl-<name>-nodegroup-<ng>``."""
     return f"eksctl-{cfg.name}-nodegroup-{ng}"
 
 
 def placement_group_name(cfg: ClusterConfig) -> str:
+    """EC2 placement group of the GPU node group: ``rayft-<name>-<gpu group>``."""
     return f"rayft-{cfg.name}-{cfg.aws.gpu_nodegroup}"
 
 
 def cluster_tags(cfg: ClusterConfig) -> dict[str, str]:
+    """Tags on everything ``up`` creates: ``cluster.aws.tags`` plus ``rayft.io/cluster=<name>`` (ownership)."""
     return {**cfg.aws.tags, TAG_CLUSTER: cfg.name}
 
 
@@ -155,6 +164,7 @@ def render_gpu_nodegroup_config(cfg: ClusterConfig, az: str, subnet_id: str | No
 
 
 def to_yaml(doc: dict[str, Any]) -> str:
+    """An eksctl config as YAML, keys in rendering order."""
     return yaml.safe_dump(doc, sort_keys=False, allow_unicode=True)
 
 
@@ -162,22 +172,27 @@ def to_yaml(doc: dict[str, Any]) -> str:
 
 
 def create_cluster_argv(path: Path) -> list[str]:
+    """``eksctl create cluster`` from the rendered config at ``path`` (eksctl's NVIDIA plugin off: Helm installs it)."""
     return ["eksctl", "create", "cluster", "--config-file", str(path), "--install-nvidia-plugin=false"]
 
 
 def create_nodegroup_argv(path: Path, ng: str) -> list[str]:
+    """``eksctl create nodegroup`` for node group ``ng`` only, from the rendered config at ``path``."""
     return ["eksctl", "create", "nodegroup", "--config-file", str(path), f"--include={ng}", "--install-nvidia-plugin=false"]
 
 
 def write_kubeconfig_argv(cfg: ClusterConfig) -> list[str]:
+    """``eksctl utils write-kubeconfig`` so that helm/kubectl talk to this cluster."""
     return ["eksctl", "utils", "write-kubeconfig", "--cluster", cfg.name, "--region", cfg.aws.region]
 
 
 def delete_nodegroup_argv(cfg: ClusterConfig, ng: str) -> list[str]:
+    """``eksctl delete nodegroup --wait`` for node group ``ng``."""
     return ["eksctl", "delete", "nodegroup", "--cluster", cfg.name, "--region", cfg.aws.region, "--name", ng, "--wait"]
 
 
 def delete_cluster_argv(cfg: ClusterConfig) -> list[str]:
+    """``eksctl delete cluster --wait`` (its node groups, stacks and VPC go with it)."""
     return ["eksctl", "delete", "cluster", "--name", cfg.name, "--region", cfg.aws.region, "--wait"]
 
 
@@ -189,6 +204,11 @@ def _code(e: ClientError) -> str:
 
 
 def cluster_status(eks: Any, name: str) -> str:
+    """EKS status of cluster ``name`` (ACTIVE, CREATING, …) or :data:`NOT_FOUND`.
+
+    Raises:
+        botocore.exceptions.ClientError: any error other than ResourceNotFoundException.
+    """
     try:
         return eks.describe_cluster(name=name)["cluster"]["status"]
     except ClientError as e:
@@ -198,6 +218,11 @@ def cluster_status(eks: Any, name: str) -> str:
 
 
 def nodegroup_info(eks: Any, cluster: str, ng: str) -> dict[str, Any] | None:
+    """DescribeNodegroup's ``nodegroup`` for ``ng``, or None when it does not exist.
+
+    Raises:
+        botocore.exceptions.ClientError: any error other than ResourceNotFoundException.
+    """
     try:
         return eks.describe_nodegroup(clusterName=cluster, nodegroupName=ng)["nodegroup"]
     except ClientError as e:
@@ -207,11 +232,17 @@ def nodegroup_info(eks: Any, cluster: str, ng: str) -> dict[str, Any] | None:
 
 
 def nodegroup_status(eks: Any, cluster: str, ng: str) -> str:
+    """EKS status of node group ``ng`` (ACTIVE, CREATE_FAILED, …) or :data:`NOT_FOUND`."""
     info = nodegroup_info(eks, cluster, ng)
     return NOT_FOUND if info is None else info["status"]
 
 
 def stack_status(cfn: Any, stack: str) -> str:
+    """CloudFormation status of ``stack``; :data:`NOT_FOUND` when absent or DELETE_COMPLETE.
+
+    Raises:
+        botocore.exceptions.ClientError: any error other than "does not exist".
+    """
     try:
         stacks = cfn.describe_stacks(StackName=stack)["Stacks"]
     except ClientError as e:
@@ -223,6 +254,7 @@ def stack_status(cfn: Any, stack: str) -> str:
 
 
 def stack_failure_reasons(cfn: Any, stack: str, limit: int = 5) -> list[str]:
+    """Up to ``limit`` "resource: reason" lines of the stack's FAILED events (empty when unreadable)."""
     try:
         events = cfn.describe_stack_events(StackName=stack)["StackEvents"]
     except ClientError:
@@ -235,7 +267,11 @@ def stack_failure_reasons(cfn: Any, stack: str, limit: int = 5) -> list[str]:
 
 
 def cluster_private_subnets(eks: Any, ec2: Any, name: str) -> dict[str, str]:
-    """AZ → the cluster's private subnet there (eksctl tags them kubernetes.io/role/internal-elb)."""
+    """AZ → the cluster's private subnet there (eksctl tags them kubernetes.io/role/internal-elb).
+
+    Raises:
+        botocore.exceptions.ClientError: the cluster or its subnets cannot be described.
+    """
     ids = eks.describe_cluster(name=name)["cluster"].get("resourcesVpcConfig", {}).get("subnetIds", [])
     if not ids:
         return {}
@@ -246,6 +282,28 @@ def cluster_private_subnets(eks: Any, ec2: Any, name: str) -> dict[str, str]:
         if private and "kubernetes.io/role/elb" not in tags:
             out.setdefault(s["AvailabilityZone"], s["SubnetId"])
     return out
+
+
+def cluster_owner(eks: Any, cfn: Any, name: str) -> str | None:
+    """The ``rayft.io/cluster`` tag of cluster ``name`` (EKS cluster tags, else its eksctl stack's tags).
+
+    None when neither carries it: rayft did not create that cluster (``up`` only reused it).
+
+    Raises:
+        botocore.exceptions.ClientError: DescribeCluster failed (the stack lookup never raises).
+    """
+    tags = eks.describe_cluster(name=name)["cluster"].get("tags") or {}
+    if TAG_CLUSTER in tags:
+        return tags[TAG_CLUSTER]
+    try:
+        stacks = cfn.describe_stacks(StackName=f"eksctl-{name}-cluster")["Stacks"]
+    except ClientError:
+        return None
+    for st in stacks:
+        for t in st.get("Tags") or []:
+            if t.get("Key") == TAG_CLUSTER:
+                return t.get("Value")
+    return None
 
 
 # --------------------------------------------------------------------------- the context
@@ -289,6 +347,8 @@ class Context:
 
 @dataclass
 class UpResult:
+    """What ``up`` created and reused, the GPU AZ it used and the AZs it skipped (with why)."""
+
     created: list[str] = field(default_factory=list)
     reused: list[str] = field(default_factory=list)
     gpu_az: str | None = None
@@ -303,8 +363,49 @@ class UpResult:
 # --------------------------------------------------------------------------- preflight
 
 
-def preflight(ctx: Context, tools: tuple[str, ...] = ("eksctl", "helm", "kubectl")) -> str:
-    """Fail before anything starts when a tool or the credentials are missing; returns the caller ARN."""
+@dataclass(frozen=True)
+class Preflight:
+    """What preflight learned: the caller's ARN and (when asked) the GPU instance type's shape."""
+
+    arn: str
+    shape: Shape | None = None
+
+
+def _instance_problems(ctx: Context) -> tuple[Shape | None, list[str]]:
+    """The GPU instance type as EC2 describes it, and why it cannot be used (none: it can)."""
+    cfg = ctx.cfg
+    itype, region = cfg.instance_type, cfg.aws.region
+    try:
+        shape = describe_shape(ctx.client("ec2"), itype)
+    except UnknownInstanceTypeError as e:
+        return None, [f"cluster.instance_type: {e}"]
+    except ClientError as e:
+        if _code(e) in ("InvalidInstanceType", "InvalidParameterValue"):
+            return None, [f"cluster.instance_type: EC2 does not know {itype!r} in {region} ({_code(e)})"]
+        return None, [f"could not describe instance type {itype} in {region} ({_code(e)}: {e})"]
+    except BotoCoreError as e:
+        return None, [f"could not describe instance type {itype} in {region} ({type(e).__name__}: {e})"]
+    problems = []
+    if shape.gpus < 1:
+        problems.append(f"cluster.instance_type: {itype} has no GPUs; pick a GPU instance type")
+    if cfg.efa and not shape.efa_supported:
+        problems.append(
+            f"cluster.efa: {itype} does not support EFA; set cluster.efa: false or pick a type with EFA "
+            "(e.g. g6.12xlarge, p5.48xlarge)"
+        )
+    return shape, problems
+
+
+def preflight(ctx: Context, tools: tuple[str, ...] = ("eksctl", "helm", "kubectl"), *, instance: bool = False) -> Preflight:
+    """Fail before anything starts when a tool, the credentials or (``instance``) the instance type is wrong.
+
+    Checks: ``tools`` on PATH; STS GetCallerIdentity; with ``instance`` (what ``up`` asks for) and
+    usable credentials, EC2 DescribeInstanceTypes: the type exists in the region, has GPUs and,
+    with ``cluster.efa``, supports EFA. Every problem found is reported at once.
+
+    Raises:
+        LifecycleError: one line per problem, each with how to fix it. Nothing was created.
+    """
     problems = []
     missing = missing_tools(tools)
     if missing:
@@ -312,16 +413,22 @@ def preflight(ctx: Context, tools: tuple[str, ...] = ("eksctl", "helm", "kubectl
             "missing tools: " + ", ".join(missing) + " (install: " + "; ".join(f"{t}: {INSTALL_HINTS.get(t, '?')}" for t in missing) + ")"
         )
     arn = ""
+    credentials = True
     try:
         arn = ctx.client("sts").get_caller_identity()["Arn"]
     except (NoCredentialsError, ClientError, BotoCoreError) as e:
+        credentials = False
         problems.append(
             f"AWS credentials not usable ({type(e).__name__}: {e}); set AWS_PROFILE or AWS_ACCESS_KEY_ID/"
             "AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN), then re-run"
         )
+    shape = None
+    if instance and credentials:
+        shape, found = _instance_problems(ctx)
+        problems += found
     if problems:
         raise LifecycleError("cannot start:\n  " + "\n  ".join(problems))
-    return arn
+    return Preflight(arn, shape)
 
 
 # --------------------------------------------------------------------------- steps
@@ -362,6 +469,15 @@ def _write(ctx: Context, name: str, doc: dict[str, Any]) -> Path:
 
 
 def ensure_cluster(ctx: Context, cluster_azs: Callable[[], list[str]], result: UpResult) -> None:
+    """Make cluster ``cfg.name`` ACTIVE: reuse, wait (CREATING/UPDATING/DELETING), recreate a FAILED one
+    on confirmation, or ``eksctl create cluster`` (with the system node group) when absent.
+
+    ``cluster_azs`` is called only when the cluster must be created (it runs the capacity search).
+    Appends ``cluster`` (and the system group) to ``result.created`` or ``result.reused``.
+
+    Raises:
+        LifecycleError: FAILED and not confirmed; an unexpected state; eksctl failed; a wait timed out.
+    """
     cfg, eks = ctx.cfg, ctx.client("eks")
     what = f"cluster {cfg.name}"
     status = cluster_status(eks, cfg.name)
@@ -423,6 +539,11 @@ def _nodegroup_ready_or_cleared(ctx: Context, ng: str, *, ours: bool = False) ->
 
 
 def ensure_system_nodegroup(ctx: Context, result: UpResult) -> None:
+    """Make the system node group ACTIVE (reuse, or create it in a cluster that exists without it).
+
+    Raises:
+        LifecycleError: a failed group/stack not confirmed for deletion, or eksctl failed.
+    """
     cfg = ctx.cfg
     ng = cfg.aws.system_nodegroup
     if f"nodegroup/{ng}" in result.created:
@@ -441,6 +562,11 @@ def ensure_system_nodegroup(ctx: Context, result: UpResult) -> None:
 
 
 def ensure_placement_group(ctx: Context, result: UpResult) -> None:
+    """Create the ``cluster`` placement group when ``cluster.aws.placement_group`` and it does not exist.
+
+    Raises:
+        botocore.exceptions.ClientError: DescribePlacementGroups / CreatePlacementGroup failed.
+    """
     if not ctx.cfg.aws.placement_group:
         return
     ec2, name = ctx.client("ec2"), placement_group_name(ctx.cfg)
@@ -478,6 +604,16 @@ def _capacity_failure(ctx: Context, output: str) -> bool:
 
 
 def ensure_gpu_nodegroup(ctx: Context, candidates: Callable[[], list[str]], result: UpResult) -> None:
+    """Make the GPU node group ACTIVE: reuse, or create it pinned to one AZ's private subnet.
+
+    ``candidates`` gives the AZs to try in order (called only when creating); a capacity reservation
+    pins the AZ instead. InsufficientInstanceCapacity in one AZ removes the failed stack and tries
+    the next; ``result.gpu_az`` and ``result.skipped_azs`` say what happened.
+
+    Raises:
+        LifecycleError: no candidate AZ has a cluster subnet; no capacity in any candidate; any
+            other create failure (with where to look).
+    """
     cfg = ctx.cfg
     ng = cfg.aws.gpu_nodegroup
     eks, ec2 = ctx.client("eks"), ctx.client("ec2")
@@ -536,6 +672,12 @@ def ensure_gpu_nodegroup(ctx: Context, candidates: Callable[[], list[str]], resu
 
 
 def wait_addons_ready(ctx: Context, daemonsets: list[str], gpus_per_node: int) -> addons.Readiness:
+    """Poll (every ``ctx.poll_s`` seconds, at most ``wait_timeout_minutes``) until the device-plugin
+    ``daemonsets`` are ready on every GPU node and each node has ``gpus_per_node`` GPUs (and EFA) allocatable.
+
+    Raises:
+        LifecycleError: still not ready at the time-out; the message lists what is missing.
+    """
     cfg = ctx.cfg
     last = addons.Readiness(ready=False)
     for i in range(ctx.max_polls):
@@ -593,8 +735,20 @@ def _cluster_azs(ctx: Context, cache: dict[str, Any]) -> list[str]:
 
 
 def up(ctx: Context) -> UpResult:
-    """Bring the cluster to the config's state; every step probes first, so a second run is a no-op."""
-    preflight(ctx)
+    """Bring the cluster to the config's state; every step probes first, so a second run is a no-op.
+
+    Order: preflight (tools, credentials, instance type incl. EFA support), cluster, kubeconfig,
+    system node group, placement group, GPU node group (AZ by AZ on InsufficientInstanceCapacity),
+    add-ons, readiness. Waits are bounded by ``cluster.aws.wait_timeout_minutes`` per state change.
+
+    Raises:
+        LifecycleError: a step cannot go on (the message says why and how to recover); from
+            preflight, before anything is created.
+        rayft.cluster.runner.CommandError: helm/kubectl/eksctl failed where no recovery applies.
+        botocore.exceptions.ClientError, BotoCoreError: an AWS call failed.
+    """
+    shape = preflight(ctx, instance=True).shape
+    assert shape is not None  # preflight(instance=True) either found it or raised
     result = UpResult()
     cache: dict[str, Any] = {}
     ensure_cluster(ctx, lambda: _cluster_azs(ctx, cache), result)
@@ -602,9 +756,6 @@ def up(ctx: Context) -> UpResult:
     ensure_system_nodegroup(ctx, result)
     ensure_placement_group(ctx, result)
     ensure_gpu_nodegroup(ctx, lambda: _gpu_candidates(ctx, cache), result)
-    shape = describe_shape(ctx.client("ec2"), ctx.cfg.instance_type)
-    if ctx.cfg.efa and not shape.efa_supported:
-        raise LifecycleError(f"{ctx.cfg.instance_type} does not support EFA; set cluster.efa: false or pick another type")
     result.addons = addons.install_addons(ctx.runner, ctx.cfg, say=ctx.say)
     ready = wait_addons_ready(ctx, result.addons.device_plugin_daemonsets, shape.gpus)
     for n in ready.nodes:
@@ -615,13 +766,18 @@ def up(ctx: Context) -> UpResult:
 
 @dataclass
 class Leftover:
+    """One billable resource still tagged for the cluster: kind, id, and a short detail."""
+
     kind: str
     id: str
     detail: str = ""
 
 
 def leftovers(ctx: Context) -> tuple[list[Leftover], list[str]]:
-    """Billable resources still tagged for this cluster, and the checks that could not run."""
+    """Billable resources still tagged for this cluster, and the checks that could not run.
+
+    Never raises for a check that fails: it is listed in the second element instead.
+    """
     cfg = ctx.cfg
     ec2 = ctx.client("ec2")
     name = cfg.name
@@ -679,12 +835,38 @@ def leftovers(ctx: Context) -> tuple[list[Leftover], list[str]]:
     return found, errors
 
 
-def down(ctx: Context) -> tuple[list[Leftover], list[str]]:
-    """Remove what ``up`` created, in reverse order, then report billable leftovers by tag."""
+def down(ctx: Context, *, allow_untagged: bool = False) -> tuple[list[Leftover], list[str]]:
+    """Remove what ``up`` created, in reverse order, then report billable leftovers by tag.
+
+    Only a cluster tagged ``rayft.io/cluster=<name>`` (on the EKS cluster or its eksctl stack) is
+    deleted: one that ``up`` found and reused was not rayft's to delete. ``allow_untagged``
+    (``rayft cluster down --delete-untagged``) overrides that.
+
+    Returns:
+        (billable leftovers found by tag, checks that could not run).
+
+    Raises:
+        LifecycleError: preflight failed; the cluster is not tagged as rayft's (nothing was
+            touched); or a wait timed out (re-run to resume).
+        rayft.cluster.runner.CommandError: helm or eksctl failed.
+        botocore.exceptions.ClientError, BotoCoreError: an AWS call failed.
+    """
     cfg = ctx.cfg
     preflight(ctx)
     eks = ctx.client("eks")
     status = cluster_status(eks, cfg.name)
+    if status not in (NOT_FOUND, "DELETING"):
+        owner = cluster_owner(eks, ctx.client("cloudformation"), cfg.name)
+        if owner != cfg.name:
+            found = "no rayft.io/cluster tag" if owner is None else f"tag rayft.io/cluster={owner}"
+            if not allow_untagged:
+                raise LifecycleError(
+                    f"cluster {cfg.name} in {cfg.aws.region} has {found}: rayft did not create it (`up` only "
+                    "reuses a cluster it finds), so `down` will not delete it. Nothing was changed. If it really "
+                    "should go, with everything in it, re-run with --delete-untagged "
+                    "(rayft cluster down CONFIG --delete-untagged)"
+                )
+            ctx.say(f"warning: cluster {cfg.name} has {found}; deleting it anyway (--delete-untagged)")
     if status == "ACTIVE":
         ctx.runner.run(write_kubeconfig_argv(cfg))
         addons.uninstall_addons(ctx.runner, cfg, say=ctx.say)
@@ -728,6 +910,8 @@ def _delete_placement_group(ctx: Context) -> None:
 
 @dataclass
 class Status:
+    """What :func:`status` found; ``hourly_usd`` is the On-Demand cost of the priced nodes (None: none priced)."""
+
     cluster: str
     nodegroups: dict[str, str]
     nodes: list[dict[str, Any]] = field(default_factory=list)
@@ -737,18 +921,22 @@ class Status:
 
 
 def _price(instance_type: str) -> float | None:
-    try:
-        from rayft.cluster.instances import get_instance
-    except ImportError:
-        return None
+    """On-Demand USD per hour from the shipped catalog; None for types outside it or unpriced."""
     try:
         return get_instance(instance_type).on_demand_usd_per_hour
-    except (KeyError, ValueError):
+    except UnknownInstanceTypeError:
         return None
 
 
 def status(ctx: Context) -> Status:
-    """Cluster and node-group states; per node allocatable GPU/EFA; RayClusters; hourly cost of the nodes."""
+    """Cluster and node-group states; per node allocatable GPU/EFA; RayClusters; hourly cost (USD) of the nodes.
+
+    Read-only apart from writing the kubeconfig. kubectl failures give empty lists, not errors.
+
+    Raises:
+        botocore.exceptions.ClientError: DescribeCluster/DescribeNodegroup failed.
+        rayft.cluster.runner.CommandError: ``eksctl utils write-kubeconfig`` failed.
+    """
     cfg, eks = ctx.cfg, ctx.client("eks")
     st = Status(cluster_status(eks, cfg.name), {})
     for ng in (cfg.aws.system_nodegroup, cfg.aws.gpu_nodegroup):
@@ -763,7 +951,7 @@ def status(ctx: Context) -> Status:
         items = []
     total, priced = 0.0, False
     for n in items:
-        r = addons._node_resources(n)
+        r = addons.node_resources(n)
         role = ((n.get("metadata") or {}).get("labels") or {}).get("role", "")
         price = _price(r.instance_type)
         if price is None:
@@ -792,6 +980,8 @@ def status(ctx: Context) -> Status:
 
 @dataclass
 class PlanStep:
+    """One step of :func:`plan`: its read-only probes, the actions when needed, rendered files, notes."""
+
     title: str
     probes: list[str] = field(default_factory=list)  # read-only AWS calls / commands
     actions: list[str] = field(default_factory=list)  # what runs when the probe says "absent"
@@ -813,7 +1003,12 @@ def plan(cfg: ClusterConfig, workdir: Path = Path(".rayft"), gpu_az: str | None 
     steps = [
         PlanStep(
             "preflight",
-            probes=["PATH: eksctl, helm, kubectl", f"sts:GetCallerIdentity (region {r})"],
+            probes=[
+                "PATH: eksctl, helm, kubectl",
+                f"sts:GetCallerIdentity (region {r})",
+                f"ec2:DescribeInstanceTypes(InstanceTypes=[{cfg.instance_type}])  # exists, has GPUs"
+                + (", supports EFA" if cfg.efa else ""),
+            ],
         ),
         PlanStep(
             f"capacity: {cfg.num_nodes} × {cfg.instance_type} in {r} (only when a node group must be created)",
@@ -866,7 +1061,6 @@ def plan(cfg: ClusterConfig, workdir: Path = Path(".rayft"), gpu_az: str | None 
             f"cloudformation:DescribeStacks(StackName={nodegroup_stack(cfg, a.gpu_nodegroup)})",
             f"cloudformation:DescribeStackEvents(StackName={nodegroup_stack(cfg, a.gpu_nodegroup)})  # only to explain a failure",
             f"eks:DescribeCluster(name={cfg.name}) + ec2:DescribeSubnets (the cluster's private subnet in the AZ)",
-            f"ec2:DescribeInstanceTypes(InstanceTypes=[{cfg.instance_type}])  # GPUs per node and EFA support, for readiness",
         ]
         + ([f"ec2:DescribeCapacityReservations(CapacityReservationIds=[{a.capacity_reservation_id}]) (pins the AZ)"] if a.capacity_reservation_id else []),
         actions=[
@@ -882,12 +1076,13 @@ def plan(cfg: ClusterConfig, workdir: Path = Path(".rayft"), gpu_az: str | None 
     )
     steps.append(gpu_step)
     add = PlanStep("add-ons (helm upgrade --install, pinned versions)", notes=[])
+    add.probes.append(
+        shlex.join(addons.daemonsets_argv())
+        + f"  # a device plugin outside Helm (eksctl's {', '.join(addons.EKSCTL_EFA.names[:1] + addons.EKSCTL_NVIDIA.names)})? then skip its chart"
+    )
     for ch in addons.charts(cfg):
         add.probes.append(shlex.join(ch.status_argv()))
-        if ch.daemonset:
-            eksctl_ds = addons.EKSCTL_EFA_DS if ch.release == "aws-efa-k8s-device-plugin" else addons.EKSCTL_NVIDIA_DS
-            add.probes.append(shlex.join(addons.daemonset_argv(eksctl_ds)) + "  # installed by eksctl? then skip the chart")
-        if ch.release == "aws-efa-k8s-device-plugin":
+        if ch.release == addons.EFA_RELEASE:
             add.probes.append(shlex.join(ch.show_values_argv()) + "  # instance-type allowlist")
         add.actions.append(shlex.join(ch.upgrade_argv()))
         if ch.release == "kuberay-operator":
@@ -896,7 +1091,8 @@ def plan(cfg: ClusterConfig, workdir: Path = Path(".rayft"), gpu_az: str | None 
     steps.append(add)
     ready = PlanStep("ready", probes=[shlex.join(addons.daemonset_argv("nvidia-device-plugin"))])
     if cfg.efa:
-        ready.probes.append(shlex.join(addons.daemonset_argv("aws-efa-k8s-device-plugin")))
+        ready.probes.append(shlex.join(addons.daemonset_argv(addons.EKSCTL_EFA.names[0])) + "  # eksctl's, when it installed one")
+        ready.probes.append(shlex.join(addons.daemonset_argv("aws-efa-k8s-device-plugin")) + "  # else the chart's")
     ready.probes.append(shlex.join(addons.gpu_nodes_argv()))
     ready.notes.append(
         f"ready: each DaemonSet's numberReady = {cfg.num_nodes} and every GPU node has nvidia.com/gpu allocatable"
@@ -907,6 +1103,7 @@ def plan(cfg: ClusterConfig, workdir: Path = Path(".rayft"), gpu_az: str | None 
 
 
 def render_plan(steps: list[PlanStep]) -> str:
+    """``plan``'s steps as text: probes, commands, notes and each rendered file in full."""
     out: list[str] = []
     for i, s in enumerate(steps, 1):
         out.append(f"## {i}. {s.title}")
@@ -926,6 +1123,8 @@ def render_plan(steps: list[PlanStep]) -> str:
 def plan_down(cfg: ClusterConfig) -> list[tuple[str, str]]:
     """("probe" | "run", text) for what ``down`` does, in order (each run only when its probe finds the thing)."""
     out = [("probe", f"eks:DescribeCluster(name={cfg.name}), eks:DescribeNodegroup, cloudformation:DescribeStacks, helm status")]
+    out.append(("probe", f"ownership: tag {TAG_CLUSTER}={cfg.name} on the EKS cluster or stack {cluster_stack(cfg)}; "
+                         "without it `down` stops (override: --delete-untagged)"))
     out.append(("run", shlex.join(write_kubeconfig_argv(cfg))))
     out += [("run", shlex.join(c.uninstall_argv())) for c in reversed(addons.charts(cfg))]
     out.append(("run", shlex.join(delete_nodegroup_argv(cfg, cfg.aws.gpu_nodegroup))))

@@ -10,6 +10,10 @@ Two sources, one shape (:class:`InstanceType`):
   NVLink, GPUDirect RDMA or prices; those come from the table when the type is in it, else from the
   GPU model (NVLink for A100/H100/H200/B200/B300 boards; GPUDirect RDMA for those with EFA).
 
+:func:`shape_from_ec2` is the one parser of a DescribeInstanceTypes item (also used by
+:mod:`rayft.cluster.capacity` for vCPU arithmetic, where the type need not have GPUs);
+:func:`describe_shape` asks EC2 for it.
+
 Units: memory in MiB (``*_mib``) with GiB helpers, prices in US dollars per instance-hour
 (On-Demand, us-east-1, Linux).
 """
@@ -17,6 +21,7 @@ Units: memory in MiB (``*_mib``) with GiB helpers, prices in US dollars per inst
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from typing import Any, Literal
@@ -24,6 +29,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 CATALOG_FILE = "instance_catalog.json"
+
+#: The Kubernetes extended resources an instance's devices are advertised as (by the NVIDIA and
+#: AWS EFA device plugins); the manifests request them and the add-on readiness check counts them.
+GPU_RESOURCE = "nvidia.com/gpu"
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
 
 # GPU models whose multi-GPU EC2 boards are joined by NVLink/NVSwitch, and which support GPUDirect
 # RDMA over EFA. Used only for types that are not in the shipped table.
@@ -152,8 +162,12 @@ def get_instance(name: str) -> InstanceType:
         ) from None
 
 
-def _default_ec2_client(region: str) -> Any | None:
-    """A boto3 EC2 client when boto3 is installed and credentials resolve, else None."""
+def _default_ec2_client(region: str | None) -> Any | None:
+    """A boto3 EC2 client when boto3 is installed and credentials resolve, else None.
+
+    ``region`` wins over the session's default region (a type may exist in one region and not in
+    another); without either, us-east-1.
+    """
     try:
         import boto3
         from botocore.config import Config
@@ -163,7 +177,62 @@ def _default_ec2_client(region: str) -> Any | None:
     if session.get_credentials() is None:
         return None
     cfg = Config(connect_timeout=5, read_timeout=10, retries={"max_attempts": 2})
-    return session.client("ec2", region_name=session.region_name or region, config=cfg)
+    return session.client("ec2", region_name=region or session.region_name or "us-east-1", config=cfg)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What one DescribeInstanceTypes item says about a type, GPU or not.
+
+    Attributes:
+        instance_type: EC2 instance type.
+        vcpus: default vCPUs (what EC2 vCPU quotas count).
+        memory_mib: instance memory, MiB (0 when the item has none).
+        gpus: GPUs per instance, summed over GPU kinds (0: no GPU).
+        efa_supported: EC2 reports EFA support.
+        max_efa_interfaces: most EFA interfaces (0 without EFA).
+    """
+
+    instance_type: str
+    vcpus: int
+    memory_mib: int
+    gpus: int
+    efa_supported: bool
+    max_efa_interfaces: int
+
+
+def shape_from_ec2(info: dict[str, Any]) -> Shape:
+    """Parse one ``InstanceTypes[]`` item of DescribeInstanceTypes (the only place that does).
+
+    Raises:
+        KeyError: the item lacks ``InstanceType`` or ``VCpuInfo.DefaultVCpus``.
+    """
+    gpus = sum(int(g.get("Count", 0)) for g in (info.get("GpuInfo") or {}).get("Gpus") or [])
+    net = info.get("NetworkInfo") or {}
+    efa_supported = bool(net.get("EfaSupported"))
+    return Shape(
+        instance_type=info["InstanceType"],
+        vcpus=int(info["VCpuInfo"]["DefaultVCpus"]),
+        memory_mib=int((info.get("MemoryInfo") or {}).get("SizeInMiB", 0)),
+        gpus=gpus,
+        efa_supported=efa_supported,
+        max_efa_interfaces=int((net.get("EfaInfo") or {}).get("MaximumEfaInterfaces", 0)) if efa_supported else 0,
+    )
+
+
+def describe_shape(ec2: Any, instance_type: str) -> Shape:
+    """Ask EC2 DescribeInstanceTypes (client ``ec2``) for ``instance_type``'s :class:`Shape`.
+
+    No fallback to the shipped table: callers (capacity, ``cluster up``) need the live answer.
+
+    Raises:
+        botocore.exceptions.ClientError: e.g. ``InvalidInstanceType`` for a type EC2 does not know.
+        UnknownInstanceTypeError: EC2 answered with no item for it.
+    """
+    items = ec2.describe_instance_types(InstanceTypes=[instance_type]).get("InstanceTypes") or []
+    if not items:
+        raise UnknownInstanceTypeError(f"unknown instance type {instance_type!r} (EC2 returned no match)")
+    return shape_from_ec2(items[0])
 
 
 def instance_from_ec2(info: dict[str, Any], date: str) -> InstanceType:
@@ -175,13 +244,13 @@ def instance_from_ec2(info: dict[str, Any], date: str) -> InstanceType:
     Raises:
         NotAGpuInstanceError: the item has no ``GpuInfo``.
     """
-    name = info["InstanceType"]
+    shape = shape_from_ec2(info)
+    name = shape.instance_type
     gpus = (info.get("GpuInfo") or {}).get("Gpus") or []
-    if not gpus:
+    if not gpus or shape.gpus < 1:
         raise NotAGpuInstanceError(f"{name} has no GPUs (DescribeInstanceTypes returned no GpuInfo)")
     gpu = gpus[0]
-    net = info.get("NetworkInfo") or {}
-    efa = int((net.get("EfaInfo") or {}).get("MaximumEfaInterfaces", 0)) if net.get("EfaSupported") else 0
+    efa = shape.max_efa_interfaces
     ec2_src = Source(source=f"EC2 DescribeInstanceTypes ({name})", date=date)
     known = _catalog().get(name)
     if known is not None:
@@ -189,19 +258,18 @@ def instance_from_ec2(info: dict[str, Any], date: str) -> InstanceType:
         extra = {f: known.sources[f] for f in ("nvlink", "gpudirect_rdma", "on_demand_usd_per_hour")}
     else:
         model = gpu["Name"]
-        count = sum(int(g["Count"]) for g in gpus)
-        nvlink = model in _NVLINK_MODELS and count > 1
+        nvlink = model in _NVLINK_MODELS and shape.gpus > 1
         gdr = model in _GDR_MODELS and efa > 0
         price = None
         inferred = Source(source=f"inferred from the GPU model ({model}) and EFA support", date=date)
         extra = {"nvlink": inferred, "gpudirect_rdma": inferred}
     return InstanceType(
         name=name,
-        gpu_count=sum(int(g["Count"]) for g in gpus),
+        gpu_count=shape.gpus,
         gpu_model=gpu["Name"],
         gpu_memory_mib=int(gpu["MemoryInfo"]["SizeInMiB"]),
-        vcpus=int(info["VCpuInfo"]["DefaultVCpus"]),
-        memory_mib=int(info["MemoryInfo"]["SizeInMiB"]),
+        vcpus=shape.vcpus,
+        memory_mib=shape.memory_mib,
         max_efa_interfaces=efa,
         gpudirect_rdma=gdr,
         nvlink=nvlink,
@@ -214,12 +282,13 @@ def instance_from_ec2(info: dict[str, Any], date: str) -> InstanceType:
     )
 
 
-def describe_instance_type(name: str, ec2_client: Any | None = None, *, region: str = "us-east-1") -> InstanceType:
+def describe_instance_type(name: str, ec2_client: Any | None = None, *, region: str | None = None) -> InstanceType:
     """Look ``name`` up with EC2 DescribeInstanceTypes, falling back to the shipped table.
 
-    With ``ec2_client=None`` a client is made only when boto3 finds AWS credentials (``region`` is
-    used when the session has none). When there is no client, or the call fails for a reason other
-    than an unknown type (no network, access denied, throttling), the shipped table answers.
+    With ``ec2_client=None`` a client is made only when boto3 finds AWS credentials, in ``region``
+    (pass the cluster's: ``cluster.aws.region``), else the session's region, else us-east-1. When
+    there is no client, or the call fails for a reason other than an unknown type (no network,
+    access denied, throttling), the shipped table answers.
 
     Raises:
         UnknownInstanceTypeError: EC2 says the type does not exist, or (offline) the table lacks it.

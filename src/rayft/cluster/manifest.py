@@ -30,14 +30,13 @@ from typing import Any
 
 import yaml
 
-from rayft.cluster.instances import InstanceType, get_instance
+from rayft.cluster.instances import EFA_RESOURCE, GPU_RESOURCE, InstanceType, get_instance
 from rayft.cluster.spec import ClusterConfig
+from rayft.cluster.spec_kube import QUANTITY_PATTERN
 from rayft.config import RayftConfig, dump_config
 
 RAY_API_VERSION = "ray.io/v1"
 KUBERAY_CRD_VERSION = "v1.7.0"
-EFA_RESOURCE = "vpc.amazonaws.com/efa"
-GPU_RESOURCE = "nvidia.com/gpu"
 WORKER_GROUP = "gpu-workers"
 HEAD_CONTAINER = "ray-head"
 WORKER_CONTAINER = "ray-worker"
@@ -81,6 +80,8 @@ class Manifests:
     network_policy: dict[str, Any] | None = None
     instance: InstanceType | None = None
     notes: list[str] = field(default_factory=list)
+    #: things that will likely make the job fail but that rayft cannot be sure of (printed, not errors)
+    warnings: list[str] = field(default_factory=list)
 
     def to_apply(self, job_cluster: str) -> dict[str, dict[str, Any]]:
         """File name → object, for what is applied in ``job_cluster`` mode (embed/select)."""
@@ -94,13 +95,17 @@ class Manifests:
 
 
 # --------------------------------------------------------------------------- quantities
+#
+# Our own parser: the ``kubernetes`` client package (kubernetes.utils.parse_quantity) is not a
+# dependency. The pattern is the config's (spec_kube.QUANTITY_PATTERN): group 1 the number,
+# group 3 the suffix.
 
 _SUFFIX = {
     "": 1, "m": Decimal("0.001"), "n": Decimal("1e-9"), "u": Decimal("1e-6"),
     "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
     "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
 }  # fmt: skip
-_QTY = re.compile(r"^\+?([0-9]+(?:\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE])?$")
+_QTY = re.compile(QUANTITY_PATTERN)
 
 
 def parse_quantity(q: str | int | float) -> Decimal:
@@ -114,8 +119,8 @@ def parse_quantity(q: str | int | float) -> Decimal:
     m = _QTY.match(q.strip())
     if not m:
         raise ValueError(f"not a Kubernetes quantity: {q!r}")
-    num, suf = Decimal(m.group(1)), m.group(2) or ""
-    if suf[:1] in ("e", "E"):
+    num, suf = Decimal(m.group(1)), m.group(3) or ""
+    if len(suf) > 1 and suf[0] in ("e", "E"):  # an exponent; a lone "E" is the exa suffix
         return num * Decimal(10) ** int(suf[1:])
     return num * Decimal(_SUFFIX[suf])
 
@@ -153,6 +158,22 @@ def image_ray_version(image: str) -> str | None:
         return KNOWN_IMAGE_RAY[image]
     m = _RAYPROJECT_TAG.match(image)
     return m.group(1) if m else None
+
+
+def image_lacks_rayft(image: str) -> bool:
+    """True for images known not to contain rayft: the known DLC images and stock rayproject/ray tags.
+
+    Any other image is assumed to be built for the job (rayft installed).
+    """
+    return image in KNOWN_IMAGE_RAY or _RAYPROJECT_TAG.match(image) is not None
+
+
+def runtime_env_installs_rayft(runtime_env: dict[str, Any]) -> bool:
+    """True when the Ray runtime_env names rayft in a package list (``pip``, ``uv``, ``conda``) or ships ``py_modules``."""
+    for key in ("pip", "uv", "conda", "py_modules"):
+        if key in runtime_env and "rayft" in str(runtime_env[key]).lower():
+            return True
+    return False
 
 
 def is_shared_path(path: str, cluster: ClusterConfig) -> bool:
@@ -476,6 +497,9 @@ def check(cfg: RayftConfig, manifests: Manifests) -> list[tuple[str, str]]:
     EFA only on instances with EFA; workers × GPUs per worker = ``train.num_workers`` (world size);
     ``rayVersion`` = the image's Ray; shared storage when there is more than one node; names within
     KubeRay's limits; RayJob fields KubeRay rejects together; resources within the instance.
+
+    Not errors: ``manifests.notes`` (information) and ``manifests.warnings`` (likely failures rayft
+    cannot be sure of, e.g. an image without rayft and a runtime_env that does not install it).
     """
     cluster = cfg.cluster
     assert cluster is not None and manifests.instance is not None
@@ -512,6 +536,16 @@ def check(cfg: RayftConfig, manifests: Manifests) -> list[tuple[str, str]]:
         out.append(("cluster.kube.ray_version", f"{kube.ray_version} != Ray {image_ray} inside {kube.image}"))
     elif image_ray is None:
         manifests.notes.append(f"Ray version of image {kube.image} is unknown; rayVersion {kube.ray_version} is not checked")
+
+    # the entrypoint needs rayft inside the pods
+    if image_lacks_rayft(kube.image) and not runtime_env_installs_rayft(kube.runtime_env):
+        manifests.warnings.append(
+            f"the RayJob runs `{entrypoint(cfg)}`, but {kube.image} does not contain rayft and "
+            "cluster.kube.runtime_env does not install it, so the job would fail with `rayft: not found`. "
+            "Either set cluster.kube.runtime_env: {pip: [\"rayft @ <wheel URL or s3:// path>\"]} "
+            f"(or a pinned version from your index), or build an image FROM {kube.image} with rayft installed "
+            "and set cluster.kube.image to it"
+        )
 
     # shared storage
     if cluster.num_nodes > 1:

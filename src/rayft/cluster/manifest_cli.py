@@ -36,7 +36,7 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(1)
         name = cfg.cluster.instance_type
         try:
-            instance = describe_instance_type(name) if ec2 else get_instance(name)
+            instance = describe_instance_type(name, region=cfg.cluster.aws.region) if ec2 else get_instance(name)
         except (UnknownInstanceTypeError, NotAGpuInstanceError) as e:
             console.print(f"[bold red]error[/]: cluster.instance_type: {e}", highlight=False)
             raise typer.Exit(1) from None
@@ -49,6 +49,8 @@ def register(app: typer.Typer) -> None:
         paths = write(m, out, cfg.cluster.kube.job_cluster, source=os.fspath(config))
         for note in m.notes:
             console.print(f"[yellow]note[/]: {note}", highlight=False)
+        for warning in m.warnings:
+            console.print(f"[bold yellow]warning[/]: {warning}", highlight=False)
         world = cfg.cluster.num_nodes * instance.gpu_count
         console.print(
             f"{cfg.cluster.num_nodes}× {instance.name} ({instance.gpu_count}× {instance.gpu_model}, "

@@ -15,6 +15,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 # A Kubernetes resource quantity (apimachinery resource.Quantity, decimal or binary suffix).
+# The one quantity pattern in rayft: manifest.parse_quantity parses with it (group 1: the number,
+# group 3: the suffix), so keep those groups where they are.
 QUANTITY_PATTERN = r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)(([KMGTPE]i)|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
 Quantity = Annotated[
     str,
