@@ -1,0 +1,228 @@
+"""`rayft submit` against a real local multi-node Ray cluster with token auth (`rayft cluster local up`).
+
+The cluster: a head with 0 CPUs / 0 GPUs and 2 worker nodes of 1 CPU each, every node its own
+`ray start`, all on 127.0.0.1, started and stopped through the CLI (the same code path as a user's
+`rayft cluster local up|down`). The quickstart runs 2 steps with 2 workers × 0.5 CPU, so the two
+Ray Train workers land on the worker nodes (the head offers no CPU).
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from rayft.cluster import local
+
+from rayft.cluster import submit as sub
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICK = [
+    "--set", "train.max_steps=2", "--set", "train.warmup_steps=1", "--set", "checkpoint.every_steps=null",
+    "--set", "checkpoint.export_hf=false", "--set", "train.num_workers=2", "--set", "train.cpus_per_worker=0.5",
+]  # fmt: skip
+
+
+def rayft(env, *args, timeout=240, input=None):
+    return subprocess.run(
+        [sys.executable, "-m", "rayft.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=timeout, input=input,
+    )  # fmt: skip
+
+
+def http_status(url, token=None):
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+# --------------------------------------------------------------------------- fast, no cluster
+
+
+def test_address_resolution(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(sub.SubmitError, match="no cluster address"):
+        sub.resolve_address(None, None)
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:8265")
+    assert sub.resolve_address(None, None) == ("http://10.0.0.1:8265", "RAY_ADDRESS")
+    assert sub.resolve_address(None, "https://ray.example/") == ("https://ray.example", "ray.address")
+    assert sub.resolve_address("127.0.0.1:1", "x:2")[0] == "http://127.0.0.1:1"
+    for bad in ("auto", "ray://head:10001"):
+        with pytest.raises(sub.SubmitError, match="dashboard URL"):
+            sub.resolve_address(bad, None)
+
+
+def test_token_precedence(monkeypatch, tmp_path):
+    for k in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("RAYFT_LOCAL_CLUSTER_DIR", str(tmp_path / "none"))
+    monkeypatch.setattr(sub, "DEFAULT_TOKEN_FILE", tmp_path / "absent")
+    assert sub.resolve_token("http://h:1") == (None, None)
+    f = tmp_path / "tok"
+    f.write_text("from-path\n")
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(f))
+    assert sub.resolve_token("http://h:1")[0] == "from-path"
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "from-env")
+    assert sub.resolve_token("http://h:1")[0] == "from-env"
+    g = tmp_path / "cli"
+    g.write_text("from-cli")
+    assert sub.resolve_token("http://h:1", g)[0] == "from-cli"
+    g.write_text("")
+    with pytest.raises(sub.SubmitError, match="empty"):
+        sub.resolve_token("http://h:1", g)
+
+
+def test_entrypoint_and_runtime_env():
+    e = sub.build_entrypoint("examples/q.yaml", ["a.b=1", "c=x y"], clear_address=True)
+    assert e == "python -m rayft.cli train examples/q.yaml --set a.b=1 --set 'c=x y' --set ray.address=null"
+    env = sub.runtime_env(ROOT)
+    assert env["working_dir"] == str(ROOT)
+    assert {"runs/", ".venv/", ".gpu/", ".git/"} <= set(env["excludes"])
+    assert env["py_modules"][0].endswith("rayft")
+    assert sub.project_root(ROOT / "examples" / "quickstart.yaml") == ROOT
+
+
+class FakeClient:
+    def __init__(self, interrupt):
+        self.interrupt, self.stopped, self.status = interrupt, False, "RUNNING"
+
+    async def tail_job_logs(self, job_id):
+        yield "hello\n"
+        if self.interrupt:
+            raise KeyboardInterrupt
+        self.status = "FAILED"
+
+    def stop_job(self, job_id):
+        self.stopped, self.status = True, "STOPPED"
+
+    def get_job_status(self, job_id):
+        class S:
+            value = self.status
+
+        return S()
+
+    def get_job_info(self, job_id):
+        class I:
+            message = "boom"
+
+        return I()
+
+
+@pytest.mark.parametrize(("interrupt", "answer", "code", "stopped"), [(False, None, 1, False), (True, True, 1, True), (True, False, 130, False)])
+def test_follow_ctrl_c_and_exit_status(interrupt, answer, code, stopped, capsys):
+    import io
+
+    c, out, said = FakeClient(interrupt), io.StringIO(), []
+    s = sub.Submission("http://h:1", "j1", "e", "/w", None)
+    assert sub.run(c, s, confirm=lambda q: answer, say=said.append, out=out) == code
+    assert out.getvalue() == "hello\n" and c.stopped == stopped
+    assert sub.exit_code("SUCCEEDED") == 0 and sub.exit_code("STOPPED") == 1
+
+
+def test_cli_has_one_cluster_group_with_local():
+    from typer.testing import CliRunner
+
+    from rayft.cli import app
+
+    assert [g.name for g in app.registered_groups].count("cluster") == 1
+    r = CliRunner().invoke(app, ["cluster", "--help"])
+    assert r.exit_code == 0 and "local" in r.output and "plan" in r.output
+    r = CliRunner().invoke(app, ["cluster", "local", "down", "--state-dir", "/nonexistent-rayft"])
+    assert r.exit_code == 0
+
+
+# --------------------------------------------------------------------------- real local cluster
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    state = Path(tempfile.mkdtemp(prefix="rlc-", dir="/tmp"))  # short: Ray's socket paths must stay < 108 bytes
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH_"))}
+    env["RAYFT_LOCAL_CLUSTER_DIR"] = str(state)
+    try:
+        r = rayft(env, "cluster", "local", "up", "--workers", "2", "--cpus-per-worker", "1", timeout=180)
+        assert r.returncode == 0, r.stdout + r.stderr
+        c = local.load_state(state)
+        assert c is not None
+        yield c, env
+    finally:
+        c = local.load_state(state)
+        d = rayft(env, "cluster", "local", "down", timeout=120)
+        left = local.cluster_pids(c) if c else {}
+        for pid in left:  # never leave Ray processes behind, even when `down` is broken
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        shutil.rmtree(state, ignore_errors=True)
+        assert d.returncode == 0 and not left, f"down left processes {left}: {d.stdout}{d.stderr}"
+
+
+@pytest.mark.integration
+def test_up_is_idempotent_and_secured(cluster):
+    c, env = cluster
+    assert c.dashboard_url.startswith("http://127.0.0.1:")
+    assert oct(os.stat(c.token_file).st_mode & 0o777) == "0o600"
+    assert [n["name"] for n in c.nodes] == ["head", "worker-1", "worker-2"]
+    assert local.alive_nodes(c) == 3
+    r = rayft(env, "cluster", "local", "up", "--workers", "2", timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "already running" in r.stderr
+    assert f"export RAY_ADDRESS={c.dashboard_url}" in r.stdout
+
+
+@pytest.mark.integration
+def test_request_without_token_is_refused(cluster):
+    c, env = cluster
+    jobs = f"{c.dashboard_url}/api/jobs/"
+    status, body = http_status(jobs)
+    assert status == 401, body
+    assert "Missing authentication token" in body
+    status, body = http_status(jobs, token="not-the-token")
+    assert status == 403, body
+    status, _ = http_status(jobs, token=c.token)
+    assert status == 200
+    # a submission without a token (address given, no token source at all) is refused too
+    bare = {**env, "RAYFT_LOCAL_CLUSTER_DIR": str(Path(c.state_dir) / "elsewhere"), "HOME": c.state_dir}
+    r = rayft(bare, "submit", "examples/quickstart.yaml", "--address", c.dashboard_url, *QUICK, timeout=60)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "Missing authentication token" in r.stderr
+    r = rayft({**bare, "RAY_AUTH_TOKEN": "not-the-token"}, "submit", "examples/quickstart.yaml", "--address", c.dashboard_url, *QUICK, timeout=60)
+    assert r.returncode == 1 and "Invalid authentication token" in r.stderr, r.stderr
+
+
+@pytest.mark.integration
+def test_submit_quickstart_with_token(cluster):
+    from ray.job_submission import JobSubmissionClient
+
+    c, env = cluster
+    r = rayft(
+        env, "submit", "examples/quickstart.yaml", "--address", c.dashboard_url, "--token-file", c.token_file, *QUICK,
+        timeout=240,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "rayft run summary" in r.stdout  # the job's logs, streamed
+    assert "2/2" in r.stdout
+    line = next(ln for ln in r.stderr.splitlines() if ln.startswith("job ") and ln.rstrip().endswith("SUCCEEDED"))
+    job_id = line.split()[1].rstrip(":")
+    client = JobSubmissionClient(c.dashboard_url, headers={"Authorization": f"Bearer {c.token}"})
+    info = client.get_job_info(job_id)
+    assert str(info.status.value) == "SUCCEEDED"
+    assert info.entrypoint.startswith("python -m rayft.cli train examples/quickstart.yaml")
+    logs = client.get_job_logs(job_id)
+    assert "rayft run summary" in logs and "2 × cpu" in logs
+    # the two Ray Train workers ran on the worker nodes: the head offers no CPU
+    status, body = http_status(f"{c.dashboard_url}/api/v0/nodes?limit=100", token=c.token)
+    nodes = json.loads(body)["data"]["result"]["result"]
+    head = [n for n in nodes if n.get("is_head_node")]
+    assert len(nodes) == 3 and len(head) == 1
+    assert head[0]["resources_total"].get("CPU", 0) == 0
