@@ -49,15 +49,20 @@ class ModelConfig(_Section):
 
 
 class DataConfig(_Section):
-    """Training data: chat records rendered with the tokenizer's chat template.
+    """Training data: chat records rendered with the tokenizer's chat template, or raw text.
 
-    ``format``: ``messages`` ({"messages": [{"role", "content"}]}), ``alpaca``
-    ({instruction, input, output}) or ``auto`` (decided per record by its keys).
+    ``format``: ``messages`` ({"messages": [{"role", "content"}]}), ``sharegpt`` ({"conversations":
+    [{"from": "system"|"human"|"gpt", "value"}]}), ``alpaca`` ({instruction, input, output}),
+    ``text`` ({"text"}: continued pre-training, no chat template, loss on every token) or ``auto``
+    (decided per record by its keys). Files: .json, .jsonl, .json.gz, .jsonl.gz, .parquet.
+    ``on_bad_record``: ``error`` stops at the first bad record (``file:line: reason``); ``skip``
+    skips bad records and reports their counts per reason at the start of training.
     """
 
     train_files: list[str] = Field(min_length=1)
-    format: Literal["auto", "messages", "alpaca"] = "auto"
-    seq_len: int = Field(default=2048, ge=8, description="Maximum tokens per example (longer ones are truncated).")
+    format: Literal["auto", "messages", "sharegpt", "alpaca", "text"] = "auto"
+    on_bad_record: Literal["error", "skip"] = "error"
+    seq_len: int = Field(default=2048, ge=8, description="Maximum tokens per example (longer conversations are truncated, longer text documents split).")
     packing: bool = Field(default=True, description="Pack several examples per row (no cross-document attention); else one per row.")
     shuffle: bool = True
     seed: int = 0

@@ -1,56 +1,134 @@
-"""Records on disk ─► chat conversations (lists of {"role", "content"} messages).
+"""Records on disk ─► training examples: chat conversations (lists of {"role", "content"} messages)
+or raw text documents (continued pre-training).
 
 Readers keep the file and line of every record so that each bad record is reported as
-``file:line: reason``. Supported inputs: ``.json`` (an array of objects, or one object per line)
-and ``.jsonl`` (one object per line). Supported record formats:
+``file:line: reason`` (``file:row N`` for Parquet). Supported inputs:
+
+* ``.json`` (an array of objects, one pretty-printed object, or one object per line) and ``.jsonl``
+  (one object per line);
+* the same gzip-compressed, ``.json.gz`` / ``.jsonl.gz`` (stdlib :mod:`gzip`; line numbers are those
+  of the decompressed text, so they stay right through compression);
+* ``.parquet`` (one record per row, read with pyarrow; rows are reported as ``file.parquet:row N``,
+  N counted from 0 as ``table.slice(N, 1)`` reads it; null fields count as absent).
+
+zstd, bz2, xz, Arrow, CSV, tar and zip files are refused with a clear message.
+
+Supported record formats (``data.format``; ``auto`` decides per record by its keys, in this order):
 
 * ``messages``: ``{"messages": [{"role": "system"|"user"|"assistant", "content": str}, ...]}``
+* ``sharegpt``: ``{"conversations": [{"from": "system"|"human"|"gpt", "value": str}, ...],
+  "system": str (optional)}``; ``"user"``/``"assistant"`` are accepted as ``from`` values too.
+  ``function_call``/``observation`` (tool-use) turns are refused: not supported yet.
 * ``alpaca``: ``{"instruction": str, "input": str (optional), "output": str, "system": str (optional),
   "history": [[user, assistant], ...] (optional)}`` rendered as an optional system turn, the history
   turns, a user turn ``instruction`` (+ ``"\\n"`` + ``input`` when non-empty) and an assistant turn
-  ``output`` (the Stanford Alpaca / LLaMA-Factory convention).
+  ``output`` (the Stanford Alpaca / LLaMA-Factory convention). Detected by ``instruction``/``output``.
+* ``text``: ``{"text": str}`` (other keys such as ``url`` are ignored) → a :class:`TextDocument`,
+  tokenized without the chat template, loss on every token. Auto-detected when ``text`` is the only
+  format key (a record with ``text`` *and* ``instruction``/``output`` is alpaca).
 
-Refused, with ``file:line`` and the reason: invalid JSON or UTF-8 (or lone surrogates), a record
-that is not an object, unknown roles or message keys, empty conversations, no assistant turn, an
-empty assistant turn, a system turn after the first message, and wrong types.
+Refused, with ``file:line`` and the reason: invalid JSON or UTF-8 (or lone surrogates), several
+JSON values on one line, a record that is not an object, unknown roles or message keys, tool-use
+turns, empty conversations, no assistant turn, an empty assistant turn, a system turn after the
+first message, an empty text document, and wrong types. Every :class:`DataError` of a record carries
+a short reason category (``kind``, one of :data:`REASON_KINDS`).
+
+Bad-record policy (``data.on_bad_record``): ``error`` (default) stops at the first bad record;
+``skip`` skips every bad record and counts it per reason category in the :class:`LoadReport`.
+Problems that are not one record's (no such file, an unreadable or corrupt gzip/Parquet file, a
+broken JSON array, invalid UTF-8 inside a JSON array) stop the load under either policy.
 """
 
 from __future__ import annotations
 
 import glob
+import gzip
 import json
 import os
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import Iterator, Literal, Union
 
-Format = Literal["auto", "messages", "alpaca"]
+Format = Literal["auto", "messages", "sharegpt", "alpaca", "text"]
+BadRecordPolicy = Literal["error", "skip"]
 ROLES = ("system", "user", "assistant")
+SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}
+SHAREGPT_TOOL_TURNS = ("function_call", "observation")
+
+#: Short reason categories of bad records (``DataError.kind``), used to group skipped records.
+REASON_KINDS = (
+    "invalid_utf8", "invalid_json", "several_values", "not_an_object", "unknown_format", "missing_field",
+    "wrong_type", "invalid_unicode", "missing_role", "unknown_role", "unsupported_key", "tool_use",
+    "empty_conversation", "no_assistant_turn", "empty_assistant_turn", "misplaced_system", "empty_text",
+    "file",
+)  # fmt: skip
 
 
 class DataError(ValueError):
-    """Bad input data. The message starts with ``file:line``."""
+    """Bad input data. The message is ``where: reason``, ``where`` being ``file:line`` (``file:row N``
+    for Parquet) or a path/pattern. Attributes: ``where``, ``reason`` (the message without the
+    ``where:`` prefix) and ``kind`` (a short category from :data:`REASON_KINDS`)."""
+
+    def __init__(self, message: str, *, where: str = "", reason: str = "", kind: str = "file"):
+        super().__init__(message)
+        self.where, self.reason, self.kind = where, reason or message, kind
+
+
+def _bad(where: str, kind: str, reason: str) -> DataError:
+    return DataError(f"{where}: {reason}", where=where, reason=reason, kind=kind)
 
 
 @dataclass(frozen=True)
 class Conversation:
-    """One training example: its messages and where it came from (``source`` = ``file:line``)."""
+    """One chat training example: its messages and where it came from (``source`` = ``file:line``)."""
 
     messages: tuple[dict[str, str], ...]
     source: str
 
 
+@dataclass(frozen=True)
+class TextDocument:
+    """One raw-text training example (continued pre-training): no chat template, loss on every token."""
+
+    text: str
+    source: str
+
+
+Example = Union[Conversation, TextDocument]
+
 DATA_SUFFIXES = (".json", ".jsonl")
-UNSUPPORTED_SUFFIXES = (".gz", ".zst", ".bz2", ".xz", ".parquet", ".arrow", ".csv")
+GZIP_SUFFIX = ".gz"
+PARQUET_SUFFIX = ".parquet"
+UNSUPPORTED_SUFFIXES = (".zst", ".zstd", ".bz2", ".xz", ".arrow", ".csv", ".tsv", ".tar", ".zip")
+SUPPORTED_NOTE = ".json, .jsonl, .json.gz, .jsonl.gz, .parquet"
+
+
+def _file_kind(p: Path) -> Literal["json", "gzip", "parquet", "unsupported", "other"]:
+    """How a file is read: by its suffix (case-insensitive); ``other`` = not a data-file suffix."""
+    suf = p.suffix.lower()
+    if suf in DATA_SUFFIXES:
+        return "json"
+    if suf == PARQUET_SUFFIX:
+        return "parquet"
+    if suf == GZIP_SUFFIX:
+        inner = Path(p.stem).suffix.lower()
+        if inner in DATA_SUFFIXES:
+            return "gzip"
+        return "unsupported" if inner in UNSUPPORTED_SUFFIXES or inner == PARQUET_SUFFIX else "other"
+    return "unsupported" if suf in UNSUPPORTED_SUFFIXES else "other"
 
 
 def expand_files(patterns: list[str]) -> list[Path]:
-    """Files named by paths, globs and directories (their ``*.json``/``*.jsonl`` files, any case),
-    in sorted order, each once.
+    """Files named by paths, globs and directories, in sorted order, each once. A directory
+    contributes its ``*.json``, ``*.jsonl``, ``*.json.gz``, ``*.jsonl.gz`` and ``*.parquet`` files
+    (any case); a file named explicitly is read as JSON/JSONL unless its suffix says otherwise
+    (``x.gz``: gzip-compressed JSON/JSONL).
 
     Raises:
-        DataError: a pattern that matches nothing, a remote URI or a compressed/columnar file (not
-            supported by this reader yet), a directory holding such files, or a file listed twice.
+        DataError: a pattern that matches nothing, a remote URI, a zstd/bz2/xz/Arrow/CSV/tar/zip
+            file (not supported yet), a directory holding such files or no data file, or a file
+            listed twice.
     """
     out: list[Path] = []
     for pat in patterns:
@@ -58,20 +136,21 @@ def expand_files(patterns: list[str]) -> list[Path]:
             raise DataError(f"{pat}: remote URIs are not supported by this reader yet; copy the file locally")
         if os.path.isdir(pat):
             files = sorted(p for p in Path(pat).iterdir() if p.is_file())
-            bad = [p.name for p in files if p.suffix.lower() in UNSUPPORTED_SUFFIXES]
+            kinds = {p: _file_kind(p) for p in files}
+            bad = [p.name for p in files if kinds[p] == "unsupported" or (kinds[p] == "other" and p.suffix.lower() == GZIP_SUFFIX)]
             if bad:
-                raise DataError(f"{pat}: holds {bad[:3]}: compressed or columnar files are not supported yet (decompress or convert to JSONL)")
-            found = [p for p in files if p.suffix.lower() in DATA_SUFFIXES]
+                raise DataError(f"{pat}: holds {bad[:3]}: these files are not supported yet (supported: {SUPPORTED_NOTE}; decompress or convert to JSONL)")
+            found = [p for p in files if kinds[p] in ("json", "gzip", "parquet")]
             if not found:
-                raise DataError(f"{pat}: directory has no .json or .jsonl file (data.train_files)")
+                raise DataError(f"{pat}: directory has no data file ({SUPPORTED_NOTE}) (data.train_files)")
         else:
             found = sorted(Path(p) for p in glob.glob(pat)) if glob.has_magic(pat) and not os.path.exists(pat) else [Path(pat)]
             found = [p for p in found if p.is_file()]
             if not found:
                 raise DataError(f"{pat or repr(pat)}: no such data file (data.train_files)")
             for p in found:
-                if p.suffix.lower() in UNSUPPORTED_SUFFIXES:
-                    raise DataError(f"{p}: compressed or columnar files are not supported yet (decompress or convert to JSONL)")
+                if _file_kind(p) == "unsupported":
+                    raise DataError(f"{p}: this kind of file is not supported yet (supported: {SUPPORTED_NOTE}; decompress or convert to JSONL)")
         out.extend(found)
     seen: set[Path] = set()
     for p in out:
@@ -96,83 +175,185 @@ def _line_of(starts: list[int], offset: int) -> int:
     return bisect.bisect_right(starts, offset)
 
 
-def read_records(path: Path) -> Iterator[tuple[int, object]]:
-    """Yield ``(line, value)`` for each record of a JSON array or JSON Lines file.
-
-    Raises:
-        DataError: unreadable file, invalid UTF-8, invalid JSON (with its line), trailing data.
-    """
+def _read_bytes(path: Path) -> bytes:
+    """The file's bytes, decompressed for ``*.gz``. Raises DataError (kind ``file``)."""
     try:
-        raw = path.read_bytes()
+        if path.suffix.lower() == GZIP_SUFFIX:
+            with gzip.open(path, "rb") as f:
+                return f.read()
+        return path.read_bytes()
+    except gzip.BadGzipFile as e:
+        raise DataError(f"{path}: not a valid gzip file: {e}") from None
+    except EOFError:
+        raise DataError(f"{path}: the gzip stream ends early (truncated file?)") from None
+    except zlib.error as e:
+        raise DataError(f"{path}: corrupt gzip data ({e})") from None
     except OSError as e:
         raise DataError(f"{path}: cannot read: {e.strerror or e}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw[: e.start].count(b"\n") + 1
-        raise DataError(f"{path}:{line}: invalid UTF-8 (byte {raw[e.start]:#04x} at offset {e.start})") from None
-    if text.startswith("\ufeff"):
-        text = text[1:]
+
+
+_BOM = b"\xef\xbb\xbf"
+
+
+def _json_records(path: Path) -> Iterator[tuple[int, str, object]]:
+    """``(line, "file:line", value)`` per record of a JSON/JSONL file (gzip-compressed or not). A
+    bad JSONL line is yielded as a :class:`DataError` value (so it can be skipped); problems that
+    stop the whole file (unreadable, broken JSON array) are raised."""
+    raw = _read_bytes(path)
+    bom = len(_BOM) if raw.startswith(_BOM) else 0
+    body = raw[bom:]
+    first = body.lstrip()[:1]
+    is_json_suffix = Path(path.name.lower().removesuffix(GZIP_SUFFIX)).suffix == ".json"
+    if first == b"[":
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError as e:
+            line = body[: e.start].count(b"\n") + 1
+            raise DataError(f"{path}:{line}: invalid UTF-8 (byte {body[e.start]:#04x} at offset {bom + e.start})", kind="invalid_utf8") from None
+        yield from _json_array_records(path, text)
+        return
+    if is_json_suffix and first == b"{" and b"\n" in body.strip():
+        # one JSON object spread over several lines (a pretty-printed single record)?
+        try:
+            body.decode("utf-8")
+            bad_utf8 = None
+        except UnicodeDecodeError as e:
+            bad_utf8 = e
+        text = body.decode("utf-8", errors="replace")
+        stripped = text.lstrip()
+        try:
+            value, end = json.JSONDecoder().raw_decode(text, len(text) - len(stripped))
+        except (ValueError, RecursionError):  # not one object: read as JSON Lines below
+            value, end = None, -1
+        if isinstance(value, dict) and not text[end:].strip():
+            if bad_utf8 is not None:
+                e = bad_utf8
+                line = body[: e.start].count(b"\n") + 1
+                raise DataError(f"{path}:{line}: invalid UTF-8 (byte {body[e.start]:#04x} at offset {bom + e.start})", kind="invalid_utf8")
+            line = text[: len(text) - len(stripped)].count("\n") + 1
+            yield line, f"{path}:{line}", value
+            return
+    dec = json.JSONDecoder()
+    offset = 0
+    for lineno, bline in enumerate(body.split(b"\n"), 1):
+        start, offset = offset, offset + len(bline) + 1
+        where = f"{path}:{lineno}"
+        if not bline.strip():
+            continue
+        try:
+            line = bline.decode("utf-8").strip()
+        except UnicodeDecodeError as e:
+            yield lineno, where, _bad(where, "invalid_utf8", f"invalid UTF-8 (byte {bline[e.start]:#04x} at offset {bom + start + e.start})")
+            continue
+        if not line:
+            continue
+        try:
+            value, end = dec.raw_decode(line, 0)
+        except json.JSONDecodeError as e:
+            yield lineno, where, _bad(where, "invalid_json", f"invalid JSON: {e.msg} (column {e.colno})")
+            continue
+        except (ValueError, RecursionError) as e:  # e.g. integers over 4300 digits, absurd nesting
+            kind = "nested too deeply" if isinstance(e, RecursionError) else str(e).split(";")[0]
+            yield lineno, where, _bad(where, "invalid_json", f"invalid JSON value: {kind}")
+            continue
+        if line[end:].strip():
+            yield lineno, where, _bad(where, "several_values", "more than one JSON value on one line")
+            continue
+        yield lineno, where, value
+
+
+def _json_array_records(path: Path, text: str) -> Iterator[tuple[int, str, object]]:
+    """Records of a JSON array text; any JSON error stops the file (the array cannot be resynced)."""
     starts = _line_index(text)
     stripped = text.lstrip()
     dec = json.JSONDecoder()
 
-    def decode(s: str, pos: int, line_of_pos) -> tuple[object, int]:
+    def decode(pos: int) -> tuple[object, int]:
         try:
-            return dec.raw_decode(s, pos)
+            return dec.raw_decode(text, pos)
         except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{line_of_pos(e.pos)}: invalid JSON: {e.msg} (column {e.colno})") from None
-        except (ValueError, RecursionError) as e:  # e.g. integers over 4300 digits, absurd nesting
+            line = _line_of(starts, e.pos)
+            raise DataError(f"{path}:{line}: invalid JSON: {e.msg} (column {e.colno})", kind="invalid_json") from None
+        except (ValueError, RecursionError) as e:
             kind = "nested too deeply" if isinstance(e, RecursionError) else str(e).split(";")[0]
-            raise DataError(f"{path}:{line_of_pos(pos)}: invalid JSON value: {kind}") from None
+            raise DataError(f"{path}:{_line_of(starts, pos)}: invalid JSON value: {kind}", kind="invalid_json") from None
 
-    if path.suffix.lower() == ".json" and stripped.startswith("{") and "\n" in stripped.strip():
-        # one JSON object spread over several lines (a pretty-printed single record)?
-        try:
-            value, end = dec.raw_decode(text, len(text) - len(stripped))
-        except (ValueError, RecursionError):
-            value, end = None, -1
-        if isinstance(value, dict) and not text[end:].strip():
-            yield _line_of(starts, len(text) - len(stripped)), value
-            return
-    if stripped.startswith("["):
-        pos = len(text) - len(stripped) + 1
-        n = 0
-        while True:
+    pos = len(text) - len(stripped) + 1
+    n = 0
+    while True:
+        while pos < len(text) and text[pos] in " \t\r\n":
+            pos += 1
+        if pos < len(text) and text[pos] == "]":
+            pos += 1
+            break
+        if n:
+            if pos >= len(text) or text[pos] != ",":
+                raise DataError(f"{path}:{_line_of(starts, pos)}: invalid JSON: expected ',' or ']' between records", kind="invalid_json")
+            pos += 1
             while pos < len(text) and text[pos] in " \t\r\n":
                 pos += 1
-            if pos < len(text) and text[pos] == "]":
-                pos += 1
-                break
-            if n:
-                if pos >= len(text) or text[pos] != ",":
-                    raise DataError(f"{path}:{_line_of(starts, pos)}: invalid JSON: expected ',' or ']' between records")
-                pos += 1
-                while pos < len(text) and text[pos] in " \t\r\n":
-                    pos += 1
-            value, end = decode(text, pos, lambda off: _line_of(starts, off))
-            yield _line_of(starts, pos), value
-            pos, n = end, n + 1
-        if text[pos:].strip():
-            raise DataError(f"{path}:{_line_of(starts, pos)}: unexpected data after the JSON array")
-        return
-    for lineno, line in enumerate(text.split("\n"), 1):
-        if not line.strip():
-            continue
-        value, end = decode(line.strip(), 0, lambda _off, n=lineno: n)
-        if line.strip()[end:].strip():
-            raise DataError(f"{path}:{lineno}: more than one JSON value on one line")
-        yield lineno, value
+        value, end = decode(pos)
+        line = _line_of(starts, pos)
+        yield line, f"{path}:{line}", value
+        pos, n = end, n + 1
+    if text[pos:].strip():
+        raise DataError(f"{path}:{_line_of(starts, pos)}: unexpected data after the JSON array", kind="invalid_json")
+
+
+def _drop_nulls(v: object) -> object:
+    """Parquet has no "absent": a null field (e.g. a struct field other rows use) counts as absent."""
+    if isinstance(v, dict):
+        return {k: _drop_nulls(x) for k, x in v.items() if x is not None}
+    if isinstance(v, list):
+        return [_drop_nulls(x) for x in v]
+    return v
+
+
+def _parquet_records(path: Path) -> Iterator[tuple[int, str, object]]:
+    """``(row, "file:row N", record)`` per row of a Parquet file (N from 0)."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DataError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow)") from None
+    try:
+        pf = pq.ParquetFile(path)
+        batches = pf.iter_batches(batch_size=1024)
+        n = 0
+        for batch in batches:
+            for rec in batch.to_pylist():
+                yield n, f"{path}:row {n}", _drop_nulls(rec)
+                n += 1
+    except (OSError, pa.ArrowException) as e:
+        raise DataError(f"{path}: not a readable Parquet file ({e})") from None
+
+
+def _records(path: Path) -> Iterator[tuple[int, str, object]]:
+    return _parquet_records(path) if _file_kind(path) == "parquet" else _json_records(path)
+
+
+def read_records(path: Path) -> Iterator[tuple[int, object]]:
+    """Yield ``(line, value)`` for each record of a JSON array, JSON Lines (optionally ``.gz``) or
+    Parquet file (``line`` is then the row number, from 0).
+
+    Raises:
+        DataError: unreadable/corrupt file, invalid UTF-8, invalid JSON (with its line), several
+            values on one line, trailing data — at the first one.
+    """
+    for n, _where, value in _records(path):
+        if isinstance(value, DataError):
+            raise value
+        yield n, value
 
 
 def _str_field(rec: dict, key: str, where: str, required: bool) -> str:
     v = rec.get(key)
     if v is None:
         if required:
-            raise DataError(f"{where}: missing field {key!r}")
+            raise _bad(where, "missing_field", f"missing field {key!r}")
         return ""
     if not isinstance(v, str):
-        raise DataError(f"{where}: field {key!r} must be a string, got {type(v).__name__}")
+        raise _bad(where, "wrong_type", f"field {key!r} must be a string, got {type(v).__name__}")
     return _valid_text(v, where, key)
 
 
@@ -180,93 +361,245 @@ def _valid_text(v: str, where: str, field: str) -> str:
     try:
         v.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise DataError(f"{where}: {field} holds invalid Unicode ({e.reason}, e.g. a lone \\u{ord(v[e.start]):04x} escape)") from None
+        raise _bad(where, "invalid_unicode", f"{field} holds invalid Unicode ({e.reason}, e.g. a lone \\u{ord(v[e.start]):04x} escape)") from None
     return v
 
 
-def to_conversation(rec: object, where: str, fmt: Format = "auto") -> Conversation:
-    """Turn one record into a conversation.
+def detect_format(rec: dict, where: str) -> Format:
+    """The format of one record by its keys: ``messages``, ``conversations`` (sharegpt),
+    ``instruction``/``output`` (alpaca), else ``text`` (raw text).
 
     Raises:
-        DataError: not an object, unknown format, missing/unknown role, wrong types, empty
-            conversation, or no assistant turn (nothing to learn from).
+        DataError: none of these keys (kind ``unknown_format``).
+    """
+    if "messages" in rec:
+        return "messages"
+    if "conversations" in rec:
+        return "sharegpt"
+    if "instruction" in rec or "output" in rec:
+        return "alpaca"
+    if "text" in rec:
+        return "text"
+    raise _bad(
+        where, "unknown_format",
+        f"unknown record format (keys: {sorted(rec)}); expected 'messages', sharegpt's 'conversations', "
+        "alpaca's instruction/output or 'text'",
+    )  # fmt: skip
+
+
+def to_example(rec: object, where: str, fmt: Format = "auto") -> Example:
+    """Turn one record into a :class:`Conversation` (messages, sharegpt, alpaca) or a
+    :class:`TextDocument` (text).
+
+    Raises:
+        DataError: not an object, unknown format, missing/unknown role, tool-use turns, wrong types,
+            empty conversation or text, or no assistant turn (nothing to learn from).
     """
     if not isinstance(rec, dict):
-        raise DataError(f"{where}: a record must be a JSON object, got {type(rec).__name__}")
-    if "tools" in rec:
-        raise DataError(f"{where}: 'tools' (function calling) is not supported yet")
+        raise _bad(where, "not_an_object", f"a record must be a JSON object, got {type(rec).__name__}")
     if fmt == "auto":
-        if "messages" in rec:
-            fmt = "messages"
-        elif "instruction" in rec or "output" in rec:
-            fmt = "alpaca"
-        else:
-            raise DataError(f"{where}: unknown record format (keys: {sorted(rec)}); expected 'messages' or alpaca's instruction/output")
+        fmt = detect_format(rec, where)
+    if fmt == "text":
+        return _text_document(rec, where)
+    if "tools" in rec:
+        raise _bad(where, "tool_use", "'tools' (function calling) is not supported yet")
     if fmt == "alpaca":
-        instruction = _str_field(rec, "instruction", where, True)
-        inp = _str_field(rec, "input", where, False)
-        output = _str_field(rec, "output", where, True)
-        system = _str_field(rec, "system", where, False)
-        user = f"{instruction}\n{inp}" if inp else instruction
-        msgs: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
-        history = rec.get("history") or []
-        if not isinstance(history, list):
-            raise DataError(f"{where}: field 'history' must be a list of [user, assistant] pairs")
-        for i, pair in enumerate(history):
-            if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)):
-                raise DataError(f"{where}: history[{i}] must be a [user, assistant] pair of strings")
-            msgs += [{"role": "user", "content": _valid_text(pair[0], where, f"history[{i}][0]")},
-                     {"role": "assistant", "content": _valid_text(pair[1], where, f"history[{i}][1]")}]  # fmt: skip
-        msgs += [{"role": "user", "content": user}, {"role": "assistant", "content": output}]
-        return _checked(Conversation(tuple(msgs), where))
+        return _alpaca(rec, where)
+    if fmt == "sharegpt":
+        return _sharegpt(rec, where)
+    return _messages(rec, where)
+
+
+def to_conversation(rec: object, where: str, fmt: Format = "auto") -> Example:
+    """Alias of :func:`to_example` (kept for callers of the chat-only reader)."""
+    return to_example(rec, where, fmt)
+
+
+def _text_document(rec: dict, where: str) -> TextDocument:
+    text = _str_field(rec, "text", where, True)
+    if not text.strip():
+        raise _bad(where, "empty_text", "field 'text' is empty (nothing to train on)")
+    return TextDocument(text, where)
+
+
+def _alpaca(rec: dict, where: str) -> Conversation:
+    instruction = _str_field(rec, "instruction", where, True)
+    inp = _str_field(rec, "input", where, False)
+    output = _str_field(rec, "output", where, True)
+    system = _str_field(rec, "system", where, False)
+    user = f"{instruction}\n{inp}" if inp else instruction
+    msgs: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
+    history = rec.get("history") or []
+    if not isinstance(history, list):
+        raise _bad(where, "wrong_type", "field 'history' must be a list of [user, assistant] pairs")
+    for i, pair in enumerate(history):
+        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)):
+            raise _bad(where, "wrong_type", f"history[{i}] must be a [user, assistant] pair of strings")
+        msgs += [{"role": "user", "content": _valid_text(pair[0], where, f"history[{i}][0]")},
+                 {"role": "assistant", "content": _valid_text(pair[1], where, f"history[{i}][1]")}]  # fmt: skip
+    msgs += [{"role": "user", "content": user}, {"role": "assistant", "content": output}]
+    return _checked(Conversation(tuple(msgs), where))
+
+
+def _messages(rec: dict, where: str) -> Conversation:
     messages = rec.get("messages")
     if not isinstance(messages, list):
-        raise DataError(f"{where}: field 'messages' must be a list, got {type(messages).__name__}")
+        raise _bad(where, "wrong_type", f"field 'messages' must be a list, got {type(messages).__name__}")
     if not messages:
-        raise DataError(f"{where}: empty conversation")
+        raise _bad(where, "empty_conversation", "empty conversation")
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
-            raise DataError(f"{where}: messages[{i}] must be an object, got {type(m).__name__}")
+            raise _bad(where, "wrong_type", f"messages[{i}] must be an object, got {type(m).__name__}")
         extra = set(m) - {"role", "content"}
         if extra:
-            raise DataError(
-                f"{where}: messages[{i}] has unsupported key(s) {sorted(extra)} "
-                "(tool calls, names and per-turn weights are not supported yet; remove them or convert the record)"
-            )
+            raise _bad(
+                where, "unsupported_key",
+                f"messages[{i}] has unsupported key(s) {sorted(extra)} "
+                "(tool calls, names and per-turn weights are not supported yet; remove them or convert the record)",
+            )  # fmt: skip
         role = m.get("role")
         if role is None:
-            raise DataError(f"{where}: messages[{i}] has no 'role'")
+            raise _bad(where, "missing_role", f"messages[{i}] has no 'role'")
         if role not in ROLES:
-            raise DataError(f"{where}: messages[{i}] has unknown role {role!r} (expected one of {', '.join(ROLES)})")
+            raise _bad(where, "unknown_role", f"messages[{i}] has unknown role {role!r} (expected one of {', '.join(ROLES)})")
         content = m.get("content")
         if not isinstance(content, str):
-            raise DataError(f"{where}: messages[{i}].content must be a string, got {type(content).__name__}")
+            raise _bad(where, "wrong_type", f"messages[{i}].content must be a string, got {type(content).__name__}")
         out.append({"role": role, "content": _valid_text(content, where, f"messages[{i}].content")})
     return _checked(Conversation(tuple(out), where))
 
 
-def _checked(conv: Conversation) -> Conversation:
-    """Reject conversations that would train on nothing, or on empty replies."""
+def _sharegpt(rec: dict, where: str) -> Conversation:
+    turns = rec.get("conversations")
+    if turns is None:
+        raise _bad(where, "missing_field", "missing field 'conversations'")
+    if not isinstance(turns, list):
+        raise _bad(where, "wrong_type", f"field 'conversations' must be a list, got {type(turns).__name__}")
+    if not turns:
+        raise _bad(where, "empty_conversation", "empty conversation")
+    system = _str_field(rec, "system", where, False)
+    out: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
+    for i, t in enumerate(turns):
+        if not isinstance(t, dict):
+            raise _bad(where, "wrong_type", f"conversations[{i}] must be an object, got {type(t).__name__}")
+        extra = set(t) - {"from", "value"}
+        if extra:
+            raise _bad(
+                where, "unsupported_key",
+                f"conversations[{i}] has unsupported key(s) {sorted(extra)} (only 'from' and 'value' are read; "
+                "per-turn weights are not supported yet)",
+            )  # fmt: skip
+        frm = t.get("from")
+        if frm is None:
+            raise _bad(where, "missing_role", f"conversations[{i}] has no 'from'")
+        if not isinstance(frm, str):
+            raise _bad(where, "wrong_type", f"conversations[{i}].from must be a string, got {type(frm).__name__}")
+        if frm in SHAREGPT_TOOL_TURNS:
+            raise _bad(
+                where, "tool_use",
+                f"conversations[{i}] is a {frm!r} turn: tool-use turns (function_call/observation) are not "
+                "supported yet; remove the record or its tool turns",
+            )  # fmt: skip
+        if frm not in SHAREGPT_ROLES:
+            raise _bad(where, "unknown_role", f"conversations[{i}] has unknown 'from' {frm!r} (expected one of {', '.join(SHAREGPT_ROLES)})")
+        role = SHAREGPT_ROLES[frm]
+        if role == "system" and system:
+            raise _bad(where, "misplaced_system", f"conversations[{i}] is a system turn and the record also has a 'system' field")
+        value = t.get("value")
+        if not isinstance(value, str):
+            raise _bad(where, "wrong_type", f"conversations[{i}].value must be a string, got {type(value).__name__}")
+        out.append({"role": role, "content": _valid_text(value, where, f"conversations[{i}].value")})
+    return _checked(Conversation(tuple(out), where), field="conversations", shift=1 if system else 0)
+
+
+def _checked(conv: Conversation, field: str = "messages", shift: int = 0) -> Conversation:
+    """Reject conversations that would train on nothing, or on empty replies. ``field``/``shift``
+    name turn *i* of ``conv.messages`` as ``field[i - shift]`` of the record."""
     roles = [m["role"] for m in conv.messages]
     if "assistant" not in roles:
-        raise DataError(f"{conv.source}: no assistant turn (nothing to train on)")
+        raise _bad(conv.source, "no_assistant_turn", "no assistant turn (nothing to train on)")
     for i, m in enumerate(conv.messages):
         if m["role"] == "assistant" and not m["content"].strip():
-            raise DataError(f"{conv.source}: assistant turn {i} is empty (training on it teaches empty replies)")
+            name = f"assistant turn {i}" if field == "messages" else f"assistant turn {field}[{i - shift}]"
+            raise _bad(conv.source, "empty_assistant_turn", f"{name} is empty (training on it teaches empty replies)")
         if m["role"] == "system" and i > 0:
-            raise DataError(f"{conv.source}: messages[{i}] is a system turn after the first message")
+            raise _bad(conv.source, "misplaced_system", f"{field}[{i - shift}] is a system turn after the first message")
     return conv
 
 
-def load_conversations(patterns: list[str], fmt: Format = "auto") -> list[Conversation]:
-    """Every conversation in the given files, in file order.
+@dataclass
+class SkippedRecords:
+    """Bad records of one reason category that were skipped: how many, and the first one's
+    ``file:line`` (``where``) and reason (the message without that prefix)."""
+
+    count: int
+    where: str
+    reason: str
+
+
+class LoadReport(list):
+    """What :func:`load_conversations` returns: a ``list`` of examples (:class:`Conversation` /
+    :class:`TextDocument`, in file order) that also carries ``skipped``: ``{kind: SkippedRecords}``
+    for the bad records skipped under ``on_bad_record="skip"`` (empty otherwise), and ``records``:
+    how many records were read (kept + skipped)."""
+
+    def __init__(self, examples=(), skipped: dict[str, SkippedRecords] | None = None, records: int = 0):
+        super().__init__(examples)
+        self.skipped: dict[str, SkippedRecords] = skipped if skipped is not None else {}
+        self.records = records
+
+    @property
+    def num_skipped(self) -> int:
+        return sum(s.count for s in self.skipped.values())
+
+    def skip_summary(self) -> list[str]:
+        """Lines for the console: a header, then one line per reason category (most frequent
+        first): ``  kind: count (first: file:line: reason)``. Empty when nothing was skipped."""
+        if not self.skipped:
+            return []
+        lines = [f"data: skipped {self.num_skipped} bad record(s) of {self.records} (data.on_bad_record: skip):"]
+        for kind, s in sorted(self.skipped.items(), key=lambda kv: (-kv[1].count, kv[0])):
+            lines.append(f"  {kind}: {s.count} (first: {s.where}: {s.reason})")
+        return lines
+
+
+def load_conversations(patterns: list[str], fmt: Format = "auto", on_bad_record: BadRecordPolicy = "error") -> LoadReport:
+    """Every example in the given files, in file order, as a :class:`LoadReport` (a list).
+
+    With ``on_bad_record="skip"`` a bad record is left out and counted in ``report.skipped`` under
+    its reason category; problems of a whole file (see the module docstring) still raise.
 
     Raises:
-        DataError: the first bad record, as ``file:line: reason``.
+        DataError: with ``"error"``, the first bad record, as ``file:line: reason``; under either
+            policy, a missing/unsupported/unreadable file or a broken JSON array.
     """
-    convs = []
+    if on_bad_record not in ("error", "skip"):
+        raise ValueError(f"on_bad_record must be 'error' or 'skip', got {on_bad_record!r}")
+    report = LoadReport()
     for path in expand_files(patterns):
-        for line, rec in read_records(path):
-            convs.append(to_conversation(rec, f"{path}:{line}", fmt))
-    return convs
+        records = _records(path)
+        while True:
+            try:
+                item = next(records, None)
+            except DataError as e:
+                if on_bad_record == "skip":
+                    raise DataError(f"{e} (data.on_bad_record: skip skips single records; this problem stops the whole file)", kind=e.kind) from None
+                raise
+            if item is None:
+                break
+            _n, where, value = item
+            report.records += 1
+            try:
+                if isinstance(value, DataError):
+                    raise value
+                report.append(to_example(value, where, fmt))
+            except DataError as e:
+                if on_bad_record == "error":
+                    raise
+                s = report.skipped.get(e.kind)
+                if s is None:
+                    report.skipped[e.kind] = SkippedRecords(1, e.where, e.reason)
+                else:
+                    s.count += 1
+    return report

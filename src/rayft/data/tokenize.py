@@ -1,4 +1,13 @@
-"""Chat conversations ─► token ids + loss mask.
+"""Training examples ─► token ids + loss mask. One code path per kind of example:
+
+* :class:`~rayft.data.formats.Conversation` (:func:`tokenize_conversation`): rendered with the chat
+  template, loss on assistant turns only (below). Longer than ``seq_len``: truncated (``truncated``).
+* :class:`~rayft.data.formats.TextDocument` (:func:`tokenize_text`, continued pre-training): the text
+  tokenized *without* the chat template, preceded by the tokenizer's own leading special tokens (BOS
+  for Llama-style tokenizers, none for Qwen) and followed by ``tokenizer.eos_token_id``; loss on every
+  token. Longer than ``seq_len``: *split* (never truncated, never dropped) into chunks of at most
+  ``seq_len`` tokens, each chunk starting with the last token of the previous one (context only), so
+  every token after the document's first is a training target exactly once (``split_documents``).
 
 The conversation is rendered once with the tokenizer's chat template. The characters that belong
 to each assistant turn are found by rendering prefixes of the conversation (see
@@ -10,10 +19,11 @@ character offsets, never by token id, matters: Qwen's pad and eos share an id.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
-from rayft.data.formats import Conversation, DataError
+from rayft.data.formats import Conversation, DataError, TextDocument
 
 
 @dataclass
@@ -53,7 +63,11 @@ def assistant_char_spans(tokenizer, messages: list[dict[str, str]], text: str, w
 
 
 def tokenize_conversation(tokenizer, conv: Conversation) -> TokenizedExample:
-    """Render and tokenize one conversation; mark assistant tokens (and their end-of-turn) trainable."""
+    """Render and tokenize one conversation; mark assistant tokens (and their end-of-turn) trainable.
+
+    Raises:
+        DataError: the chat template cannot be masked (see :func:`assistant_char_spans`).
+    """
     messages = list(conv.messages)
     text = tokenizer.apply_chat_template(messages, tokenize=False)
     spans = assistant_char_spans(tokenizer, messages, text, conv.source)
@@ -68,6 +82,50 @@ def tokenize_conversation(tokenizer, conv: Conversation) -> TokenizedExample:
     return TokenizedExample(ids, trainable, conv.source)
 
 
+def special_prefix(tokenizer) -> list[int]:
+    """The special tokens the tokenizer itself puts before a text (``[bos]`` for Llama-style
+    tokenizers, ``[]`` for Qwen and GPT-2): what ``tokenizer("a")`` has before ``tokenizer("a",
+    add_special_tokens=False)``."""
+    plain = tokenizer("a", add_special_tokens=False)["input_ids"]
+    full = tokenizer("a", add_special_tokens=True)["input_ids"]
+    for k in range(len(full) - len(plain) + 1):
+        if full[k : k + len(plain)] == plain:
+            return list(full[:k])
+    return []
+
+
+def tokenize_text(tokenizer, doc: TextDocument, prefix: list[int] | None = None) -> TokenizedExample:
+    """Tokenize one raw-text document without the chat template: ``prefix`` (default
+    :func:`special_prefix`) + the text's tokens + ``[eos_token_id]``; every token trainable.
+
+    Returns:
+        ``input_ids`` int32 [n], ``trainable`` bool [n] (all True), unsplit.
+    Raises:
+        DataError: the tokenizer has no EOS token.
+    """
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise DataError(f"{doc.source}: the tokenizer has no EOS token, needed to end raw-text documents", kind="file")
+    if prefix is None:
+        prefix = special_prefix(tokenizer)
+    body = tokenizer(doc.text, add_special_tokens=False)["input_ids"]
+    ids = np.asarray([*prefix, *body, eos], dtype=np.int32)
+    return TokenizedExample(ids, np.ones(len(ids), dtype=bool), doc.source)
+
+
+def split_chunks(n: int, seq_len: int) -> list[tuple[int, int]]:
+    """``[start, end)`` token ranges cutting a document of ``n`` tokens into chunks of at most
+    ``seq_len`` (>= 2) tokens; chunk *k+1* starts at the last token of chunk *k*, so every token but
+    the first is a target (a token after the chunk's first) in exactly one chunk."""
+    chunks, start = [], 0
+    while True:
+        end = min(start + seq_len, n)
+        chunks.append((start, end))
+        if end >= n:
+            return chunks
+        start = end - 1
+
+
 @dataclass
 class TokenizedDataset:
     """A flat store of examples: ``tokens`` int32 [total], ``trainable`` bool [total], ``offsets``
@@ -78,6 +136,7 @@ class TokenizedDataset:
     offsets: np.ndarray
     dropped_no_trainable: int = 0
     truncated: int = 0
+    split_documents: int = 0
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -90,27 +149,46 @@ class TokenizedDataset:
         return self.tokens[a:b], self.trainable[a:b]
 
 
-def tokenize_dataset(tokenizer, convs: list[Conversation], seq_len: int) -> TokenizedDataset:
-    """Tokenize every conversation, truncating to ``seq_len`` tokens.
+def tokenize_dataset(tokenizer, examples: Sequence[Conversation | TextDocument], seq_len: int) -> TokenizedDataset:
+    """Tokenize every example. A conversation longer than ``seq_len`` tokens is truncated (counted
+    in ``truncated``); a text document longer than ``seq_len`` is split into chunks (each chunk is
+    one example; the document counted once in ``split_documents``), see :func:`split_chunks`.
 
     An example whose truncation leaves no trainable *target* (a trainable token after the first
     position) is dropped and counted in ``dropped_no_trainable``; nothing else is dropped.
+
+    Raises:
+        DataError: from :func:`tokenize_conversation` / :func:`tokenize_text`.
+        TypeError: an example of another type.
     """
     ids, masks, lens = [], [], [0]
-    dropped = truncated = 0
-    for conv in convs:
-        ex = tokenize_conversation(tokenizer, conv)
-        if len(ex.input_ids) > seq_len:
-            truncated += 1
-            ex.input_ids, ex.trainable = ex.input_ids[:seq_len], ex.trainable[:seq_len]
-        if not ex.trainable[1:].any():
-            dropped += 1
-            continue
-        ids.append(ex.input_ids)
-        masks.append(ex.trainable)
-        lens.append(len(ex.input_ids))
+    dropped = truncated = split = 0
+    prefix: list[int] | None = None
+    for ex_in in examples:
+        if isinstance(ex_in, TextDocument):
+            if prefix is None:
+                prefix = special_prefix(tokenizer)
+            ex = tokenize_text(tokenizer, ex_in, prefix)
+            chunks = split_chunks(len(ex.input_ids), seq_len)
+            split += len(chunks) > 1
+            pieces = [(ex.input_ids[a:b], ex.trainable[a:b]) for a, b in chunks]
+        elif isinstance(ex_in, Conversation):
+            ex = tokenize_conversation(tokenizer, ex_in)
+            if len(ex.input_ids) > seq_len:
+                truncated += 1
+                ex.input_ids, ex.trainable = ex.input_ids[:seq_len], ex.trainable[:seq_len]
+            pieces = [(ex.input_ids, ex.trainable)]
+        else:
+            raise TypeError(f"expected a Conversation or TextDocument, got {type(ex_in).__name__}")
+        for tok, train in pieces:
+            if not train[1:].any():
+                dropped += 1
+                continue
+            ids.append(tok)
+            masks.append(train)
+            lens.append(len(tok))
     if not ids:
-        return TokenizedDataset(np.zeros(0, np.int32), np.zeros(0, bool), np.zeros(1, np.int64), dropped, truncated)
+        return TokenizedDataset(np.zeros(0, np.int32), np.zeros(0, bool), np.zeros(1, np.int64), dropped, truncated, split)
     return TokenizedDataset(
-        np.concatenate(ids), np.concatenate(masks), np.cumsum(lens, dtype=np.int64), dropped, truncated
+        np.concatenate(ids), np.concatenate(masks), np.cumsum(lens, dtype=np.int64), dropped, truncated, split
     )

@@ -28,10 +28,16 @@ class TrainError(RuntimeError):
 def prepare_dataset(cfg: RayftConfig, console: Console):
     """Load, validate and tokenize the training data on the driver.
 
+    With ``data.on_bad_record: skip`` the skipped records are printed first, per reason category
+    with the first ``file:line`` of each.
+
+    Returns:
+        ``(tokenizer, tokenizer name, TokenizedDataset)``.
     Raises:
-        TrainError: a bad record (``file:line: reason``) or nothing left to train on.
+        TrainError: a bad record (``file:line: reason``, policy ``error``), an unreadable file, or
+            nothing left to train on (also when every record was skipped as bad).
     """
-    from rayft.data.formats import DataError, load_conversations
+    from rayft.data.formats import DataError, TextDocument, load_conversations
     from rayft.data.tokenize import tokenize_dataset
     from rayft.data.tokenizer import load_tokenizer
     from rayft.train.model import default_tokenizer
@@ -39,15 +45,27 @@ def prepare_dataset(cfg: RayftConfig, console: Console):
     tok_name = default_tokenizer(cfg.model)
     tokenizer = load_tokenizer(tok_name, revision=cfg.model.revision, trust_remote_code=cfg.model.trust_remote_code)
     try:
-        convs = load_conversations(cfg.data.train_files, cfg.data.format)
+        loaded = load_conversations(cfg.data.train_files, cfg.data.format, cfg.data.on_bad_record)
     except DataError as e:
         raise TrainError(str(e)) from None
+    for line in loaded.skip_summary():
+        console.print(line, highlight=False, markup=False)
+    if not loaded:
+        why = f"all {loaded.records} records were bad and skipped" if loaded.skipped else "no record"
+        raise TrainError(f"empty dataset: {why} in {cfg.data.train_files}")
+    convs = list(loaded)
     if cfg.data.max_examples:
         convs = convs[: cfg.data.max_examples]
-    ds = tokenize_dataset(tokenizer, convs, cfg.data.seq_len)
+    try:
+        ds = tokenize_dataset(tokenizer, convs, cfg.data.seq_len)
+    except DataError as e:
+        raise TrainError(str(e)) from None
+    n_text = sum(isinstance(c, TextDocument) for c in convs)
+    kinds = f" ({len(convs) - n_text} conversations, {n_text} text documents)" if n_text else ""
+    split = f"; text documents split into {cfg.data.seq_len}-token chunks: {ds.split_documents}" if n_text else ""
     console.print(
-        f"data: {len(convs)} records → {len(ds)} examples, {int(ds.trainable.sum()):,} trainable of {len(ds.tokens):,} tokens; "
-        f"truncated to {cfg.data.seq_len}: {ds.truncated}; dropped (no trainable token left): {ds.dropped_no_trainable}",
+        f"data: {len(convs)} records{kinds} → {len(ds)} examples, {int(ds.trainable.sum()):,} trainable of {len(ds.tokens):,} tokens; "
+        f"truncated to {cfg.data.seq_len}: {ds.truncated}{split}; dropped (no trainable token left): {ds.dropped_no_trainable}",
         highlight=False,
     )
     if len(ds) == 0:
