@@ -150,6 +150,12 @@ class RayftConfig(_Section):
 
     @model_validator(mode="after")
     def _check(self) -> "RayftConfig":
+        if self.model.attn_implementation == "flash_attention_2" and self.data.packing and self.train.micro_batch_size > 1:
+            raise ValueError(
+                "model.attn_implementation=flash_attention_2 with data.packing needs train.micro_batch_size: 1 "
+                "(transformers finds packed documents for FlashAttention only in a batch of one row); "
+                "use sdpa or flex_attention for larger micro-batches"
+            )
         if self.train.warmup_steps and self.train.max_steps and self.train.warmup_steps > self.train.max_steps:
             raise ValueError(
                 f"train.warmup_steps ({self.train.warmup_steps}) exceeds train.max_steps ({self.train.max_steps})"

@@ -106,8 +106,8 @@ def test_incomplete_checkpoint_is_skipped_for_the_previous_one(baseline, workdir
     assert "skipping incomplete checkpoint" in capfd.readouterr().err
     assert summary["resumes"][0]["step"] == 6
     got = losses(workdir, "partial")
-    assert sorted(got) == [7, 8]
-    for step in (7, 8):
+    assert sorted(got) == list(range(1, 9))  # the original curve is kept, steps 7-8 are the resumed ones
+    for step in range(1, 9):
         assert got[step] == pytest.approx(baseline[step], abs=1e-5)
 
 
@@ -117,6 +117,24 @@ def test_resume_at_a_different_world_size(baseline, workdir):
     summary = run_training(config(workdir, "reshard", "train.num_workers=1", "train.grad_accum_steps=4"), resume=str(run))
     assert summary["resumes"][0] == {"step": 4, "from_world_size": 2, "world_size": 1}
     got = losses(workdir, "reshard")
-    assert sorted(got) == [5, 6, 7, 8]
-    for step in range(5, 9):
+    assert sorted(got) == list(range(1, 9))
+    for step in range(1, 9):
         assert got[step] == pytest.approx(baseline[step], abs=1e-4), step
+
+
+def test_resume_refuses_changed_data(baseline, workdir, tmp_path):
+    from rayft.train.driver import TrainError
+
+    run = copy_run(workdir, "base", "changed")
+    other = tmp_path / "chat.jsonl"
+    other.write_text("".join(json.dumps(r) + "\n" for r in RECORDS[::-1]))
+    cfg = config(workdir, "changed", f"data.train_files=[{other}]")
+    with pytest.raises(TrainError, match=r"the training data changed since this checkpoint"):
+        run_training(cfg, resume=str(run))
+
+
+def test_a_new_run_never_reuses_an_old_run_directory(baseline, workdir):
+    from rayft.train.driver import TrainError
+
+    with pytest.raises(TrainError, match=r"runs/base already holds a run: continue it with --resume"):
+        run_training(config(workdir, "base"))

@@ -132,3 +132,18 @@ def test_absurd_nesting_is_a_config_error(tmp_path):
     p = write(tmp_path, "data:\n  train_files: [x.json]\nmodel:\n  config_overrides:\n    x: " + "[" * 5000 + "]" * 5000 + "\n")
     with pytest.raises(ConfigError, match="nested too deeply"):
         load_config(p)
+
+
+def test_flash_attention_with_packed_micro_batches_is_refused(tmp_path):
+    p = write(tmp_path, "data:\n  train_files: [x.json]\nmodel:\n  attn_implementation: flash_attention_2\ntrain:\n  micro_batch_size: 4\n")
+    with pytest.raises(ConfigError, match=r"flash_attention_2 with data.packing needs train.micro_batch_size: 1"):
+        load_config(p)
+    assert load_config(p, ["train.micro_batch_size=1"]).model.attn_implementation == "flash_attention_2"
+
+
+def test_dashboard_url_as_ray_address_is_explained(tmp_path):
+    from rayft.train.driver import TrainError, connect_ray
+
+    cfg = load_config(write(tmp_path, "data:\n  train_files: [x.json]\nray:\n  address: http://127.0.0.1:8265\n"))
+    with pytest.raises(TrainError, match=r"dashboard \(job submission\) URL: use `rayft submit`"):
+        connect_ray(cfg)

@@ -192,3 +192,13 @@ def tokenize_dataset(tokenizer, examples: Sequence[Conversation | TextDocument],
     return TokenizedDataset(
         np.concatenate(ids), np.concatenate(masks), np.cumsum(lens, dtype=np.int64), dropped, truncated, split
     )
+
+
+def fingerprint(ds: "TokenizedDataset") -> str:
+    """A short content hash (sha256, 16 hex digits) of the tokens, masks and example boundaries."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for arr in (ds.tokens, ds.trainable, ds.offsets):
+        h.update(np.ascontiguousarray(arr).tobytes())
+    return h.hexdigest()[:16]

@@ -112,39 +112,36 @@ def write_hf_model(state_dict: dict[str, torch.Tensor], model_config, tokenizer,
     return out
 
 
-def resolve_resume_dir(path: str | None, run_dir: str) -> str | None:
-    """The checkpoint directory to resume from.
+def resolve_resume_dir(ray_checkpoint, chosen: str | None, run_dir: str) -> str | None:
+    """The checkpoint directory to resume from, or None to start fresh.
 
-    ``path`` is Ray Train's latest registered checkpoint (or the one ``--resume`` chose). On a
-    local or shared file system the run directory may hold a newer *complete* checkpoint that
-    Ray had not registered yet when a worker died (the state file is written last, after every
-    rank's shards and the DCP metadata); that one is used instead, so a failure costs at most one
-    checkpoint interval. An incomplete ``path`` is skipped, with a warning, for the newest complete
-    one. Remote (``s3://``) checkpoints are downloaded first.
+    On a local or shared file system that is the newest *complete* checkpoint in the run
+    directory (the state file is written last, after every rank's shards and the DCP metadata):
+    it may be newer than Ray Train's latest registered one when a worker died between writing and
+    registering, so a failure costs at most one checkpoint interval; an incomplete newest one is
+    skipped with a warning. A new run's directory holds no checkpoint (the driver refuses to
+    reuse one), so anything found belongs to this run. On object storage (``s3://``) it is Ray
+    Train's latest checkpoint (``ray_checkpoint``), downloaded, else ``chosen`` (``--resume``).
 
     Raises:
-        CheckpointError: ``path`` is incomplete and the run has no complete checkpoint.
+        CheckpointError: Ray handed over a checkpoint but no complete one exists.
     """
-    if path is None:
-        return None
     if "://" in run_dir:
-        import ray.train
-
-        path = ray.train.Checkpoint(path).to_directory()
+        if ray_checkpoint is None:
+            return chosen
+        path = ray_checkpoint.to_directory()
         if not is_complete(path):
-            raise CheckpointError(f"{path}: incomplete checkpoint")
+            raise CheckpointError(f"{ray_checkpoint.path}: incomplete checkpoint")
         return path
-    complete = find_checkpoints(Path(path).parent)
-    if not is_complete(path):
-        if not complete:
-            raise CheckpointError(f"{path}: incomplete checkpoint and no complete checkpoint in {run_dir}")
-        warnings.warn(f"[rayft] {path} is incomplete (interrupted save?); resuming from {complete[-1][1]}", stacklevel=2)
-        print(f"[rayft] WARNING: {path} is incomplete; resuming from {complete[-1][1]}", flush=True)
+    complete = find_checkpoints(run_dir)
+    for d in sorted(Path(run_dir).glob("checkpoint_*")):
+        if complete and d.name > complete[-1][1].name and not is_complete(d):
+            print(f"[rayft] WARNING: {d} is incomplete (interrupted save?); using {complete[-1][1]}", flush=True)
+    if complete:
         return str(complete[-1][1])
-    if complete and complete[-1][0] > int(read_state(path)["step"]):
-        print(f"[rayft] {complete[-1][1]} is complete but was not yet registered by Ray Train; resuming from it", flush=True)
-        return str(complete[-1][1])
-    return path
+    if ray_checkpoint is not None or chosen is not None:
+        raise CheckpointError(f"{run_dir}: no complete checkpoint to resume from")
+    return None
 
 
 class CheckpointWriter:

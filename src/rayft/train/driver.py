@@ -86,9 +86,14 @@ def connect_ray(cfg: RayftConfig) -> str:
     if ray.is_initialized():
         return "existing"
     if address:
+        if address.startswith(("http://", "https://")):
+            raise TrainError(
+                f"Ray address {address} is a dashboard (job submission) URL: use `rayft submit` with it, or give "
+                "the cluster's GCS address (host:6379, or `auto` on a cluster node) to `rayft train`"
+            )
         ray.init(address=address, **kwargs)
         return address
-    ray.init(num_cpus=cfg.ray.num_cpus, **kwargs)
+    ray.init(address="local", num_cpus=cfg.ray.num_cpus, **kwargs)  # never attach to a `ray start` cluster by accident
     return "embedded local Ray"
 
 
@@ -113,6 +118,9 @@ def resolve_workers(cfg: RayftConfig) -> tuple[int, bool]:
             f"train.num_workers={n} needs {n} GPUs but the Ray cluster has {gpus}; "
             f"lower train.num_workers or add GPU nodes"
         )
+    free_gpus = int(ray.available_resources().get("GPU", 0))
+    if use_gpu and n > free_gpus:
+        print(f"warning: {n} GPUs needed, {free_gpus} free now (others are in use): the run waits until they are released")
     need_cpu = n * cfg.train.cpus_per_worker
     if need_cpu > cpus:
         raise TrainError(
@@ -184,12 +192,19 @@ def run_training(cfg: RayftConfig, resume: str | None = None, console: Console |
     from ray.train.torch import TorchConfig, TorchTrainer
     from ray.util.queue import Queue
 
+    from rayft.data.tokenize import fingerprint
     from rayft.train.loop import make_plan, train_func
 
     console = console or Console(stderr=True)
     tokenizer, tok_name, ds = prepare_dataset(cfg, console)
     where = connect_ray(cfg)
     n_workers, use_gpu = resolve_workers(cfg)
+    if resume:
+        name = Path(resume.rstrip("/")).name
+        if "/" in resume:
+            cfg.checkpoint.storage_path = resume.rstrip("/").rsplit("/", 1)[0]
+    else:
+        name = cfg.checkpoint.name or f"rayft-{dt.datetime.now():%Y%m%d-%H%M%S}"
     blind = nodes_missing_storage(cfg.checkpoint.storage_path)
     if blind:
         raise TrainError(
@@ -197,38 +212,17 @@ def run_training(cfg: RayftConfig, resume: str | None = None, console: Console |
             "see it, so checkpoints could not be resumed there. Use a file system mounted on every node "
             "(e.g. FSx for Lustre at /fsx) or an s3://bucket/prefix URI."
         )
-    if resume:
-        name = Path(resume).name
-        if os.sep in resume or "://" in resume:
-            cfg.checkpoint.storage_path = str(Path(resume).parent) if "://" not in resume else resume.rsplit("/", 1)[0]
-    else:
-        name = cfg.checkpoint.name or f"rayft-{dt.datetime.now():%Y%m%d-%H%M%S}"
     run_dir = run_dir_of(cfg, name)
-    if "://" not in run_dir:
-        if resume and not Path(run_dir).is_dir():
-            raise TrainError(f"--resume {resume}: no run directory at {run_dir}")
-        Path(run_dir).mkdir(parents=True, exist_ok=True)
-        (Path(run_dir) / "rayft.yaml").write_text(dump_config(cfg))
     total = len(make_plan(cfg, ds, n_workers))
+    if cfg.train.warmup_steps >= total:
+        raise TrainError(f"train.warmup_steps={cfg.train.warmup_steps} but the run has only {total} steps: the LR never reaches train.lr")
+    resume_from = _prepare_run_dir(run_dir, resume, cfg, console) if "://" not in run_dir else None
     backend = cfg.parallel.backend if cfg.parallel.backend != "auto" else ("nccl" if use_gpu else "gloo")
     console.print(
         f"ray: {where}; {n_workers} {'GPU' if use_gpu else 'CPU'} worker(s), backend {backend}; "
         f"{total} steps; run {run_dir}",
         highlight=False,
     )
-    resume_from = None
-    if resume:
-        from rayft.train.checkpoint import find_checkpoints, is_complete
-
-        done = find_checkpoints(run_dir) if "://" not in run_dir else []
-        for d in sorted(Path(run_dir).glob("checkpoint_*")) if "://" not in run_dir else []:
-            if not is_complete(d):
-                console.print(Text.assemble(("warning", "yellow"), f": skipping incomplete checkpoint {d} (interrupted save?)"))
-        if done:
-            resume_from = str(done[-1][1])
-            console.print(f"resuming {run_dir} from its checkpoint of step {done[-1][0]}", highlight=False)
-        elif "://" not in run_dir:
-            raise TrainError(f"--resume {resume}: no complete checkpoint in {run_dir}")
     progress = Queue()
     trainer = TorchTrainer(
         train_func,
@@ -236,6 +230,7 @@ def run_training(cfg: RayftConfig, resume: str | None = None, console: Console |
             "config": cfg.model_dump(mode="json"),
             "dataset": ray.put(ds),
             "pad_id": tokenizer.pad_token_id,
+            "data_fingerprint": fingerprint(ds),
             "tokenizer": tok_name,
             "run_dir": run_dir,
             "progress": progress,
@@ -269,12 +264,45 @@ def run_training(cfg: RayftConfig, resume: str | None = None, console: Console |
         raise TrainError(f"training failed: {outcome['error']}")
     summary = _summary(history, extra, run_dir, total, console)
     if "://" not in run_dir:
-        (Path(run_dir) / "rayft_metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in history))
+        metrics_file = Path(run_dir) / "rayft_metrics.jsonl"
+        earlier = [json.loads(x) for x in metrics_file.read_text().splitlines()] if resume and metrics_file.exists() else []
+        first = history[0]["step"] if history else float("inf")
+        merged = [h for h in earlier if h["step"] < first] + history  # a resumed run keeps the original curve
+        metrics_file.write_text("".join(json.dumps(h) + "\n" for h in merged))
         (Path(run_dir) / "rayft_summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 
 
+def _prepare_run_dir(run_dir: str, resume: str | None, cfg: RayftConfig, console: Console) -> str | None:
+    """Create a new run directory, or check a resumed one; returns the checkpoint to resume from.
+
+    Raises:
+        TrainError: a new run whose directory already holds a run (Ray Train would silently
+            continue it), or ``--resume`` of a directory without a complete checkpoint.
+    """
+    from rayft.train.checkpoint import find_checkpoints, is_complete
+
+    d = Path(run_dir)
+    if not resume:
+        if d.is_dir() and (any(d.glob("checkpoint_*")) or (d / "checkpoint_manager_snapshot.json").exists()):
+            raise TrainError(f"{run_dir} already holds a run: continue it with --resume {run_dir}, or pick another checkpoint.name")
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "rayft.yaml").write_text(dump_config(cfg))
+        return None
+    if not d.is_dir():
+        raise TrainError(f"--resume {resume}: no run directory at {run_dir}")
+    for c in sorted(d.glob("checkpoint_*")):
+        if not is_complete(c):
+            console.print(Text.assemble(("warning", "yellow"), f": skipping incomplete checkpoint {c} (interrupted save?)"))
+    done = find_checkpoints(d)
+    if not done:
+        raise TrainError(f"--resume {resume}: no complete checkpoint in {run_dir}")
+    console.print(f"resuming {run_dir} from its checkpoint of step {done[-1][0]}", highlight=False)
+    return str(done[-1][1])
+
+
 def _show_progress(th: threading.Thread, queue, total: int, console: Console) -> tuple[list[dict], dict]:
+    from ray.util.queue import Empty
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     history: list[dict] = []
@@ -291,7 +319,7 @@ def _show_progress(th: threading.Thread, queue, total: int, console: Console) ->
             while True:
                 try:
                     m = queue.get_nowait()
-                except Exception:
+                except Empty:
                     break
                 drained = True
                 if "export" in m:

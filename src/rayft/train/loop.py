@@ -55,7 +55,7 @@ def micro_batch_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> 
 
 def train_func(loop_config: dict[str, Any]) -> None:
     """The Ray Train worker entry point. ``loop_config``: ``config`` (RayftConfig as a dict),
-    ``dataset`` (ObjectRef of the TokenizedDataset), ``pad_id``, ``tokenizer``, ``run_dir``,
+    ``dataset`` (ObjectRef of the TokenizedDataset), ``data_fingerprint``, ``pad_id``, ``tokenizer``, ``run_dir``,
     ``progress`` (optional ray.util.queue.Queue for the driver's live display)."""
     cfg = RayftConfig.model_validate(loop_config["config"])
     ctx = ray.train.get_context()
@@ -152,14 +152,16 @@ def train_func(loop_config: dict[str, Any]) -> None:
         # Live metrics go to the driver through our own queue: ray.train.report() waits for the
         # controller to consume each result (a queue of one), which costs ~1.5 s per call.
         if rank == 0 and progress is not None and (step_done % tc.log_every == 0 or step_done == total_steps):
-            progress.actor.put_nowait.remote(metrics)
+            sent = progress.actor.put_nowait.remote(metrics)
+            if step_done == total_steps:
+                ray.get(sent)  # the last step's metrics must reach the driver before the worker exits
         if step_done == total_steps or saver.step_is_due(step_done) or time_vote > 0:
             state = {"step": step_done, "epoch": plan.epoch_of_step[step], "world_size": world, "loss": loss,
-                     "global_batch_rows": rows_per_step,
+                     "global_batch_rows": rows_per_step, "data_fingerprint": loop_config["data_fingerprint"],
                      "tokenizer": loop_config.get("tokenizer")}  # fmt: skip
             timing = saver.save(model, optimizer, state, metrics)
             if rank == 0 and progress is not None:
-                progress.actor.put_nowait.remote({"checkpoint": timing})
+                ray.get(progress.actor.put_nowait.remote({"checkpoint": timing}))
             t_last = time.perf_counter()  # checkpoint time is not step time
 
     if cfg.checkpoint.export_hf:
@@ -172,11 +174,15 @@ def resume(model, optimizer, loop_config: dict[str, Any], rows_per_step: int) ->
     That is Ray Train's latest checkpoint after a worker-group restart, else the one ``--resume``
     chose (see :func:`checkpoint.resolve_resume_dir` for incomplete and unregistered ones).
     """
-    latest = ray.train.get_checkpoint()
-    path = ckpt_lib.resolve_resume_dir(latest.path if latest else loop_config.get("resume_from"), loop_config["run_dir"])
+    path = ckpt_lib.resolve_resume_dir(ray.train.get_checkpoint(), loop_config.get("resume_from"), loop_config["run_dir"])
     if path is None:
         return 0
     state = ckpt_lib.load_sharded(model, optimizer, path)
+    if state.get("data_fingerprint") not in (None, loop_config["data_fingerprint"]):
+        raise ckpt_lib.CheckpointError(
+            f"{path}: the training data changed since this checkpoint (fingerprint {state['data_fingerprint']} → "
+            f"{loop_config['data_fingerprint']}); resuming would not continue the same data order"
+        )
     world = dist.get_world_size()
     if dist.get_rank() == 0:
         note = f" (saved at world size {state['world_size']}, resharded to {world} by DCP)" if state["world_size"] != world else ""
@@ -186,7 +192,7 @@ def resume(model, optimizer, loop_config: dict[str, Any], rows_per_step: int) ->
         print(f"[rayft] resumed from step {state['step']} of {path}{note}", flush=True)
         if loop_config.get("progress") is not None:
             event = {"step": int(state["step"]), "from_world_size": state["world_size"], "world_size": world}
-            loop_config["progress"].actor.put_nowait.remote({"resumed": event})
+            ray.get(loop_config["progress"].actor.put_nowait.remote({"resumed": event}))
     return int(state["step"])
 
 
@@ -222,5 +228,5 @@ def export_and_verify(model, model_conf, loop_config, ds, cfg: RayftConfig, devi
             pyarrow.fs.copy_files(out, f"{run_dir.rstrip('/')}/hf")
             info["export_dir"] = f"{run_dir.rstrip('/')}/hf"
         if progress is not None:
-            progress.actor.put_nowait.remote({"export": info})
+            ray.get(progress.actor.put_nowait.remote({"export": info}))
     dist.barrier()

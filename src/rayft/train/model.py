@@ -101,13 +101,25 @@ def tied_embeddings(model: torch.nn.Module) -> bool:
 
 
 def _reset_rotary_buffers(model: torch.nn.Module, device: torch.device) -> None:
-    # Non-persistent buffers (RoPE inverse frequencies) are not in the state dict: recompute them.
-    for mod in model.modules():
+    """Recompute non-persistent buffers, which the state dict does not carry.
+
+    Only RoPE frequencies (modules with ``inv_freq`` and a ``config``) are known; any other
+    non-persistent buffer would be left as uninitialised memory by ``to_empty``, so it is an error.
+
+    Raises:
+        NotImplementedError: a non-persistent buffer this function cannot recompute.
+    """
+    for mname, mod in model.named_modules():
         if hasattr(mod, "inv_freq") and hasattr(mod, "config"):
             with torch.device(device):
                 fresh = type(mod)(config=mod.config)
             for name, buf in fresh.named_buffers(recurse=False):
                 setattr(mod, name, buf)
+        elif mod._non_persistent_buffers_set:
+            raise NotImplementedError(
+                f"{type(model).__name__}: non-persistent buffer(s) {sorted(mod._non_persistent_buffers_set)} in {mname or 'the root'} "
+                "cannot be initialised after meta-device sharding"
+            )
 
 
 def build_sharded_model(
