@@ -124,6 +124,8 @@ def _node_env(token_file: Path) -> dict[str, str]:
     for k in ("RAY_ADDRESS", "RAY_AUTH_TOKEN"):  # an inherited token would override the file
         env.pop(k, None)
     env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_file), RAY_USAGE_STATS_ENABLED="0")
+    # Jobs run `python ...`: make that this environment's interpreter (a venv need not be on PATH).
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     return env
 
 
