@@ -137,7 +137,8 @@ def collate(
     if fixed_len:
         L = row_len
     else:
-        longest = max((int(ds.lengths()[row].sum()) for row in rows), default=1)
+        lengths = ds.lengths()
+        longest = max((int(lengths[row].sum()) for row in rows), default=1)
         L = min(row_len, -(-longest // pad_to_multiple) * pad_to_multiple)
     ids = torch.full((B, L), pad_id, dtype=torch.long)
     pos = torch.zeros((B, L), dtype=torch.long)
