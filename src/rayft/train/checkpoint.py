@@ -13,7 +13,6 @@ import os
 import shutil
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import torch

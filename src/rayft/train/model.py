@@ -9,7 +9,6 @@ rank 0's weights through ``set_model_state_dict(..., broadcast_from_rank0=True)`
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -176,10 +175,3 @@ def matmul_params(model: torch.nn.Module) -> int:
     emb = model.get_input_embeddings().weight
     head = model.get_output_embeddings().weight
     return total - emb.numel() + (head.numel() if head is emb else 0)
-
-
-def world_info() -> tuple[int, int]:
-    return dist.get_rank(), dist.get_world_size()
-
-
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
