@@ -44,7 +44,10 @@ class ModelConfig(_Section):
         description="Tokenizer hub id or directory; default: the model's, or the offline Qwen2.5 tokenizer for presets.",
     )
     config_overrides: dict[str, Any] = Field(default_factory=dict)
-    attn_implementation: Literal["sdpa", "eager", "flash_attention_2", "flex_attention"] = "sdpa"
+    attn_implementation: Literal["auto", "varlen", "sdpa", "eager", "flash_attention_2", "flex_attention"] = Field(
+        default="auto",
+        description="auto: varlen (variable-length FlashAttention over packed documents, CUDA) where it runs, else sdpa.",
+    )
     trust_remote_code: bool = False
 
 
@@ -95,7 +98,12 @@ class TrainConfig(_Section):
     eps: float = Field(default=1e-8, gt=0)
     max_grad_norm: float | None = Field(default=1.0, gt=0)
     activation_checkpointing: bool = False
-    compile: bool = False
+    compile: bool = Field(default=False, description="torch.compile each decoder layer.")
+    cross_entropy: Literal["auto", "fused", "torch"] = Field(
+        default="auto",
+        description="fused: liger-kernel fused linear cross-entropy (no full fp32 logits; CUDA); torch: plain; auto: fused where it runs.",
+    )
+    liger_kernels: bool = Field(default=False, description="liger-kernel RMSNorm, SwiGLU and RoPE (Qwen2 on CUDA).")
     seed: int = 0
     log_every: int = Field(default=1, ge=1)
 

@@ -217,7 +217,7 @@ class World:
         if a[:2] == ["helm", "status"]:
             rel = a[2]
             if rel not in self.releases:
-                return self._fail(a, f"Error: release: not found")
+                return self._fail(a, "Error: release: not found")
             return self._ok(a, json.dumps({"info": {"status": "deployed"}, "chart": {"metadata": {"version": self.releases[rel]}}}))
         if a[:3] == ["helm", "upgrade", "--install"]:
             self.releases[a[3]] = a[a.index("--version") + 1]

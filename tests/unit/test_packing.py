@@ -68,6 +68,15 @@ def test_collate_shifts_labels_and_restarts_positions():
     assert padded["input_ids"].shape == (1, 64)
 
 
+def test_collate_document_boundaries_for_varlen_attention():
+    ds = TokenizedDataset(np.array([10, 11, 12, 20, 21, 30], np.int32), np.ones(6, bool), np.array([0, 3, 5, 6]))
+    b = collate(ds, [[0, 1], [2]], row_len=8, pad_id=0)
+    # row 0: docs [0,3) [3,8) (the pad tail joins the last document); row 1: [8,16)
+    assert b["cu_seq_lens"].dtype == torch.int32
+    assert b["cu_seq_lens"].tolist() == [0, 3, 8, 16]
+    assert collate(ds, [], row_len=8, pad_id=0)["cu_seq_lens"].tolist() == [0, 8]
+
+
 def test_packed_loss_equals_each_document_alone():
     from transformers import AutoModelForCausalLM
 

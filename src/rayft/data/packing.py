@@ -130,6 +130,9 @@ def collate(
         that position ``t`` must predict (already shifted; −100 where not trained).
         ``num_tokens`` / ``num_trainable``: int64 scalars (non-pad tokens, trained targets);
         ``attn_tokens_sq``: float64 scalar, Σ document length² (for the attention FLOPs term).
+        ``cu_seq_lens``: int32 [n_docs + 1], document boundaries over the flattened ``B·L`` tokens
+        (a row's padding tail belongs to its last document, as its position ids do), for
+        variable-length attention.
         ``L`` is ``row_len`` when ``fixed_len`` (packing), else the longest row rounded up to
         ``pad_to_multiple`` (padding mode). An empty ``rows`` gives one all-pad row.
     """
@@ -144,7 +147,8 @@ def collate(
     pos = torch.zeros((B, L), dtype=torch.long)
     labels = torch.full((B, L), IGNORE_INDEX, dtype=torch.long)
     n_tok, sq = 0, 0.0
-    for b, row in enumerate(rows):
+    for b in range(B):
+        row = rows[b] if b < len(rows) else []  # an all-pad row (empty micro-batch) is one document
         t = 0
         for ex in row:
             tok, train = ds.example(ex)
@@ -160,9 +164,13 @@ def collate(
         if t < L:  # padding tail continues the last document's positions (never attended by it)
             start = int(pos[b, t - 1]) + 1 if t else 0
             pos[b, t:] = torch.arange(start, start + L - t)
+    flat = pos.flatten()
+    starts = torch.nonzero(flat == 0).flatten()
+    cu = torch.cat([starts, torch.tensor([flat.numel()])]).to(torch.int32)
     return {
         "input_ids": ids,
         "position_ids": pos,
+        "cu_seq_lens": cu,
         "labels": labels,
         "num_tokens": torch.tensor(n_tok),
         "num_trainable": (labels != IGNORE_INDEX).sum(),

@@ -21,11 +21,11 @@ import ray.train
 import ray.train.torch
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from rayft.config import RayftConfig
-from rayft.data.packing import IGNORE_INDEX, collate, plan_steps, rank_micro_batches
+from rayft.data.packing import collate, plan_steps, rank_micro_batches
 from rayft.train import checkpoint as ckpt_lib
+from rayft.train.attention import VARLEN
 from rayft.train.metrics import flops_per_token, gpu_peak_flops, mfu
 from rayft.train.model import build_sharded_model, load_model_config, matmul_params, tied_embeddings
 from rayft.train.optim import build_optimizer, lr_at, set_lr
@@ -46,11 +46,9 @@ def make_plan(cfg: RayftConfig, ds, world_size: int):
 
 
 def micro_batch_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Sum of token cross-entropies (fp32) over the micro-batch's trainable targets."""
-    logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits
-    return F.cross_entropy(
-        logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
-    )
+    """Sum of token cross-entropies (fp32, 0-d) over the micro-batch's trainable targets."""
+    extra = {"cu_seq_lens": batch["cu_seq_lens"]} if model.config._attn_implementation == VARLEN else {}
+    return model.token_loss_sum(batch["input_ids"], batch["position_ids"], batch["labels"], **extra)
 
 
 def train_func(loop_config: dict[str, Any]) -> None:
@@ -70,7 +68,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
 
     model = build_sharded_model(
         cfg.model, cfg.parallel, device=device, activation_checkpointing=tc.activation_checkpointing,
-        compile_layers=tc.compile, seed=tc.seed,
+        compile_layers=tc.compile, seed=tc.seed, liger_kernels=tc.liger_kernels, cross_entropy=tc.cross_entropy,
     )  # fmt: skip
     model_conf = load_model_config(cfg.model)
     optimizer = build_optimizer(model, tc, device)

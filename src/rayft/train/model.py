@@ -54,8 +54,13 @@ def default_tokenizer(cfg: ModelConfig) -> str:
     return QWEN2_5_TOKENIZER if is_preset(cfg.name_or_path) else cfg.name_or_path
 
 
-def load_model_config(cfg: ModelConfig) -> PretrainedConfig:
-    """The model's transformers config (preset, hub id or directory) with ``config_overrides`` applied."""
+def load_model_config(cfg: ModelConfig, attn_implementation: str | None = None) -> PretrainedConfig:
+    """The model's transformers config (preset, hub id or directory) with ``config_overrides`` applied.
+
+    ``attn_implementation``: the resolved transformers name (see
+    :func:`rayft.train.attention.resolve_attn_implementation`); default ``cfg.attn_implementation``,
+    with ``auto`` and ``varlen`` read as ``sdpa`` (the device-independent choice, e.g. for export).
+    """
     if is_preset(cfg.name_or_path):
         d = dict(PRESETS[cfg.name_or_path.lower()])
         model_type = d.pop("model_type")
@@ -67,7 +72,9 @@ def load_model_config(cfg: ModelConfig) -> PretrainedConfig:
             raise ValueError(f"model.config_overrides.{k}: the {conf.model_type} config has no such field")
         setattr(conf, k, v)
     conf.use_cache = False
-    conf._attn_implementation = cfg.attn_implementation
+    if attn_implementation is None:
+        attn_implementation = "sdpa" if cfg.attn_implementation in ("auto", "varlen") else cfg.attn_implementation
+    conf._attn_implementation = attn_implementation
     return conf
 
 
@@ -129,20 +136,31 @@ def build_sharded_model(
     activation_checkpointing: bool,
     compile_layers: bool,
     seed: int,
+    liger_kernels: bool = False,
+    cross_entropy: str = "auto",
 ) -> torch.nn.Module:
     """The FSDP2-sharded causal LM with fp32 master weights, ready to train.
 
     Compute runs in ``par.param_dtype`` on GPU and fp32 on CPU; gradients reduce in
-    ``par.reduce_dtype``. Call on every rank of an initialised process group.
+    ``par.reduce_dtype``. Call on every rank of an initialised process group. The model gets a
+    ``token_loss_sum`` method (:func:`rayft.train.loss.attach_token_loss`, ``cross_entropy``:
+    auto|fused|torch); ``liger_kernels`` swaps in liger-kernel's RMSNorm, SwiGLU and RoPE (Qwen2).
 
     Raises:
         AssertionError: if tied embeddings were untied by sharding.
+        ValueError: an attention or loss implementation that cannot run on ``device``.
     """
-    conf = load_model_config(model_cfg)
+    from rayft.train.attention import resolve_attn_implementation
+    from rayft.train.loss import attach_token_loss, resolve_cross_entropy
+
+    conf = load_model_config(model_cfg, resolve_attn_implementation(model_cfg.attn_implementation, device))
+    ce_impl = resolve_cross_entropy(cross_entropy, device)
     rank = dist.get_rank()
     full_sd = load_full_state_dict(model_cfg, conf, seed) if rank == 0 else {}
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(conf, dtype=torch.float32)
+    if liger_kernels:
+        _apply_liger(model, device)
     tied = bool(getattr(conf, "tie_word_embeddings", False))
     if activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -164,8 +182,24 @@ def build_sharded_model(
     del full_sd
     _reset_rotary_buffers(model, device)
     assert tied_embeddings(model) == tied, "tied input/output embeddings must stay one tensor after sharding"
+    attach_token_loss(model, ce_impl)
     model.train()
     return model
+
+
+def _apply_liger(model: torch.nn.Module, device: torch.device) -> None:
+    """liger-kernel's Triton RMSNorm, SwiGLU MLP and RoPE on this Qwen2 model instance.
+
+    Raises:
+        ValueError: not a Qwen2 model, no CUDA device, or liger-kernel missing.
+    """
+    if device.type != "cuda" or getattr(model.config, "model_type", None) != "qwen2":
+        raise ValueError(f"train.liger_kernels needs a CUDA device and a qwen2 model (have {device.type}, {model.config.model_type})")
+    try:
+        from liger_kernel.transformers import apply_liger_kernel_to_qwen2
+    except ImportError as e:
+        raise ValueError("train.liger_kernels needs the liger-kernel package (pip install liger-kernel)") from e
+    apply_liger_kernel_to_qwen2(rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=False, model=model)
 
 
 def matmul_params(model: torch.nn.Module) -> int:

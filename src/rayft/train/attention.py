@@ -1,0 +1,119 @@
+"""Attention for packed rows: variable-length FlashAttention, so documents never see each other.
+
+A packed row holds several documents; attention must stay inside each one. transformers' ``sdpa``
+path does that with a dense block-diagonal boolean mask, which moves SDPA off its flash kernel onto
+a masked one. Here every micro-batch carries ``cu_seq_lens`` (int32, the cumulative document
+boundaries over the flattened ``B × L`` tokens, built by :func:`rayft.data.packing.collate`) and
+attention runs as one variable-length FlashAttention call
+(:func:`torch.nn.attention.varlen.varlen_attn`, PyTorch ≥ 2.10, CUDA only) over all documents.
+
+The implementation is registered with transformers under the name :data:`VARLEN`, with a mask
+function that builds no mask at all. ``model.attn_implementation: auto`` picks it on CUDA when
+PyTorch has it, else ``sdpa`` (which is exact on CPU too, only slower).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+VARLEN = "rayft_varlen"
+
+
+def varlen_available(device: torch.device) -> bool:
+    """True when variable-length FlashAttention can run on ``device`` (CUDA, PyTorch ≥ 2.10)."""
+    if device.type != "cuda":
+        return False
+    try:
+        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def resolve_attn_implementation(name: str, device: torch.device) -> str:
+    """The transformers attention implementation to use for ``model.attn_implementation``.
+
+    ``auto`` → :data:`VARLEN` where :func:`varlen_available`, else ``sdpa``; ``varlen`` →
+    :data:`VARLEN`. Registers :data:`VARLEN` with transformers when it is chosen.
+
+    Raises:
+        ValueError: ``varlen`` asked for where it cannot run.
+    """
+    if name == "auto":
+        name = "varlen" if varlen_available(device) else "sdpa"
+    if name != "varlen":
+        return name
+    if not varlen_available(device):
+        raise ValueError(
+            f"model.attn_implementation=varlen needs a CUDA device and PyTorch >= 2.10 "
+            f"(torch.nn.attention.varlen); this worker has {device.type} and torch {torch.__version__}"
+        )
+    _register()
+    return VARLEN
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(VARLEN, varlen_attention_forward)
+    AttentionMaskInterface.register(VARLEN, _no_mask)
+
+
+def _no_mask(*args, **kwargs) -> None:
+    """Document boundaries come from ``cu_seq_lens``; no mask tensor is built."""
+    return None
+
+
+def _varlen_kwargs() -> dict:
+    from torch.nn.attention.varlen import varlen_attn
+
+    params = inspect.signature(varlen_attn).parameters
+    causal = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+    return {**causal, "gqa": "enable_gqa" in params}
+
+
+def varlen_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    cu_seq_lens: torch.Tensor | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """Causal attention within each document (the transformers attention-function signature).
+
+    Args:
+        query: [B, Hq, L, D]; key, value: [B, Hkv, L, D] (Hq a multiple of Hkv), bf16/fp16.
+        cu_seq_lens: int32 [n_docs + 1], boundaries over the flattened ``B·L`` tokens; every row
+            boundary must be one of them. ``None``: each row is one sequence (plain causal).
+    Returns:
+        ``(out, None)`` with ``out`` [B, L, Hq, D].
+    """
+    from torch.nn.attention.varlen import varlen_attn
+
+    if dropout:
+        raise ValueError("varlen attention: attention dropout is not supported")
+    B, Hq, L, D = query.shape
+    Hkv = key.shape[1]
+    if cu_seq_lens is None:
+        cu_seq_lens = torch.arange(0, (B + 1) * L, L, dtype=torch.int32, device=query.device)
+    q = query.transpose(1, 2).reshape(B * L, Hq, D)
+    k = key.transpose(1, 2).reshape(B * L, Hkv, D)
+    v = value.transpose(1, 2).reshape(B * L, Hkv, D)
+    opts = _varlen_kwargs()
+    gqa = opts.pop("gqa")
+    if Hkv != Hq:
+        if gqa:
+            opts["enable_gqa"] = True
+        else:
+            k, v = (t.repeat_interleave(Hq // Hkv, dim=1) for t in (k, v))
+    # max_q = max_k = L: an upper bound on any document's length, constant across micro-batches
+    # (the kernel only sizes its grid with it), so compiled code does not specialise on it.
+    out = varlen_attn(q, k, v, cu_seq_lens, cu_seq_lens, L, L, scale=scaling, **opts)
+    return out.view(B, L, Hq, D), None
