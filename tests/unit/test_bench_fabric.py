@@ -290,8 +290,10 @@ def test_bad_inputs_fail_before_any_run(job, tmp_path):
     def never(*a):
         raise AssertionError("no run should start")
 
-    with pytest.raises(FabricError, match="leaves no step after the 3 start-up steps"):
+    with pytest.raises(FabricError, match=r"3 steps leave no step after the 3 start-up steps"):
         run_fabric(job, steps=3, runner=never)
+    with pytest.raises(FabricError, match=r"2 steps leave no step after the 3 start-up steps"):
+        run_fabric(job, ["train.max_steps=2"], runner=never)  # --steps defaults to train.max_steps
     with pytest.raises(FabricError, match=r"(?s)config error: .*train.lr \(from --set\): Input should be greater than 0"):
         run_fabric(job, ["train.lr=-1"], runner=never)
     with pytest.raises(FabricError, match="needs a local or mounted path"):

@@ -44,6 +44,7 @@ from rich.text import Text
 from rayft.nccl.doctor import Expect, RankVerdict, check, verdicts_from_text
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
+DEFAULT_STEPS = 30
 
 
 class FabricError(RuntimeError):
@@ -201,7 +202,7 @@ def run_fabric(
     config: str | os.PathLike,
     overrides: list[str] | None = None,
     mode: Mode | str = Mode.ONEHOST,
-    steps: int = 30,
+    steps: int | None = None,
     out: str | os.PathLike | None = None,
     logs_dir: str | os.PathLike | None = None,
     skip_steps: int = 3,
@@ -218,7 +219,8 @@ def run_fabric(
         overrides: ``--set`` overrides passed to every run (before the benchmark's own:
             ``train.max_steps``, ``ray.log_to_driver=true``, ``checkpoint.name``).
         mode: ``onehost`` or ``efa`` (see the module doc).
-        steps: optimizer steps per training run.
+        steps: optimizer steps per training run; default the config's ``train.max_steps`` (after
+            ``overrides``), else 30.
         out: results file; default ``bench/results/<date>-fabric-<N>x<gpu>.json``.
         logs_dir: where the four logs and two sweep files go; default
             ``<checkpoint.storage_path>/fabric-<time>-logs``.
@@ -240,14 +242,16 @@ def run_fabric(
     console = console or Console(stderr=True)
     mode = Mode(mode)
     overrides = list(overrides or [])
-    if steps <= skip_steps:
-        raise FabricError(f"--steps {steps} leaves no step after the {skip_steps} start-up steps")
-    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    own = [f"train.max_steps={steps}", "ray.log_to_driver=true"]
     try:
+        if steps is None:
+            steps = load_config(Path(config), overrides).train.max_steps or DEFAULT_STEPS
+        if steps <= skip_steps:
+            raise FabricError(f"{steps} steps leave no step after the {skip_steps} start-up steps (--steps, --skip-steps)")
+        own = [f"train.max_steps={steps}", "ray.log_to_driver=true"]
         cfg = load_config(Path(config), overrides + own)
     except ConfigError as e:
         raise FabricError(f"config error: {e}") from None
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     if "://" in cfg.checkpoint.storage_path:
         raise FabricError(f"checkpoint.storage_path={cfg.checkpoint.storage_path}: the benchmark reads each run's "
                           "metrics file, so it needs a local or mounted path (--set checkpoint.storage_path=/tmp/runs)")
@@ -347,7 +351,9 @@ def register(bench_app: typer.Typer) -> None:
             Mode, typer.Option(help="onehost: NVLink vs NCCL_P2P_DISABLE+NCCL_SHM_DISABLE; efa: EFA vs NCCL_NET=Socket.",
                                case_sensitive=False)
         ] = Mode.ONEHOST,
-        steps: Annotated[int, typer.Option(min=2, help="Optimizer steps per training run.")] = 30,
+        steps: Annotated[
+            int | None, typer.Option(min=2, help="Optimizer steps per run (default: train.max_steps, else 30).")
+        ] = None,
         skip_steps: Annotated[int, typer.Option(min=0, help="Leading steps left out of the tokens/s median.")] = 3,
         out: Annotated[
             Path | None, typer.Option(help="Results file (default bench/results/<date>-fabric-<N>x<gpu>.json).")
