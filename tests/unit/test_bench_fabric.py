@@ -310,3 +310,14 @@ def test_bench_fabric_help():
         assert opt in res.output
     res = CliRunner().invoke(app, ["bench", "--help"])
     assert res.exit_code == 0 and "fabric" in res.output and "bench/results/" in res.output
+
+
+def test_driver_forwards_only_nccl_variables_to_the_workers(monkeypatch):
+    from rayft.train.driver import worker_env_vars
+
+    monkeypatch.setenv("NCCL_NET", "Socket")
+    monkeypatch.setenv("NCCL_DEBUG", "INFO")
+    monkeypatch.setenv("FI_PROVIDER", "efa")  # a pod's own libfabric setting: not the driver's to impose
+    env = worker_env_vars()
+    assert (env["NCCL_NET"], env["NCCL_DEBUG"], env["TOKENIZERS_PARALLELISM"]) == ("Socket", "INFO", "false")
+    assert "FI_PROVIDER" not in env and all(k.startswith("NCCL_") or k == "TOKENIZERS_PARALLELISM" for k in env)
