@@ -90,7 +90,10 @@ def _register_optional() -> None:
     """Attach the verbs that live in their own modules (cluster, manifests, NCCL doctor, bench)."""
     import importlib
 
-    for mod in ("rayft.cluster.manifest_cli", "rayft.cluster.aws_cli", "rayft.cluster.local_cli", "rayft.nccl.commands"):
+    for mod in (
+        "rayft.cluster.manifest_cli", "rayft.cluster.aws_cli", "rayft.cluster.local_cli", "rayft.nccl.commands",
+        "rayft.bench.cli",
+    ):
         try:
             m = importlib.import_module(mod)
         except ModuleNotFoundError as e:

@@ -176,6 +176,18 @@ def nodes_missing_storage(storage_path: str) -> list[str]:
     return [n["NodeManagerAddress"] for n, ok in zip(rest, seen) if not ok]
 
 
+def worker_env_vars() -> dict[str, str]:
+    """Environment variables the Ray Train workers get on top of their node's.
+
+    ``TOKENIZERS_PARALLELISM=false``, plus every ``NCCL_*`` variable set in the driver's
+    environment: on an embedded local Ray the workers inherit them anyway, on a remote cluster
+    this is how ``NCCL_DEBUG=INFO rayft train ...`` (or ``NCCL_NET=Socket``) reaches the workers.
+    """
+    env = {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}
+    env["TOKENIZERS_PARALLELISM"] = "false"
+    return env
+
+
 def run_dir_of(cfg: RayftConfig, name: str) -> str:
     sp = cfg.checkpoint.storage_path
     return f"{sp.rstrip('/')}/{name}" if "://" in sp else str(Path(sp).resolve() / name)
@@ -244,7 +256,7 @@ def run_training(cfg: RayftConfig, resume: str | None = None, console: Console |
             storage_path=cfg.checkpoint.storage_path if "://" in cfg.checkpoint.storage_path else str(Path(cfg.checkpoint.storage_path).resolve()),
             failure_config=ray.train.FailureConfig(max_failures=cfg.ray.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.checkpoint.keep_last),
-            worker_runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}},
+            worker_runtime_env={"env_vars": worker_env_vars()},
         ),
         torch_config=TorchConfig(backend=backend),
     )
