@@ -52,7 +52,7 @@ def test_real_shared_files_load_every_record():
         ('{"messages": [{"content": "x"}]}\n', r":1: messages\[0\] has no 'role'"),
         ('{"messages": []}\n', r":1: empty conversation"),
         ('{"messages": [{"role": "user", "content": "x"}]}\n', r":1: no assistant turn"),
-        ('{"messages": [{"role": "user", "content": 5}, {"role": "assistant", "content": "x"}]}\n', r":1: messages\[0\]\.content must be a string, got int"),
+        ('{"messages": [{"role": "user", "content": 5}, {"role": "assistant", "content": "x"}]}\n', r":1: messages\[0\]\.content must be a string or a list of text parts, got int"),
         ('{"instruction": "x"}\n', r":1: missing field 'output'"),
         ('{"instruction": 1, "output": "y"}\n', r":1: field 'instruction' must be a string, got int"),
         ('{"prompt": "x"}\n', r":1: unknown record format"),

@@ -15,7 +15,9 @@ zstd, bz2, xz, Arrow, CSV, tar and zip files are refused with a clear message.
 
 Supported record formats (``data.format``; ``auto`` decides per record by its keys, in this order):
 
-* ``messages``: ``{"messages": [{"role": "system"|"user"|"assistant", "content": str}, ...]}``
+* ``messages``: ``{"messages": [{"role": "system"|"user"|"assistant", "content": str}, ...]}``;
+  ``content`` may also be a list of text parts ``[{"type": "text", "text": str}, ...]`` (the OpenAI /
+  Hugging Face chat format), joined without a separator; other parts (images, audio) are refused.
 * ``sharegpt``: ``{"conversations": [{"from": "system"|"human"|"gpt", "value": str}, ...],
   "system": str (optional)}``; ``"user"``/``"assistant"`` are accepted as ``from`` values too.
   ``function_call``/``observation`` (tool-use) turns are refused: not supported yet.
@@ -59,7 +61,7 @@ SHAREGPT_TOOL_TURNS = ("function_call", "observation")
 #: Short reason categories of bad records (``DataError.kind``), used to group skipped records.
 REASON_KINDS = (
     "invalid_utf8", "invalid_json", "several_values", "not_an_object", "unknown_format", "missing_field",
-    "wrong_type", "invalid_unicode", "missing_role", "unknown_role", "unsupported_key", "tool_use",
+    "wrong_type", "invalid_unicode", "missing_role", "unknown_role", "unsupported_key", "unsupported_content", "tool_use",
     "empty_conversation", "no_assistant_turn", "empty_assistant_turn", "misplaced_system", "empty_text",
     "file",
 )  # fmt: skip
@@ -463,11 +465,34 @@ def _messages(rec: dict, where: str) -> Conversation:
             raise _bad(where, "missing_role", f"messages[{i}] has no 'role'")
         if role not in ROLES:
             raise _bad(where, "unknown_role", f"messages[{i}] has unknown role {role!r} (expected one of {', '.join(ROLES)})")
-        content = m.get("content")
-        if not isinstance(content, str):
-            raise _bad(where, "wrong_type", f"messages[{i}].content must be a string, got {type(content).__name__}")
-        out.append({"role": role, "content": _valid_text(content, where, f"messages[{i}].content")})
+        out.append({"role": role, "content": _content(m.get("content"), where, f"messages[{i}].content")})
     return _checked(Conversation(tuple(out), where))
+
+
+def _content(content: object, where: str, name: str) -> str:
+    """A message's text: a string, or a list of text parts ``{"type": "text", "text": str}`` (the
+    OpenAI / Hugging Face chat format), joined without a separator."""
+    if isinstance(content, str):
+        return _valid_text(content, where, name)
+    if not isinstance(content, list):
+        raise _bad(where, "wrong_type", f"{name} must be a string or a list of text parts, got {type(content).__name__}")
+    texts = []
+    for j, part in enumerate(content):
+        pname = f"{name}[{j}]"
+        if not isinstance(part, dict):
+            raise _bad(where, "wrong_type", f'{pname} must be an object {{"type": "text", "text": ...}}, got {type(part).__name__}')
+        kind = part.get("type")
+        if kind != "text":
+            what = "has no 'type'" if kind is None else f"is a {kind!r} part"
+            raise _bad(where, "unsupported_content", f"{pname} {what}: only text parts are supported")
+        extra = set(part) - {"type", "text"}
+        if extra:
+            raise _bad(where, "unsupported_key", f"{pname} has unsupported key(s) {sorted(extra)} (a text part has 'type' and 'text')")
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise _bad(where, "wrong_type", f"{pname}.text must be a string, got {type(text).__name__}")
+        texts.append(_valid_text(text, where, f"{pname}.text"))
+    return "".join(texts)
 
 
 def _sharegpt(rec: dict, where: str) -> Conversation:
