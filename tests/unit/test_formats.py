@@ -60,10 +60,10 @@ def test_real_shared_files_load_every_record():
         ('{"instruction": "a", "output": "b", "x": ' + "[" * 100000 + "]" * 100000 + "}\n", r":1: invalid JSON value: nested too deeply"),
         ('{"instruction": "a\\ud800", "output": "b"}\n', r":1: instruction holds invalid Unicode \(surrogates not allowed, e\.g\. a lone \\ud800"),
         ('{"instruction": "a", "output": "  \\n"}\n', r":1: assistant turn 1 is empty"),
-        ('{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": []}]}\n', r":1: messages\[1\] has unsupported key\(s\) \['tool_calls'\]"),
+        ('{"messages": [{"role": "user", "content": "q", "tool_calls": []}, {"role": "assistant", "content": "a"}]}\n', r":1: messages\[0\] has unsupported key\(s\) \['tool_calls'\] for a user message"),
         ('{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "weight": 0}]}\n', r":1: messages\[1\] has unsupported key\(s\) \['weight'\]"),
         ('{"messages": [{"role": "user", "content": "q"}, {"role": "system", "content": "s"}, {"role": "assistant", "content": "a"}]}\n', r":1: messages\[1\] is a system turn after the first message"),
-        ('{"tools": [], "messages": []}\n', r":1: 'tools' \(function calling\) is not supported yet"),
+        ('{"tools": [], "instruction": "a", "output": "b"}\n', r":1: 'tools' is read only in messages and sharegpt records \(alpaca has no tool turns\)"),
         ('{"instruction": "a", "output": "b", "history": [["q"]]}\n', r":1: history\[0\] must be a \[user, assistant\] pair"),
     ],
 )

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from rayft.data.formats import Conversation, DataError, load_conversations, to_example
+from rayft.data.formats import DataError, load_conversations, to_example
 
 
 def write(tmp_path, name, data: bytes | str):
@@ -65,3 +65,173 @@ def test_text_parts_are_joined(tmp_path):
 )
 def test_bad_content_parts(tmp_path, content, message):
     assert load_one_error(tmp_path, _msgs(U, {"role": "assistant", "content": content})) == message
+
+
+# ---------------------------------------------------------------- tool use
+
+WEATHER = {"name": "get_weather", "description": "Weather of a city", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+SG_TOOLS = json.dumps({
+    "tools": json.dumps([WEATHER]),
+    "conversations": [
+        {"from": "human", "value": "Weather in Paris?"},
+        {"from": "function_call", "value": json.dumps({"name": "get_weather", "arguments": {"city": "Paris"}})},
+        {"from": "observation", "value": '{"temp": 22}'},
+        {"from": "gpt", "value": "22 °C."},
+    ],
+})  # fmt: skip
+OPENAI_TOOLS = json.dumps({
+    "tools": [{"type": "function", "function": WEATHER}],
+    "messages": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+        ]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 22}'},
+        {"role": "assistant", "content": "22 °C."},
+    ],
+})  # fmt: skip
+CALL = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+SYSTEM_WITH_TOOLS = (
+    "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.\n\n# Tools\n\n"
+    "You may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+    '{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city", '
+    '"parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}\n</tools>\n\n'
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+)
+# the assistant's tool-call turn, token by token (published Qwen2.5 ids)
+CALL_TURN_IDS = [151644, 77091, 198, 151657, 198, 4913, 606, 788, 330, 455, 69364, 497, 330, 16370, 788, 5212, 8926, 788, 330, 59604, 95642, 151658, 151645, 198]  # fmt: skip
+# trained: from <tool_call> (151657) through <|im_end|> (151645); not the header, not the newline after
+CALL_TURN_MASK = [False] * 3 + [True] * 20 + [False]
+
+
+def test_sharegpt_and_openai_tool_use_read_alike(tmp_path):
+    p = write(tmp_path, "tools.jsonl", SG_TOOLS + "\n" + OPENAI_TOOLS + "\n")
+    sg, oa = load_conversations([str(p)])
+    assert sg.tools == oa.tools == ({"type": "function", "function": WEATHER},)
+    assert sg.messages == (
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [CALL]},
+        {"role": "tool", "content": '{"temp": 22}'},
+        {"role": "assistant", "content": "22 °C."},
+    )
+    assert oa.messages == (
+        sg.messages[0],
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", **CALL}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 22}'},
+        sg.messages[3],
+    )
+
+
+def test_tool_use_renders_as_qwen2_5_and_trains_only_assistant_and_call_text(qwen_tokenizer):
+    from rayft.data.tokenize import tokenize_conversation
+
+    tok = qwen_tokenizer
+    sg = to_example(json.loads(SG_TOOLS), "sg:1")
+    text = tok.apply_chat_template(list(sg.messages), tools=list(sg.tools), tokenize=False)
+    call_turn = '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>\n'
+    result_turn = '<|im_start|>user\n<tool_response>\n{"temp": 22}\n</tool_response><|im_end|>\n'
+    assert text == (
+        SYSTEM_WITH_TOOLS + "<|im_start|>user\nWeather in Paris?<|im_end|>\n" + call_turn + result_turn
+        + "<|im_start|>assistant\n22 °C.<|im_end|>\n"
+    )  # fmt: skip
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]
+    head = enc(SYSTEM_WITH_TOOLS + "<|im_start|>user\nWeather in Paris?<|im_end|>\n")
+    result = enc(result_turn)
+    answer = enc("<|im_start|>assistant\n") + enc("22 °C.") + [151645] + enc("\n")
+    want_ids = head + CALL_TURN_IDS + result + answer
+    want_mask = [False] * len(head) + CALL_TURN_MASK + [False] * len(result) + [False] * 3 + [True] * (len(answer) - 4) + [False]
+    for conv in (sg, to_example(json.loads(OPENAI_TOOLS), "oa:1")):
+        ex = tokenize_conversation(tok, conv)
+        assert ex.input_ids.tolist() == want_ids
+        assert ex.trainable.tolist() == want_mask
+        assert tok.decode(ex.input_ids[ex.trainable]) == (
+            '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>22 °C.<|im_end|>'
+        )
+
+
+def test_parallel_calls_content_before_calls_and_consecutive_results(qwen_tokenizer):
+    from rayft.data.tokenize import tokenize_conversation
+
+    msgs = (
+        {"role": "user", "content": "Paris and Rome?"},
+        {"role": "assistant", "content": "Checking.", "tool_calls": [
+            {"name": "w", "arguments": {"c": "P"}}, {"name": "w", "arguments": {"c": "R"}},
+        ]},
+        {"role": "tool", "content": "20"},
+        {"role": "tool", "content": "25"},
+        {"role": "assistant", "content": "20 and 25."},
+    )  # fmt: skip
+    conv = to_example({"messages": list(msgs)}, "m:1")
+    text = qwen_tokenizer.apply_chat_template(list(conv.messages), tokenize=False)
+    assert text.endswith(
+        "<|im_start|>user\nParis and Rome?<|im_end|>\n"
+        '<|im_start|>assistant\nChecking.\n<tool_call>\n{"name": "w", "arguments": {"c": "P"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "w", "arguments": {"c": "R"}}\n</tool_call><|im_end|>\n'
+        "<|im_start|>user\n<tool_response>\n20\n</tool_response>\n<tool_response>\n25\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n20 and 25.<|im_end|>\n"
+    )
+    ex = tokenize_conversation(qwen_tokenizer, conv)
+    assert qwen_tokenizer.decode(ex.input_ids[ex.trainable]) == (
+        'Checking.\n<tool_call>\n{"name": "w", "arguments": {"c": "P"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "w", "arguments": {"c": "R"}}\n</tool_call><|im_end|>20 and 25.<|im_end|>'
+    )
+    # without tools the system turn is the default one, as before
+    assert text.startswith("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n<|im_start|>user")
+
+
+def test_tools_follow_a_given_system_prompt(qwen_tokenizer):
+    conv = to_example({"system": "Be terse.", "tools": [WEATHER], "conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}, "s:1")
+    text = qwen_tokenizer.apply_chat_template(list(conv.messages), tools=list(conv.tools), tokenize=False)
+    assert text.startswith("<|im_start|>system\nBe terse.\n\n# Tools\n\nYou may call")
+    assert text.endswith("</tool_call><|im_end|>\n<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\na<|im_end|>\n")
+
+
+def _sgt(*turns, **extra) -> str:
+    return json.dumps({**extra, "conversations": [{"from": "human", "value": "q"}, *turns]})
+
+
+FC = {"from": "function_call", "value": '{"name": "f", "arguments": {}}'}
+A = {"role": "assistant", "content": "a"}
+
+
+@pytest.mark.parametrize(
+    "line,message",
+    [
+        (_sgt({"from": "function_call", "value": "f(x)"}), "conversations[1] is a function_call turn whose value is not valid JSON: Expecting value (column 1)"),
+        (_sgt({"from": "function_call", "value": '{"arguments": {}}'}), "conversations[1].value has no 'name' (a non-empty string)"),
+        (_sgt({"from": "function_call", "value": '{"name": "f", "arguments": "x"}'}), "conversations[1].value.arguments is not valid JSON: Expecting value (column 1)"),
+        (_sgt({"from": "function_call", "value": '{"name": "f", "arguments": [1]}'}), "conversations[1].value.arguments must be an object (or a JSON string of one), got list"),
+        (_sgt({"from": "function_call", "value": '{"name": "f"}'}), "conversations[1].value.arguments must be an object (or a JSON string of one), got NoneType"),
+        (_sgt({"from": "function_call", "value": '{"name": "f", "arguments": {}, "thought": "t"}'}), "conversations[1].value has unsupported key(s) ['thought'] (a function call has 'name' and 'arguments')"),
+        (_sgt({"from": "function_call", "value": "[]"}), "conversations[1].value is an empty list of function calls"),
+        (_sgt({"from": "function_call", "value": '[{"name": "f", "arguments": {}}, 3]'}), "conversations[1].value[1] must be an object, got int"),
+        (_sgt({"from": "observation", "value": "42"}), "no assistant turn (nothing to train on)"),
+        (_sgt(FC, tools="[{"), "field 'tools' is not valid JSON: Expecting property name enclosed in double quotes (column 3)"),
+        (_sgt(FC, tools={"name": "f"}), "field 'tools' must be a list of function schemas (or a JSON string of one), got dict"),
+        (_sgt(FC, tools=[{"description": "no name"}]), "tools[0] has no 'name' (a function schema needs a non-empty string name)"),
+        (_sgt(FC, tools=[{"type": "function", "function": {"description": "d"}}]), "tools[0].function has no 'name' (a function schema needs a non-empty string name)"),
+        (_sgt(FC, tools=[{"type": "retrieval", "function": {"name": "f"}}]), "tools[0] has type 'retrieval': only function tools are supported"),
+        (_sgt(FC, tools=["f"]), "tools[0] must be an object, got str"),
+        (_msgs(U, {"role": "assistant", "content": None, "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{"}}]}), "messages[1].tool_calls[0].function.arguments is not valid JSON: Expecting property name enclosed in double quotes (column 2)"),
+        (_msgs(U, {"role": "assistant", "content": None, "tool_calls": [{"type": "code", "function": {"name": "f", "arguments": {}}}]}), "messages[1].tool_calls[0] has type 'code': only function calls are supported"),
+        (_msgs(U, {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": {}}, "index": 0}]}), "messages[1].tool_calls[0] has unsupported key(s) ['index'] (a tool call has 'type', 'function', 'id')"),
+        (_msgs(U, {"role": "assistant", "content": None, "tool_calls": {"name": "f"}}), "messages[1].tool_calls must be a list, got dict"),
+        (_msgs(U, {"role": "assistant", "content": None, "tool_calls": []}), "messages[1].content must be a string or a list of text parts, got NoneType"),
+        (_msgs(U, {"role": "assistant", "content": "", "tool_calls": []}), "assistant turn 1 is empty (training on it teaches empty replies)"),
+        (_msgs(U, {"role": "tool", "content": "r", "tool_calls": []}, A), "messages[1] has unsupported key(s) ['tool_calls'] for a tool message (names and per-turn weights are not supported yet; remove them or convert the record)"),
+        (_msgs(U, {"role": "tool", "content": "r", "tool_call_id": 7}, A), "messages[1].tool_call_id must be a string, got int"),
+        (_msgs(U, {"role": "function", "content": "r"}, A), "messages[1] has unknown role 'function' (expected one of system, user, assistant, tool)"),
+    ],
+)
+def test_bad_tool_records(tmp_path, line, message):
+    assert load_one_error(tmp_path, line) == message
+
+
+def test_bad_tool_records_are_skipped_as_tool_use(tmp_path):
+    p = write(tmp_path, "t.jsonl", GOOD + "\n" + _sgt({"from": "function_call", "value": "f(x)"}) + "\n" + SG_TOOLS + "\n")
+    report = load_conversations([str(p)], on_bad_record="skip")
+    assert [c.source for c in report] == [f"{p}:1", f"{p}:3"]
+    assert {k: (s.count, s.where) for k, s in report.skipped.items()} == {"tool_use": (1, f"{p}:2")}

@@ -18,9 +18,19 @@ Supported record formats (``data.format``; ``auto`` decides per record by its ke
 * ``messages``: ``{"messages": [{"role": "system"|"user"|"assistant", "content": str}, ...]}``;
   ``content`` may also be a list of text parts ``[{"type": "text", "text": str}, ...]`` (the OpenAI /
   Hugging Face chat format), joined without a separator; other parts (images, audio) are refused.
+  Tool use: an assistant message may carry ``tool_calls`` (``[{"type": "function", "function":
+  {"name", "arguments"}}]``, ``arguments`` an object or a JSON string of one; ``content`` may then be
+  null) and ``{"role": "tool", "content": str}`` messages hold tool results.
 * ``sharegpt``: ``{"conversations": [{"from": "system"|"human"|"gpt", "value": str}, ...],
   "system": str (optional)}``; ``"user"``/``"assistant"`` are accepted as ``from`` values too.
-  ``function_call``/``observation`` (tool-use) turns are refused: not supported yet.
+  Tool use: a ``function_call`` turn (the assistant calls a tool; ``value`` is JSON of ``{"name",
+  "arguments"}`` or a list of them) becomes an assistant turn with ``tool_calls``; an
+  ``observation`` turn (the tool's result) a ``tool`` turn.
+
+``messages`` and ``sharegpt`` records may have ``tools``: a list of function schemas (or a JSON string
+of one), each ``{"type": "function", "function": {...}}`` or a bare ``{"name", "description",
+"parameters"}``. The chat template renders them (Qwen2.5: in the system turn), tool calls are
+trained like any assistant text, tool results never.
 * ``alpaca``: ``{"instruction": str, "input": str (optional), "output": str, "system": str (optional),
   "history": [[user, assistant], ...] (optional)}`` rendered as an optional system turn, the history
   turns, a user turn ``instruction`` (+ ``"\\n"`` + ``input`` when non-empty) and an assistant turn
@@ -30,8 +40,8 @@ Supported record formats (``data.format``; ``auto`` decides per record by its ke
   format key (a record with ``text`` *and* ``instruction``/``output`` is alpaca).
 
 Refused, with ``file:line`` and the reason: invalid JSON or UTF-8 (or lone surrogates), several
-JSON values on one line, a record that is not an object, unknown roles or message keys, tool-use
-turns, empty conversations, no assistant turn, an empty assistant turn, a system turn after the
+JSON values on one line, a record that is not an object, unknown roles or message keys, non-text
+content parts, malformed tool calls or schemas, empty conversations, no assistant turn, an empty assistant turn, a system turn after the
 first message, an empty text document, and wrong types. Every :class:`DataError` of a record carries
 a short reason category (``kind``, one of :data:`REASON_KINDS`).
 
@@ -54,9 +64,17 @@ from typing import Iterator, Literal, Union
 
 Format = Literal["auto", "messages", "sharegpt", "alpaca", "text"]
 BadRecordPolicy = Literal["error", "skip"]
-ROLES = ("system", "user", "assistant")
-SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}
-SHAREGPT_TOOL_TURNS = ("function_call", "observation")
+ROLES = ("system", "user", "assistant", "tool")
+#: ShareGPT ``from`` values → roles; a ``function_call`` turn becomes an assistant turn with ``tool_calls``.
+SHAREGPT_ROLES = {
+    "system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+    "function_call": "function_call", "observation": "tool",
+}  # fmt: skip
+#: Keys a message may have, per role (``messages`` format).
+MESSAGE_KEYS = {
+    "system": {"role", "content"}, "user": {"role", "content"}, "assistant": {"role", "content", "tool_calls"},
+    "tool": {"role", "content", "name", "tool_call_id"},
+}  # fmt: skip
 
 #: Short reason categories of bad records (``DataError.kind``), used to group skipped records.
 REASON_KINDS = (
@@ -83,10 +101,18 @@ def _bad(where: str, kind: str, reason: str) -> DataError:
 
 @dataclass(frozen=True)
 class Conversation:
-    """One chat training example: its messages and where it came from (``source`` = ``file:line``)."""
+    """One chat training example: its messages, where it came from (``source`` = ``file:line``) and
+    the function schemas offered to the model (``tools``, empty without tool use).
 
-    messages: tuple[dict[str, str], ...]
+    A message is ``{"role": "system"|"user"|"assistant"|"tool", "content": str}``; an assistant
+    message may add ``"tool_calls": [{"type": "function", "function": {"name": str, "arguments":
+    dict}}, ...]`` (``content`` then may be empty); a ``tool`` message holds a tool's result. Each
+    tool is ``{"type": "function", "function": {"name": str, ...}}``. This is the Hugging Face chat
+    format that ``apply_chat_template(messages, tools=...)`` takes."""
+
+    messages: tuple[dict, ...]
     source: str
+    tools: tuple[dict, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -403,9 +429,9 @@ def to_example(rec: object, where: str, fmt: Format = "auto") -> Example:
         fmt = detect_format(rec, where)
     if fmt == "text":
         return _text_document(rec, where)
-    if "tools" in rec:
-        raise _bad(where, "tool_use", "'tools' (function calling) is not supported yet")
     if fmt == "alpaca":
+        if "tools" in rec:
+            raise _bad(where, "tool_use", "'tools' is read only in messages and sharegpt records (alpaca has no tool turns)")
         return _alpaca(rec, where)
     if fmt == "sharegpt":
         return _sharegpt(rec, where)
@@ -449,24 +475,114 @@ def _messages(rec: dict, where: str) -> Conversation:
         raise _bad(where, "wrong_type", f"field 'messages' must be a list, got {type(messages).__name__}")
     if not messages:
         raise _bad(where, "empty_conversation", "empty conversation")
+    tools = _tools(rec, where)
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise _bad(where, "wrong_type", f"messages[{i}] must be an object, got {type(m).__name__}")
-        extra = set(m) - {"role", "content"}
-        if extra:
-            raise _bad(
-                where, "unsupported_key",
-                f"messages[{i}] has unsupported key(s) {sorted(extra)} "
-                "(tool calls, names and per-turn weights are not supported yet; remove them or convert the record)",
-            )  # fmt: skip
         role = m.get("role")
         if role is None:
             raise _bad(where, "missing_role", f"messages[{i}] has no 'role'")
         if role not in ROLES:
             raise _bad(where, "unknown_role", f"messages[{i}] has unknown role {role!r} (expected one of {', '.join(ROLES)})")
-        out.append({"role": role, "content": _content(m.get("content"), where, f"messages[{i}].content")})
-    return _checked(Conversation(tuple(out), where))
+        extra = set(m) - MESSAGE_KEYS[role]
+        if extra:
+            raise _bad(
+                where, "unsupported_key",
+                f"messages[{i}] has unsupported key(s) {sorted(extra)} for a {role} message "
+                "(names and per-turn weights are not supported yet; remove them or convert the record)",
+            )  # fmt: skip
+        msg: dict = {"role": role}
+        calls = m.get("tool_calls")
+        if calls is not None:
+            name = f"messages[{i}].tool_calls"
+            if not isinstance(calls, list):
+                raise _bad(where, "wrong_type", f"{name} must be a list, got {type(calls).__name__}")
+            msg["tool_calls"] = [_tool_call(c, where, f"{name}[{j}]") for j, c in enumerate(calls)]
+        content = m.get("content")
+        # an assistant message that calls tools may have no content (OpenAI writes null)
+        msg["content"] = "" if content is None and msg.get("tool_calls") else _content(content, where, f"messages[{i}].content")
+        for k in ("name", "tool_call_id"):  # kept for templates that show them (Qwen2.5's does not)
+            if k in m:
+                if not isinstance(m[k], str):
+                    raise _bad(where, "wrong_type", f"messages[{i}].{k} must be a string, got {type(m[k]).__name__}")
+                msg[k] = m[k]
+        out.append(msg)
+    return _checked(Conversation(tuple(out), where, tools))
+
+
+def _tools(rec: dict, where: str) -> tuple[dict, ...]:
+    """The record's ``tools``: a list of function schemas, or a JSON string of one (ShareGPT
+    datasets store it so). A bare schema ``{"name", "description", "parameters"}`` is wrapped as
+    ``{"type": "function", "function": schema}``; absent, null, ``""`` and ``[]`` mean no tools."""
+    v = rec.get("tools")
+    if v is None or v == "":
+        return ()
+    if isinstance(v, str):
+        try:
+            v = json.loads(v)
+        except json.JSONDecodeError as e:
+            raise _bad(where, "tool_use", f"field 'tools' is not valid JSON: {e.msg} (column {e.colno})") from None
+    if not isinstance(v, list):
+        raise _bad(where, "wrong_type", f"field 'tools' must be a list of function schemas (or a JSON string of one), got {type(v).__name__}")
+    out = []
+    for i, t in enumerate(v):
+        if not isinstance(t, dict):
+            raise _bad(where, "wrong_type", f"tools[{i}] must be an object, got {type(t).__name__}")
+        if "function" in t:
+            if t.get("type", "function") != "function":
+                raise _bad(where, "tool_use", f"tools[{i}] has type {t.get('type')!r}: only function tools are supported")
+            fn, name = t["function"], f"tools[{i}].function"
+            if not isinstance(fn, dict):
+                raise _bad(where, "wrong_type", f"{name} must be an object, got {type(fn).__name__}")
+            tool = {**t, "type": "function"}
+        else:
+            fn, name, tool = t, f"tools[{i}]", {"type": "function", "function": t}
+        if not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise _bad(where, "tool_use", f"{name} has no 'name' (a function schema needs a non-empty string name)")
+        _valid_text(json.dumps(tool, ensure_ascii=False), where, f"tools[{i}]")
+        out.append(tool)
+    return tuple(out)
+
+
+def _tool_call(call: object, where: str, name: str) -> dict:
+    """One tool call ─► ``{"type": "function", "function": {"name": str, "arguments": dict}}`` (plus
+    its ``id`` when given). Accepts that form (``arguments`` may be a JSON string of an object, as the
+    OpenAI API writes it) and a bare ``{"name", "arguments"}`` (ShareGPT ``function_call`` values)."""
+    if not isinstance(call, dict):
+        raise _bad(where, "wrong_type", f"{name} must be an object, got {type(call).__name__}")
+    out: dict = {}
+    if "function" in call:
+        extra = set(call) - {"type", "function", "id"}
+        if extra:
+            raise _bad(where, "unsupported_key", f"{name} has unsupported key(s) {sorted(extra)} (a tool call has 'type', 'function', 'id')")
+        if call.get("type", "function") != "function":
+            raise _bad(where, "tool_use", f"{name} has type {call.get('type')!r}: only function calls are supported")
+        if "id" in call:
+            if not isinstance(call["id"], str):
+                raise _bad(where, "wrong_type", f"{name}.id must be a string, got {type(call['id']).__name__}")
+            out["id"] = call["id"]
+        fn, name = call["function"], f"{name}.function"
+        if not isinstance(fn, dict):
+            raise _bad(where, "wrong_type", f"{name} must be an object, got {type(fn).__name__}")
+    else:
+        fn = call
+    extra = set(fn) - {"name", "arguments"}
+    if extra:
+        raise _bad(where, "unsupported_key", f"{name} has unsupported key(s) {sorted(extra)} (a function call has 'name' and 'arguments')")
+    fname, args = fn.get("name"), fn.get("arguments")
+    if not isinstance(fname, str) or not fname:
+        raise _bad(where, "tool_use", f"{name} has no 'name' (a non-empty string)")
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError as e:
+            raise _bad(where, "tool_use", f"{name}.arguments is not valid JSON: {e.msg} (column {e.colno})") from None
+    if not isinstance(args, dict):
+        raise _bad(where, "tool_use", f"{name}.arguments must be an object (or a JSON string of one), got {type(args).__name__}")
+    _valid_text(fname + json.dumps(args, ensure_ascii=False), where, name)
+    out.update(type="function", function={"name": fname, "arguments": args})
+    return out
 
 
 def _content(content: object, where: str, name: str) -> str:
@@ -504,7 +620,8 @@ def _sharegpt(rec: dict, where: str) -> Conversation:
     if not turns:
         raise _bad(where, "empty_conversation", "empty conversation")
     system = _str_field(rec, "system", where, False)
-    out: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
+    tools = _tools(rec, where)
+    out: list[dict] = [{"role": "system", "content": system}] if system else []
     for i, t in enumerate(turns):
         if not isinstance(t, dict):
             raise _bad(where, "wrong_type", f"conversations[{i}] must be an object, got {type(t).__name__}")
@@ -520,12 +637,6 @@ def _sharegpt(rec: dict, where: str) -> Conversation:
             raise _bad(where, "missing_role", f"conversations[{i}] has no 'from'")
         if not isinstance(frm, str):
             raise _bad(where, "wrong_type", f"conversations[{i}].from must be a string, got {type(frm).__name__}")
-        if frm in SHAREGPT_TOOL_TURNS:
-            raise _bad(
-                where, "tool_use",
-                f"conversations[{i}] is a {frm!r} turn: tool-use turns (function_call/observation) are not "
-                "supported yet; remove the record or its tool turns",
-            )  # fmt: skip
         if frm not in SHAREGPT_ROLES:
             raise _bad(where, "unknown_role", f"conversations[{i}] has unknown 'from' {frm!r} (expected one of {', '.join(SHAREGPT_ROLES)})")
         role = SHAREGPT_ROLES[frm]
@@ -534,8 +645,22 @@ def _sharegpt(rec: dict, where: str) -> Conversation:
         value = t.get("value")
         if not isinstance(value, str):
             raise _bad(where, "wrong_type", f"conversations[{i}].value must be a string, got {type(value).__name__}")
-        out.append({"role": role, "content": _valid_text(value, where, f"conversations[{i}].value")})
-    return _checked(Conversation(tuple(out), where), field="conversations", shift=1 if system else 0)
+        if role == "function_call":  # value: JSON of {"name", "arguments"}, or a list of them
+            try:
+                calls = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise _bad(where, "tool_use", f"conversations[{i}] is a function_call turn whose value is not valid JSON: {e.msg} (column {e.colno})") from None
+            name = f"conversations[{i}].value"
+            if isinstance(calls, list):
+                if not calls:
+                    raise _bad(where, "tool_use", f"{name} is an empty list of function calls")
+                tool_calls = [_tool_call(c, where, f"{name}[{j}]") for j, c in enumerate(calls)]
+            else:
+                tool_calls = [_tool_call(calls, where, name)]
+            out.append({"role": "assistant", "content": "", "tool_calls": tool_calls})
+        else:
+            out.append({"role": role, "content": _valid_text(value, where, f"conversations[{i}].value")})
+    return _checked(Conversation(tuple(out), where, tools), field="conversations", shift=1 if system else 0)
 
 
 def _checked(conv: Conversation, field: str = "messages", shift: int = 0) -> Conversation:
@@ -545,7 +670,7 @@ def _checked(conv: Conversation, field: str = "messages", shift: int = 0) -> Con
     if "assistant" not in roles:
         raise _bad(conv.source, "no_assistant_turn", "no assistant turn (nothing to train on)")
     for i, m in enumerate(conv.messages):
-        if m["role"] == "assistant" and not m["content"].strip():
+        if m["role"] == "assistant" and not m["content"].strip() and not m.get("tool_calls"):
             name = f"assistant turn {i}" if field == "messages" else f"assistant turn {field}[{i - shift}]"
             raise _bad(conv.source, "empty_assistant_turn", f"{name} is empty (training on it teaches empty replies)")
         if m["role"] == "system" and i > 0:
