@@ -235,3 +235,74 @@ def test_bad_tool_records_are_skipped_as_tool_use(tmp_path):
     report = load_conversations([str(p)], on_bad_record="skip")
     assert [c.source for c in report] == [f"{p}:1", f"{p}:3"]
     assert {k: (s.count, s.where) for k, s in report.skipped.items()} == {"tool_use": (1, f"{p}:2")}
+
+
+# ---------------------------------------------------------------- data.columns
+
+CHAT_COLS = {"messages": "conversation", "role": "speaker", "content": "text", "user": "USER", "assistant": "BOT"}
+
+
+def test_columns_rename_fields_turn_keys_and_roles(tmp_path):
+    chat = json.dumps({"conversation": [{"speaker": "system", "text": "S"}, {"speaker": "USER", "text": "q"}, {"speaker": "BOT", "text": "a"}]})
+    (conv,) = load_conversations([str(write(tmp_path, "c.jsonl", chat + "\n"))], columns=CHAT_COLS)
+    assert conv.messages == ({"role": "system", "content": "S"}, {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"})
+    alpaca = json.dumps({"prompt": "i", "input": "x", "response": "o"})
+    (conv,) = load_conversations([str(write(tmp_path, "a.jsonl", alpaca + "\n"))], columns={"instruction": "prompt", "output": "response"})
+    assert conv.messages == ({"role": "user", "content": "i\nx"}, {"role": "assistant", "content": "o"})
+    (doc,) = load_conversations([str(write(tmp_path, "t.jsonl", '{"body": "doc", "text": "not this"}\n'))], "text", columns={"text": "body"})
+    assert doc.text == "doc"
+    sg = json.dumps({"dialog": [{"who": "me", "says": "q"}, {"who": "call", "says": '{"name": "f", "arguments": {}}'},
+                                {"who": "result", "says": "r"}, {"who": "bot", "says": "a"}], "functions": [{"name": "f"}]})  # fmt: skip
+    cols = {"conversations": "dialog", "from": "who", "value": "says", "user": "me", "assistant": "bot", "function_call": "call", "tool": "result", "tools": "functions"}
+    (conv,) = load_conversations([str(write(tmp_path, "s.jsonl", sg + "\n"))], columns=cols)
+    assert [m["role"] for m in conv.messages] == ["user", "assistant", "tool", "assistant"]
+    assert conv.tools == ({"type": "function", "function": {"name": "f"}},)
+
+
+@pytest.mark.parametrize(
+    "line,columns,message",
+    [
+        ('{"prompt": "i"}', {"instruction": "prompt", "output": "response"}, "missing field 'response' (data.columns.output)"),
+        ('{"instruction": "i", "output": "o"}', {"instruction": "prompt", "output": "response"}, "unknown record format (keys: ['instruction', 'output']); expected 'messages', sharegpt's 'conversations', alpaca's prompt/response or 'text'"),
+        ('{"body": 3}', {"text": "body"}, "field 'body' must be a string, got int"),
+        ('{"conversation": [{"speaker": "USER"}]}', CHAT_COLS, "conversation[0] has no 'text' (data.columns.content)"),
+        ('{"conversation": [{"speaker": "USER", "content": "q"}]}', CHAT_COLS, "conversation[0] has unsupported key(s) ['content'] for a user message (names and per-turn weights are not supported yet; remove them or convert the record)"),
+        ('{"conversation": [{"role": "USER", "text": "q"}]}', CHAT_COLS, "conversation[0] has no 'speaker' (data.columns.role)"),
+        ('{"conversation": [{"speaker": "user", "text": "q"}]}', CHAT_COLS, "conversation[0] has unknown speaker 'user' (expected one of system, tool, USER, BOT)"),
+        ('{"conversation": [{"speaker": "USER", "text": "q"}, {"speaker": "assistant", "text": "a"}]}', CHAT_COLS, "conversation[1] has unknown speaker 'assistant' (expected one of system, tool, USER, BOT)"),
+        ('{"conversation": [{"speaker": "USER", "text": "q"}]}', CHAT_COLS, "no assistant turn (nothing to train on)"),
+        ('{"dialog": [{"who": "human", "value": "q"}]}', {"conversations": "dialog", "from": "who", "value": "says"}, "dialog[0] has unsupported key(s) ['value'] (only 'who' and 'says' are read; per-turn weights are not supported yet)"),
+        ('{"dialog": [{"who": "human"}]}', {"conversations": "dialog", "from": "who", "value": "says"}, "dialog[0] has no 'says' (data.columns.value)"),
+    ],
+)
+def test_bad_records_under_columns(tmp_path, line, columns, message):
+    p = write(tmp_path, "bad.jsonl", line + "\n")
+    with pytest.raises(DataError) as e:
+        load_conversations([str(p)], columns=columns)
+    assert str(e.value) == f"{p}:1: {message}"
+
+
+def test_unknown_columns_keys_are_refused(tmp_path):
+    p = write(tmp_path, "a.jsonl", GOOD + "\n")
+    with pytest.raises(ValueError, match=r"^data\.columns\.speaker: unknown key \(known: messages, conversations, "):
+        load_conversations([str(p)], columns={"speaker": "x"})
+    with pytest.raises(ValueError, match=r"^data\.columns\.role: must be a non-empty string, got ''$"):
+        load_conversations([str(p)], columns={"role": ""})
+
+
+def test_config_columns(tmp_path):
+    from rayft.config import ColumnsConfig, ConfigError, dump_config, load_config
+    from rayft.data.formats import COLUMN_KEYS
+
+    assert sorted(f.alias or n for n, f in ColumnsConfig.model_fields.items()) == sorted(COLUMN_KEYS)
+    cfg_file = tmp_path / "job.yaml"
+    cfg_file.write_text("data:\n  train_files: [a.jsonl]\n  columns: {messages: conversation, from: speaker, speakr: x}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(cfg_file)
+    assert str(e.value) == f"{cfg_file}: invalid config (1 error)\n  data.columns.speakr (line 3): unknown key"
+    cfg_file.write_text("data:\n  train_files: [a.jsonl]\n  columns: {messages: conversation, from: speaker}\n")
+    cfg = load_config(cfg_file, ["data.columns.output=response"])
+    assert cfg.data.columns.mapping() == {"messages": "conversation", "output": "response", "from": "speaker"}
+    assert "  columns:\n    messages: conversation\n    output: response\n    from: speaker\n" in dump_config(cfg)
+    cfg_file.write_text("data:\n  train_files: [a.jsonl]\n")
+    assert load_config(cfg_file).data.columns.mapping() == {}

@@ -374,15 +374,64 @@ def read_records(path: Path) -> Iterator[tuple[int, object]]:
         yield n, value
 
 
-def _str_field(rec: dict, key: str, where: str, required: bool) -> str:
-    v = rec.get(key)
+#: ``data.columns`` keys: the names this reader uses, which a dataset may spell otherwise. Record
+#: fields, then keys of a turn, then role names (values of ``role`` / ``from``).
+COLUMN_KEYS = (
+    "messages", "conversations", "system", "tools", "instruction", "input", "output", "history", "text",
+    "role", "content", "tool_calls", "from", "value",
+    "user", "assistant", "tool", "function_call",
+)  # fmt: skip
+_ROLE_KEYS = ("user", "assistant", "tool", "function_call")
+
+
+class _Names:
+    """Names under a ``data.columns`` mapping (``{key: the dataset's name}``): ``names("output")`` is
+    the dataset's name for ``output``; ``names.hint("output")`` is `` (data.columns.output)`` when
+    mapped, for error messages."""
+
+    def __init__(self, columns: dict[str, str] | None = None):
+        self.columns = dict(columns or {})
+
+    def __call__(self, key: str) -> str:
+        return self.columns.get(key, key)
+
+    def hint(self, key: str) -> str:
+        return f" (data.columns.{key})" if key in self.columns else ""
+
+    def roles(self, defaults: dict[str, str]) -> dict[str, str]:
+        """``{name in the data: role}``: ``defaults`` with each mapped role's name(s) replaced."""
+        out = {name: role for name, role in defaults.items() if role not in self.columns}
+        out.update({self.columns[k]: k for k in _ROLE_KEYS if k in self.columns and k in defaults.values()})
+        return out
+
+
+def check_columns(columns: dict[str, str] | None) -> dict[str, str]:
+    """Validate a ``data.columns`` mapping (keys from :data:`COLUMN_KEYS`, values non-empty strings).
+
+    Raises:
+        ValueError: an unknown key or a bad value, naming ``data.columns.<key>``.
+    """
+    for k, v in (columns or {}).items():
+        if k not in COLUMN_KEYS:
+            raise ValueError(f"data.columns.{k}: unknown key (known: {', '.join(COLUMN_KEYS)})")
+        if not isinstance(v, str) or not v:
+            raise ValueError(f"data.columns.{k}: must be a non-empty string, got {v!r}")
+    return dict(columns or {})
+
+
+_PLAIN = _Names()
+
+
+def _str_field(rec: dict, key: str, where: str, required: bool, names: _Names = _PLAIN) -> str:
+    name = names(key)
+    v = rec.get(name)
     if v is None:
         if required:
-            raise _bad(where, "missing_field", f"missing field {key!r}")
+            raise _bad(where, "missing_field", f"missing field {name!r}{names.hint(key)}")
         return ""
     if not isinstance(v, str):
-        raise _bad(where, "wrong_type", f"field {key!r} must be a string, got {type(v).__name__}")
-    return _valid_text(v, where, key)
+        raise _bad(where, "wrong_type", f"field {name!r} must be a string, got {type(v).__name__}")
+    return _valid_text(v, where, name)
 
 
 def _valid_text(v: str, where: str, field: str) -> str:
@@ -393,49 +442,53 @@ def _valid_text(v: str, where: str, field: str) -> str:
     return v
 
 
-def detect_format(rec: dict, where: str) -> Format:
-    """The format of one record by its keys: ``messages``, ``conversations`` (sharegpt),
-    ``instruction``/``output`` (alpaca), else ``text`` (raw text).
+def detect_format(rec: dict, where: str, columns: dict[str, str] | None = None) -> Format:
+    """The format of one record by its keys (as named by ``columns``, see :data:`COLUMN_KEYS`):
+    ``messages``, ``conversations`` (sharegpt), ``instruction``/``output`` (alpaca), else ``text``.
 
     Raises:
         DataError: none of these keys (kind ``unknown_format``).
     """
-    if "messages" in rec:
+    n = _Names(columns)
+    if n("messages") in rec:
         return "messages"
-    if "conversations" in rec:
+    if n("conversations") in rec:
         return "sharegpt"
-    if "instruction" in rec or "output" in rec:
+    if n("instruction") in rec or n("output") in rec:
         return "alpaca"
-    if "text" in rec:
+    if n("text") in rec:
         return "text"
     raise _bad(
         where, "unknown_format",
-        f"unknown record format (keys: {sorted(rec)}); expected 'messages', sharegpt's 'conversations', "
-        "alpaca's instruction/output or 'text'",
+        f"unknown record format (keys: {sorted(rec)}); expected {n('messages')!r}, sharegpt's {n('conversations')!r}, "
+        f"alpaca's {n('instruction')}/{n('output')} or {n('text')!r}",
     )  # fmt: skip
 
 
-def to_example(rec: object, where: str, fmt: Format = "auto") -> Example:
+def to_example(rec: object, where: str, fmt: Format = "auto", columns: dict[str, str] | None = None) -> Example:
     """Turn one record into a :class:`Conversation` (messages, sharegpt, alpaca) or a
-    :class:`TextDocument` (text).
+    :class:`TextDocument` (text). ``columns`` renames fields, turn keys and roles (``{key: the
+    dataset's name}``, keys from :data:`COLUMN_KEYS`, checked by the caller with :func:`check_columns`).
 
     Raises:
-        DataError: not an object, unknown format, missing/unknown role, tool-use turns, wrong types,
-            empty conversation or text, or no assistant turn (nothing to learn from).
+        DataError: not an object, unknown format, missing/unknown role, malformed tool use, wrong
+            types, empty conversation or text, no assistant turn (nothing to learn from), or a
+            required mapped column missing (the message names ``data.columns.<key>``).
     """
     if not isinstance(rec, dict):
         raise _bad(where, "not_an_object", f"a record must be a JSON object, got {type(rec).__name__}")
+    n = _Names(columns)
     if fmt == "auto":
-        fmt = detect_format(rec, where)
+        fmt = detect_format(rec, where, columns)
     if fmt == "text":
-        return _text_document(rec, where)
+        return _text_document(rec, where, n)
     if fmt == "alpaca":
-        if "tools" in rec:
-            raise _bad(where, "tool_use", "'tools' is read only in messages and sharegpt records (alpaca has no tool turns)")
-        return _alpaca(rec, where)
+        if n("tools") in rec:
+            raise _bad(where, "tool_use", f"{n('tools')!r} is read only in messages and sharegpt records (alpaca has no tool turns)")
+        return _alpaca(rec, where, n)
     if fmt == "sharegpt":
-        return _sharegpt(rec, where)
-    return _messages(rec, where)
+        return _sharegpt(rec, where, n)
+    return _messages(rec, where, n)
 
 
 def to_conversation(rec: object, where: str, fmt: Format = "auto") -> Example:
@@ -443,104 +496,114 @@ def to_conversation(rec: object, where: str, fmt: Format = "auto") -> Example:
     return to_example(rec, where, fmt)
 
 
-def _text_document(rec: dict, where: str) -> TextDocument:
-    text = _str_field(rec, "text", where, True)
+def _text_document(rec: dict, where: str, n: _Names = _PLAIN) -> TextDocument:
+    text = _str_field(rec, "text", where, True, n)
     if not text.strip():
-        raise _bad(where, "empty_text", "field 'text' is empty (nothing to train on)")
+        raise _bad(where, "empty_text", f"field {n('text')!r} is empty (nothing to train on)")
     return TextDocument(text, where)
 
 
-def _alpaca(rec: dict, where: str) -> Conversation:
-    instruction = _str_field(rec, "instruction", where, True)
-    inp = _str_field(rec, "input", where, False)
-    output = _str_field(rec, "output", where, True)
-    system = _str_field(rec, "system", where, False)
+def _alpaca(rec: dict, where: str, n: _Names = _PLAIN) -> Conversation:
+    instruction = _str_field(rec, "instruction", where, True, n)
+    inp = _str_field(rec, "input", where, False, n)
+    output = _str_field(rec, "output", where, True, n)
+    system = _str_field(rec, "system", where, False, n)
     user = f"{instruction}\n{inp}" if inp else instruction
     msgs: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
-    history = rec.get("history") or []
+    hname = n("history")
+    history = rec.get(hname) or []
     if not isinstance(history, list):
-        raise _bad(where, "wrong_type", "field 'history' must be a list of [user, assistant] pairs")
+        raise _bad(where, "wrong_type", f"field {hname!r} must be a list of [user, assistant] pairs")
     for i, pair in enumerate(history):
         if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)):
-            raise _bad(where, "wrong_type", f"history[{i}] must be a [user, assistant] pair of strings")
-        msgs += [{"role": "user", "content": _valid_text(pair[0], where, f"history[{i}][0]")},
-                 {"role": "assistant", "content": _valid_text(pair[1], where, f"history[{i}][1]")}]  # fmt: skip
+            raise _bad(where, "wrong_type", f"{hname}[{i}] must be a [user, assistant] pair of strings")
+        msgs += [{"role": "user", "content": _valid_text(pair[0], where, f"{hname}[{i}][0]")},
+                 {"role": "assistant", "content": _valid_text(pair[1], where, f"{hname}[{i}][1]")}]  # fmt: skip
     msgs += [{"role": "user", "content": user}, {"role": "assistant", "content": output}]
     return _checked(Conversation(tuple(msgs), where))
 
 
-def _messages(rec: dict, where: str) -> Conversation:
-    messages = rec.get("messages")
+def _messages(rec: dict, where: str, n: _Names = _PLAIN) -> Conversation:
+    field, role_key, content_key, calls_key = n("messages"), n("role"), n("content"), n("tool_calls")
+    messages = rec.get(field)
+    if messages is None and field != "messages":
+        raise _bad(where, "missing_field", f"missing field {field!r}{n.hint('messages')}")
     if not isinstance(messages, list):
-        raise _bad(where, "wrong_type", f"field 'messages' must be a list, got {type(messages).__name__}")
+        raise _bad(where, "wrong_type", f"field {field!r} must be a list, got {type(messages).__name__}")
     if not messages:
         raise _bad(where, "empty_conversation", "empty conversation")
-    tools = _tools(rec, where)
+    tools = _tools(rec, where, n)
+    roles = n.roles({r: r for r in ROLES})
     out = []
     for i, m in enumerate(messages):
+        turn = f"{field}[{i}]"
         if not isinstance(m, dict):
-            raise _bad(where, "wrong_type", f"messages[{i}] must be an object, got {type(m).__name__}")
-        role = m.get("role")
-        if role is None:
-            raise _bad(where, "missing_role", f"messages[{i}] has no 'role'")
-        if role not in ROLES:
-            raise _bad(where, "unknown_role", f"messages[{i}] has unknown role {role!r} (expected one of {', '.join(ROLES)})")
-        extra = set(m) - MESSAGE_KEYS[role]
+            raise _bad(where, "wrong_type", f"{turn} must be an object, got {type(m).__name__}")
+        name = m.get(role_key)
+        if name is None:
+            raise _bad(where, "missing_role", f"{turn} has no {role_key!r}{n.hint('role')}")
+        if not isinstance(name, str) or name not in roles:
+            raise _bad(where, "unknown_role", f"{turn} has unknown {role_key} {name!r} (expected one of {', '.join(roles)})")
+        role = roles[name]
+        extra = set(m) - {n(k) for k in MESSAGE_KEYS[role]}
         if extra:
             raise _bad(
                 where, "unsupported_key",
-                f"messages[{i}] has unsupported key(s) {sorted(extra)} for a {role} message "
+                f"{turn} has unsupported key(s) {sorted(extra)} for a {role} message "
                 "(names and per-turn weights are not supported yet; remove them or convert the record)",
             )  # fmt: skip
         msg: dict = {"role": role}
-        calls = m.get("tool_calls")
+        calls = m.get(calls_key)
         if calls is not None:
-            name = f"messages[{i}].tool_calls"
+            cname = f"{turn}.{calls_key}"
             if not isinstance(calls, list):
-                raise _bad(where, "wrong_type", f"{name} must be a list, got {type(calls).__name__}")
-            msg["tool_calls"] = [_tool_call(c, where, f"{name}[{j}]") for j, c in enumerate(calls)]
-        content = m.get("content")
+                raise _bad(where, "wrong_type", f"{cname} must be a list, got {type(calls).__name__}")
+            msg["tool_calls"] = [_tool_call(c, where, f"{cname}[{j}]") for j, c in enumerate(calls)]
+        content = m.get(content_key)
+        if content_key not in m and content_key != "content" and not msg.get("tool_calls"):
+            raise _bad(where, "missing_field", f"{turn} has no {content_key!r}{n.hint('content')}")
         # an assistant message that calls tools may have no content (OpenAI writes null)
-        msg["content"] = "" if content is None and msg.get("tool_calls") else _content(content, where, f"messages[{i}].content")
+        msg["content"] = "" if content is None and msg.get("tool_calls") else _content(content, where, f"{turn}.{content_key}")
         for k in ("name", "tool_call_id"):  # kept for templates that show them (Qwen2.5's does not)
             if k in m:
                 if not isinstance(m[k], str):
-                    raise _bad(where, "wrong_type", f"messages[{i}].{k} must be a string, got {type(m[k]).__name__}")
+                    raise _bad(where, "wrong_type", f"{turn}.{k} must be a string, got {type(m[k]).__name__}")
                 msg[k] = m[k]
         out.append(msg)
-    return _checked(Conversation(tuple(out), where, tools))
+    return _checked(Conversation(tuple(out), where, tools), field=field)
 
 
-def _tools(rec: dict, where: str) -> tuple[dict, ...]:
+def _tools(rec: dict, where: str, n: _Names = _PLAIN) -> tuple[dict, ...]:
     """The record's ``tools``: a list of function schemas, or a JSON string of one (ShareGPT
     datasets store it so). A bare schema ``{"name", "description", "parameters"}`` is wrapped as
     ``{"type": "function", "function": schema}``; absent, null, ``""`` and ``[]`` mean no tools."""
-    v = rec.get("tools")
+    field = n("tools")
+    v = rec.get(field)
     if v is None or v == "":
         return ()
     if isinstance(v, str):
         try:
             v = json.loads(v)
         except json.JSONDecodeError as e:
-            raise _bad(where, "tool_use", f"field 'tools' is not valid JSON: {e.msg} (column {e.colno})") from None
+            raise _bad(where, "tool_use", f"field {field!r} is not valid JSON: {e.msg} (column {e.colno})") from None
     if not isinstance(v, list):
-        raise _bad(where, "wrong_type", f"field 'tools' must be a list of function schemas (or a JSON string of one), got {type(v).__name__}")
+        raise _bad(where, "wrong_type", f"field {field!r} must be a list of function schemas (or a JSON string of one), got {type(v).__name__}")
     out = []
     for i, t in enumerate(v):
         if not isinstance(t, dict):
-            raise _bad(where, "wrong_type", f"tools[{i}] must be an object, got {type(t).__name__}")
+            raise _bad(where, "wrong_type", f"{field}[{i}] must be an object, got {type(t).__name__}")
         if "function" in t:
             if t.get("type", "function") != "function":
-                raise _bad(where, "tool_use", f"tools[{i}] has type {t.get('type')!r}: only function tools are supported")
-            fn, name = t["function"], f"tools[{i}].function"
+                raise _bad(where, "tool_use", f"{field}[{i}] has type {t.get('type')!r}: only function tools are supported")
+            fn, name = t["function"], f"{field}[{i}].function"
             if not isinstance(fn, dict):
                 raise _bad(where, "wrong_type", f"{name} must be an object, got {type(fn).__name__}")
             tool = {**t, "type": "function"}
         else:
-            fn, name, tool = t, f"tools[{i}]", {"type": "function", "function": t}
+            fn, name, tool = t, f"{field}[{i}]", {"type": "function", "function": t}
         if not isinstance(fn.get("name"), str) or not fn["name"]:
             raise _bad(where, "tool_use", f"{name} has no 'name' (a function schema needs a non-empty string name)")
-        _valid_text(json.dumps(tool, ensure_ascii=False), where, f"tools[{i}]")
+        _valid_text(json.dumps(tool, ensure_ascii=False), where, f"{field}[{i}]")
         out.append(tool)
     return tuple(out)
 
@@ -611,46 +674,51 @@ def _content(content: object, where: str, name: str) -> str:
     return "".join(texts)
 
 
-def _sharegpt(rec: dict, where: str) -> Conversation:
-    turns = rec.get("conversations")
+def _sharegpt(rec: dict, where: str, n: _Names = _PLAIN) -> Conversation:
+    field, from_key, value_key = n("conversations"), n("from"), n("value")
+    turns = rec.get(field)
     if turns is None:
-        raise _bad(where, "missing_field", "missing field 'conversations'")
+        raise _bad(where, "missing_field", f"missing field {field!r}{n.hint('conversations')}")
     if not isinstance(turns, list):
-        raise _bad(where, "wrong_type", f"field 'conversations' must be a list, got {type(turns).__name__}")
+        raise _bad(where, "wrong_type", f"field {field!r} must be a list, got {type(turns).__name__}")
     if not turns:
         raise _bad(where, "empty_conversation", "empty conversation")
-    system = _str_field(rec, "system", where, False)
-    tools = _tools(rec, where)
+    system = _str_field(rec, "system", where, False, n)
+    tools = _tools(rec, where, n)
+    roles = n.roles(SHAREGPT_ROLES)
     out: list[dict] = [{"role": "system", "content": system}] if system else []
     for i, t in enumerate(turns):
+        turn = f"{field}[{i}]"
         if not isinstance(t, dict):
-            raise _bad(where, "wrong_type", f"conversations[{i}] must be an object, got {type(t).__name__}")
-        extra = set(t) - {"from", "value"}
+            raise _bad(where, "wrong_type", f"{turn} must be an object, got {type(t).__name__}")
+        extra = set(t) - {from_key, value_key}
         if extra:
             raise _bad(
                 where, "unsupported_key",
-                f"conversations[{i}] has unsupported key(s) {sorted(extra)} (only 'from' and 'value' are read; "
+                f"{turn} has unsupported key(s) {sorted(extra)} (only {from_key!r} and {value_key!r} are read; "
                 "per-turn weights are not supported yet)",
             )  # fmt: skip
-        frm = t.get("from")
+        frm = t.get(from_key)
         if frm is None:
-            raise _bad(where, "missing_role", f"conversations[{i}] has no 'from'")
+            raise _bad(where, "missing_role", f"{turn} has no {from_key!r}{n.hint('from')}")
         if not isinstance(frm, str):
-            raise _bad(where, "wrong_type", f"conversations[{i}].from must be a string, got {type(frm).__name__}")
-        if frm not in SHAREGPT_ROLES:
-            raise _bad(where, "unknown_role", f"conversations[{i}] has unknown 'from' {frm!r} (expected one of {', '.join(SHAREGPT_ROLES)})")
-        role = SHAREGPT_ROLES[frm]
+            raise _bad(where, "wrong_type", f"{turn}.{from_key} must be a string, got {type(frm).__name__}")
+        if frm not in roles:
+            raise _bad(where, "unknown_role", f"{turn} has unknown {from_key!r} {frm!r} (expected one of {', '.join(roles)})")
+        role = roles[frm]
         if role == "system" and system:
-            raise _bad(where, "misplaced_system", f"conversations[{i}] is a system turn and the record also has a 'system' field")
-        value = t.get("value")
+            raise _bad(where, "misplaced_system", f"{turn} is a system turn and the record also has a {n('system')!r} field")
+        if value_key not in t and value_key != "value":
+            raise _bad(where, "missing_field", f"{turn} has no {value_key!r}{n.hint('value')}")
+        value = t.get(value_key)
         if not isinstance(value, str):
-            raise _bad(where, "wrong_type", f"conversations[{i}].value must be a string, got {type(value).__name__}")
+            raise _bad(where, "wrong_type", f"{turn}.{value_key} must be a string, got {type(value).__name__}")
         if role == "function_call":  # value: JSON of {"name", "arguments"}, or a list of them
             try:
                 calls = json.loads(value)
             except json.JSONDecodeError as e:
-                raise _bad(where, "tool_use", f"conversations[{i}] is a function_call turn whose value is not valid JSON: {e.msg} (column {e.colno})") from None
-            name = f"conversations[{i}].value"
+                raise _bad(where, "tool_use", f"{turn} is a function_call turn whose value is not valid JSON: {e.msg} (column {e.colno})") from None
+            name = f"{turn}.{value_key}"
             if isinstance(calls, list):
                 if not calls:
                     raise _bad(where, "tool_use", f"{name} is an empty list of function calls")
@@ -659,19 +727,20 @@ def _sharegpt(rec: dict, where: str) -> Conversation:
                 tool_calls = [_tool_call(calls, where, name)]
             out.append({"role": "assistant", "content": "", "tool_calls": tool_calls})
         else:
-            out.append({"role": role, "content": _valid_text(value, where, f"conversations[{i}].value")})
-    return _checked(Conversation(tuple(out), where, tools), field="conversations", shift=1 if system else 0)
+            out.append({"role": role, "content": _valid_text(value, where, f"{turn}.{value_key}")})
+    return _checked(Conversation(tuple(out), where, tools), field=field, shift=1 if system else 0, by_index=False)
 
 
-def _checked(conv: Conversation, field: str = "messages", shift: int = 0) -> Conversation:
+def _checked(conv: Conversation, field: str = "messages", shift: int = 0, by_index: bool = True) -> Conversation:
     """Reject conversations that would train on nothing, or on empty replies. ``field``/``shift``
-    name turn *i* of ``conv.messages`` as ``field[i - shift]`` of the record."""
+    name turn *i* of ``conv.messages`` as ``field[i - shift]`` of the record; ``by_index``: an
+    empty assistant turn is named ``assistant turn i`` instead."""
     roles = [m["role"] for m in conv.messages]
     if "assistant" not in roles:
         raise _bad(conv.source, "no_assistant_turn", "no assistant turn (nothing to train on)")
     for i, m in enumerate(conv.messages):
         if m["role"] == "assistant" and not m["content"].strip() and not m.get("tool_calls"):
-            name = f"assistant turn {i}" if field == "messages" else f"assistant turn {field}[{i - shift}]"
+            name = f"assistant turn {i}" if by_index else f"assistant turn {field}[{i - shift}]"
             raise _bad(conv.source, "empty_assistant_turn", f"{name} is empty (training on it teaches empty replies)")
         if m["role"] == "system" and i > 0:
             raise _bad(conv.source, "misplaced_system", f"{field}[{i - shift}] is a system turn after the first message")
@@ -714,18 +783,23 @@ class LoadReport(list):
         return lines
 
 
-def load_conversations(patterns: list[str], fmt: Format = "auto", on_bad_record: BadRecordPolicy = "error") -> LoadReport:
+def load_conversations(
+    patterns: list[str], fmt: Format = "auto", on_bad_record: BadRecordPolicy = "error", columns: dict[str, str] | None = None
+) -> LoadReport:
     """Every example in the given files, in file order, as a :class:`LoadReport` (a list).
 
     With ``on_bad_record="skip"`` a bad record is left out and counted in ``report.skipped`` under
     its reason category; problems of a whole file (see the module docstring) still raise.
+    ``columns`` (``data.columns``) renames fields, turn keys and role names, see :data:`COLUMN_KEYS`.
 
     Raises:
         DataError: with ``"error"``, the first bad record, as ``file:line: reason``; under either
             policy, a missing/unsupported/unreadable file or a broken JSON array.
+        ValueError: a bad ``on_bad_record`` or ``columns`` (unknown key: ``data.columns.<key>``).
     """
     if on_bad_record not in ("error", "skip"):
         raise ValueError(f"on_bad_record must be 'error' or 'skip', got {on_bad_record!r}")
+    columns = check_columns(columns)
     report = LoadReport()
     for path in expand_files(patterns):
         records = _records(path)
@@ -743,7 +817,7 @@ def load_conversations(patterns: list[str], fmt: Format = "auto", on_bad_record:
             try:
                 if isinstance(value, DataError):
                     raise value
-                report.append(to_example(value, where, fmt))
+                report.append(to_example(value, where, fmt, columns))
             except DataError as e:
                 if on_bad_record == "error":
                     raise

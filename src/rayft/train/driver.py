@@ -45,7 +45,7 @@ def prepare_dataset(cfg: RayftConfig, console: Console):
     tok_name = default_tokenizer(cfg.model)
     tokenizer = load_tokenizer(tok_name, revision=cfg.model.revision, trust_remote_code=cfg.model.trust_remote_code)
     try:
-        loaded = load_conversations(cfg.data.train_files, cfg.data.format, cfg.data.on_bad_record)
+        loaded = load_conversations(cfg.data.train_files, cfg.data.format, cfg.data.on_bad_record, cfg.data.columns.mapping())
     except DataError as e:
         raise TrainError(str(e)) from None
     for line in loaded.skip_summary():
