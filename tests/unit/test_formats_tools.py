@@ -306,3 +306,106 @@ def test_config_columns(tmp_path):
     assert "  columns:\n    messages: conversation\n    output: response\n    from: speaker\n" in dump_config(cfg)
     cfg_file.write_text("data:\n  train_files: [a.jsonl]\n")
     assert load_config(cfg_file).data.columns.mapping() == {}
+
+
+# ---------------------------------------------------------------- zstd, tolerated oddities, remaining bad-record kinds
+
+
+def _zst(data: bytes) -> bytes:
+    zstandard = pytest.importorskip("zstandard", reason="zstd input needs the zstandard package")
+    return zstandard.ZstdCompressor().compress(data)
+
+
+def test_zstd_jsonl_bad_record_names_its_line(tmp_path):
+    lines = [GOOD, "", GOOD, '{"messages": [{"role": "user", "content": "only a question"}]}', GOOD]
+    p = write(tmp_path, "file.jsonl.zst", _zst("\r\n".join(lines).encode()))
+    with pytest.raises(DataError) as e:
+        load_conversations([str(p)])
+    assert str(e.value) == f"{p}:4: no assistant turn (nothing to train on)"
+    report = load_conversations([str(p)], on_bad_record="skip")
+    assert [c.source for c in report] == [f"{p}:1", f"{p}:3", f"{p}:5"]
+    assert report.notes == [f"{p}: tolerated: 1 blank line, CRLF line endings"]
+
+
+def test_zstd_json_array_several_frames_and_directories(tmp_path):
+    d = tmp_path / "d"
+    d.mkdir()
+    text = b'[\n  {"instruction": "a", "output": "b"},\n  {"instruction": "c", "output": "d"}\n]\n'
+    arr = write(d, "a.JSON.ZST", _zst(text[:20]) + _zst(text[20:]))  # two frames, one after the other
+    write(d, "b.jsonl", GOOD + "\n")
+    convs = load_conversations([str(d)])
+    assert [c.source for c in convs] == [f"{arr}:2", f"{arr}:3", f"{d / 'b.jsonl'}:1"]
+    assert convs[1].messages[-1] == {"role": "assistant", "content": "d"}
+
+
+@pytest.mark.parametrize(
+    "data,message",
+    [
+        (lambda: GOOD.encode() + b"\n", ": not valid zstd data (zstd decompressor error: Unknown frame descriptor)"),
+        (lambda: _zst(((GOOD + "\n") * 50).encode())[:-10], ": the zstd stream ends early (truncated file?)"),
+        (lambda: _zst(GOOD.encode() + b"\n" + b'{"text": "\xff"}\n'), ":2: invalid UTF-8 (byte 0xff at offset 103)"),
+    ],
+)
+def test_bad_zstd_inputs(tmp_path, data, message):
+    p = write(tmp_path, "bad.jsonl.zst", data())
+    with pytest.raises(DataError) as e:
+        load_conversations([str(p)])
+    assert str(e.value) == f"{p}{message}"
+
+
+def test_harmless_oddities_are_tolerated_and_noted_once_per_file(tmp_path):
+    odd = write(tmp_path, "odd.jsonl", "\ufeff" + GOOD + "\r\n\r\n\r\n" + GOOD + "\r\n\r\n" + GOOD + "\r\n")
+    bom_array = write(tmp_path, "arr.json", '\ufeff[\n  {"instruction": "a", "output": "b"}\n]\n')
+    clean = write(tmp_path, "clean.jsonl", GOOD + "\n" + GOOD + "\n")
+    report = load_conversations([str(odd), str(bom_array), str(clean)])
+    assert [c.source for c in report] == [f"{odd}:1", f"{odd}:4", f"{odd}:6", f"{bom_array}:2", f"{clean}:1", f"{clean}:2"]
+    assert report.notes == [
+        f"{odd}: tolerated: a UTF-8 BOM at the start, 3 blank lines, CRLF line endings",
+        f"{bom_array}: tolerated: a UTF-8 BOM at the start",
+    ]
+
+
+@pytest.mark.parametrize(
+    "line,kind,message",
+    [
+        ('{"messages": [', "invalid_json", "invalid JSON: Expecting value (column 15)"),
+        ('"a string"', "not_an_object", "a record must be a JSON object, got str"),
+        ("null", "not_an_object", "a record must be a JSON object, got NoneType"),
+        (GOOD + GOOD, "several_values", "more than one JSON value on one line"),
+        # a raw newline inside a string ends the JSON Lines record there
+        ('{"messages": [{"role": "user", "content": "a\nb"}]}', "invalid_json", "invalid JSON: Unterminated string starting at (column 43)"),
+        ('{"messages": [{"role": "user", "content": "a\x00b"}]}', "invalid_json", "invalid JSON: Invalid control character at (column 45)"),
+        (_msgs({"content": "q"}, A), "missing_role", "messages[0] has no 'role'"),
+        (_msgs({"role": "human", "content": "q"}, A), "unknown_role", "messages[0] has unknown role 'human' (expected one of system, user, assistant, tool)"),
+        (_msgs({"role": ["user"], "content": "q"}, A), "unknown_role", "messages[0] has unknown role ['user'] (expected one of system, user, assistant, tool)"),
+        ('{"messages": []}', "empty_conversation", "empty conversation"),
+        (_msgs({"role": "system", "content": "s"}, U), "no_assistant_turn", "no assistant turn (nothing to train on)"),
+        ('{"messages": {"role": "user"}}', "wrong_type", "field 'messages' must be a list, got dict"),
+        ('{"messages": ["hi"]}', "wrong_type", "messages[0] must be an object, got str"),
+    ],
+)
+def test_each_bad_record_kind(tmp_path, line, kind, message):
+    p = write(tmp_path, "bad.jsonl", GOOD + "\n" + line + "\n")
+    with pytest.raises(DataError) as e:
+        load_conversations([str(p)])
+    assert str(e.value) == f"{p}:2: {message}" and e.value.kind == kind
+    report = load_conversations([str(p)], on_bad_record="skip")
+    assert len(report) == 1 and report.skipped[kind].where == f"{p}:2"
+
+
+def test_invalid_utf8_kind(tmp_path):
+    p = write(tmp_path, "bad.jsonl", GOOD.encode() + b"\n" + b'{"messages": "\xc3\x28"}\n')
+    with pytest.raises(DataError) as e:
+        load_conversations([str(p)])
+    assert str(e.value) == f"{p}:2: invalid UTF-8 (byte 0xc3 at offset 107)" and e.value.kind == "invalid_utf8"
+
+
+def test_remote_uris_other_than_s3_are_refused():
+    from rayft.data.formats import expand_files
+
+    with pytest.raises(DataError) as e:
+        expand_files(["gs://bucket/data.jsonl"])
+    assert str(e.value) == "gs://bucket/data.jsonl: only s3:// URIs are supported by this reader; copy the file locally or to S3"
+    with pytest.raises(DataError) as e:
+        expand_files(["s3://bucket/data/*.jsonl"])
+    assert str(e.value) == "s3://bucket/data/*.jsonl: globs are not supported in s3:// URIs; name an object or a prefix"

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import glob
 import gzip
+import io
 import json
 import os
 import zlib
@@ -127,64 +128,147 @@ Example = Union[Conversation, TextDocument]
 
 DATA_SUFFIXES = (".json", ".jsonl")
 GZIP_SUFFIX = ".gz"
+ZSTD_SUFFIX = ".zst"
+COMPRESSED_SUFFIXES = (GZIP_SUFFIX, ZSTD_SUFFIX)
 PARQUET_SUFFIX = ".parquet"
-UNSUPPORTED_SUFFIXES = (".zst", ".zstd", ".bz2", ".xz", ".arrow", ".csv", ".tsv", ".tar", ".zip")
-SUPPORTED_NOTE = ".json, .jsonl, .json.gz, .jsonl.gz, .parquet"
+UNSUPPORTED_SUFFIXES = (".zstd", ".bz2", ".xz", ".arrow", ".csv", ".tsv", ".tar", ".zip")
+SUPPORTED_NOTE = ".json, .jsonl, .json.gz, .jsonl.gz, .json.zst, .jsonl.zst, .parquet"
 
 
-def _file_kind(p: Path) -> Literal["json", "gzip", "parquet", "unsupported", "other"]:
-    """How a file is read: by its suffix (case-insensitive); ``other`` = not a data-file suffix."""
-    suf = p.suffix.lower()
+@dataclass(frozen=True)
+class S3Object:
+    """An object in S3 (``str()`` is its ``s3://bucket/key`` URI), read whole with boto3, which
+    finds credentials, region and endpoint (``AWS_ENDPOINT_URL``) the usual way."""
+
+    bucket: str
+    key: str
+
+    def __str__(self) -> str:
+        return f"s3://{self.bucket}/{self.key}"
+
+    @property
+    def name(self) -> str:
+        return self.key.rsplit("/", 1)[-1]
+
+    def read_bytes(self) -> bytes:
+        """The object's bytes. Raises DataError (no boto3, access denied, no such key...)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return _s3_client(str(self)).get_object(Bucket=self.bucket, Key=self.key)["Body"].read()
+        except (BotoCoreError, ClientError) as e:
+            raise DataError(f"{self}: cannot read: {e}") from None
+
+
+DataFile = Path | S3Object
+
+
+def _s3_client(uri: str):
+    try:
+        import boto3
+    except ImportError:
+        raise DataError(f"{uri}: reading s3:// URIs needs boto3 (pip install 'rayft[aws]')") from None
+    return boto3.client("s3")
+
+
+def _file_kind(name: str) -> Literal["json", "compressed", "parquet", "unsupported", "other"]:
+    """How a file is read, by the suffixes of its name (case-insensitive); ``other`` = not a data-file
+    suffix; ``compressed``: gzip/zstd-compressed JSON or JSON Lines."""
+    p = Path(name.lower())
+    suf = p.suffix
     if suf in DATA_SUFFIXES:
         return "json"
     if suf == PARQUET_SUFFIX:
         return "parquet"
-    if suf == GZIP_SUFFIX:
-        inner = Path(p.stem).suffix.lower()
+    if suf in COMPRESSED_SUFFIXES:
+        inner = Path(p.stem).suffix
         if inner in DATA_SUFFIXES:
-            return "gzip"
+            return "compressed"
         return "unsupported" if inner in UNSUPPORTED_SUFFIXES or inner == PARQUET_SUFFIX else "other"
     return "unsupported" if suf in UNSUPPORTED_SUFFIXES else "other"
 
 
-def expand_files(patterns: list[str]) -> list[Path]:
-    """Files named by paths, globs and directories, in sorted order, each once. A directory
-    contributes its ``*.json``, ``*.jsonl``, ``*.json.gz``, ``*.jsonl.gz`` and ``*.parquet`` files
-    (any case); a file named explicitly is read as JSON/JSONL unless its suffix says otherwise
-    (``x.gz``: gzip-compressed JSON/JSONL).
+def _data_files_of(where: str, files: list) -> list:
+    """The data files among a directory's (or S3 prefix's) ``files`` (sorted, each with ``.name``).
+    Raises DataError when some are of an unsupported kind, or none is a data file."""
+    kinds = {str(p): _file_kind(p.name) for p in files}
+    bad = [p.name for p in files if kinds[str(p)] == "unsupported" or (kinds[str(p)] == "other" and p.name.lower().endswith(COMPRESSED_SUFFIXES))]
+    if bad:
+        raise DataError(f"{where}: holds {bad[:3]}: these files are not supported yet (supported: {SUPPORTED_NOTE}; decompress or convert to JSONL)")
+    found = [p for p in files if kinds[str(p)] in ("json", "compressed", "parquet")]
+    if not found:
+        raise DataError(f"{where}: directory has no data file ({SUPPORTED_NOTE}) (data.train_files)")
+    return found
+
+
+def _expand_s3(uri: str) -> list[S3Object]:
+    """``s3://bucket/key``: that object if it exists, else the data files directly under the prefix
+    ``key/`` (like a directory; sub-"folders" are not read)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    bucket, _, key = uri[len("s3://") :].partition("/")
+    if not bucket:
+        raise DataError(f"{uri}: no bucket named (expected s3://bucket/prefix)")
+    if glob.has_magic(key):
+        raise DataError(f"{uri}: globs are not supported in s3:// URIs; name an object or a prefix")
+    client = _s3_client(uri)
+    try:
+        if key and not key.endswith("/"):
+            try:
+                client.head_object(Bucket=bucket, Key=key)
+                obj = S3Object(bucket, key)
+                if _file_kind(obj.name) == "unsupported":
+                    raise DataError(f"{uri}: this kind of file is not supported yet (supported: {SUPPORTED_NOTE}; decompress or convert to JSONL)")
+                return [obj]
+            except ClientError as e:
+                if e.response.get("Error", {}).get("Code") not in ("404", "NoSuchKey", "NotFound"):
+                    raise
+        prefix = key if not key or key.endswith("/") else key + "/"
+        keys = []
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix, Delimiter="/"):
+            keys += [o["Key"] for o in page.get("Contents", []) if not o["Key"].endswith("/")]
+    except (BotoCoreError, ClientError) as e:
+        raise DataError(f"{uri}: cannot list: {e}") from None
+    if not keys:
+        raise DataError(f"{uri}: no such object, and no object under {f's3://{bucket}/{prefix}'} (data.train_files)")
+    return _data_files_of(uri, [S3Object(bucket, k) for k in sorted(keys)])
+
+
+def expand_files(patterns: list[str]) -> list[DataFile]:
+    """Files named by paths, globs, directories and ``s3://bucket/key`` URIs, in sorted order, each
+    once. A directory contributes its ``*.json``, ``*.jsonl``, ``*.json.gz``, ``*.jsonl.gz``,
+    ``*.json.zst``, ``*.jsonl.zst`` and ``*.parquet`` files (any case); a file named explicitly is
+    read as JSON/JSONL unless its suffix says otherwise (``x.gz`` / ``x.zst``: compressed JSON/JSONL).
+    An ``s3://`` URI names one object, or else a prefix read like a directory (:class:`S3Object`).
 
     Raises:
-        DataError: a pattern that matches nothing, a remote URI, a zstd/bz2/xz/Arrow/CSV/tar/zip
-            file (not supported yet), a directory holding such files or no data file, or a file
-            listed twice.
+        DataError: a pattern that matches nothing, a URI other than ``s3://`` or an s3 glob, a
+            bz2/xz/Arrow/CSV/tar/zip file (not supported yet), a directory holding such files or no
+            data file, a file listed twice, or an S3 error (no credentials, no such bucket, ...).
     """
-    out: list[Path] = []
+    out: list[DataFile] = []
     for pat in patterns:
-        if "://" in pat:
-            raise DataError(f"{pat}: remote URIs are not supported by this reader yet; copy the file locally")
-        if os.path.isdir(pat):
-            files = sorted(p for p in Path(pat).iterdir() if p.is_file())
-            kinds = {p: _file_kind(p) for p in files}
-            bad = [p.name for p in files if kinds[p] == "unsupported" or (kinds[p] == "other" and p.suffix.lower() == GZIP_SUFFIX)]
-            if bad:
-                raise DataError(f"{pat}: holds {bad[:3]}: these files are not supported yet (supported: {SUPPORTED_NOTE}; decompress or convert to JSONL)")
-            found = [p for p in files if kinds[p] in ("json", "gzip", "parquet")]
-            if not found:
-                raise DataError(f"{pat}: directory has no data file ({SUPPORTED_NOTE}) (data.train_files)")
+        if pat.startswith("s3://"):
+            found = _expand_s3(pat)
+        elif "://" in pat:
+            raise DataError(f"{pat}: only s3:// URIs are supported by this reader; copy the file locally or to S3")
+        elif os.path.isdir(pat):
+            found = _data_files_of(pat, sorted(p for p in Path(pat).iterdir() if p.is_file()))
         else:
             found = sorted(Path(p) for p in glob.glob(pat)) if glob.has_magic(pat) and not os.path.exists(pat) else [Path(pat)]
             found = [p for p in found if p.is_file()]
             if not found:
                 raise DataError(f"{pat or repr(pat)}: no such data file (data.train_files)")
             for p in found:
-                if _file_kind(p) == "unsupported":
+                if _file_kind(p.name) == "unsupported":
                     raise DataError(f"{p}: this kind of file is not supported yet (supported: {SUPPORTED_NOTE}; decompress or convert to JSONL)")
         out.extend(found)
-    seen: set[Path] = set()
+    seen: set = set()
     for p in out:
-        if p.resolve() in seen:
+        ident = p.resolve() if isinstance(p, Path) else str(p)
+        if ident in seen:
             raise DataError(f"{p}: listed more than once in data.train_files (its records would be trained twice)")
-        seen.add(p.resolve())
+        seen.add(ident)
     return out
 
 
@@ -203,13 +287,36 @@ def _line_of(starts: list[int], offset: int) -> int:
     return bisect.bisect_right(starts, offset)
 
 
-def _read_bytes(path: Path) -> bytes:
-    """The file's bytes, decompressed for ``*.gz``. Raises DataError (kind ``file``)."""
+def _unzstd(raw: bytes, path: DataFile) -> bytes:
+    """zstd-decompressed ``raw`` (every frame, in order). Raises DataError."""
     try:
-        if path.suffix.lower() == GZIP_SUFFIX:
-            with gzip.open(path, "rb") as f:
+        import zstandard
+    except ImportError:
+        raise DataError(f"{path}: reading .zst files needs the zstandard package (pip install zstandard)") from None
+    out, dctx = [], zstandard.ZstdDecompressor()
+    try:
+        while raw:
+            d = dctx.decompressobj()
+            out.append(d.decompress(raw))
+            if not d.eof:
+                raise DataError(f"{path}: the zstd stream ends early (truncated file?)")
+            raw = d.unused_data
+    except zstandard.ZstdError as e:
+        raise DataError(f"{path}: not valid zstd data ({e})") from None
+    return b"".join(out)
+
+
+def _read_bytes(path: DataFile) -> bytes:
+    """The file's bytes, decompressed for ``*.gz`` and ``*.zst``. Raises DataError (kind ``file``)."""
+    try:
+        raw = path.read_bytes()
+        suffix = Path(path.name).suffix.lower()
+        if suffix == ZSTD_SUFFIX:
+            return _unzstd(raw, path)
+        if suffix == GZIP_SUFFIX:
+            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as f:
                 return f.read()
-        return path.read_bytes()
+        return raw
     except gzip.BadGzipFile as e:
         raise DataError(f"{path}: not a valid gzip file: {e}") from None
     except EOFError:
@@ -223,21 +330,45 @@ def _read_bytes(path: Path) -> bytes:
 _BOM = b"\xef\xbb\xbf"
 
 
-def _json_records(path: Path) -> Iterator[tuple[int, str, object]]:
-    """``(line, "file:line", value)`` per record of a JSON/JSONL file (gzip-compressed or not). A
+def _tolerated(path: DataFile, bom: bool, body: bytes, jsonl: bool) -> str | None:
+    """One note for the harmless oddities of a file, or None: a UTF-8 BOM, blank lines between
+    JSON Lines records, CRLF line endings."""
+    found = ["a UTF-8 BOM at the start"] if bom else []
+    if jsonl:
+        blank = sum(1 for line in body.rstrip(b"\r\n").split(b"\n") if not line.strip())
+        if blank:
+            found.append(f"{blank} blank line{'s' if blank > 1 else ''}")
+    if b"\r\n" in body:
+        found.append("CRLF line endings")
+    return f"{path}: tolerated: {', '.join(found)}" if found else None
+
+
+def _json_records(path: DataFile, notes: list[str] | None = None) -> Iterator[tuple[int, str, object]]:
+    """``(line, "file:line", value)`` per record of a JSON/JSONL file (compressed or not). A
     bad JSONL line is yielded as a :class:`DataError` value (so it can be skipped); problems that
-    stop the whole file (unreadable, broken JSON array) are raised."""
+    stop the whole file (unreadable, broken JSON array) are raised. ``notes`` gets one line per
+    file with harmless oddities (see :func:`_tolerated`)."""
     raw = _read_bytes(path)
     bom = len(_BOM) if raw.startswith(_BOM) else 0
     body = raw[bom:]
+
+    def note(jsonl: bool) -> None:
+        line = _tolerated(path, bool(bom), body, jsonl) if notes is not None else None
+        if line:
+            notes.append(line)
+
     first = body.lstrip()[:1]
-    is_json_suffix = Path(path.name.lower().removesuffix(GZIP_SUFFIX)).suffix == ".json"
+    name = path.name.lower()
+    if name.endswith(COMPRESSED_SUFFIXES):
+        name = Path(name).stem
+    is_json_suffix = Path(name).suffix == ".json"
     if first == b"[":
         try:
             text = body.decode("utf-8")
         except UnicodeDecodeError as e:
             line = body[: e.start].count(b"\n") + 1
             raise DataError(f"{path}:{line}: invalid UTF-8 (byte {body[e.start]:#04x} at offset {bom + e.start})", kind="invalid_utf8") from None
+        note(False)
         yield from _json_array_records(path, text)
         return
     if is_json_suffix and first == b"{" and b"\n" in body.strip():
@@ -259,8 +390,10 @@ def _json_records(path: Path) -> Iterator[tuple[int, str, object]]:
                 line = body[: e.start].count(b"\n") + 1
                 raise DataError(f"{path}:{line}: invalid UTF-8 (byte {body[e.start]:#04x} at offset {bom + e.start})", kind="invalid_utf8")
             line = text[: len(text) - len(stripped)].count("\n") + 1
+            note(False)
             yield line, f"{path}:{line}", value
             return
+    note(True)
     dec = json.JSONDecoder()
     offset = 0
     for lineno, bline in enumerate(body.split(b"\n"), 1):
@@ -290,7 +423,7 @@ def _json_records(path: Path) -> Iterator[tuple[int, str, object]]:
         yield lineno, where, value
 
 
-def _json_array_records(path: Path, text: str) -> Iterator[tuple[int, str, object]]:
+def _json_array_records(path: DataFile, text: str) -> Iterator[tuple[int, str, object]]:
     """Records of a JSON array text; any JSON error stops the file (the array cannot be resynced)."""
     starts = _line_index(text)
     stripped = text.lstrip()
@@ -337,7 +470,7 @@ def _drop_nulls(v: object) -> object:
     return v
 
 
-def _parquet_records(path: Path) -> Iterator[tuple[int, str, object]]:
+def _parquet_records(path: DataFile) -> Iterator[tuple[int, str, object]]:
     """``(row, "file:row N", record)`` per row of a Parquet file (N from 0)."""
     try:
         import pyarrow as pa
@@ -345,7 +478,7 @@ def _parquet_records(path: Path) -> Iterator[tuple[int, str, object]]:
     except ImportError:
         raise DataError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow)") from None
     try:
-        pf = pq.ParquetFile(path)
+        pf = pq.ParquetFile(io.BytesIO(path.read_bytes()) if isinstance(path, S3Object) else path)
         batches = pf.iter_batches(batch_size=1024)
         n = 0
         for batch in batches:
@@ -356,13 +489,13 @@ def _parquet_records(path: Path) -> Iterator[tuple[int, str, object]]:
         raise DataError(f"{path}: not a readable Parquet file ({e})") from None
 
 
-def _records(path: Path) -> Iterator[tuple[int, str, object]]:
-    return _parquet_records(path) if _file_kind(path) == "parquet" else _json_records(path)
+def _records(path: DataFile, notes: list[str] | None = None) -> Iterator[tuple[int, str, object]]:
+    return _parquet_records(path) if _file_kind(path.name) == "parquet" else _json_records(path, notes)
 
 
-def read_records(path: Path) -> Iterator[tuple[int, object]]:
-    """Yield ``(line, value)`` for each record of a JSON array, JSON Lines (optionally ``.gz``) or
-    Parquet file (``line`` is then the row number, from 0).
+def read_records(path: DataFile) -> Iterator[tuple[int, object]]:
+    """Yield ``(line, value)`` for each record of a JSON array, JSON Lines (optionally ``.gz`` or
+    ``.zst``) or Parquet file (``line`` is then the row number, from 0).
 
     Raises:
         DataError: unreadable/corrupt file, invalid UTF-8, invalid JSON (with its line), several
@@ -760,13 +893,15 @@ class SkippedRecords:
 class LoadReport(list):
     """What :func:`load_conversations` returns: a ``list`` of examples (:class:`Conversation` /
     :class:`TextDocument`, in file order) that also carries ``skipped``: ``{kind: SkippedRecords}``
-    for the bad records skipped under ``on_bad_record="skip"`` (empty otherwise), and ``records``:
-    how many records were read (kept + skipped)."""
+    for the bad records skipped under ``on_bad_record="skip"`` (empty otherwise), ``records``: how
+    many records were read (kept + skipped), and ``notes``: one line per file with harmless oddities
+    that were tolerated (``file: tolerated: a UTF-8 BOM at the start, 2 blank lines, CRLF line endings``)."""
 
     def __init__(self, examples=(), skipped: dict[str, SkippedRecords] | None = None, records: int = 0):
         super().__init__(examples)
         self.skipped: dict[str, SkippedRecords] = skipped if skipped is not None else {}
         self.records = records
+        self.notes: list[str] = []
 
     @property
     def num_skipped(self) -> int:
@@ -802,7 +937,7 @@ def load_conversations(
     columns = check_columns(columns)
     report = LoadReport()
     for path in expand_files(patterns):
-        records = _records(path)
+        records = _records(path, report.notes)
         while True:
             try:
                 item = next(records, None)

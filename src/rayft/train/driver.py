@@ -48,7 +48,7 @@ def prepare_dataset(cfg: RayftConfig, console: Console):
         loaded = load_conversations(cfg.data.train_files, cfg.data.format, cfg.data.on_bad_record, cfg.data.columns.mapping())
     except DataError as e:
         raise TrainError(str(e)) from None
-    for line in loaded.skip_summary():
+    for line in [*(f"data: {n}" for n in loaded.notes), *loaded.skip_summary()]:
         console.print(line, highlight=False, markup=False)
     if not loaded:
         why = f"all {loaded.records} records were bad and skipped" if loaded.skipped else "no record"
