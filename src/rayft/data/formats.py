@@ -6,12 +6,16 @@ Readers keep the file and line of every record so that each bad record is report
 
 * ``.json`` (an array of objects, one pretty-printed object, or one object per line) and ``.jsonl``
   (one object per line);
-* the same gzip-compressed, ``.json.gz`` / ``.jsonl.gz`` (stdlib :mod:`gzip`; line numbers are those
-  of the decompressed text, so they stay right through compression);
+* the same gzip- or zstd-compressed, ``.json.gz`` / ``.jsonl.gz`` / ``.json.zst`` / ``.jsonl.zst``
+  (stdlib :mod:`gzip`, the ``zstandard`` package; line numbers are those of the decompressed text,
+  so they stay right through compression);
 * ``.parquet`` (one record per row, read with pyarrow; rows are reported as ``file.parquet:row N``,
   N counted from 0 as ``table.slice(N, 1)`` reads it; null fields count as absent).
 
-zstd, bz2, xz, Arrow, CSV, tar and zip files are refused with a clear message.
+Files are named by path, glob, directory or ``s3://bucket/key`` URI (:func:`expand_files`; S3
+objects are read with boto3 and reported as ``s3://bucket/key:line``). bz2, xz, Arrow, CSV, tar and
+zip files are refused with a clear message. A UTF-8 BOM, blank lines and CRLF endings are tolerated
+and noted once per file (``LoadReport.notes``).
 
 Supported record formats (``data.format``; ``auto`` decides per record by its keys, in this order):
 
@@ -38,6 +42,10 @@ trained like any assistant text, tool results never.
 * ``text``: ``{"text": str}`` (other keys such as ``url`` are ignored) → a :class:`TextDocument`,
   tokenized without the chat template, loss on every token. Auto-detected when ``text`` is the only
   format key (a record with ``text`` *and* ``instruction``/``output`` is alpaca).
+
+``data.columns`` (``columns=``) gives other names for record fields, turn keys and role names
+(:data:`COLUMN_KEYS`, e.g. ``{"instruction": "prompt", "output": "response"}``); a required field
+whose name is mapped and missing is reported with its ``data.columns.<key>``.
 
 Refused, with ``file:line`` and the reason: invalid JSON or UTF-8 (or lone surrogates), several
 JSON values on one line, a record that is not an object, unknown roles or message keys, non-text
