@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from rayft.cluster.spec import ClusterConfig
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer, model_validator
 
 
 class ConfigError(ValueError):
@@ -51,13 +51,55 @@ class ModelConfig(_Section):
     trust_remote_code: bool = False
 
 
+_Column = Annotated[str, Field(min_length=1)] | None
+
+
+class ColumnsConfig(_Section):
+    """``data.columns``: the dataset's names for the fields, turn keys and role names the reader
+    uses (``{key: name in the data}``, e.g. ``{instruction: prompt, output: response}``); unset keys
+    keep their usual names. Keys are those of ``rayft.data.formats.COLUMN_KEYS``."""
+
+    model_config = ConfigDict(serialize_by_alias=True, validate_by_alias=True, validate_by_name=True)
+
+    messages: _Column = None
+    conversations: _Column = None
+    system: _Column = None
+    tools: _Column = None
+    instruction: _Column = None
+    input: _Column = None
+    output: _Column = None
+    history: _Column = None
+    text: _Column = None
+    role: _Column = None
+    content: _Column = None
+    tool_calls: _Column = None
+    from_: _Column = Field(default=None, alias="from")
+    value: _Column = None
+    user: _Column = None
+    assistant: _Column = None
+    tool: _Column = None
+    function_call: _Column = None
+
+    @model_serializer(mode="wrap")
+    def _set_only(self, handler):
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+    def mapping(self) -> dict[str, str]:
+        """The keys that are set, ``{key: name in the data}``."""
+        return self.model_dump()
+
+
 class DataConfig(_Section):
     """Training data: chat records rendered with the tokenizer's chat template, or raw text.
 
     ``format``: ``messages`` ({"messages": [{"role", "content"}]}), ``sharegpt`` ({"conversations":
     [{"from": "system"|"human"|"gpt", "value"}]}), ``alpaca`` ({instruction, input, output}),
     ``text`` ({"text"}: continued pre-training, no chat template, loss on every token) or ``auto``
-    (decided per record by its keys). Files: .json, .jsonl, .json.gz, .jsonl.gz, .parquet.
+    (decided per record by its keys); ``messages``/``sharegpt`` records may hold tool calls, tool
+    results and a ``tools`` list (rendered by the chat template, loss on the calls, never on results).
+    ``columns``: other names for fields, turn keys and roles (:class:`ColumnsConfig`).
+    ``train_files``: files, globs, directories and ``s3://bucket/prefix`` URIs of .json, .jsonl,
+    .parquet files, the JSON ones optionally gzip (.gz) or zstd (.zst) compressed.
     ``on_bad_record``: ``error`` stops at the first bad record (``file:line: reason``); ``skip``
     skips bad records and reports their counts per reason at the start of training.
     """
@@ -65,6 +107,7 @@ class DataConfig(_Section):
     train_files: list[str] = Field(min_length=1)
     format: Literal["auto", "messages", "sharegpt", "alpaca", "text"] = "auto"
     on_bad_record: Literal["error", "skip"] = "error"
+    columns: ColumnsConfig = Field(default_factory=ColumnsConfig)
     seq_len: int = Field(default=2048, ge=8, description="Maximum tokens per example (longer conversations are truncated, longer text documents split).")
     packing: bool = Field(default=True, description="Pack several examples per row (no cross-document attention); else one per row.")
     shuffle: bool = True

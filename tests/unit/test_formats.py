@@ -52,7 +52,7 @@ def test_real_shared_files_load_every_record():
         ('{"messages": [{"content": "x"}]}\n', r":1: messages\[0\] has no 'role'"),
         ('{"messages": []}\n', r":1: empty conversation"),
         ('{"messages": [{"role": "user", "content": "x"}]}\n', r":1: no assistant turn"),
-        ('{"messages": [{"role": "user", "content": 5}, {"role": "assistant", "content": "x"}]}\n', r":1: messages\[0\]\.content must be a string, got int"),
+        ('{"messages": [{"role": "user", "content": 5}, {"role": "assistant", "content": "x"}]}\n', r":1: messages\[0\]\.content must be a string or a list of text parts, got int"),
         ('{"instruction": "x"}\n', r":1: missing field 'output'"),
         ('{"instruction": 1, "output": "y"}\n', r":1: field 'instruction' must be a string, got int"),
         ('{"prompt": "x"}\n', r":1: unknown record format"),
@@ -60,10 +60,10 @@ def test_real_shared_files_load_every_record():
         ('{"instruction": "a", "output": "b", "x": ' + "[" * 100000 + "]" * 100000 + "}\n", r":1: invalid JSON value: nested too deeply"),
         ('{"instruction": "a\\ud800", "output": "b"}\n', r":1: instruction holds invalid Unicode \(surrogates not allowed, e\.g\. a lone \\ud800"),
         ('{"instruction": "a", "output": "  \\n"}\n', r":1: assistant turn 1 is empty"),
-        ('{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": []}]}\n', r":1: messages\[1\] has unsupported key\(s\) \['tool_calls'\]"),
+        ('{"messages": [{"role": "user", "content": "q", "tool_calls": []}, {"role": "assistant", "content": "a"}]}\n', r":1: messages\[0\] has unsupported key\(s\) \['tool_calls'\] for a user message"),
         ('{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "weight": 0}]}\n', r":1: messages\[1\] has unsupported key\(s\) \['weight'\]"),
         ('{"messages": [{"role": "user", "content": "q"}, {"role": "system", "content": "s"}, {"role": "assistant", "content": "a"}]}\n', r":1: messages\[1\] is a system turn after the first message"),
-        ('{"tools": [], "messages": []}\n', r":1: 'tools' \(function calling\) is not supported yet"),
+        ('{"tools": [], "instruction": "a", "output": "b"}\n', r":1: 'tools' is read only in messages and sharegpt records \(alpaca has no tool turns\)"),
         ('{"instruction": "a", "output": "b", "history": [["q"]]}\n', r":1: history\[0\] must be a \[user, assistant\] pair"),
     ],
 )
@@ -119,16 +119,16 @@ def test_directories_compressed_and_duplicate_files(tmp_path):
     gz = d / "z.jsonl.gz"
     gz.write_bytes(gzip.compress((GOOD + "\n").encode()))
     assert [p.name for p in expand_files([str(d)])] == ["A.JSONL", "z.jsonl.gz"]
-    zst = write(d, "y.jsonl.zst", b"\x28\xb5\x2f\xfd")
-    with pytest.raises(DataError, match=r"holds \['y\.jsonl\.zst'\]: these files are not supported yet \(supported: \.json, \.jsonl, \.json\.gz, \.jsonl\.gz, \.parquet; decompress or convert to JSONL\)$"):
+    bz2 = write(d, "y.jsonl.bz2", b"BZh9")
+    with pytest.raises(DataError, match=r"holds \['y\.jsonl\.bz2'\]: these files are not supported yet \(supported: \.json, \.jsonl, \.json\.gz, \.jsonl\.gz, \.json\.zst, \.jsonl\.zst, \.parquet; decompress or convert to JSONL\)$"):
         expand_files([str(d)])
-    with pytest.raises(DataError, match=r"y\.jsonl\.zst: this kind of file is not supported yet"):
-        expand_files([str(zst)])
-    zst.unlink()
+    with pytest.raises(DataError, match=r"y\.jsonl\.bz2: this kind of file is not supported yet"):
+        expand_files([str(bz2)])
+    bz2.unlink()
     with pytest.raises(DataError, match=r"A\.JSONL: listed more than once"):
         expand_files([str(d), str(d / "A.JSONL")])
     (tmp_path / "empty").mkdir()
-    with pytest.raises(DataError, match=r"empty: directory has no data file \(\.json, \.jsonl, \.json\.gz, \.jsonl\.gz, \.parquet\)"):
+    with pytest.raises(DataError, match=r"empty: directory has no data file \(\.json, \.jsonl, \.json\.gz, \.jsonl\.gz, \.json\.zst, \.jsonl\.zst, \.parquet\)"):
         expand_files([str(tmp_path / "empty")])
     literal = write(tmp_path, "we[ir]d.jsonl", GOOD + "\n")
     assert expand_files([str(literal)]) == [literal]

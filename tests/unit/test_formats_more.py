@@ -76,9 +76,7 @@ H, G = {"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}
 @pytest.mark.parametrize(
     "content,message",
     [
-        (_sg(H, {"from": "function_call", "value": "{}"}, G), "conversations[1] is a 'function_call' turn: tool-use turns (function_call/observation) are not supported yet; remove the record or its tool turns"),
-        (_sg(H, G, {"from": "observation", "value": "42"}, G), "conversations[2] is a 'observation' turn: tool-use turns (function_call/observation) are not supported yet; remove the record or its tool turns"),
-        (_sg(H, {"from": "bot", "value": "a"}), "conversations[1] has unknown 'from' 'bot' (expected one of system, human, user, gpt, assistant)"),
+        (_sg(H, {"from": "bot", "value": "a"}), "conversations[1] has unknown 'from' 'bot' (expected one of system, human, user, gpt, assistant, function_call, observation)"),
         (_sg({"value": "q"}, G), "conversations[0] has no 'from'"),
         (_sg({"from": 1, "value": "q"}, G), "conversations[0].from must be a string, got int"),
         (_sg(H, {"from": "gpt", "value": None}), "conversations[1].value must be a string, got NoneType"),
@@ -297,7 +295,7 @@ def test_skip_policy_counts_every_bad_record_per_reason(tmp_path):
         "invalid_json": SkippedRecords(1, f"{p}:2", "invalid JSON: Expecting value (column 15)"),
         "not_an_object": SkippedRecords(1, f"{p}:3", "a record must be a JSON object, got list"),
         "no_assistant_turn": SkippedRecords(2, f"{p}:4", "no assistant turn (nothing to train on)"),
-        "tool_use": SkippedRecords(1, f"{p}:8", "conversations[1] is a 'function_call' turn: tool-use turns (function_call/observation) are not supported yet; remove the record or its tool turns"),
+        "tool_use": SkippedRecords(1, f"{p}:8", "conversations[1].value has no 'name' (a non-empty string)"),
         "several_values": SkippedRecords(1, f"{p}:9", "more than one JSON value on one line"),
     }
     assert report.skip_summary() == [
@@ -306,7 +304,7 @@ def test_skip_policy_counts_every_bad_record_per_reason(tmp_path):
         f"  invalid_json: 1 (first: {p}:2: invalid JSON: Expecting value (column 15))",
         f"  not_an_object: 1 (first: {p}:3: a record must be a JSON object, got list)",
         f"  several_values: 1 (first: {p}:9: more than one JSON value on one line)",
-        f"  tool_use: 1 (first: {p}:8: conversations[1] is a 'function_call' turn: tool-use turns (function_call/observation) are not supported yet; remove the record or its tool turns)",
+        f"  tool_use: 1 (first: {p}:8: conversations[1].value has no 'name' (a non-empty string))",
     ]
     # invalid UTF-8 on one JSONL line is one bad record too
     u = write(tmp_path, "u.jsonl.gz", gzip.compress(GOOD.encode() + b"\n" + b'{"text": "\xff"}\n' + GOOD.encode() + b"\n"))

@@ -1,7 +1,7 @@
 """Training examples ─► token ids + loss mask. One code path per kind of example:
 
 * :class:`~rayft.data.formats.Conversation` (:func:`tokenize_conversation`): rendered with the chat
-  template, loss on assistant turns only (below). Longer than ``seq_len``: truncated (``truncated``).
+  template (with the record's tools), loss on assistant turns only, tool calls included (below). Longer than ``seq_len``: truncated (``truncated``).
 * :class:`~rayft.data.formats.TextDocument` (:func:`tokenize_text`, continued pre-training): the text
   tokenized *without* the chat template, preceded by the tokenizer's own leading special tokens (BOS
   for Llama-style tokenizers, none for Qwen) and followed by ``tokenizer.eos_token_id``; loss on every
@@ -38,8 +38,9 @@ class TokenizedExample:
 _SENTINEL = "RAYFTSPAN7f3a"
 
 
-def assistant_char_spans(tokenizer, messages: list[dict[str, str]], text: str, where: str) -> list[tuple[int, int]]:
-    """Character spans ``[start, end)`` of each assistant turn inside ``text`` (the full render).
+def assistant_char_spans(tokenizer, messages: list[dict], text: str, where: str, tools: list[dict] | None = None) -> list[tuple[int, int]]:
+    """Character spans ``[start, end)`` of each assistant turn inside ``text`` (the full render with
+    ``tools``), tool calls included; tool results (``tool`` messages) are never in a span.
 
     Turn *i* starts where its content starts: the position of a sentinel rendered in place of the
     content after ``messages[:i]``. It ends at the end of ``render(messages[:i+1])`` with trailing
@@ -53,9 +54,9 @@ def assistant_char_spans(tokenizer, messages: list[dict[str, str]], text: str, w
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        probe = tokenizer.apply_chat_template([*messages[:i], {"role": "assistant", "content": _SENTINEL}], tokenize=False)
+        probe = tokenizer.apply_chat_template([*messages[:i], {"role": "assistant", "content": _SENTINEL}], tools=tools, tokenize=False)
         start = probe.find(_SENTINEL)
-        upto = tokenizer.apply_chat_template(messages[: i + 1], tokenize=False)
+        upto = tokenizer.apply_chat_template(messages[: i + 1], tools=tools, tokenize=False)
         if start < 0 or not text.startswith(probe[:start]) or not text.startswith(upto):
             raise DataError(f"{where}: the chat template does not render conversation prefixes as text prefixes")
         spans.append((start, len(upto.rstrip())))
@@ -63,14 +64,15 @@ def assistant_char_spans(tokenizer, messages: list[dict[str, str]], text: str, w
 
 
 def tokenize_conversation(tokenizer, conv: Conversation) -> TokenizedExample:
-    """Render and tokenize one conversation; mark assistant tokens (and their end-of-turn) trainable.
+    """Render and tokenize one conversation (with its ``tools``, if any); mark assistant tokens (tool
+    calls included) and their end-of-turn trainable, never tool results.
 
     Raises:
         DataError: the chat template cannot be masked (see :func:`assistant_char_spans`).
     """
-    messages = list(conv.messages)
-    text = tokenizer.apply_chat_template(messages, tokenize=False)
-    spans = assistant_char_spans(tokenizer, messages, text, conv.source)
+    messages, tools = list(conv.messages), list(conv.tools) or None
+    text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)
+    spans = assistant_char_spans(tokenizer, messages, text, conv.source, tools)
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids = np.asarray(enc["input_ids"], dtype=np.int32)
     offsets = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)

@@ -34,17 +34,55 @@ QWEN2_5_SPECIAL_TOKENS = (
 )  # fmt: skip
 QWEN2_5_FIRST_SPECIAL_ID = 151643
 
-# ChatML, as Qwen2.5 renders it: a default system turn when the conversation has none.
+# ChatML, as Qwen2.5 renders it: a default system turn when the conversation has none; with
+# ``tools``, the function schemas (one JSON per line) inside <tools></tools> in the system turn;
+# an assistant turn's ``tool_calls`` as <tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>
+# after its content; ``tool`` turns (tool results) as <tool_response> blocks in one user turn per
+# run of consecutive results. The wording is the published Qwen2.5 template's, so the rendered
+# text is the same.
+QWEN2_5_DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+QWEN2_5_TOOLS_HEADER = (
+    "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+)
+QWEN2_5_TOOLS_FOOTER = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+)
+
+
+def _jinja_str(s: str) -> str:
+    """``s`` as a Jinja string literal."""
+    return "'" + s.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n") + "'"
+
+
 CHATML_TEMPLATE = (
-    "{%- if messages and messages[0]['role'] == 'system' -%}"
-    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' -}}"
-    "{%- set rest = messages[1:] -%}"
-    "{%- else -%}"
-    "{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' -}}"
-    "{%- set rest = messages -%}"
+    "{%- set has_system = messages and messages[0]['role'] == 'system' -%}"
+    "{{- '<|im_start|>system\\n' -}}"
+    "{{- messages[0]['content'] if has_system else " + _jinja_str(QWEN2_5_DEFAULT_SYSTEM) + " -}}"
+    "{%- if tools -%}"
+    "{{- " + _jinja_str(QWEN2_5_TOOLS_HEADER) + " -}}"
+    "{%- for t in tools -%}{{- '\\n' + (t | tojson) -}}{%- endfor -%}"
+    "{{- " + _jinja_str(QWEN2_5_TOOLS_FOOTER) + " -}}"
     "{%- endif -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- set rest = messages[1:] if has_system else messages -%}"
     "{%- for m in rest -%}"
+    "{%- if m['role'] == 'tool' -%}"
+    "{%- if loop.first or rest[loop.index0 - 1]['role'] != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}"
+    "{{- '\\n<tool_response>\\n' + m['content'] + '\\n</tool_response>' -}}"
+    "{%- if loop.last or rest[loop.index0 + 1]['role'] != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}"
+    "{%- elif m['role'] == 'assistant' and m['tool_calls'] -%}"
+    "{{- '<|im_start|>assistant' -}}"
+    "{%- if m['content'] -%}{{- '\\n' + m['content'] -}}{%- endif -%}"
+    "{%- for c in m['tool_calls'] -%}"
+    "{%- set f = c['function'] if c['function'] is defined else c -%}"
+    "{{- '\\n<tool_call>\\n{\"name\": \"' + f['name'] + '\", \"arguments\": ' + (f['arguments'] | tojson) + '}\\n</tool_call>' -}}"
+    "{%- endfor -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- else -%}"
     "{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
@@ -113,6 +151,7 @@ def load_tokenizer(name_or_path: str, revision: str | None = None, trust_remote_
         cached = _cache_dir() / "tokenizers" / "qwen2.5"
         if (cached / "tokenizer.json").exists():
             tok = AutoTokenizer.from_pretrained(str(cached))
+            tok.chat_template = CHATML_TEMPLATE  # the current template, not the one cached with an older rayft
         else:
             tok = build_qwen2_5_tokenizer()
             tmp = cached.with_name(f".qwen2.5.{os.getpid()}")

@@ -45,10 +45,10 @@ def prepare_dataset(cfg: RayftConfig, console: Console):
     tok_name = default_tokenizer(cfg.model)
     tokenizer = load_tokenizer(tok_name, revision=cfg.model.revision, trust_remote_code=cfg.model.trust_remote_code)
     try:
-        loaded = load_conversations(cfg.data.train_files, cfg.data.format, cfg.data.on_bad_record)
+        loaded = load_conversations(cfg.data.train_files, cfg.data.format, cfg.data.on_bad_record, cfg.data.columns.mapping())
     except DataError as e:
         raise TrainError(str(e)) from None
-    for line in loaded.skip_summary():
+    for line in [*(f"data: {n}" for n in loaded.notes), *loaded.skip_summary()]:
         console.print(line, highlight=False, markup=False)
     if not loaded:
         why = f"all {loaded.records} records were bad and skipped" if loaded.skipped else "no record"
