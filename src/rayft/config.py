@@ -176,6 +176,7 @@ class CheckpointConfig(_Section):
     every_steps: int | None = Field(default=None, ge=1, description="Checkpoint every N optimizer steps.")
     every_minutes: float | None = Field(default=None, gt=0, description="Checkpoint when M minutes passed since the last one.")
     keep_last: int = Field(default=2, ge=1)
+    async_save: bool = Field(default=True, description="Write shards in the background; the step loop waits only for the copy to CPU memory.")
     export_hf: bool = True
 
 

@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 from rayft.config import load_config
+from rayft.train.checkpoint import find_checkpoints
 from rayft.train.driver import run_training
 
 pytestmark = pytest.mark.integration
@@ -57,7 +58,11 @@ def losses(workdir, name):
 
 @pytest.fixture(scope="module")
 def baseline(ray_local, workdir):
-    run_training(config(workdir, "base"))
+    summary = run_training(config(workdir, "base"))
+    # async saves (the default): every checkpoint is finalised, in order, each with its timings
+    assert [c["step"] for c in summary["checkpoints"]] == [2, 4, 6, 8]
+    assert all(c["mode"] == "async" and 0 <= c["blocked_s"] <= c["save_s"] for c in summary["checkpoints"])
+    assert [s for s, _ in find_checkpoints(workdir / "runs" / "base")] == [4, 6, 8]  # keep_last: 3
     return losses(workdir, "base")
 
 
@@ -115,7 +120,9 @@ def test_resume_at_a_different_world_size(baseline, workdir):
     # the run stopped after its checkpoint of step 4; continue at 1 worker with the same global batch
     run = copy_run(workdir, "base", "reshard", drop=("checkpoint_0000006", "checkpoint_0000008"))
     summary = run_training(config(workdir, "reshard", "train.num_workers=1", "train.grad_accum_steps=4"), resume=str(run))
-    assert summary["resumes"][0] == {"step": 4, "from_world_size": 2, "world_size": 1}
+    resumed = summary["resumes"][0]
+    assert {k: resumed[k] for k in ("step", "from_world_size", "world_size")} == {"step": 4, "from_world_size": 2, "world_size": 1}
+    assert 0 < resumed["load_s"] < 60
     got = losses(workdir, "reshard")
     assert sorted(got) == list(range(1, 9))
     for step in range(1, 9):

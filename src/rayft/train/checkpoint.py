@@ -32,16 +32,13 @@ class CheckpointError(RuntimeError):
     """A checkpoint or run directory that cannot be used; the message names the path."""
 
 
-def save_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str, state: dict, model_config) -> None:
-    """Collective: every rank writes its shards to ``path``; rank 0 then writes the state file."""
-    msd, osd = get_state_dict(model, optimizer)
-    dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)
-    if dist.get_rank() == 0:
-        model_config.to_json_file(os.path.join(path, "config.json"))
-        tmp = os.path.join(path, STATE_FILE + ".tmp")
-        with open(tmp, "w") as f:
-            json.dump(state, f, indent=2)
-        os.replace(tmp, os.path.join(path, STATE_FILE))
+def write_state(path: str, state: dict, model_config) -> None:
+    """The model's ``config.json``, then the state file, atomically (last: it marks the checkpoint complete)."""
+    model_config.to_json_file(os.path.join(path, "config.json"))
+    tmp = os.path.join(path, STATE_FILE + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(state, f, indent=2)
+    os.replace(tmp, os.path.join(path, STATE_FILE))
 
 
 def is_complete(path: str | os.PathLike) -> bool:
@@ -151,12 +148,23 @@ class CheckpointWriter:
     to a local temporary directory that Ray Train uploads. Ray Train keeps the last
     ``keep_last`` *registered* checkpoints, and registers one only after every rank reported it, so
     the only complete checkpoint is never deleted for an unfinished one.
+
+    With ``async_save`` the step loop is blocked only while the shards are copied to (reused,
+    pinned) CPU buffers; a background thread writes them (``torch.distributed.checkpoint.async_save``
+    over a separate gloo process group, so its collectives never interleave with training's NCCL
+    ones). The checkpoint is *finalised* — state file written by rank 0, reported to Ray Train —
+    at the first step boundary where every rank's write has finished (:meth:`finalize_if_done`),
+    before the next save starts, or at :meth:`wait`. Until then it is incomplete and never resumed.
     """
 
     def __init__(self, ccfg, model_config):
         self.every_steps, self.every_minutes = ccfg.every_steps, ccfg.every_minutes
         self.model_config = model_config
         self.last_save = time.monotonic()
+        self.async_save = ccfg.async_save
+        self._pg = dist.new_group(backend="gloo") if self.async_save else None  # collective: every rank
+        self._writer = None
+        self._pending: dict | None = None
 
     def step_is_due(self, step: int) -> bool:
         return bool(self.every_steps) and step % self.every_steps == 0
@@ -164,30 +172,83 @@ class CheckpointWriter:
     def time_is_due(self) -> bool:
         return bool(self.every_minutes) and (time.monotonic() - self.last_save) >= 60 * self.every_minutes
 
-    def save(self, model, optimizer, state: dict, metrics: dict) -> dict:
-        """Collective. Returns timings in seconds: ``save_s`` (DCP write), ``report_s`` (hand-off/upload)."""
+    def local_write_done(self) -> bool:
+        """This rank's background write has finished (or none is in flight)."""
+        return self._pending is None or self._pending["future"].done()
+
+    def save(self, model, optimizer, state: dict, metrics: dict) -> dict | None:
+        """Collective. Synchronous: returns timings in seconds, ``save_s`` (DCP write), ``report_s``
+        (hand-off/upload), ``blocked_s`` (all of it). Asynchronous: starts the write and returns None;
+        the timings come from :meth:`finalize_if_done` / :meth:`wait`."""
         import pyarrow.fs
         import ray.train
 
+        t0 = time.perf_counter()
+        waited = self.wait()  # at most one save in flight
         name = f"checkpoint_{state['step']:07d}"
         storage = ray.train.get_context().get_storage()
-        t0 = time.perf_counter()
-        if isinstance(storage.storage_filesystem, pyarrow.fs.LocalFileSystem):
-            path = os.path.join(storage.experiment_fs_path, name)
+        local = isinstance(storage.storage_filesystem, pyarrow.fs.LocalFileSystem)
+        path = os.path.join(storage.experiment_fs_path, name) if local else tempfile.mkdtemp(prefix="rayft-ckpt-")
+        if local:
             if dist.get_rank() == 0:
                 shutil.rmtree(path, ignore_errors=True)  # leftovers of an interrupted save
             dist.barrier()
-            save_sharded(model, optimizer, path, state, self.model_config)
-            t1 = time.perf_counter()
+        msd, osd = get_state_dict(model, optimizer)
+        if self.async_save:
+            if self._writer is None:
+                # GPU: reusable pinned CPU buffers (fast copies from the second save on); CPU: plain copies.
+                self._writer = dcp.FileSystemWriter(path, cache_staged_state_dict=torch.cuda.is_available())
+            future = dcp.async_save({"model": msd, "optim": osd}, checkpoint_id=path, storage_writer=self._writer, process_group=self._pg)
+            blocked = time.perf_counter() - t0
+            self._pending = {"future": future, "path": path, "local": local, "name": name, "state": state,
+                             "metrics": metrics, "t0": t0, "blocked_s": blocked, "waited": waited}  # fmt: skip
+            self.last_save = time.monotonic()
+            return None
+        dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)
+        t1 = time.perf_counter()
+        self._finish(path, local, name, state, metrics)
+        self.last_save = time.monotonic()
+        t2 = time.perf_counter()
+        return {"step": state["step"], "mode": "sync", "save_s": t1 - t0, "report_s": t2 - t1, "blocked_s": t2 - t0}
+
+    def finalize_if_done(self, all_ranks_done: bool) -> dict | None:
+        """Collective: finalise the in-flight checkpoint when every rank's write has finished
+        (``all_ranks_done``, agreed by an all-reduce of :meth:`local_write_done`). Returns its timings."""
+        if self._pending is None or not all_ranks_done:
+            return None
+        return self._finalize()
+
+    def wait(self) -> dict | None:
+        """Collective: block until the in-flight checkpoint is written, then finalise it."""
+        return self._finalize() if self._pending is not None else None
+
+    def _finalize(self) -> dict:
+        p, self._pending = self._pending, None
+        t_wait = time.perf_counter()
+        p["future"].result()  # raises the background write's error, if any
+        written = time.perf_counter()
+        self._finish(p["path"], p["local"], p["name"], p["state"], p["metrics"])
+        done = time.perf_counter()
+        if not p["local"]:
+            shutil.rmtree(p["path"], ignore_errors=True)
+        return {
+            "step": p["state"]["step"], "mode": "async", "blocked_s": p["blocked_s"],
+            "save_s": written - p["t0"],  # start of the save until every shard is on storage (upper bound)
+            "finalize_s": done - t_wait,  # blocking: wait for the write (0 when already done) + state file + report
+        }  # fmt: skip
+
+    def _finish(self, path: str, local: bool, name: str, state: dict, metrics: dict) -> None:
+        import ray.train
+
+        if dist.get_rank() == 0:
+            write_state(path, state, self.model_config)
+        dist.barrier()
+        if local:
+            storage = ray.train.get_context().get_storage()
             ckpt = ray.train.Checkpoint(path, filesystem=storage.storage_filesystem)
             ray.train.report(metrics, checkpoint=ckpt, checkpoint_upload_mode=ray.train.CheckpointUploadMode.NO_UPLOAD)
         else:
-            with tempfile.TemporaryDirectory(prefix="rayft-ckpt-") as tmp:
-                save_sharded(model, optimizer, tmp, state, self.model_config)
-                t1 = time.perf_counter()
-                ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp), checkpoint_dir_name=name)
-        self.last_save = time.monotonic()
-        return {"step": state["step"], "save_s": t1 - t0, "report_s": time.perf_counter() - t1}
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(path), checkpoint_dir_name=name)
 
 
 def find_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:

@@ -343,7 +343,10 @@ def _show_progress(th: threading.Thread, queue, total: int, console: Console) ->
                 if "resumed" in m:
                     r = m["resumed"]
                     resumes.append(r)
-                    bar.console.print(f"resumed from the checkpoint of step {r['step']} (world size {r['from_world_size']} → {r['world_size']})")
+                    bar.console.print(
+                        f"resumed from the checkpoint of step {r['step']} (world size {r['from_world_size']} → {r['world_size']}; "
+                        f"loaded in {r.get('load_s', 0):.1f} s)"
+                    )
                     continue
                 # After a restart the steps since the last checkpoint run again: keep the latest.
                 while history and history[-1]["step"] >= m["step"]:

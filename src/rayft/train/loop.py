@@ -95,9 +95,11 @@ def train_func(loop_config: dict[str, Any]) -> None:
         # One all-reduce: the step's global token counts, and rank 0's clock-based vote to checkpoint.
         counts = [sum(b[k] for b in batches).to(torch.float64) for k in ("num_trainable", "num_tokens", "attn_tokens_sq")]
         counts.append(torch.tensor(float(rank == 0 and saver.time_is_due()), dtype=torch.float64, device=device))
+        counts.append(torch.tensor(float(saver.local_write_done()), dtype=torch.float64, device=device))
         counts = torch.stack(counts)
         dist.all_reduce(counts)
-        n_trainable, n_tokens, attn_sq, time_vote = counts.tolist()  # (synchronises: data time ends here)
+        n_trainable, n_tokens, attn_sq, time_vote, writes_done = counts.tolist()  # (synchronises: data time ends here)
+        report_checkpoint(saver.finalize_if_done(writes_done == world), rank, progress)  # a background save that finished
         t_data = time.perf_counter()
 
         loss_sum = torch.zeros((), device=device, dtype=torch.float64)
@@ -157,13 +159,18 @@ def train_func(loop_config: dict[str, Any]) -> None:
             state = {"step": step_done, "epoch": plan.epoch_of_step[step], "world_size": world, "loss": loss,
                      "global_batch_rows": rows_per_step, "data_fingerprint": loop_config["data_fingerprint"],
                      "tokenizer": loop_config.get("tokenizer")}  # fmt: skip
-            timing = saver.save(model, optimizer, state, metrics)
-            if rank == 0 and progress is not None:
-                ray.get(progress.actor.put_nowait.remote({"checkpoint": timing}))
+            report_checkpoint(saver.save(model, optimizer, state, metrics), rank, progress)
             t_last = time.perf_counter()  # checkpoint time is not step time
+    report_checkpoint(saver.wait(), rank, progress)  # the last save must be complete before the run ends
 
     if cfg.checkpoint.export_hf:
         export_and_verify(model, model_conf, loop_config, ds, cfg, device, rank, progress)
+
+
+def report_checkpoint(timing: dict | None, rank: int, progress) -> None:
+    """Send a finished checkpoint's timings (seconds) to the driver's display and summary."""
+    if timing is not None and rank == 0 and progress is not None:
+        ray.get(progress.actor.put_nowait.remote({"checkpoint": timing}))
 
 
 def resume(model, optimizer, loop_config: dict[str, Any], rows_per_step: int) -> int:
@@ -175,7 +182,9 @@ def resume(model, optimizer, loop_config: dict[str, Any], rows_per_step: int) ->
     path = ckpt_lib.resolve_resume_dir(ray.train.get_checkpoint(), loop_config.get("resume_from"), loop_config["run_dir"])
     if path is None:
         return 0
+    t0 = time.perf_counter()
     state = ckpt_lib.load_sharded(model, optimizer, path)
+    load_s = time.perf_counter() - t0
     if state.get("data_fingerprint") not in (None, loop_config["data_fingerprint"]):
         raise ckpt_lib.CheckpointError(
             f"{path}: the training data changed since this checkpoint (fingerprint {state['data_fingerprint']} → "
@@ -189,7 +198,7 @@ def resume(model, optimizer, loop_config: dict[str, Any], rows_per_step: int) ->
                      "data order differs from the original run (keep workers × micro_batch_size × grad_accum_steps)")  # fmt: skip
         print(f"[rayft] resumed from step {state['step']} of {path}{note}", flush=True)
         if loop_config.get("progress") is not None:
-            event = {"step": int(state["step"]), "from_world_size": state["world_size"], "world_size": world}
+            event = {"step": int(state["step"]), "from_world_size": state["world_size"], "world_size": world, "load_s": load_s}
             ray.get(loop_config["progress"].actor.put_nowait.remote({"resumed": event}))
     return int(state["step"])
 
