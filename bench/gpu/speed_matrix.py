@@ -24,7 +24,7 @@ ap.add_argument("--model", default="qwen2.5-1.5b")
 ap.add_argument("--gpus", type=int, default=1)
 ap.add_argument("--mb", type=int, default=8)
 ap.add_argument("--seq", type=int, default=2048)
-ap.add_argument("--data", choices=["random", "packed"], default="random")
+ap.add_argument("--data", choices=["random", "packed", "padded"], default="random")
 ap.add_argument("--files", nargs="+", default=[".gpu/data/alpaca_en_demo.json", ".gpu/data/alpaca_zh_demo.json"])
 ap.add_argument("--attn", default="auto")
 ap.add_argument("--ce", default="auto")
@@ -57,13 +57,14 @@ def worker(rank: int, a) -> None:
     conf = load_model_config(mcfg)
     n_mm = matmul_params(model)
     _, peak = gpu_peak_flops(dev)
-    if a.data == "packed":
+    if a.data in ("packed", "padded"):
         from rayft.data.formats import load_conversations
         from rayft.data.tokenize import tokenize_dataset
         from rayft.data.tokenizer import load_tokenizer
 
         ds = tokenize_dataset(load_tokenizer("qwen2.5"), list(load_conversations(a.files)), a.seq)
-        plan = plan_steps(ds, rows_per_step=a.mb * a.gpus, row_len=a.seq, packing=True, shuffle=True, seed=0, epochs=10, max_steps=None)
+        packing = a.data == "packed"
+        plan = plan_steps(ds, rows_per_step=a.mb * a.gpus, row_len=a.seq, packing=packing, shuffle=True, seed=0, epochs=10, max_steps=None)
 
     def batch(i):
         if a.data == "random":
@@ -73,7 +74,7 @@ def worker(rank: int, a) -> None:
                  "labels": torch.roll(ids, -1, 1), "cu_seq_lens": torch.arange(0, (a.mb + 1) * a.seq, a.seq, dtype=torch.int32),
                  "num_tokens": torch.tensor(a.mb * a.seq), "attn_tokens_sq": torch.tensor(float(a.mb * a.seq * a.seq))}  # fmt: skip
         else:
-            b = collate(ds, plan.rows[i % len(plan)][rank :: a.gpus], a.seq, 151643)
+            b = collate(ds, plan.rows[i % len(plan)][rank :: a.gpus], a.seq, 151643, fixed_len=packing)
         return {k: v.to(dev, non_blocking=True) for k, v in b.items()}
 
     times, toks, sqs = [], [], []
