@@ -16,9 +16,9 @@ echo "commit: ${RAYFT_GIT_COMMIT:-unset (the results file records git rev-parse 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 nvidia-smi topo -m | head -4
 NG=$(nvidia-smi -L | wc -l)
-STEPS=${STEPS:-30}; MB=${MB:-8}
-LOGS=/tmp/fabric-logs; rm -rf "$LOGS" /tmp/runs/fabric-*
-CMD="rayft bench fabric examples/qwen2.5-1.5b.yaml --mode onehost --out $OUT/fabric-${NG}xh200.json --logs-dir $LOGS --timeout-s ${RUN_TIMEOUT:-300} --set model.name_or_path=qwen2.5-1.5b --set train.num_workers=$NG --set train.max_steps=$STEPS --set train.micro_batch_size=$MB --set train.activation_checkpointing=false --set data.train_files=[$D/alpaca_en_demo.json,$D/alpaca_zh_demo.json] --set checkpoint.storage_path=/tmp/runs --set checkpoint.every_steps=null --set checkpoint.export_hf=false --set ray.max_failures=0"
+STEPS=${STEPS:-30}; MB=${MB:-8}; STORE=${STORE:-/tmp/runs}; SWEEP_MIB=${SWEEP_MIB:-1024}
+LOGS=/tmp/fabric-logs; rm -rf "$LOGS" "$STORE"/fabric-*
+CMD="rayft bench fabric examples/qwen2.5-1.5b.yaml --mode onehost --out $OUT/fabric-${NG}xh200.json --logs-dir $LOGS --timeout-s ${RUN_TIMEOUT:-300} --sweep-max-mib $SWEEP_MIB --set model.name_or_path=qwen2.5-1.5b --set train.num_workers=$NG --set train.max_steps=$STEPS --set train.micro_batch_size=$MB --set train.activation_checkpointing=false --set data.train_files=[$D/alpaca_en_demo.json,$D/alpaca_zh_demo.json] --set train.compile=false --set checkpoint.storage_path=$STORE --set checkpoint.every_steps=null --set checkpoint.export_hf=false --set ray.max_failures=0"
 echo "$CMD"
 timeout ${BENCH_TIMEOUT:-570} python3 -m rayft.cli ${CMD#rayft } > /tmp/fabric-bench.log 2>&1
 rc=$?
