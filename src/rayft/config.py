@@ -104,7 +104,7 @@ class DataConfig(_Section):
     skips bad records and reports their counts per reason at the start of training.
     ``preprocess``: where tokenization runs: ``local`` (the driver process), ``ray`` (Ray Data over
     every CPU of the cluster, :mod:`rayft.data.parallel`) or ``auto`` (Ray from 20,000 examples on a
-    cluster of 4+ CPUs). Both give identical tokens.
+    cluster of 2+ CPUs). Both give identical tokens.
     ``cache_dir``: tokenized datasets are cached there under a content hash of the inputs, the
     tokenizer and these settings (:mod:`rayft.data.cache`); ``null`` disables the cache.
     Validation (for ``eval_loss``): ``validation_files`` (read like ``train_files``) or

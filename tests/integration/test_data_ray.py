@@ -80,5 +80,5 @@ def test_prepare_data_with_preprocess_ray(ray_local, tmp_path):
 
 def test_auto_uses_ray_only_when_it_pays():
     assert use_ray("auto", RAY_MIN_EXAMPLES, None) and use_ray("auto", RAY_MIN_EXAMPLES, 8)
-    assert not use_ray("auto", RAY_MIN_EXAMPLES - 1, 64) and not use_ray("auto", 10**6, 2)
+    assert not use_ray("auto", RAY_MIN_EXAMPLES - 1, 64) and not use_ray("auto", 10**6, 1)
     assert use_ray("ray", 1, 1) and not use_ray("local", 10**6, 64)
