@@ -102,6 +102,14 @@ class DataConfig(_Section):
     .parquet files, the JSON ones optionally gzip (.gz) or zstd (.zst) compressed.
     ``on_bad_record``: ``error`` stops at the first bad record (``file:line: reason``); ``skip``
     skips bad records and reports their counts per reason at the start of training.
+    ``preprocess``: where tokenization runs: ``local`` (the driver process), ``ray`` (Ray Data over
+    every CPU of the cluster, :mod:`rayft.data.parallel`) or ``auto`` (Ray from 20,000 examples on a
+    cluster of 2+ CPUs). Both give identical tokens.
+    ``cache_dir``: tokenized datasets are cached there under a content hash of the inputs, the
+    tokenizer and these settings (:mod:`rayft.data.cache`); ``null`` disables the cache.
+    Validation (for ``eval_loss``): ``validation_files`` (read like ``train_files``) or
+    ``validation_fraction`` (that share of the training records, at least one, chosen by ``seed``
+    and held out of training), not both.
     """
 
     train_files: list[str] = Field(min_length=1)
@@ -113,11 +121,21 @@ class DataConfig(_Section):
     shuffle: bool = True
     seed: int = 0
     max_examples: int | None = Field(default=None, ge=1)
+    preprocess: Literal["auto", "local", "ray"] = "auto"
+    cache_dir: str | None = "~/.cache/rayft/tokenized"
+    validation_files: list[str] | None = Field(default=None, min_length=1)
+    validation_fraction: float | None = Field(default=None, gt=0, lt=0.5)
 
-    @field_validator("train_files", mode="before")
+    @field_validator("train_files", "validation_files", mode="before")
     @classmethod
     def _one_or_many(cls, v: Any) -> Any:
         return [v] if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _one_validation_source(self) -> "DataConfig":
+        if self.validation_files and self.validation_fraction is not None:
+            raise ValueError("give data.validation_files or data.validation_fraction, not both")
+        return self
 
 
 class TrainConfig(_Section):
@@ -149,6 +167,10 @@ class TrainConfig(_Section):
     liger_kernels: bool = Field(default=False, description="liger-kernel RMSNorm, SwiGLU and RoPE (Qwen2 on CUDA).")
     seed: int = 0
     log_every: int = Field(default=1, ge=1)
+    eval_every: int | None = Field(
+        default=None, ge=1,
+        description="Validation loss every N steps (and before the first and after the last); default: after the last step only.",
+    )
 
 
 class ParallelConfig(_Section):
@@ -212,6 +234,8 @@ class RayftConfig(_Section):
             raise ValueError(
                 f"train.warmup_steps ({self.train.warmup_steps}) exceeds train.max_steps ({self.train.max_steps})"
             )
+        if self.train.eval_every and not (self.data.validation_files or self.data.validation_fraction):
+            raise ValueError("train.eval_every needs a validation set: data.validation_files or data.validation_fraction")
         return self
 
 
@@ -316,7 +340,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 def load_config(path: str | os.PathLike[str], overrides: list[str] | None = None) -> RayftConfig:
     """Read, override and validate a config file.
 
-    Relative paths in ``data.train_files`` are resolved against the config file's directory
+    Relative paths in ``data.train_files`` and ``data.validation_files`` are resolved against the config file's directory
     when they exist there, else against the current directory.
 
     Raises:
@@ -349,13 +373,19 @@ def load_config(path: str | os.PathLike[str], overrides: list[str] | None = None
         overridden = {".".join(parse_override(o)[0]) for o in overrides or []}
         raise ConfigError(_format_validation_error(e, str(p), p, overridden)) from None
     base = p.resolve().parent
-    resolved = []
-    for f in cfg.data.train_files:
-        local = base / f
-        if "://" not in f and not os.path.isabs(f) and (local.exists() or glob.glob(str(local))):
-            f = str(local.resolve()) if local.exists() else str(local)
-        resolved.append(f)
-    cfg.data.train_files = resolved
+
+    def resolve(files: list[str]) -> list[str]:
+        resolved = []
+        for f in files:
+            local = base / f
+            if "://" not in f and not os.path.isabs(f) and (local.exists() or glob.glob(str(local))):
+                f = str(local.resolve()) if local.exists() else str(local)
+            resolved.append(f)
+        return resolved
+
+    cfg.data.train_files = resolve(cfg.data.train_files)
+    if cfg.data.validation_files:
+        cfg.data.validation_files = resolve(cfg.data.validation_files)
     return cfg
 
 

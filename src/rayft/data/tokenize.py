@@ -151,10 +151,70 @@ class TokenizedDataset:
         return self.tokens[a:b], self.trainable[a:b]
 
 
+@dataclass
+class ExamplePieces:
+    """What one input example becomes (:func:`tokenize_example`): ``pieces``, the kept examples as
+    ``(input_ids int32 [n], trainable bool [n])`` pairs, n <= seq_len; ``truncated`` / ``split``
+    (0 or 1): a conversation cut to ``seq_len`` / a text document cut into chunks; ``dropped``: how
+    many pieces were left out because no trainable target was left in them."""
+
+    pieces: list[tuple[np.ndarray, np.ndarray]]
+    truncated: int = 0
+    split: int = 0
+    dropped: int = 0
+
+
+def tokenize_example(tokenizer, ex_in: Conversation | TextDocument, seq_len: int, prefix: list[int] | None = None) -> ExamplePieces:
+    """Tokenize one example the way :func:`tokenize_dataset` does (truncate a conversation, split a
+    text document, drop a piece without a trainable target). ``prefix``: :func:`special_prefix`
+    of ``tokenizer``, computed here when None. Both the local and the Ray Data path
+    (:mod:`rayft.data.parallel`) call this, so they give identical tokens.
+
+    Raises:
+        DataError: from :func:`tokenize_conversation` / :func:`tokenize_text`.
+        TypeError: an example of another type.
+    """
+    out = ExamplePieces([])
+    if isinstance(ex_in, TextDocument):
+        ex = tokenize_text(tokenizer, ex_in, special_prefix(tokenizer) if prefix is None else prefix)
+        chunks = split_chunks(len(ex.input_ids), seq_len)
+        out.split = int(len(chunks) > 1)
+        pieces = [(ex.input_ids[a:b], ex.trainable[a:b]) for a, b in chunks]
+    elif isinstance(ex_in, Conversation):
+        ex = tokenize_conversation(tokenizer, ex_in)
+        if len(ex.input_ids) > seq_len:
+            out.truncated = 1
+            ex.input_ids, ex.trainable = ex.input_ids[:seq_len], ex.trainable[:seq_len]
+        pieces = [(ex.input_ids, ex.trainable)]
+    else:
+        raise TypeError(f"expected a Conversation or TextDocument, got {type(ex_in).__name__}")
+    for tok, train in pieces:
+        if train[1:].any():
+            out.pieces.append((tok, train))
+        else:
+            out.dropped += 1
+    return out
+
+
+def assemble(pieces: Sequence[tuple[np.ndarray, np.ndarray]], dropped: int = 0, truncated: int = 0, split: int = 0) -> "TokenizedDataset":
+    """Concatenate ``(input_ids int32 [n], trainable bool [n])`` pieces, in order, into a
+    :class:`TokenizedDataset` with the given counts."""
+    if not pieces:
+        return TokenizedDataset(np.zeros(0, np.int32), np.zeros(0, bool), np.zeros(1, np.int64), dropped, truncated, split)
+    lens = np.zeros(len(pieces) + 1, dtype=np.int64)
+    lens[1:] = [len(t) for t, _ in pieces]
+    return TokenizedDataset(
+        np.concatenate([t for t, _ in pieces]).astype(np.int32, copy=False),
+        np.concatenate([m for _, m in pieces]).astype(bool, copy=False),
+        np.cumsum(lens, dtype=np.int64), dropped, truncated, split,
+    )  # fmt: skip
+
+
 def tokenize_dataset(tokenizer, examples: Sequence[Conversation | TextDocument], seq_len: int) -> TokenizedDataset:
-    """Tokenize every example. A conversation longer than ``seq_len`` tokens is truncated (counted
-    in ``truncated``); a text document longer than ``seq_len`` is split into chunks (each chunk is
-    one example; the document counted once in ``split_documents``), see :func:`split_chunks`.
+    """Tokenize every example, in order, in this process (see :func:`tokenize_example`). A
+    conversation longer than ``seq_len`` tokens is truncated (counted in ``truncated``); a text
+    document longer than ``seq_len`` is split into chunks (each chunk is one example; the document
+    counted once in ``split_documents``), see :func:`split_chunks`.
 
     An example whose truncation leaves no trainable *target* (a trainable token after the first
     position) is dropped and counted in ``dropped_no_trainable``; nothing else is dropped.
@@ -163,37 +223,16 @@ def tokenize_dataset(tokenizer, examples: Sequence[Conversation | TextDocument],
         DataError: from :func:`tokenize_conversation` / :func:`tokenize_text`.
         TypeError: an example of another type.
     """
-    ids, masks, lens = [], [], [0]
+    pieces: list[tuple[np.ndarray, np.ndarray]] = []
     dropped = truncated = split = 0
     prefix: list[int] | None = None
     for ex_in in examples:
-        if isinstance(ex_in, TextDocument):
-            if prefix is None:
-                prefix = special_prefix(tokenizer)
-            ex = tokenize_text(tokenizer, ex_in, prefix)
-            chunks = split_chunks(len(ex.input_ids), seq_len)
-            split += len(chunks) > 1
-            pieces = [(ex.input_ids[a:b], ex.trainable[a:b]) for a, b in chunks]
-        elif isinstance(ex_in, Conversation):
-            ex = tokenize_conversation(tokenizer, ex_in)
-            if len(ex.input_ids) > seq_len:
-                truncated += 1
-                ex.input_ids, ex.trainable = ex.input_ids[:seq_len], ex.trainable[:seq_len]
-            pieces = [(ex.input_ids, ex.trainable)]
-        else:
-            raise TypeError(f"expected a Conversation or TextDocument, got {type(ex_in).__name__}")
-        for tok, train in pieces:
-            if not train[1:].any():
-                dropped += 1
-                continue
-            ids.append(tok)
-            masks.append(train)
-            lens.append(len(tok))
-    if not ids:
-        return TokenizedDataset(np.zeros(0, np.int32), np.zeros(0, bool), np.zeros(1, np.int64), dropped, truncated, split)
-    return TokenizedDataset(
-        np.concatenate(ids), np.concatenate(masks), np.cumsum(lens, dtype=np.int64), dropped, truncated, split
-    )
+        if prefix is None and isinstance(ex_in, TextDocument):
+            prefix = special_prefix(tokenizer)
+        r = tokenize_example(tokenizer, ex_in, seq_len, prefix)
+        pieces += r.pieces
+        dropped, truncated, split = dropped + r.dropped, truncated + r.truncated, split + r.split
+    return assemble(pieces, dropped, truncated, split)
 
 
 def fingerprint(ds: "TokenizedDataset") -> str:

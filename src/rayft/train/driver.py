@@ -11,8 +11,9 @@ import json
 import os
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from rich.console import Console
 from rich.text import Text
@@ -25,52 +26,165 @@ class TrainError(RuntimeError):
     """The job cannot start or did not finish; the message says why."""
 
 
+@dataclass
+class PreparedData:
+    """The driver's tokenized data: ``train`` and ``validation`` (None without a validation set)
+    :class:`~rayft.data.tokenize.TokenizedDataset`, the tokenizer and its name, and whether the
+    tokenized data came from ``data.cache_dir`` (``cache``: ``"hit"``, ``"miss"`` or ``"off"``)."""
+
+    tokenizer: Any
+    tokenizer_name: str
+    train: Any
+    validation: Any = None
+    cache: str = "off"
+
+
 def prepare_dataset(cfg: RayftConfig, console: Console):
-    """Load, validate and tokenize the training data on the driver.
+    """:func:`prepare_data`'s training part: ``(tokenizer, tokenizer name, TokenizedDataset)``."""
+    d = prepare_data(cfg, console)
+    return d.tokenizer, d.tokenizer_name, d.train
 
-    With ``data.on_bad_record: skip`` the skipped records are printed first, per reason category
-    with the first ``file:line`` of each.
 
-    Returns:
-        ``(tokenizer, tokenizer name, TokenizedDataset)``.
+def prepare_data(cfg: RayftConfig, console: Console, connect: Callable[[], Any] | None = None) -> PreparedData:
+    """Load, validate and tokenize the training (and validation) data on the driver.
+
+    With ``data.cache_dir`` set, a cache entry for the same inputs, tokenizer and settings
+    (:mod:`rayft.data.cache`) is used instead, and the report lines of the run that wrote it are
+    printed again; otherwise the data are read and tokenized and the result cached. A corrupt
+    entry is reported as a warning and rebuilt. With ``data.on_bad_record: skip`` the skipped
+    records are printed first, per reason category with the first ``file:line`` of each.
+
+    Tokenization runs in this process or with Ray Data over the cluster (``data.preprocess``,
+    :func:`rayft.data.parallel.use_ray`); ``connect`` is called first to reach Ray (default
+    :func:`connect_ray`).
+
     Raises:
         TrainError: a bad record (``file:line: reason``, policy ``error``), an unreadable file, or
-            nothing left to train on (also when every record was skipped as bad).
+            nothing left to train on (also when every record was skipped as bad), an empty
+            validation set, or a ``data.validation_fraction`` that leaves no training record.
     """
-    from rayft.data.formats import DataError, TextDocument, load_conversations
-    from rayft.data.tokenize import tokenize_dataset
+    from rayft.data import cache as cache_lib
+    from rayft.data.formats import DataError
     from rayft.data.tokenizer import load_tokenizer
     from rayft.train.model import default_tokenizer
 
+    dc = cfg.data
     tok_name = default_tokenizer(cfg.model)
     tokenizer = load_tokenizer(tok_name, revision=cfg.model.revision, trust_remote_code=cfg.model.trust_remote_code)
+    key = key_parts = None
+    if dc.cache_dir:
+        try:
+            key, key_parts = cache_lib.cache_key(dc, tokenizer, tok_name)
+        except DataError as e:
+            raise TrainError(str(e)) from None
+        try:
+            hit = cache_lib.load(dc.cache_dir, key)
+        except cache_lib.CacheError as e:
+            console.print(Text.assemble(("warning", "yellow"), f": ignoring a corrupt tokenized-data cache entry: {e}"), highlight=False)
+            hit = None
+        if hit is not None:
+            for line in hit.info.get("lines", []):
+                console.print(line, highlight=False, markup=False)
+            console.print(f"data: used the tokenized cache {cache_lib.entry_dir(dc.cache_dir, key)} (no file read or tokenized)", highlight=False, markup=False)
+            return PreparedData(tokenizer, tok_name, hit.parts["train"], hit.parts.get("validation"), "hit")
+    lines: list[str] = []
+
+    def say(line: str) -> None:
+        lines.append(line)
+        console.print(line, highlight=False, markup=False)
+
     try:
-        loaded = load_conversations(cfg.data.train_files, cfg.data.format, cfg.data.on_bad_record, cfg.data.columns.mapping())
+        train_ex = _load_examples(dc.train_files, dc, say, "data.train_files")
+        if dc.max_examples:
+            train_ex = train_ex[: dc.max_examples]
+        val_ex, val_from = None, ""
+        if dc.validation_fraction:
+            train_ex, val_ex = split_validation(train_ex, dc.validation_fraction, dc.seed)
+            val_from = f"data.validation_fraction={dc.validation_fraction} of the training records, seed {dc.seed}"
+        elif dc.validation_files:
+            val_ex = _load_examples(dc.validation_files, dc, say, "data.validation_files")
+            val_from = "data.validation_files"
+        ds = _tokenize(tokenizer, train_ex, cfg, connect, console)
+        val = _tokenize(tokenizer, val_ex, cfg, connect, console) if val_ex is not None else None
     except DataError as e:
         raise TrainError(str(e)) from None
+    say(_data_line("data", train_ex, ds, dc.seq_len))
+    if len(ds) == 0:
+        raise TrainError(f"empty dataset: no example with a trainable token in {dc.train_files}")
+    if val is not None:
+        say(_data_line(f"validation ({val_from})", val_ex, val, dc.seq_len))
+        if len(val) == 0:
+            raise TrainError(f"empty validation set: no example with a trainable token ({val_from})")
+    if key is not None:
+        parts = {"train": ds, **({"validation": val} if val is not None else {})}
+        try:
+            where = cache_lib.save(dc.cache_dir, key, cache_lib.CachedData(parts, {"lines": lines}), key_parts)
+            console.print(f"data: cached the tokenized data in {where}", highlight=False, markup=False)
+        except OSError as e:
+            console.print(Text.assemble(("warning", "yellow"), f": could not write the tokenized-data cache (data.cache_dir): {e}"), highlight=False)
+    return PreparedData(tokenizer, tok_name, ds, val, "miss" if key is not None else "off")
+
+
+def _load_examples(files: list[str], dc, say: Callable[[str], None], key: str) -> list:
+    """Read ``files`` (printing notes and skips); raises TrainError when nothing is left."""
+    from rayft.data.formats import load_conversations
+
+    loaded = load_conversations(files, dc.format, dc.on_bad_record, dc.columns.mapping())
     for line in [*(f"data: {n}" for n in loaded.notes), *loaded.skip_summary()]:
-        console.print(line, highlight=False, markup=False)
+        say(line)
     if not loaded:
         why = f"all {loaded.records} records were bad and skipped" if loaded.skipped else "no record"
-        raise TrainError(f"empty dataset: {why} in {cfg.data.train_files}")
-    convs = list(loaded)
-    if cfg.data.max_examples:
-        convs = convs[: cfg.data.max_examples]
-    try:
-        ds = tokenize_dataset(tokenizer, convs, cfg.data.seq_len)
-    except DataError as e:
-        raise TrainError(str(e)) from None
-    n_text = sum(isinstance(c, TextDocument) for c in convs)
-    kinds = f" ({len(convs) - n_text} conversations, {n_text} text documents)" if n_text else ""
-    split = f"; text documents split into {cfg.data.seq_len}-token chunks: {ds.split_documents}" if n_text else ""
-    console.print(
-        f"data: {len(convs)} records{kinds} → {len(ds)} examples, {int(ds.trainable.sum()):,} trainable of {len(ds.tokens):,} tokens; "
-        f"truncated to {cfg.data.seq_len}: {ds.truncated}{split}; dropped (no trainable token left): {ds.dropped_no_trainable}",
-        highlight=False,
+        raise TrainError(f"empty dataset: {why} in {files}" + ("" if key == "data.train_files" else f" ({key})"))
+    return list(loaded)
+
+
+def split_validation(examples: list, fraction: float, seed: int) -> tuple[list, list]:
+    """``(train, validation)``: ``max(1, round(fraction × n))`` examples chosen at random with
+    ``np.random.default_rng([seed, 0x7661])`` (a stream of its own, not the shuffle's), both parts
+    in their original order.
+
+    Raises:
+        TrainError: fewer than 2 examples (nothing would be left to train on).
+    """
+    import numpy as np
+
+    n = len(examples)
+    n_val = max(1, round(fraction * n))
+    if n - n_val < 1:
+        raise TrainError(f"data.validation_fraction={fraction} of {n} record(s) leaves no training record")
+    held = np.zeros(n, dtype=bool)
+    held[np.random.default_rng([seed, 0x7661]).permutation(n)[:n_val]] = True
+    return [e for e, h in zip(examples, held) if not h], [e for e, h in zip(examples, held) if h]
+
+
+def _tokenize(tokenizer, examples: list, cfg: RayftConfig, connect: Callable[[], Any] | None, console: Console):
+    from rayft.data.parallel import tokenize_dataset_ray, use_ray
+    from rayft.data.tokenize import tokenize_dataset
+
+    mode = cfg.data.preprocess
+    if use_ray(mode, len(examples), None):
+        import ray
+
+        (connect or (lambda: connect_ray(cfg)))()
+        cpus = ray.cluster_resources().get("CPU", 0)
+        if use_ray(mode, len(examples), cpus):
+            t0 = time.perf_counter()
+            ds = tokenize_dataset_ray(tokenizer, examples, cfg.data.seq_len)
+            console.print(f"data: tokenized {len(examples):,} records with Ray Data on {cpus:g} CPUs in {time.perf_counter() - t0:.1f} s", highlight=False)
+            return ds
+    return tokenize_dataset(tokenizer, examples, cfg.data.seq_len)
+
+
+def _data_line(label: str, examples: list, ds, seq_len: int) -> str:
+    from rayft.data.formats import TextDocument
+
+    n_text = sum(isinstance(c, TextDocument) for c in examples)
+    kinds = f" ({len(examples) - n_text} conversations, {n_text} text documents)" if n_text else ""
+    split = f"; text documents split into {seq_len}-token chunks: {ds.split_documents}" if n_text else ""
+    return (
+        f"{label}: {len(examples)} records{kinds} → {len(ds)} examples, {int(ds.trainable.sum()):,} trainable of {len(ds.tokens):,} tokens; "
+        f"truncated to {seq_len}: {ds.truncated}{split}; dropped (no trainable token left): {ds.dropped_no_trainable}"
     )
-    if len(ds) == 0:
-        raise TrainError(f"empty dataset: no example with a trainable token in {cfg.data.train_files}")
-    return tokenizer, tok_name, ds
 
 
 def connect_ray(cfg: RayftConfig) -> str:
@@ -208,8 +322,10 @@ def run_training(cfg: RayftConfig, resume: str | None = None, console: Console |
     from rayft.train.loop import make_plan, train_func
 
     console = console or Console(stderr=True)
-    tokenizer, tok_name, ds = prepare_dataset(cfg, console)
-    where = connect_ray(cfg)
+    reached: list[str] = []
+    data = prepare_data(cfg, console, connect=lambda: reached.append(connect_ray(cfg)))  # Ray only if tokenizing there
+    tokenizer, tok_name, ds = data.tokenizer, data.tokenizer_name, data.train
+    where = reached[0] if reached else connect_ray(cfg)
     n_workers, use_gpu = resolve_workers(cfg)
     if resume:
         name = Path(resume.rstrip("/")).name
@@ -241,6 +357,7 @@ def run_training(cfg: RayftConfig, resume: str | None = None, console: Console |
         train_loop_config={
             "config": cfg.model_dump(mode="json"),
             "dataset": ray.put(ds),
+            "validation": ray.put(data.validation) if data.validation is not None else None,
             "pad_id": tokenizer.pad_token_id,
             "data_fingerprint": fingerprint(ds),
             "tokenizer": tok_name,
@@ -321,6 +438,7 @@ def _show_progress(th: threading.Thread, queue, total: int, console: Console) ->
     export: dict = {}
     checkpoints: list[dict] = []
     resumes: list[dict] = []
+    extra_eval: dict = {}
     cols = [TextColumn("step"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.fields[info]}"),
             TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()]  # fmt: skip
     with Progress(*cols, console=console, transient=False, refresh_per_second=4) as bar:
@@ -340,6 +458,10 @@ def _show_progress(th: threading.Thread, queue, total: int, console: Console) ->
                 if "checkpoint" in m:
                     checkpoints.append(m["checkpoint"])
                     continue
+                if "eval_initial" in m:
+                    extra_eval["eval_initial"] = m["eval_initial"]
+                    bar.console.print(f"eval loss before training: {m['eval_initial']['eval_loss']:.4f}", highlight=False)
+                    continue
                 if "resumed" in m:
                     r = m["resumed"]
                     resumes.append(r)
@@ -356,11 +478,13 @@ def _show_progress(th: threading.Thread, queue, total: int, console: Console) ->
                 info = f"loss {m['loss']:.4f}  {m['tokens_per_s_per_gpu']:,.0f} tok/s/{unit}"
                 if m.get("mfu"):
                     info += f"  MFU {100 * m['mfu']:.1f}%"
+                if "eval_loss" in m:
+                    info += f"  eval {m['eval_loss']:.4f}"
                 bar.update(task, completed=m["step"], info=info)
             if not alive and not drained:
                 break
             time.sleep(0.25)
-    return history, {"export": export, "checkpoints": checkpoints, "resumes": resumes}
+    return history, {"export": export, "checkpoints": checkpoints, "resumes": resumes, **extra_eval}
 
 
 def _summary(history: list[dict], extra: dict, run_dir: str, total: int, console: Console) -> dict:
@@ -369,6 +493,7 @@ def _summary(history: list[dict], extra: dict, run_dir: str, total: int, console
     last = history[-1]
     steady = history[min(3, len(history) - 1) :]
     tps = sorted(h["tokens_per_s_per_gpu"] for h in steady)
+    evals = [h for h in history if "eval_loss" in h]
     med = tps[len(tps) // 2]
     summary = {
         "run_dir": run_dir,
@@ -384,12 +509,18 @@ def _summary(history: list[dict], extra: dict, run_dir: str, total: int, console
         "export": extra["export"],
         "checkpoints": extra["checkpoints"],
         "resumes": extra["resumes"],
+        "eval_loss_initial": extra.get("eval_initial", {}).get("eval_loss"),
+        "eval_loss": evals[-1]["eval_loss"] if evals else None,
+        "eval_step": evals[-1]["step"] if evals else None,
     }
     export = extra["export"]
     t = Table(title="rayft run summary", show_header=False)
     t.add_row("run", run_dir)
     t.add_row("steps", f"{last['step']}/{total}")
     t.add_row("loss", f"{history[0]['loss']:.4f} → {last['loss']:.4f}")
+    if evals:
+        before = f"{summary['eval_loss_initial']:.4f} → " if summary["eval_loss_initial"] is not None else ""
+        t.add_row("eval loss", f"{before}{evals[-1]['eval_loss']:.4f} (step {evals[-1]['step']})")
     t.add_row(f"tokens/s/{'GPU' if last['gpu'] != 'cpu' else 'worker'} (median)", f"{med:,.0f}")
     if summary["median_mfu"] is not None:
         t.add_row("MFU (median)", f"{100 * summary['median_mfu']:.1f}% of {last['peak_flops'] / 1e12:.0f} TFLOP/s")

@@ -26,6 +26,7 @@ from rayft.config import RayftConfig
 from rayft.data.packing import collate, plan_steps, rank_micro_batches
 from rayft.train import checkpoint as ckpt_lib
 from rayft.train.attention import VARLEN
+from rayft.train.evaluate import Evaluator
 from rayft.train.metrics import flops_per_token, gpu_peak_flops, mfu
 from rayft.train.model import build_sharded_model, load_model_config, matmul_params, tied_embeddings
 from rayft.train.optim import build_optimizer, lr_at, set_lr
@@ -53,7 +54,8 @@ def micro_batch_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> 
 
 def train_func(loop_config: dict[str, Any]) -> None:
     """The Ray Train worker entry point. ``loop_config``: ``config`` (RayftConfig as a dict),
-    ``dataset`` (ObjectRef of the TokenizedDataset), ``data_fingerprint``, ``pad_id``, ``tokenizer``, ``run_dir``,
+    ``dataset`` (ObjectRef of the TokenizedDataset), ``validation`` (ObjectRef of the validation
+    TokenizedDataset, or None), ``data_fingerprint``, ``pad_id``, ``tokenizer``, ``run_dir``,
     ``progress`` (optional ray.util.queue.Queue for the driver's live display)."""
     cfg = RayftConfig.model_validate(loop_config["config"])
     ctx = ray.train.get_context()
@@ -80,6 +82,9 @@ def train_func(loop_config: dict[str, Any]) -> None:
     start_step = resume(model, optimizer, loop_config, rows_per_step)
 
     saver = ckpt_lib.CheckpointWriter(cfg.checkpoint, model_conf)
+    val = loop_config.get("validation")
+    evaluator = Evaluator(cfg, ray.get(val) if val is not None else None, loop_config["pad_id"], device, micro_batch_loss)
+    evaluator.before_training(model, start_step, rank, progress)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     t_last = time.perf_counter()
@@ -149,9 +154,12 @@ def train_func(loop_config: dict[str, Any]) -> None:
         }
         if not math.isfinite(loss):
             raise FloatingPointError(f"loss is {loss} at step {step_done}")
+        if evaluator.is_due(step_done, total_steps):
+            metrics.update(evaluator(model))  # eval_loss, eval_tokens
+            t_last = time.perf_counter()  # evaluation time is not step time
         # Live metrics go to the driver through our own queue: ray.train.report() waits for the
         # controller to consume each result (a queue of one), which costs ~1.5 s per call.
-        if rank == 0 and progress is not None and (step_done % tc.log_every == 0 or step_done == total_steps):
+        if rank == 0 and progress is not None and (step_done % tc.log_every == 0 or step_done == total_steps or "eval_loss" in metrics):
             sent = progress.actor.put_nowait.remote(metrics)
             if step_done == total_steps:
                 ray.get(sent)  # the last step's metrics must reach the driver before the worker exits
