@@ -68,6 +68,14 @@ def test_collate_shifts_labels_and_restarts_positions():
     assert padded["input_ids"].shape == (1, 64)
 
 
+def test_packing_efficiency_is_non_pad_over_row_tokens():
+    ds = make_ds([6, 5, 4, 3, 2])  # 20 tokens; best fit into rows of 10 → [6,4] [5,3,2]: 2 full rows
+    plan = plan_steps(ds, rows_per_step=2, row_len=10, packing=True, shuffle=False, seed=0, epochs=1, max_steps=None)
+    assert plan.packing_efficiency(ds, 10) == 1.0
+    plan = plan_steps(ds, rows_per_step=2, row_len=16, packing=True, shuffle=False, seed=0, epochs=1, max_steps=None)
+    assert plan.packing_efficiency(ds, 16) == 20 / (len(plan.rows[0]) * 16)
+
+
 def test_collate_document_boundaries_for_varlen_attention():
     ds = TokenizedDataset(np.array([10, 11, 12, 20, 21, 30], np.int32), np.ones(6, bool), np.array([0, 3, 5, 6]))
     b = collate(ds, [[0, 1], [2]], row_len=8, pad_id=0)

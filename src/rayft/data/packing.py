@@ -77,6 +77,17 @@ class StepPlan:
     def __len__(self) -> int:
         return len(self.rows)
 
+    def packing_efficiency(self, ds: TokenizedDataset, row_len: int) -> float:
+        """Non-padding tokens / row tokens over every row of the plan (1.0: no padding at all).
+
+        Rows are ``row_len`` tokens long, as in packing mode (padding mode pads each micro-batch
+        only to its longest row, so there this is a lower bound).
+        """
+        lengths = ds.lengths()
+        rows = [row for step in self.rows for row in step]
+        used = sum(int(lengths[row].sum()) for row in rows)
+        return used / max(1, len(rows) * row_len)
+
 
 def plan_steps(
     ds: TokenizedDataset,

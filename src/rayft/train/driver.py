@@ -341,7 +341,11 @@ def run_training(cfg: RayftConfig, resume: str | None = None, console: Console |
             "(e.g. FSx for Lustre at /fsx) or an s3://bucket/prefix URI."
         )
     run_dir = run_dir_of(cfg, name)
-    total = len(make_plan(cfg, ds, n_workers))
+    plan = make_plan(cfg, ds, n_workers)
+    total = len(plan)
+    if cfg.data.packing:
+        efficiency = plan.packing_efficiency(ds, cfg.data.seq_len)
+        console.print(f"packing: {sum(map(len, plan.rows)):,} rows of {cfg.data.seq_len} tokens, efficiency {100 * efficiency:.1f}% (non-padding / row tokens)", highlight=False)
     if cfg.train.warmup_steps >= total:
         raise TrainError(f"train.warmup_steps={cfg.train.warmup_steps} but the run has only {total} steps: the LR never reaches train.lr")
     resume_from = _prepare_run_dir(run_dir, resume, cfg, console) if "://" not in run_dir else None
