@@ -4,6 +4,7 @@ extraction, the two-run orchestration (with a fake subprocess runner) and the CL
 from __future__ import annotations
 
 import json
+import time
 import re
 from pathlib import Path
 
@@ -274,6 +275,33 @@ def test_a_fast_run_that_fell_back_to_sockets_is_rejected_through_the_cli(job, t
     assert "fast training (" in said and "rejected: expected nvlink, but ranks 0-1 (on vm) used NET/Socket" in said
     assert len(runner.calls) == 1  # stopped before spending time on the other runs
     assert not out.exists()
+
+
+@real_logs
+def test_a_run_that_finished_but_outlived_the_limit_is_used_and_flagged(job, tmp_path):
+    inner = FakeRunner({"fast": NVLINK_LOG.read_text(), "sockets": SOCKET_LOG.read_text()},
+                       {"fast": [1.0] * 3 + [36000.0] * 3, "sockets": [1.0] * 3 + [7200.0] * 3}, tmp_path / "runs")
+
+    def lingering(cmd, env, log, timeout_s):
+        inner(cmd, env, log, timeout_s)
+        if cmd[2] == "rayft.cli" and env.get("NCCL_P2P_DISABLE") == "1":
+            name = next(s.split("=", 1)[1] for s in cmd if s.startswith("checkpoint.name="))
+            (tmp_path / "runs" / name / "rayft_summary.json").write_text("{}")  # finished, then hung on exit
+            return 124
+        return 0
+
+    _, figures = run_fabric(job, steps=6, out=tmp_path / "r.json", logs_dir=tmp_path / "logs", runner=lingering)
+    assert figures["runs"]["sockets"]["train_process_outlived_limit"] is True
+    assert figures["runs"]["fast"]["train_process_outlived_limit"] is False
+    assert figures["tokens_per_s_per_gpu_sockets"] == 7200.0
+
+    def timed_out_unfinished(cmd, env, log, timeout_s):
+        inner(cmd, env, log, timeout_s)
+        return 124  # no summary: the run did not finish
+
+    time.sleep(1.1)  # run names carry the second they started
+    with pytest.raises(FabricError, match=r"fast training failed \(exit 124\)"):
+        run_fabric(job, steps=6, out=tmp_path / "r2.json", logs_dir=tmp_path / "logs2", runner=timed_out_unfinished)
 
 
 def test_a_failed_training_run_reports_the_end_of_its_log(job, tmp_path):

@@ -271,7 +271,11 @@ def run_fabric(
         train_log = logs / f"{v.name}-train.log"
         console.print(f"[{v.name}] training {steps} steps ({shown}) → {train_log}", highlight=False, markup=False)
         rc = runner([py, "-m", "rayft.cli", "train", str(config), *set_args], env, train_log, timeout_s)
-        if rc != 0:
+        lingered = rc == 124 and (run_dir / "rayft_summary.json").is_file()
+        if lingered:  # the run finished and wrote its summary; only its process outlived the limit
+            console.print(f"[{v.name}] warning: training finished but its process was still running at the time limit; "
+                          "using the finished run", highlight=False, markup=False)  # fmt: skip
+        elif rc != 0:
             raise FabricError(f"{v.name} training failed (exit {rc}); end of {train_log}:\n{_tail(train_log)}")
         train_transport = check_log(train_log.read_text(errors="replace"), v.expect, f"{v.name} training ({train_log})")
         tps = median_tokens_per_s(run_dir / "rayft_metrics.jsonl", skip_steps)
@@ -291,6 +295,7 @@ def run_fabric(
             raise FabricError(f"{v.name} sweep wrote no readable figures at {sweep_json}: {e}") from None
 
         runs[v.name] = {
+            "train_process_outlived_limit": lingered,
             "env": v.env,
             "expect": v.expect.value,
             "transport": train_transport,
