@@ -172,6 +172,18 @@ class CheckpointWriter:
     def time_is_due(self) -> bool:
         return bool(self.every_minutes) and (time.monotonic() - self.last_save) >= 60 * self.every_minutes
 
+    def prestage(self, model, optimizer) -> float | None:
+        """Allocate the reusable pinned CPU buffers of async saves now (GPU, async only), so that
+        no later save pays for the allocation inside the step loop. Call once the optimizer has
+        state (after the first step). Returns the seconds it took, or None when there is nothing to do."""
+        if not self.async_save or not torch.cuda.is_available() or self._writer is not None:
+            return None
+        t0 = time.perf_counter()
+        msd, osd = get_state_dict(model, optimizer)
+        self._writer = dcp.FileSystemWriter(tempfile.gettempdir(), cache_staged_state_dict=True)
+        self._writer.stage({"model": msd, "optim": osd})  # fills the cache; save() reuses it
+        return time.perf_counter() - t0
+
     def local_write_done(self) -> bool:
         """This rank's background write has finished (or none is in flight)."""
         return self._pending is None or self._pending["future"].done()

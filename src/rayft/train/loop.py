@@ -131,6 +131,9 @@ def train_func(loop_config: dict[str, Any]) -> None:
         breakdown = {"data_s": t_data - (now - dt), "fwd_bwd_s": t_fwd_bwd - t_data, "optim_s": now - t_fwd_bwd}
 
         step_done = step + 1
+        if step == start_step and (staged := saver.prestage(model, optimizer)) is not None:
+            breakdown["prestage_s"] = staged  # one-off: pinned buffers for async checkpoint saves
+            t_last = time.perf_counter()  # not part of the next step's time
         span = attn_sq / max(n_tokens, 1)
         tps_gpu = n_tokens / dt / world
         metrics = {
