@@ -21,10 +21,12 @@ def environment() -> dict:
     import torch
 
     env = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda}
-    for mod in ("ray", "transformers", "liger_kernel"):
+    from importlib.metadata import PackageNotFoundError, version
+
+    for mod, dist_name in (("ray", "ray"), ("transformers", "transformers"), ("liger_kernel", "liger-kernel")):
         try:
-            env[mod] = __import__(mod).__version__
-        except Exception:
+            env[mod] = version(dist_name)
+        except PackageNotFoundError:
             env[mod] = None
     if torch.cuda.is_available():
         env["gpu_model"] = torch.cuda.get_device_name(0)

@@ -32,19 +32,37 @@ def varlen_available(device: torch.device) -> bool:
     return True
 
 
-def resolve_attn_implementation(name: str, device: torch.device) -> str:
+def unsupported_attention_features(model_config) -> list[str]:
+    """Attention features of ``model_config`` that :func:`varlen_attention_forward` does not
+    implement (a sliding window in use, attention-logit soft-capping)."""
+    out = []
+    window = getattr(model_config, "sliding_window", None)
+    layer_types = getattr(model_config, "layer_types", None) or []
+    windowed = bool(window) and getattr(model_config, "use_sliding_window", True) and any(t != "full_attention" for t in layer_types or ["?"])
+    if windowed:
+        out.append(f"sliding_window={window}")
+    if getattr(model_config, "attn_logit_softcapping", None):
+        out.append(f"attn_logit_softcapping={model_config.attn_logit_softcapping}")
+    return out
+
+
+def resolve_attn_implementation(name: str, device: torch.device, model_config=None) -> str:
     """The transformers attention implementation to use for ``model.attn_implementation``.
 
-    ``auto`` → :data:`VARLEN` where :func:`varlen_available`, else ``sdpa``; ``varlen`` →
-    :data:`VARLEN`. Registers :data:`VARLEN` with transformers when it is chosen.
+    ``auto`` → :data:`VARLEN` where :func:`varlen_available` and the model uses no feature it
+    lacks (:func:`unsupported_attention_features`), else ``sdpa``; ``varlen`` → :data:`VARLEN`.
+    Registers :data:`VARLEN` with transformers when it is chosen.
 
     Raises:
-        ValueError: ``varlen`` asked for where it cannot run.
+        ValueError: ``varlen`` asked for where it cannot run, or for a model it would get wrong.
     """
+    lacking = unsupported_attention_features(model_config) if model_config is not None else []
     if name == "auto":
-        name = "varlen" if varlen_available(device) else "sdpa"
+        name = "varlen" if varlen_available(device) and not lacking else "sdpa"
     if name != "varlen":
         return name
+    if lacking:
+        raise ValueError(f"model.attn_implementation=varlen does not implement this model's {', '.join(lacking)}; use sdpa")
     if not varlen_available(device):
         raise ValueError(
             f"model.attn_implementation=varlen needs a CUDA device and PyTorch >= 2.10 "

@@ -188,15 +188,19 @@ class CheckpointWriter:
         """This rank's background write has finished (or none is in flight)."""
         return self._pending is None or self._pending["future"].done()
 
-    def save(self, model, optimizer, state: dict, metrics: dict) -> dict | None:
-        """Collective. Synchronous: returns timings in seconds, ``save_s`` (DCP write), ``report_s``
-        (hand-off/upload), ``blocked_s`` (all of it). Asynchronous: starts the write and returns None;
-        the timings come from :meth:`finalize_if_done` / :meth:`wait`."""
+    def save(self, model, optimizer, state: dict, metrics: dict) -> list[dict]:
+        """Collective: checkpoint now. Returns the timings (seconds) of every checkpoint this call
+        finished: in sync mode this one (``save_s`` DCP write, ``report_s`` hand-off/upload,
+        ``blocked_s`` both); in async mode the previous one if it was still in flight (see
+        :meth:`_finalize`), while this one's timings come from a later call."""
         import pyarrow.fs
         import ray.train
 
+        done = self.wait()  # at most one save in flight
+        if done and done[0]["finalize_wait_s"] > 1.0 and dist.get_rank() == 0:
+            print(f"[rayft] warning: checkpoint {state['step']} waited {done[0]['finalize_wait_s']:.1f} s for the previous "
+                  "one's write: the checkpoint interval is shorter than a save takes on this storage", flush=True)  # fmt: skip
         t0 = time.perf_counter()
-        waited = self.wait()  # at most one save in flight
         name = f"checkpoint_{state['step']:07d}"
         storage = ray.train.get_context().get_storage()
         local = isinstance(storage.storage_filesystem, pyarrow.fs.LocalFileSystem)
@@ -210,43 +214,57 @@ class CheckpointWriter:
             if self._writer is None:
                 # GPU: reusable pinned CPU buffers (fast copies from the second save on); CPU: plain copies.
                 self._writer = dcp.FileSystemWriter(path, cache_staged_state_dict=torch.cuda.is_available())
-            future = dcp.async_save({"model": msd, "optim": osd}, checkpoint_id=path, storage_writer=self._writer, process_group=self._pg)
-            blocked = time.perf_counter() - t0
+            try:
+                future = dcp.async_save({"model": msd, "optim": osd}, checkpoint_id=path, storage_writer=self._writer, process_group=self._pg)
+            except BaseException:
+                if not local:
+                    shutil.rmtree(path, ignore_errors=True)
+                raise
             self._pending = {"future": future, "path": path, "local": local, "name": name, "state": state,
-                             "metrics": metrics, "t0": t0, "blocked_s": blocked, "waited": waited}  # fmt: skip
+                             "metrics": metrics, "t0": t0, "stage_s": time.perf_counter() - t0}  # fmt: skip
             self.last_save = time.monotonic()
-            return None
-        dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)
-        t1 = time.perf_counter()
-        self._finish(path, local, name, state, metrics)
+            return done
+        try:
+            dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)
+            t1 = time.perf_counter()
+            self._finish(path, local, name, state, metrics)
+        finally:
+            if not local:
+                shutil.rmtree(path, ignore_errors=True)
         self.last_save = time.monotonic()
         t2 = time.perf_counter()
-        return {"step": state["step"], "mode": "sync", "save_s": t1 - t0, "report_s": t2 - t1, "blocked_s": t2 - t0}
+        return done + [{"step": state["step"], "mode": "sync", "save_s": t1 - t0, "report_s": t2 - t1, "blocked_s": t2 - t0}]
 
-    def finalize_if_done(self, all_ranks_done: bool) -> dict | None:
+    def finalize_if_done(self, all_ranks_done: bool) -> list[dict]:
         """Collective: finalise the in-flight checkpoint when every rank's write has finished
         (``all_ranks_done``, agreed by an all-reduce of :meth:`local_write_done`). Returns its timings."""
         if self._pending is None or not all_ranks_done:
-            return None
-        return self._finalize()
+            return []
+        return self.wait()
 
-    def wait(self) -> dict | None:
-        """Collective: block until the in-flight checkpoint is written, then finalise it."""
-        return self._finalize() if self._pending is not None else None
+    def wait(self) -> list[dict]:
+        """Collective: block until the in-flight checkpoint is written, then finalise it; its timings."""
+        return [self._finalize()] if self._pending is not None else []
 
     def _finalize(self) -> dict:
+        """Timings in seconds of an async checkpoint: ``stage_s`` (the loop blocked while shards were
+        copied to CPU memory), ``save_s`` (start of the save until every shard was on storage, an upper
+        bound: measured when the loop looked), ``finalize_wait_s`` (the loop blocked waiting for the
+        write; 0 when it had finished), ``finalize_s`` (that wait + state file + Ray report) and
+        ``blocked_s`` = ``stage_s`` + ``finalize_s``, all the step loop lost to this checkpoint."""
         p, self._pending = self._pending, None
         t_wait = time.perf_counter()
-        p["future"].result()  # raises the background write's error, if any
-        written = time.perf_counter()
-        self._finish(p["path"], p["local"], p["name"], p["state"], p["metrics"])
+        try:
+            p["future"].result()  # raises the background write's error, if any
+            written = time.perf_counter()
+            self._finish(p["path"], p["local"], p["name"], p["state"], p["metrics"])
+        finally:
+            if not p["local"]:
+                shutil.rmtree(p["path"], ignore_errors=True)
         done = time.perf_counter()
-        if not p["local"]:
-            shutil.rmtree(p["path"], ignore_errors=True)
         return {
-            "step": p["state"]["step"], "mode": "async", "blocked_s": p["blocked_s"],
-            "save_s": written - p["t0"],  # start of the save until every shard is on storage (upper bound)
-            "finalize_s": done - t_wait,  # blocking: wait for the write (0 when already done) + state file + report
+            "step": p["state"]["step"], "mode": "async", "stage_s": p["stage_s"], "save_s": written - p["t0"],
+            "finalize_wait_s": written - t_wait, "finalize_s": done - t_wait, "blocked_s": p["stage_s"] + done - t_wait,
         }  # fmt: skip
 
     def _finish(self, path: str, local: bool, name: str, state: dict, metrics: dict) -> None:

@@ -153,6 +153,8 @@ def train_func(loop_config: dict[str, Any]) -> None:
             "peak_flops": peak,
             "gpu": gpu_name,
             "world_size": world,
+            "attn_implementation": model.config._attn_implementation,
+            "cross_entropy": model.rayft_cross_entropy,
             "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
         }
         if not math.isfinite(loss):
@@ -178,10 +180,11 @@ def train_func(loop_config: dict[str, Any]) -> None:
         export_and_verify(model, model_conf, loop_config, ds, cfg, device, rank, progress)
 
 
-def report_checkpoint(timing: dict | None, rank: int, progress) -> None:
-    """Send a finished checkpoint's timings (seconds) to the driver's display and summary."""
-    if timing is not None and rank == 0 and progress is not None:
-        ray.get(progress.actor.put_nowait.remote({"checkpoint": timing}))
+def report_checkpoint(timings: list[dict], rank: int, progress) -> None:
+    """Send finished checkpoints' timings (seconds) to the driver's display and summary."""
+    if rank == 0 and progress is not None:
+        for timing in timings:
+            ray.get(progress.actor.put_nowait.remote({"checkpoint": timing}))
 
 
 def resume(model, optimizer, loop_config: dict[str, Any], rows_per_step: int) -> int:

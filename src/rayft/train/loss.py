@@ -31,22 +31,40 @@ def fused_available(device: torch.device) -> bool:
     return True
 
 
-def resolve_cross_entropy(name: str, device: torch.device) -> str:
-    """``auto`` → ``fused`` where :func:`fused_available`, else ``torch``.
+# Output-layer transforms some architectures apply to the logits (Gemma soft-capping, Cohere and
+# Granite scaling): the plain head-matmul loss would be wrong for them.
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+
+def logit_transforms(model_config) -> list[str]:
+    """The logit transforms ``model_config`` uses (see ``_LOGIT_TRANSFORMS``)."""
+    return [f"{f}={getattr(model_config, f)}" for f in _LOGIT_TRANSFORMS if getattr(model_config, f, None) not in (None, 1, 1.0)]
+
+
+def resolve_cross_entropy(name: str, device: torch.device, model_config=None) -> str:
+    """``auto`` → ``fused`` where :func:`fused_available`, else ``torch``; either becomes ``hf``
+    (the model's own forward computes the logits, then plain cross-entropy) for a model with a
+    logit transform (:func:`logit_transforms`).
 
     Raises:
-        ValueError: ``fused`` asked for where it cannot run.
+        ValueError: ``fused`` asked for where it cannot run or for a model it would get wrong.
     """
-    if name == "auto":
-        return "fused" if fused_available(device) else "torch"
+    transforms = logit_transforms(model_config) if model_config is not None else []
+    if name == "fused" and transforms:
+        raise ValueError(f"train.cross_entropy=fused does not apply this model's {', '.join(transforms)}; use torch")
     if name == "fused" and not fused_available(device):
         raise ValueError("train.cross_entropy=fused needs a CUDA device and the liger-kernel package (pip install liger-kernel)")
+    if transforms:
+        return "hf"
+    if name == "auto":
+        return "fused" if fused_available(device) else "torch"
     return name
 
 
 def attach_token_loss(model: torch.nn.Module, impl: str) -> None:
     """Give the (FSDP2-sharded) causal LM a ``token_loss_sum(input_ids, position_ids, labels, **kw)``
-    method: the fp32 sum of cross-entropies over targets ≠ −100 (a 0-d tensor).
+    method: the fp32 sum of cross-entropies over targets ≠ −100 (a 0-d tensor). ``impl``: ``fused``
+    (liger), ``torch`` (head matmul + fp32 cross-entropy) or ``hf`` (the model's own logits).
 
     Shapes: ``input_ids``, ``position_ids``, ``labels`` int64 [B, L], labels already shifted;
     extra keyword arguments (e.g. ``cu_seq_lens``) reach the attention layers.
@@ -54,10 +72,13 @@ def attach_token_loss(model: torch.nn.Module, impl: str) -> None:
     from torch.distributed.fsdp import register_fsdp_forward_method
 
     def token_loss_sum(self, input_ids, position_ids, labels, **kwargs):
-        hidden = self.model(input_ids=input_ids, position_ids=position_ids, **kwargs).last_hidden_state
+        target = labels.flatten()
+        if impl == "hf":  # the model's forward applies its own logit transform
+            logits = self.forward(input_ids=input_ids, position_ids=position_ids, **kwargs).logits
+            return F.cross_entropy(logits.flatten(0, 1).float(), target, ignore_index=IGNORE_INDEX, reduction="sum")
+        hidden = self.model(input_ids=input_ids, position_ids=position_ids, **kwargs).last_hidden_state.flatten(0, 1)
         weight = self.get_output_embeddings().weight
-        hidden, target = hidden.flatten(0, 1), labels.flatten()
-        if impl == "fused":
+        if impl == "fused" and torch.is_grad_enabled():  # (under no_grad liger would still build gradients)
             from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
 
             return liger_fused_linear_cross_entropy(

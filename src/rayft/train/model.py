@@ -153,8 +153,9 @@ def build_sharded_model(
     from rayft.train.attention import resolve_attn_implementation
     from rayft.train.loss import attach_token_loss, resolve_cross_entropy
 
-    conf = load_model_config(model_cfg, resolve_attn_implementation(model_cfg.attn_implementation, device))
-    ce_impl = resolve_cross_entropy(cross_entropy, device)
+    conf = load_model_config(model_cfg)
+    conf._attn_implementation = resolve_attn_implementation(model_cfg.attn_implementation, device, conf)
+    ce_impl = resolve_cross_entropy(cross_entropy, device, conf)
     rank = dist.get_rank()
     full_sd = load_full_state_dict(model_cfg, conf, seed) if rank == 0 else {}
     with torch.device("meta"):
@@ -183,6 +184,7 @@ def build_sharded_model(
     _reset_rotary_buffers(model, device)
     assert tied_embeddings(model) == tied, "tied input/output embeddings must stay one tensor after sharding"
     attach_token_loss(model, ce_impl)
+    model.rayft_cross_entropy = ce_impl  # what ran, for the metrics
     model.train()
     return model
 

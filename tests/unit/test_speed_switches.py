@@ -1,0 +1,55 @@
+"""Which attention and loss implementations run where, and the loss method's paths agreeing (CPU)."""
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from rayft.config import ModelConfig
+from rayft.train.attention import resolve_attn_implementation, unsupported_attention_features
+from rayft.train.loss import attach_token_loss, logit_transforms, resolve_cross_entropy
+from rayft.train.model import load_model_config
+
+CPU = torch.device("cpu")
+
+
+def test_auto_falls_back_on_cpu_and_explicit_gpu_kernels_are_refused():
+    conf = load_model_config(ModelConfig(name_or_path="qwen2.5-1.5b"))
+    assert resolve_attn_implementation("auto", CPU, conf) == "sdpa"
+    assert resolve_attn_implementation("flex_attention", CPU, conf) == "flex_attention"
+    assert resolve_cross_entropy("auto", CPU, conf) == "torch"
+    with pytest.raises(ValueError, match="varlen needs a CUDA device"):
+        resolve_attn_implementation("varlen", CPU, conf)
+    with pytest.raises(ValueError, match="fused needs a CUDA device and the liger-kernel package"):
+        resolve_cross_entropy("fused", CPU, conf)
+
+
+def test_models_whose_features_the_fast_paths_lack_are_routed_or_refused():
+    assert unsupported_attention_features(load_model_config(ModelConfig(name_or_path="qwen2.5-7b"))) == []
+    mistral = AutoConfig.for_model("mistral", sliding_window=4096)
+    assert unsupported_attention_features(mistral) == ["sliding_window=4096"]
+    assert resolve_attn_implementation("auto", CPU, mistral) == "sdpa"
+    with pytest.raises(ValueError, match=r"does not implement this model's sliding_window=4096"):
+        resolve_attn_implementation("varlen", CPU, mistral)
+    gemma2 = AutoConfig.for_model("gemma2")
+    assert logit_transforms(gemma2) == ["final_logit_softcapping=30.0"]
+    assert resolve_cross_entropy("auto", CPU, gemma2) == "hf"
+    with pytest.raises(ValueError, match=r"fused does not apply this model's final_logit_softcapping=30.0"):
+        resolve_cross_entropy("fused", CPU, gemma2)
+
+
+def test_loss_method_torch_and_hf_paths_give_the_same_sum():
+    conf = load_model_config(ModelConfig(name_or_path="qwen2-tiny"))
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(conf, dtype=torch.float32)
+    ids = torch.randint(0, 1000, (2, 16))
+    pos = torch.arange(16).expand(2, -1)
+    labels = torch.roll(ids, -1, 1)
+    labels[:, -1] = -100
+    labels[1, :5] = -100
+    ref = torch.nn.functional.cross_entropy(model(input_ids=ids, position_ids=pos).logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum")
+    got = {}
+    for impl in ("torch", "hf"):
+        attach_token_loss(model, impl)
+        got[impl] = float(model.token_loss_sum(ids, pos, labels))
+    assert got["torch"] == pytest.approx(float(ref), rel=1e-6)
+    assert got["hf"] == pytest.approx(float(ref), rel=1e-6)
