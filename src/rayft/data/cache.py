@@ -172,8 +172,8 @@ def load(cache_dir: str | os.PathLike, key: str) -> CachedData | None:
 def save(cache_dir: str | os.PathLike, key: str, data: CachedData, key_parts: dict[str, Any] | None = None) -> Path:
     """Write the entry atomically (temporary directory, then rename) and return its directory.
 
-    An existing entry for ``key`` (a corrupt one) is replaced; if another process wrote the same
-    key meanwhile, its entry is kept. Raises OSError when the cache directory is not writable.
+    An existing entry for ``key`` is kept when it loads (another process wrote it meanwhile) and
+    replaced when it is corrupt. Raises OSError when the cache directory is not writable.
     """
     root = Path(os.path.expanduser(str(cache_dir)))
     root.mkdir(parents=True, exist_ok=True)
@@ -190,7 +190,12 @@ def save(cache_dir: str | os.PathLike, key: str, data: CachedData, key_parts: di
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, ensure_ascii=False))
         dest = root / key
         if dest.exists():
-            shutil.rmtree(dest, ignore_errors=True)
+            try:
+                load(root, key)
+                shutil.rmtree(tmp, ignore_errors=True)  # another process wrote a good entry meanwhile: keep it
+                return dest
+            except CacheError:
+                shutil.rmtree(dest, ignore_errors=True)  # corrupt: replace it
         try:
             os.rename(tmp, dest)
         except OSError:

@@ -25,7 +25,7 @@ from rayft.data.tokenize import TokenizedDataset, assemble, special_prefix, toke
 #: ``data.preprocess: auto`` tokenizes with Ray Data from this many examples on (and only when the
 #: cluster has at least :data:`RAY_MIN_CPUS` CPUs); below it the actor start-up costs more than it saves.
 RAY_MIN_EXAMPLES = 20_000
-RAY_MIN_CPUS = 2  # 2 CPUs: 1.6× faster than local on 20,000 records (bench/preprocess.py)
+RAY_MIN_CPUS = 2  # from 2 CPUs (measured on 100k records with the 2 cores shared: 585 vs 543 records/s, bench/results/2026-11-30-preprocess-100k-2cpu.json)
 
 
 def use_ray(mode: str, n_examples: int, cluster_cpus: float | None) -> bool:
@@ -108,7 +108,7 @@ def tokenize_dataset_ray(
     ds = ray.data.from_items(rows, override_num_blocks=max(1, min(len(rows) // bs, 4 * n_actors)))
     out = ds.map_batches(
         _TokenizeBatch, fn_constructor_args=(tokenizer, seq_len), batch_size=bs, batch_format="numpy",
-        compute=ray.data.ActorPoolStrategy(size=n_actors), num_cpus=1,
+        compute=ray.data.ActorPoolStrategy(min_size=1, max_size=n_actors), num_cpus=1,
     ).take_all()  # fmt: skip
     out.sort(key=lambda r: int(r["first_index"]))
     errors = [r for r in out if int(r["error_index"]) >= 0]

@@ -115,6 +115,9 @@ def prepare_data(cfg: RayftConfig, console: Console, connect: Callable[[], Any] 
         say(_data_line(f"validation ({val_from})", val_ex, val, dc.seq_len))
         if len(val) == 0:
             raise TrainError(f"empty validation set: no example with a trainable token ({val_from})")
+    if key is not None and cache_lib.cache_key(dc, tokenizer, tok_name)[0] != key:
+        console.print(Text.assemble(("warning", "yellow"), ": an input file changed while it was read; the tokenized data were not cached"), highlight=False)
+        key = None
     if key is not None:
         parts = {"train": ds, **({"validation": val} if val is not None else {})}
         try:
