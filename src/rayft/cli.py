@@ -22,7 +22,7 @@ app = typer.Typer(
 config_app = typer.Typer(help="Inspect configs.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)  # long paths and messages stay on one line (copy-pasteable)
 
 ConfigArg = Annotated[Path, typer.Argument(help="The job's YAML config file.")]
 SetOpt = Annotated[

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -279,13 +280,26 @@ def _line_of(path: Path, loc: tuple[Any, ...]) -> int | None:
     return line
 
 
+_UNION_TAG = re.compile(r"constrained-\w+|literal\[.*\]|bool|int|float|str|list\[.*\]|tuple\[.*\]|function-\w+\[.*\]")
+
+
 def _format_validation_error(err: ValidationError, source: str, path: Path | None, overridden: set[str]) -> str:
-    lines = [f"{source}: invalid config ({err.error_count()} error{'s' if err.error_count() > 1 else ''})"]
+    # A value failing every member of a union (int | "auto") yields one error per member, each with the
+    # member's tag in its location: report them as one error with the alternatives joined by "or".
+    merged: dict[tuple, dict] = {}
     for e in err.errors():
-        loc = tuple(x for x in e["loc"])
+        loc = tuple(x for x in e["loc"] if not (isinstance(x, str) and _UNION_TAG.fullmatch(x)))
+        if loc in merged:
+            merged[loc]["msg"] += f", or {e['msg'][0].lower()}{e['msg'][1:]}"
+        else:
+            merged[loc] = {**e, "loc": loc}
+    n = len(merged)
+    lines = [f"{source}: invalid config ({n} error{'s' if n > 1 else ''})"]
+    for e in merged.values():
+        loc = e["loc"]
         dotted = ".".join(str(x) for x in loc) or "<top level>"
         where = ""
-        if any(dotted == o or dotted.startswith(o + ".") for o in overridden):
+        if any(dotted == o or dotted.startswith(o + ".") or o.startswith(dotted + ".") for o in overridden):
             where = " (from --set)"
         elif path is not None and loc:
             ln = _line_of(path, loc)

@@ -147,3 +147,15 @@ def test_dashboard_url_as_ray_address_is_explained(tmp_path):
     cfg = load_config(write(tmp_path, "data:\n  train_files: [x.json]\nray:\n  address: http://127.0.0.1:8265\n"))
     with pytest.raises(TrainError, match=r"dashboard \(job submission\) URL: use `rayft submit`"):
         connect_ray(cfg)
+
+
+def test_a_value_failing_every_union_member_is_one_error(tmp_path):
+    p = write(tmp_path, "data:\n  train_files: [x.json]\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p, ["train.num_workers=0"])
+    assert str(e.value).splitlines()[1:] == [
+        "  train.num_workers (from --set): Input should be greater than or equal to 1, or input should be 'auto' (got 0)"
+    ]
+    assert "(1 error)" in str(e.value)
+    with pytest.raises(ConfigError, match=r"  trian \(from --set\): unknown key"):
+        load_config(p, ["trian.lr=1"])  # a misspelt section named from its --set too

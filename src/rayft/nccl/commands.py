@@ -25,7 +25,7 @@ from rayft.nccl.doctor import (
     verdicts_from_text,
 )
 
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 
 
 def _read(logs: list[str]) -> list[tuple[str, str]]:

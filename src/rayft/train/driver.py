@@ -70,7 +70,14 @@ def prepare_data(cfg: RayftConfig, console: Console, connect: Callable[[], Any] 
 
     dc = cfg.data
     tok_name = default_tokenizer(cfg.model)
-    tokenizer = load_tokenizer(tok_name, revision=cfg.model.revision, trust_remote_code=cfg.model.trust_remote_code)
+    try:
+        tokenizer = load_tokenizer(tok_name, revision=cfg.model.revision, trust_remote_code=cfg.model.trust_remote_code)
+    except OSError as e:  # hub unreachable, no such repo or directory
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise TrainError(
+            f"tokenizer {tok_name!r} (model.tokenizer / model.name_or_path) cannot be loaded: {first}. Give a local directory, "
+            "make the hub reachable (or pre-fill the Hugging Face cache), or use a preset such as qwen2.5-1.5b"
+        ) from None
     key = key_parts = None
     if dc.cache_dir:
         try:
@@ -324,7 +331,11 @@ def run_training(cfg: RayftConfig, resume: str | None = None, console: Console |
     from rayft.data.tokenize import fingerprint
     from rayft.train.loop import make_plan, train_func
 
-    console = console or Console(stderr=True)
+    console = console or Console(stderr=True, soft_wrap=True)
+    if resume and "://" not in resume:  # a stopped run that is not there fails before any data or Ray work
+        local = Path(resume) if "/" in resume else Path(cfg.checkpoint.storage_path) / resume
+        if "://" not in str(cfg.checkpoint.storage_path) and not local.is_dir():
+            raise TrainError(f"--resume {resume}: no run directory at {local.resolve()}")
     reached: list[str] = []
     data = prepare_data(cfg, console, connect=lambda: reached.append(connect_ray(cfg)))  # Ray only if tokenizing there
     tokenizer, tok_name, ds = data.tokenizer, data.tokenizer_name, data.train
@@ -348,7 +359,12 @@ def run_training(cfg: RayftConfig, resume: str | None = None, console: Console |
     total = len(plan)
     if cfg.data.packing:
         efficiency = plan.packing_efficiency(ds, cfg.data.seq_len)
-        console.print(f"packing: {sum(map(len, plan.rows)):,} rows of {cfg.data.seq_len} tokens, efficiency {100 * efficiency:.1f}% (non-padding / row tokens)", highlight=False)
+        n_rows = sum(map(len, plan.rows))
+        console.print(
+            f"packing: {n_rows:,} rows of {cfg.data.seq_len} tokens over {total} steps ({plan.epoch_of_step[-1] + 1} epoch(s) of the data), "
+            f"efficiency {100 * efficiency:.1f}% (non-padding / row tokens)",
+            highlight=False,
+        )
     if cfg.train.warmup_steps >= total:
         raise TrainError(f"train.warmup_steps={cfg.train.warmup_steps} but the run has only {total} steps: the LR never reaches train.lr")
     resume_from = _prepare_run_dir(run_dir, resume, cfg, console) if "://" not in run_dir else None
