@@ -71,6 +71,15 @@ def prepare_data(cfg: RayftConfig, console: Console, connect: Callable[[], Any] 
     dc = cfg.data
     tok_name = default_tokenizer(cfg.model)
     tokenizer = load_tokenizer(tok_name, revision=cfg.model.revision, trust_remote_code=cfg.model.trust_remote_code)
+    if dc.synthetic is not None:
+        from rayft.data.synthetic import random_dataset
+        from rayft.train.model import load_model_config
+
+        vocab = load_model_config(cfg.model).vocab_size
+        ds = random_dataset(dc.synthetic.rows, dc.seq_len, vocab, dc.synthetic.seed)
+        console.print(f"data: synthetic, {len(ds)} rows of {dc.seq_len} random token ids in [0, {vocab}) (seed {dc.synthetic.seed}), every token trainable",
+                      highlight=False, markup=False)
+        return PreparedData(tokenizer, tok_name, ds, None, "off")
     key = key_parts = None
     if dc.cache_dir:
         try:
