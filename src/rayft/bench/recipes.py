@@ -241,7 +241,7 @@ def run_trl(spec: dict[str, Any]) -> None:
     import importlib.util
 
     import torch
-    from transformers import TrainerCallback
+    from transformers import AutoTokenizer, TrainerCallback
     from trl import SFTConfig, SFTTrainer
 
     rank = int(os.environ.get("RANK", 0))
@@ -270,7 +270,7 @@ def run_trl(spec: dict[str, Any]) -> None:
             self.t_last = now
 
     trainer = SFTTrainer(model=spec["model_dir"], args=cfg, train_dataset=trl_dataset(ds, spec["seq_len"]),
-                         processing_class=spec["tokenizer_dir"], callbacks=[StepRecords()])  # fmt: skip
+                         processing_class=AutoTokenizer.from_pretrained(spec["tokenizer_dir"]), callbacks=[StepRecords()])  # fmt: skip
     collate = trainer.data_collator
 
     def counting_collator(examples):
