@@ -1,5 +1,6 @@
 #!/bin/bash
-# On nvidia-h200-x2, from the repo root:  RAYFT_GIT_COMMIT=<sha> bash bench/gpu/bench_train.sh
+# On nvidia-h200-x2, from the repo root (one workload per device call: 8 runs do not fit in 10 minutes):
+#   RAYFT_GIT_COMMIT=<sha> WORKLOAD=random bash bench/gpu/bench_train.sh   (then WORKLOAD=real)
 # `rayft bench train`: sample-recipe, trl-default, trl-best and rayft on the Qwen2.5-1.5B
 # architecture (random init, same seeded weights for all), both workloads (random rows; alpaca EN+ZH).
 #
@@ -23,13 +24,13 @@ python3 -c "import trl, datasets; print('trl', trl.__version__, 'datasets', data
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 NG=$(nvidia-smi -L | wc -l)
 STEPS=${STEPS:-20}; WARM=${WARM:-5}; MB=${MB:-8}; WD=/tmp/bench-train; rm -rf "$WD"
-CMD="rayft bench train examples/qwen2.5-1.5b.yaml --workload ${WORKLOAD:-both} --recipes ${RECIPES:-sample-recipe,trl-default,trl-best,rayft} --steps $STEPS --warmup-steps $WARM --out $OUT/train-bench.json --work-dir $WD --timeout-s ${RUN_TIMEOUT:-240} --set model.name_or_path=qwen2.5-1.5b --set train.num_workers=$NG --set train.micro_batch_size=$MB --set train.activation_checkpointing=false --set data.train_files=[$D/alpaca_en_demo.json,$D/alpaca_zh_demo.json] --set data.cache_dir=null --set checkpoint.storage_path=$WD"
+CMD="rayft bench train examples/qwen2.5-1.5b.yaml --workload ${WORKLOAD:-both} --recipes ${RECIPES:-sample-recipe,trl-default,trl-best,rayft} --steps $STEPS --warmup-steps $WARM --out $OUT/train-bench-${WORKLOAD:-both}.json --work-dir $WD --timeout-s ${RUN_TIMEOUT:-240} --set model.name_or_path=qwen2.5-1.5b --set train.num_workers=$NG --set train.micro_batch_size=$MB --set train.activation_checkpointing=false --set data.train_files=[$D/alpaca_en_demo.json,$D/alpaca_zh_demo.json] --set data.cache_dir=null --set checkpoint.storage_path=$WD"
 echo "$CMD"
 timeout ${BENCH_TIMEOUT:-580} python3 -m rayft.cli ${CMD#rayft } > /tmp/bench-train.log 2>&1
 rc=$?
 tail -200 /tmp/bench-train.log > "$OUT/bench.log"
 grep -v -E "^\s*$" /tmp/bench-train.log | tail -25
-n=0; for f in "$WD"/*.log; do grep -q '"status": "failed"' "$OUT/train-bench.json" 2>/dev/null || break
+n=0; for f in "$WD"/*.log; do grep -q '"status": "failed"' "$OUT/train-bench-${WORKLOAD:-both}.json" 2>/dev/null || break
   [ $n -lt 3 ] && gzip -c "$f" > "$OUT/$(basename "$f").gz" && n=$((n+1)); done
 ls -la "$OUT"
 exit $rc
