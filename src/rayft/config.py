@@ -90,6 +90,17 @@ class ColumnsConfig(_Section):
         return self.model_dump()
 
 
+class SyntheticConfig(_Section):
+    """``data.synthetic``: train on random tokens instead of files (throughput benchmarks).
+
+    ``rows`` examples of exactly ``data.seq_len`` token ids drawn uniformly from the model's
+    vocabulary with ``seed`` (:func:`rayft.data.synthetic.random_dataset`), every token trainable.
+    """
+
+    rows: int = Field(ge=1)
+    seed: int = 0
+
+
 class DataConfig(_Section):
     """Training data: chat records rendered with the tokenizer's chat template, or raw text.
 
@@ -113,7 +124,8 @@ class DataConfig(_Section):
     and held out of training), not both.
     """
 
-    train_files: list[str] = Field(min_length=1)
+    train_files: list[str] = Field(default_factory=list, description="Required unless data.synthetic is set.")
+    synthetic: SyntheticConfig | None = Field(default=None, description="Random full-length token rows instead of train_files (benchmarks).")
     format: Literal["auto", "messages", "sharegpt", "alpaca", "text"] = "auto"
     on_bad_record: Literal["error", "skip"] = "error"
     columns: ColumnsConfig = Field(default_factory=ColumnsConfig)
@@ -136,6 +148,10 @@ class DataConfig(_Section):
     def _one_validation_source(self) -> "DataConfig":
         if self.validation_files and self.validation_fraction is not None:
             raise ValueError("give data.validation_files or data.validation_fraction, not both")
+        if self.synthetic is None and not self.train_files:
+            raise ValueError("data.train_files is required (or data.synthetic for random tokens)")
+        if self.synthetic is not None and (self.train_files or self.validation_files or self.validation_fraction):
+            raise ValueError("data.synthetic replaces data.train_files and validation data: give one or the other")
         return self
 
 

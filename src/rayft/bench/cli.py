@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import typer
 
-from rayft.bench import fabric
+from rayft.bench import fabric, train
 
 
 def register(app: typer.Typer) -> None:
     """Add the ``bench`` group and its commands to the rayft CLI."""
     bench_app = typer.Typer(help="Side-by-side benchmarks writing bench/results/.", no_args_is_help=True)
     fabric.register(bench_app)
+    train.register(bench_app)
     app.add_typer(bench_app, name="bench")

@@ -78,6 +78,15 @@ def prepare_data(cfg: RayftConfig, console: Console, connect: Callable[[], Any] 
             f"tokenizer {tok_name!r} (model.tokenizer / model.name_or_path) cannot be loaded: {first}. Give a local directory, "
             "make the hub reachable (or pre-fill the Hugging Face cache), or use a preset such as qwen2.5-1.5b"
         ) from None
+    if dc.synthetic is not None:
+        from rayft.data.synthetic import random_dataset
+        from rayft.train.model import load_model_config
+
+        vocab = load_model_config(cfg.model).vocab_size
+        ds = random_dataset(dc.synthetic.rows, dc.seq_len, vocab, dc.synthetic.seed)
+        console.print(f"data: synthetic, {len(ds)} rows of {dc.seq_len} random token ids in [0, {vocab}) (seed {dc.synthetic.seed}), every token trainable",
+                      highlight=False, markup=False)
+        return PreparedData(tokenizer, tok_name, ds, None, "off")
     key = key_parts = None
     if dc.cache_dir:
         try:

@@ -146,6 +146,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
             "step_time_s": dt,
             **{f"time_{k}": v for k, v in breakdown.items()},
             "tokens": n_tokens,
+            "attn_tokens_sq": attn_sq,
             "trainable_tokens": n_trainable,
             "tokens_per_s_per_gpu": tps_gpu,
             "trainable_tokens_per_s_per_gpu": n_trainable / dt / world,

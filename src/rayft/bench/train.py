@@ -1,0 +1,536 @@
+"""`rayft bench train`: the same model, data and GPUs trained by several recipes, side by side.
+
+Recipes (docs/bench-train.md says what each one is):
+
+* ``sample-recipe``: the AWS sample's training function (FSDP1, bf16 weights and AdamW, padded rows),
+  :mod:`rayft.bench.recipes`;
+* ``trl-default``: TRL ``SFTTrainer`` + FSDP with its defaults (padding per batch), under ``torchrun``;
+* ``trl-best``: the same with TRL's packing (padding-free) and liger-kernel;
+* ``rayft``: ``python -m rayft.cli train`` with ``train.compile=true``, ``train.cross_entropy=auto``,
+  ``model.attn_implementation=auto``, ``data.packing=true`` (the user's ``--set`` still wins).
+
+Workloads: ``random`` (random full-length rows, :func:`rayft.data.synthetic.random_dataset`; every
+recipe gets the same ids) and ``real`` (the config's data files, tokenized once by rayft's pipeline
+and given to every recipe as the same token ids; only non-padding tokens count).
+
+Each recipe × workload runs in a fresh subprocess with a time limit; a failure is recorded with
+the tail of its log and the others go on. Figures per run (steps after ``warmup_steps``):
+
+* tokens/s/GPU: median over steps of (global non-padding tokens ÷ step wall time ÷ GPUs);
+* MFU: :func:`rayft.train.metrics.mfu` with :func:`~rayft.train.metrics.flops_per_token` of the
+  model's matmul parameters and the measured attention span Σ len² / Σ len;
+* peak GPU memory (GiB, max over ranks and steps); step time p10 / p50 / p90 (s);
+* cost per 1M trained tokens (USD) = (instance On-Demand USD/hour ÷ its GPUs) ÷ (tokens/s/GPU ×
+  3600) × 1e6, the instance being the one carrying the detected GPU model (:data:`GPU_INSTANCE`),
+  its price and date from :mod:`rayft.cluster.instances`' catalog.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+import shlex
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Callable
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from rayft.bench.fabric import _tail, gpu_label, run_logged
+
+RECIPES = ("sample-recipe", "trl-default", "trl-best", "rayft")
+WORKLOADS = ("random", "real")
+DEFAULT_STEPS = 30
+DEFAULT_WARMUP = 5
+
+#: GPU model (as in ``torch.cuda.get_device_name``, whole word) → the EC2 instance whose price is used.
+GPU_INSTANCE = {
+    "H200": "p5en.48xlarge", "H100": "p5.48xlarge", "A100": "p4d.24xlarge", "L4": "g6.12xlarge",
+    "L40S": "g6e.12xlarge", "A10G": "g5.12xlarge", "T4": "g4dn.12xlarge", "B200": "p6-b200.48xlarge",
+}  # fmt: skip
+
+# Settings each recipe adds to the user's config (before the user's --set, which win).
+RAYFT_BEST = ["train.compile=true", "train.cross_entropy=auto", "model.attn_implementation=auto", "data.packing=true"]
+
+
+class BenchTrainError(RuntimeError):
+    """The benchmark cannot start (bad arguments or config); single runs fail without it."""
+
+
+# ------------------------------------------------------------------------------ figures
+
+
+def merge_ranks(per_rank: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per-rank step records → global ones: tokens and Σ len² summed, step time and peak memory the
+    max over ranks. Only steps every rank logged are kept."""
+    by_step: dict[int, list[dict]] = {}
+    for recs in per_rank:
+        for r in recs:
+            by_step.setdefault(int(r["step"]), []).append(r)
+    out = []
+    for step in sorted(by_step):
+        rs = by_step[step]
+        if len(rs) != len(per_rank):
+            continue
+        peaks = [r["peak_mem_gib"] for r in rs if r.get("peak_mem_gib") is not None]
+        out.append({
+            "step": step, "step_time_s": max(r["step_time_s"] for r in rs), "tokens": sum(r["tokens"] for r in rs),
+            "attn_tokens_sq": sum(r["attn_tokens_sq"] for r in rs), "peak_mem_gib": max(peaks) if peaks else None,
+        })  # fmt: skip
+    return out
+
+
+def read_step_files(run_dir: Path) -> list[dict[str, Any]]:
+    """The merged records of a recipe run's ``steps.rank*.jsonl``.
+
+    Raises:
+        BenchTrainError: no step file.
+    """
+    files = sorted(run_dir.glob("steps.rank*.jsonl"))
+    if not files:
+        raise BenchTrainError(f"{run_dir}: no steps.rank*.jsonl written")
+    return merge_ranks([[json.loads(x) for x in f.read_text().splitlines() if x.strip()] for f in files])
+
+
+def rayft_records(metrics_file: Path) -> list[dict[str, Any]]:
+    """A ``rayft_metrics.jsonl`` (global figures per step) as step records."""
+    rows = [json.loads(x) for x in metrics_file.read_text().splitlines() if x.strip()]
+    return [{"step": r["step"], "step_time_s": r["step_time_s"], "tokens": r["tokens"], "attn_tokens_sq": r.get("attn_tokens_sq"),
+             "peak_mem_gib": r.get("peak_mem_gib")} for r in rows]  # fmt: skip
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile ``q`` in [0, 100] (numpy's default method)."""
+    xs = sorted(values)
+    k = (len(xs) - 1) * q / 100
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def summarize(records: list[dict[str, Any]], warmup_steps: int, world: int, flops_fn: Callable[[float], float] | None,
+              peak_flops: float | None) -> dict[str, Any]:  # fmt: skip
+    """Figures of one run from its global step records (``step`` counted from 1).
+
+    Args:
+        warmup_steps: leading steps left out.
+        world: GPUs (workers) of the run.
+        flops_fn: training FLOPs per token as a function of the attention span (tokens).
+        peak_flops: the GPU's dense bf16 peak, FLOP/s (None: no MFU).
+
+    Raises:
+        BenchTrainError: no step after the warm-up.
+    """
+    from rayft.train.metrics import mfu
+
+    steady = [r for r in records if r["step"] > warmup_steps]
+    if not steady:
+        raise BenchTrainError(f"{len(records)} steps logged, none after the {warmup_steps} warm-up steps")
+    rates = [r["tokens"] / r["step_time_s"] / world for r in steady]
+    times = [r["step_time_s"] for r in steady]
+    tps = statistics.median(rates)
+    tokens = sum(r["tokens"] for r in steady)
+    sq = [r["attn_tokens_sq"] for r in steady]
+    span = sum(sq) / tokens if tokens and all(s is not None for s in sq) else None
+    fpt = flops_fn(span) if flops_fn is not None and span is not None else None
+    peaks = [r["peak_mem_gib"] for r in records if r.get("peak_mem_gib") is not None]
+    return {
+        "steps_logged": len(records), "steps_measured": len(steady), "tokens_per_s_per_gpu": tps,
+        "tokens_per_step_median": statistics.median(r["tokens"] for r in steady), "attn_span_tokens": span,
+        "flops_per_token": fpt, "mfu": mfu(tps, fpt, peak_flops) if fpt else None,
+        "peak_mem_gib": max(peaks) if peaks else None,
+        "step_time_s": {"p10": percentile(times, 10), "p50": percentile(times, 50), "p90": percentile(times, 90),
+                        "min": min(times), "max": max(times)},
+    }  # fmt: skip
+
+
+def gpu_price(gpu_model: str | None, instance: str | None = None, usd_per_gpu_hour: float | None = None) -> dict[str, Any]:
+    """The per-GPU On-Demand price used for cost, with where it comes from.
+
+    ``usd_per_gpu_hour`` (given by the user) wins; else the catalog price of ``instance`` (default:
+    :data:`GPU_INSTANCE` of the GPU model) ÷ its GPU count.
+
+    Returns:
+        ``instance``, ``instance_usd_per_hour``, ``gpus_per_instance``, ``usd_per_gpu_hour`` (None when
+        unknown), ``source``, ``date``, ``note``.
+    """
+    from rayft.cluster.instances import UnknownInstanceTypeError, get_instance
+
+    if usd_per_gpu_hour is not None:
+        return {"instance": instance, "instance_usd_per_hour": None, "gpus_per_instance": None, "usd_per_gpu_hour": usd_per_gpu_hour,
+                "source": "given on the command line (--usd-per-gpu-hour)", "date": dt.date.today().isoformat(), "note": None}  # fmt: skip
+    if instance is None:
+        instance = next((inst for key, inst in GPU_INSTANCE.items() if re.search(rf"\b{key}\b", gpu_model or "")), None)
+    none = {"instance": instance, "instance_usd_per_hour": None, "gpus_per_instance": None, "usd_per_gpu_hour": None, "source": None, "date": None}
+    if instance is None:
+        return {**none, "note": f"no instance mapped to GPU {gpu_model!r} (GPU_INSTANCE); give --instance or --usd-per-gpu-hour"}
+    try:
+        it = get_instance(instance)
+    except UnknownInstanceTypeError as e:
+        return {**none, "note": str(e)}
+    src = it.sources.get("on_demand_usd_per_hour")
+    base = {**none, "gpus_per_instance": it.gpu_count, "source": src.source if src else None, "date": src.date if src else None}
+    if it.on_demand_usd_per_hour is None:
+        return {**base, "note": f"the catalog has no On-Demand price for {instance}; give --usd-per-gpu-hour"}
+    return {**base, "instance_usd_per_hour": it.on_demand_usd_per_hour, "usd_per_gpu_hour": it.on_demand_usd_per_hour / it.gpu_count, "note": None}
+
+
+def usd_per_million_tokens(usd_per_gpu_hour: float | None, tokens_per_s_per_gpu: float | None) -> float | None:
+    """USD per 1,000,000 trained (non-padding) tokens: price per GPU-hour ÷ tokens per GPU-hour × 1e6."""
+    if not usd_per_gpu_hour or not tokens_per_s_per_gpu:
+        return None
+    return usd_per_gpu_hour / (tokens_per_s_per_gpu * 3600.0) * 1e6
+
+
+# ------------------------------------------------------------------------------ table and chart
+
+
+def _fmt(v: Any, spec: str, none: str = "—") -> str:
+    return none if v is None else format(v, spec)
+
+
+def markdown_table(doc: dict[str, Any]) -> str:
+    """The results file(s) ``doc`` (one results JSON, as written by :func:`run_bench`) as Markdown."""
+    fig = doc["figures"]
+    env = doc.get("environment", {})
+    head = ("| recipe | workload | tokens/s/GPU | MFU | peak GiB | step s p10 / p50 / p90 | USD / 1M tokens | status |\n"
+            "| --- | --- | ---: | ---: | ---: | --- | ---: | --- |")  # fmt: skip
+    lines = [head]
+    for r in fig["runs"]:
+        if r["status"] != "ok":
+            lines.append(f"| {r['recipe']} | {r['workload']} | — | — | — | — | — | failed: {r.get('error', '').splitlines()[0][:80] if r.get('error') else r['status']} |")
+            continue
+        st = r["step_time_s"]
+        mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "—"
+        lines.append(f"| {r['recipe']} | {r['workload']} | {r['tokens_per_s_per_gpu']:,.0f} | {mfu} | {_fmt(r.get('peak_mem_gib'), '.1f')} | "
+                     f"{st['p10']:.3f} / {st['p50']:.3f} / {st['p90']:.3f} | {_fmt(r.get('usd_per_1m_tokens'), '.4f')} | ok |")  # fmt: skip
+    price = fig.get("price", {})
+    lines.append("")
+    lines.append(f"{fig.get('world_size')} × {env.get('gpu_model', '?')}, model {fig.get('model')}, seq {fig.get('seq_len')}, "
+                 f"micro-batch {fig.get('micro_batch_size')} rows/GPU, {fig.get('steps')} steps (median over steps after "
+                 f"{fig.get('warmup_steps')}); tokens = non-padding tokens; commit {str(doc.get('git_commit'))[:12]}.")  # fmt: skip
+    if price.get("usd_per_gpu_hour"):
+        per = f"{price['instance']} ${price['instance_usd_per_hour']:.4g}/h ÷ {price['gpus_per_instance']} GPUs = " if price.get("instance_usd_per_hour") else ""
+        lines.append(f"Cost: {per}${price['usd_per_gpu_hour']:.4g} per GPU-hour ({price.get('source')}, {price.get('date')}).")
+    else:
+        lines.append(f"Cost: not computed: {price.get('note')}")
+    return "\n".join(lines)
+
+
+def bar_chart(doc: dict[str, Any], out: Path) -> Path | None:
+    """A PNG bar chart of tokens/s/GPU per recipe and workload; None when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    runs = [r for r in doc["figures"]["runs"] if r["status"] == "ok"]
+    workloads = [w for w in WORKLOADS if any(r["workload"] == w for r in runs)]
+    recipes = [rc for rc in RECIPES if any(r["recipe"] == rc for r in runs)] + sorted(
+        {r["recipe"] for r in runs} - set(RECIPES))
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    width = 0.8 / max(1, len(workloads))
+    for i, w in enumerate(workloads):
+        vals = [next((r["tokens_per_s_per_gpu"] for r in runs if r["recipe"] == rc and r["workload"] == w), 0) for rc in recipes]
+        bars = ax.bar([x + i * width for x in range(len(recipes))], vals, width, label=w)
+        ax.bar_label(bars, labels=[f"{v:,.0f}" if v else "" for v in vals], fontsize=7)
+    ax.set_xticks([x + width * (len(workloads) - 1) / 2 for x in range(len(recipes))], recipes)
+    ax.set_ylabel("non-padding tokens/s per GPU (median)")
+    env = doc.get("environment", {})
+    ax.set_title(f"{doc['figures'].get('model')} on {doc['figures'].get('world_size')} × {env.get('gpu_model', '?')}")
+    ax.legend(title="workload")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def write_table_files(results: Path, console: Console | None = None) -> tuple[Path, Path | None]:
+    """Regenerate ``<results>.md`` (and ``.png``) beside a results JSON; returns their paths."""
+    doc = json.loads(results.read_text())
+    md = results.with_suffix(".md")
+    md.write_text(markdown_table(doc) + "\n")
+    png = bar_chart(doc, results.with_suffix(".png"))
+    if png is None and console is not None:
+        console.print("matplotlib is not installed: no PNG chart (pip install 'rayft[bench]')", highlight=False, markup=False)
+    return md, png
+
+
+# ------------------------------------------------------------------------------ running
+
+
+@dataclass
+class Plan:
+    """What the benchmark runs (resolved from the config and options)."""
+
+    config: Path
+    overrides: list[str]
+    recipes: list[str]
+    workloads: list[str]
+    steps: int
+    warmup_steps: int
+    work_dir: Path
+    timeout_s: float | None
+
+
+Runner = Callable[[list[str], dict[str, str], Path, float | None], int]
+
+
+def _prepare_model_and_data(cfg, plan: Plan, world: int, console: Console) -> dict[str, Any]:
+    """Write the shared inputs under ``work_dir``: the initial model (HF dir, the same seeded weights
+    rayft starts from), the tokenizer, and one ``data.npz`` per workload."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rayft.bench.recipes import save_dataset
+    from rayft.data.synthetic import random_dataset
+    from rayft.train.driver import prepare_data
+    from rayft.train.model import load_full_state_dict, load_model_config, matmul_params
+
+    conf = load_model_config(cfg.model, "sdpa")
+    shared: dict[str, Any] = {"model_dir": str(plan.work_dir / "model"), "tokenizer_dir": str(plan.work_dir / "tokenizer"), "data": {}}
+    if {"sample-recipe", "trl-default", "trl-best"} & set(plan.recipes):
+        model = AutoModelForCausalLM.from_config(conf, dtype=torch.float32)
+        model.load_state_dict(load_full_state_dict(cfg.model, conf, cfg.train.seed))
+        model.config.dtype = "bfloat16"  # what the published Qwen2.5 checkpoints declare
+        model.save_pretrained(shared["model_dir"])
+        del model
+    with torch.device("meta"):
+        meta = AutoModelForCausalLM.from_config(conf)
+    shared["matmul_params"] = matmul_params(meta)
+    shared["decoder_layer_cls"] = type(meta.model.layers[0]).__name__
+    shared["num_layers"], shared["hidden"], shared["vocab_size"] = conf.num_hidden_layers, conf.hidden_size, conf.vocab_size
+    rows_per_step = world * cfg.train.micro_batch_size
+    for w in plan.workloads:
+        if w == "random":
+            ds = random_dataset(plan.steps * rows_per_step, cfg.data.seq_len, conf.vocab_size, cfg.data.seed)
+        else:
+            if cfg.data.synthetic is not None:
+                raise BenchTrainError("workload real needs data.train_files in the config (it has data.synthetic)")
+            d = prepare_data(cfg, console)
+            ds = d.train
+            d.tokenizer.save_pretrained(shared["tokenizer_dir"])
+        path = plan.work_dir / f"{w}-data.npz"
+        save_dataset(ds, path)
+        shared["data"][w] = {"file": str(path), "examples": len(ds), "tokens": int(len(ds.tokens))}
+    if not Path(shared["tokenizer_dir"]).exists():
+        from rayft.data.tokenizer import load_tokenizer
+        from rayft.train.model import default_tokenizer
+
+        load_tokenizer(default_tokenizer(cfg.model)).save_pretrained(shared["tokenizer_dir"])
+    return shared
+
+
+def recipe_command(recipe: str, workload: str, plan: Plan, cfg, world: int, use_gpu: bool, shared: dict, run_dir: Path) -> list[str]:
+    """The subprocess command line of one recipe × workload (writes the spec file it needs)."""
+    py = sys.executable
+    if recipe == "rayft":
+        sets = list(RAYFT_BEST)
+        if workload == "random":
+            rows = plan.steps * world * cfg.train.micro_batch_size
+            sets += ["data.train_files=[]", "data.validation_files=null", "data.validation_fraction=null",
+                     f"data.synthetic={{rows: {rows}, seed: {cfg.data.seed}}}"]  # fmt: skip
+        sets += plan.overrides
+        sets += [f"train.max_steps={plan.steps}", "train.warmup_steps=0", f"train.num_workers={world}", "train.grad_accum_steps=1",
+                 f"checkpoint.storage_path={run_dir}", "checkpoint.name=rayft", "checkpoint.every_steps=null", "checkpoint.every_minutes=null",
+                 "checkpoint.export_hf=false", "ray.max_failures=0", "train.eval_every=null"]  # fmt: skip
+        return [py, "-m", "rayft.cli", "train", str(plan.config), *(a for s in sets for a in ("--set", s))]
+    spec = {
+        "recipe": recipe, "workload": workload, "data": shared["data"][workload]["file"], "model_dir": shared["model_dir"],
+        "tokenizer_dir": shared["tokenizer_dir"], "decoder_layer_cls": shared["decoder_layer_cls"], "seq_len": cfg.data.seq_len,
+        "micro_batch_size": cfg.train.micro_batch_size, "steps": plan.steps, "num_workers": world, "use_gpu": use_gpu,
+        "lr": cfg.train.lr, "seed": cfg.train.seed, "pad_id": shared["pad_id"], "out_dir": str(run_dir),
+    }  # fmt: skip
+    run_dir.mkdir(parents=True, exist_ok=True)
+    spec_file = run_dir / "spec.json"
+    spec_file.write_text(json.dumps(spec, indent=2))
+    if recipe == "sample-recipe":
+        return [py, "-m", "rayft.bench.recipes", "sample", str(spec_file)]
+    return [py, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}", "-m", "rayft.bench.recipes", "trl", str(spec_file)]
+
+
+def run_bench(
+    config: str | os.PathLike,
+    overrides: list[str] | None = None,
+    recipes: list[str] | None = None,
+    workloads: list[str] | None = None,
+    steps: int = DEFAULT_STEPS,
+    warmup_steps: int = DEFAULT_WARMUP,
+    out: str | os.PathLike | None = None,
+    work_dir: str | os.PathLike | None = None,
+    timeout_s: float | None = None,
+    usd_per_gpu_hour: float | None = None,
+    instance: str | None = None,
+    console: Console | None = None,
+    runner: Runner = run_logged,
+) -> tuple[Path, dict[str, Any]]:
+    """Run every recipe × workload, write the results JSON (+ ``.md`` and ``.png`` beside it).
+
+    Args:
+        config: a rayft training config (model, data, seq_len, micro_batch_size, num_workers, lr).
+        overrides: ``--set`` overrides for the config; passed to the ``rayft`` recipe after its own settings.
+        steps: optimizer steps per run; warmup_steps: leading steps left out of every figure.
+        work_dir: where the shared inputs, the runs and their logs go (default ``<storage_path>/bench-train-<time>``).
+        timeout_s: limit per run, seconds.
+        usd_per_gpu_hour / instance: the price to use instead of the catalog's for the detected GPU.
+        runner: runs one subprocess into a log (tests replace it).
+
+    Returns:
+        ``(results file, figures)``.
+    Raises:
+        BenchTrainError: bad options or config (a failed run is recorded, not raised).
+    """
+    import torch
+
+    from rayft.bench.record import environment, write_result
+    from rayft.config import ConfigError, load_config
+    from rayft.train.metrics import flops_per_token, peak_for_name
+
+    console = console or Console(stderr=True)
+    overrides = list(overrides or [])
+    recipes = list(recipes or RECIPES)
+    workloads = list(workloads or WORKLOADS)
+    for r in recipes:
+        if r not in RECIPES:
+            raise BenchTrainError(f"unknown recipe {r!r}; choose from {', '.join(RECIPES)}")
+    for w in workloads:
+        if w not in WORKLOADS:
+            raise BenchTrainError(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
+    if steps <= warmup_steps:
+        raise BenchTrainError(f"--steps {steps} leaves no step after --warmup-steps {warmup_steps}")
+    try:
+        cfg = load_config(Path(config), overrides)
+    except ConfigError as e:
+        raise BenchTrainError(f"config error: {e}") from None
+    if cfg.train.grad_accum_steps != 1:
+        raise BenchTrainError("the benchmark runs one micro-batch per step on every recipe: set train.grad_accum_steps=1")
+    use_gpu = torch.cuda.is_available() if cfg.train.use_gpu == "auto" else bool(cfg.train.use_gpu)
+    world = cfg.train.num_workers if cfg.train.num_workers != "auto" else (torch.cuda.device_count() if use_gpu else 1)
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    wd = Path(work_dir) if work_dir else Path(cfg.checkpoint.storage_path) / f"bench-train-{stamp}"
+    wd.mkdir(parents=True, exist_ok=True)
+    plan = Plan(Path(config), overrides, recipes, workloads, steps, warmup_steps, wd, timeout_s)
+    shared = _prepare_model_and_data(cfg, plan, world, console)
+    from rayft.data.tokenizer import load_tokenizer
+
+    shared["pad_id"] = load_tokenizer(shared["tokenizer_dir"]).pad_token_id
+    env_info = environment()
+    gpu_model = env_info.get("gpu_model") if use_gpu else "cpu"
+    peak = peak_for_name(gpu_model or "") if use_gpu else None
+    price = gpu_price(gpu_model, instance, usd_per_gpu_hour) if use_gpu or usd_per_gpu_hour else {
+        "usd_per_gpu_hour": None, "note": "CPU workers: no GPU price"}  # fmt: skip
+
+    def flops_fn(span: float) -> float:
+        return flops_per_token(shared["matmul_params"], shared["num_layers"], shared["hidden"], span)
+
+    runs = []
+    for w in workloads:
+        for r in recipes:
+            run_dir = wd / f"{r}-{w}"
+            log = wd / f"{r}-{w}.log"
+            entry: dict[str, Any] = {"recipe": r, "workload": w, "log": str(log), "run_dir": str(run_dir)}
+            try:
+                cmd = recipe_command(r, w, plan, cfg, world, use_gpu, shared, run_dir)
+            except Exception as e:  # noqa: BLE001 - recorded per run
+                runs.append({**entry, "status": "failed", "error": f"could not prepare the run: {e}"})
+                continue
+            entry["cmd"] = " ".join(shlex.quote(c) for c in cmd)
+            console.print(f"[{r} × {w}] {steps} steps → {log}", highlight=False, markup=False)
+            env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+            rc = runner(cmd, env, log, timeout_s)
+            try:
+                if rc != 0:
+                    raise BenchTrainError(f"exit {rc}" + (" (time limit)" if rc == 124 else ""))
+                recs = rayft_records(run_dir / "rayft" / "rayft_metrics.jsonl") if r == "rayft" else read_step_files(run_dir)
+                figs = summarize(recs, warmup_steps, world, flops_fn, peak)
+            except (BenchTrainError, OSError, KeyError, ValueError) as e:
+                runs.append({**entry, "status": "failed", "exit_code": rc, "error": f"{e}\n{_tail(log, 25)}"})
+                console.print(Text.assemble((f"[{r} × {w}] failed", "bold red"), f": {e}"), highlight=False)
+                continue
+            figs["usd_per_1m_tokens"] = usd_per_million_tokens(price.get("usd_per_gpu_hour"), figs["tokens_per_s_per_gpu"])
+            runs.append({**entry, "status": "ok", **figs, "steps": recs})
+            console.print(f"[{r} × {w}] {figs['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU", highlight=False, markup=False)
+
+    figures = {
+        "model": cfg.model.name_or_path, "seq_len": cfg.data.seq_len, "micro_batch_size": cfg.train.micro_batch_size,
+        "world_size": world, "use_gpu": use_gpu, "steps": steps, "warmup_steps": warmup_steps, "peak_flops": peak,
+        "matmul_params": shared["matmul_params"], "price": price, "rayft_settings": RAYFT_BEST,
+        "workloads": {w: shared["data"][w] for w in workloads}, "runs": runs,
+    }  # fmt: skip
+    if out is None:
+        label = gpu_label(gpu_model, world)
+        out = Path("bench/results") / f"{dt.date.today():%Y-%m-%d}-train-{re.sub(r'[^a-z0-9.]+', '-', cfg.model.name_or_path.lower())}-{label}.json"
+    command = " ".join(["rayft bench train", shlex.quote(str(config)), "--recipes", ",".join(recipes), "--workload",
+                        workloads[0] if len(workloads) == 1 else "both", "--steps", str(steps), "--warmup-steps", str(warmup_steps),
+                        *(a for s in overrides for a in ("--set", shlex.quote(s)))])  # fmt: skip
+    versions = {}
+    for mod in ("trl", "datasets", "accelerate"):
+        try:
+            versions[mod] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001
+            versions[mod] = None
+    path = write_result(out, command, figures, versions=versions)
+    write_table_files(path, console)
+    return path, figures
+
+
+def _split(values: list[str] | None) -> list[str] | None:
+    if not values:
+        return None
+    return [x.strip() for v in values for x in v.split(",") if x.strip()]
+
+
+def register(bench_app: typer.Typer) -> None:
+    """Add ``train`` and ``table`` to the ``rayft bench`` group."""
+
+    @bench_app.command("train")
+    def train(
+        config: Annotated[Path, typer.Argument(help="The training job's YAML config (model, data, seq_len, micro-batch, workers).")],
+        recipes: Annotated[str, typer.Option(help=f"Comma-separated, from {','.join(RECIPES)}.")] = ",".join(RECIPES),
+        workload: Annotated[str, typer.Option(help="random, real or both.")] = "both",
+        steps: Annotated[int, typer.Option(min=2, help="Optimizer steps per run.")] = DEFAULT_STEPS,
+        warmup_steps: Annotated[int, typer.Option(min=0, help="Leading steps left out of every figure.")] = DEFAULT_WARMUP,
+        set_: Annotated[list[str] | None, typer.Option("--set", "-s", help="Override a config key (repeatable).")] = None,
+        out: Annotated[Path | None, typer.Option(help="Results JSON (default bench/results/<date>-train-<model>-<N>x<gpu>.json).")] = None,
+        work_dir: Annotated[Path | None, typer.Option(help="Shared inputs, runs and logs (default <storage_path>/bench-train-<time>).")] = None,
+        timeout_s: Annotated[int | None, typer.Option(min=1, help="Time limit per run, seconds.")] = None,
+        usd_per_gpu_hour: Annotated[float | None, typer.Option(min=0, help="Price per GPU-hour instead of the catalog's.")] = None,
+        instance: Annotated[str | None, typer.Option(help="EC2 instance type whose catalog price is used.")] = None,
+    ) -> None:
+        """Train CONFIG with several recipes on identical data, model and GPUs; write results, table and chart."""
+        console = Console(stderr=True)
+        if workload not in ("random", "real", "both"):
+            console.print(Text.assemble(("error", "bold red"), f": --workload {workload}: choose random, real or both"))
+            raise typer.Exit(2)
+        try:
+            path, figures = run_bench(config, set_, _split([recipes]), list(WORKLOADS) if workload == "both" else [workload],
+                                      steps, warmup_steps, out, work_dir, timeout_s, usd_per_gpu_hour, instance, console)  # fmt: skip
+        except BenchTrainError as e:
+            console.print(Text.assemble(("error", "bold red"), ": ", str(e)), highlight=False)
+            raise typer.Exit(1) from None
+        sys.stdout.write(path.with_suffix(".md").read_text())
+        console.print(f"results: {path}", highlight=False, markup=False)
+        if any(r["status"] != "ok" for r in figures["runs"]):
+            raise typer.Exit(1)
+
+    @bench_app.command("table")
+    def table(results: Annotated[list[Path], typer.Argument(help="Results JSON files of `rayft bench train`.")]) -> None:
+        """Regenerate the Markdown table (and PNG chart) beside each results file; print the tables."""
+        console = Console(stderr=True)
+        for r in results:
+            try:
+                md, png = write_table_files(r, console)
+            except (OSError, json.JSONDecodeError, KeyError) as e:
+                console.print(Text.assemble(("error", "bold red"), f": {r}: not a `rayft bench train` results file ({e})"), highlight=False)
+                raise typer.Exit(1) from None
+            sys.stdout.write(md.read_text() + "\n")
+            console.print(f"wrote {md}" + (f" and {png}" if png else ""), highlight=False, markup=False)

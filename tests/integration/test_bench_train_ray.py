@@ -1,0 +1,94 @@
+"""rayft bench train recipes on 2 CPU workers (gloo) with the qwen2-tiny preset: per-step token
+counts of sample-recipe and rayft on random and real rows, and trl-default under torchrun.
+Heavier than the unit tests (~1 min in all on 2 cores): marked integration."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from rayft.bench import train as bt
+from rayft.bench.recipes import load_dataset, padded_batch, run_sample, step_rows
+from rayft.config import load_config
+
+pytestmark = pytest.mark.integration
+SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def inputs(tmp_path, workloads, recipes=("sample-recipe",), seq_len=64):
+    if "real" in workloads and not (SHARED / "alpaca_en_demo.json").exists():
+        pytest.skip(f"needs {SHARED}/alpaca_*_demo.json (the project's ../shared folder)")
+    cfg_file = tmp_path / "job.yaml"
+    cfg_file.write_text(
+        "model: {name_or_path: qwen2-tiny}\n"
+        f"data: {{train_files: [{SHARED}/alpaca_en_demo.json, {SHARED}/alpaca_zh_demo.json], format: alpaca, seq_len: {seq_len}, max_examples: 12, cache_dir: null}}\n"
+        f"train: {{num_workers: 2, use_gpu: false, micro_batch_size: 2, lr: 1.0e-4}}\ncheckpoint: {{storage_path: {tmp_path}}}\n")
+    cfg = load_config(cfg_file)
+    plan = bt.Plan(cfg_file, [], list(recipes), list(workloads), 3, 1, tmp_path / "wd", None)
+    plan.work_dir.mkdir()
+    shared = bt._prepare_model_and_data(cfg, plan, 2, Console(quiet=True))
+    shared["pad_id"] = 151643
+    return cfg, plan, shared
+
+
+def spec_of(cmd):
+    return json.loads(Path(cmd[-1]).read_text())
+
+
+@pytest.mark.parametrize("workload", ["random", "real"])
+def test_sample_recipe_steps_and_token_counts(ray_local, tmp_path, workload):
+    L = 64 if workload == "random" else 256  # real: alpaca rows shorter than 256 tokens get padding
+    cfg, plan, shared = inputs(tmp_path, [workload], seq_len=L)
+    spec = spec_of(bt.recipe_command("sample-recipe", workload, plan, cfg, 2, False, shared, tmp_path / "run"))
+    run_sample(spec)
+    recs = bt.read_step_files(tmp_path / "run")
+    assert [r["step"] for r in recs] == [1, 2, 3]
+    ds = load_dataset(spec["data"])
+    for s, r in enumerate(recs):
+        rows = step_rows(len(ds), s, 4)
+        want = sum(padded_batch(ds, rows[k::2], L, 151643)["tokens"] for k in (0, 1))
+        if workload == "random":
+            assert want == 4 * 64  # 4 full rows of seq_len per step
+        else:
+            assert want == sum(min(L, int(ds.lengths()[i])) for i in rows) and want < 4 * L  # padded rows
+        assert r["tokens"] == want and r["step_time_s"] > 0
+    losses = [json.loads(x)["loss"] for x in (tmp_path / "run" / "steps.rank0.jsonl").read_text().splitlines()]
+    assert all(10 < v < 13 for v in losses)  # ≈ ln(151936) = 11.9 for the random-init tiny model
+
+
+def test_rayft_recipe_on_synthetic_rows(ray_local, tmp_path):
+    from rayft.train.driver import run_training
+
+    cfg, plan, shared = inputs(tmp_path, ["random"], recipes=("rayft",))
+    cmd = bt.recipe_command("rayft", "random", plan, cfg, 2, False, shared, tmp_path / "run")
+    sets = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--set"] + ["train.compile=false", "model.attn_implementation=sdpa"]
+    assert "data.synthetic={rows: 12, seed: 0}" in sets and "train.compile=true" in sets
+    run_training(load_config(plan.config, sets), console=Console(quiet=True))
+    recs = bt.rayft_records(tmp_path / "run" / "rayft" / "rayft_metrics.jsonl")
+    assert [r["step"] for r in recs] == [1, 2, 3]
+    assert all(r["tokens"] == 4 * 64 and r["attn_tokens_sq"] == 4 * 64 * 64 for r in recs)
+
+
+def test_trl_default_under_torchrun(tmp_path):
+    pytest.importorskip("trl", reason="trl is not installed (pip install 'rayft[bench]')")
+    cfg, plan, shared = inputs(tmp_path, ["random"], recipes=("trl-default",))
+    cmd = bt.recipe_command("trl-default", "random", plan, cfg, 2, False, shared, tmp_path / "run")
+    assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    recs = bt.read_step_files(tmp_path / "run")
+    assert [r["step"] for r in recs] == [1, 2, 3] and all(r["tokens"] == 4 * 64 for r in recs)

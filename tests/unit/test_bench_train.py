@@ -1,0 +1,138 @@
+"""rayft bench train: cost arithmetic, batch token counts, rank merging, figures, the Markdown
+table from a synthetic results file, the per-run failure path, and data.synthetic."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from rayft.bench import train as bt
+from rayft.bench.recipes import batch_token_stats, padded_batch, step_rows
+from rayft.cli import app
+from rayft.config import ConfigError, load_config
+from rayft.data.synthetic import random_dataset
+from rayft.data.tokenize import assemble
+
+
+def test_cost_per_million_tokens_from_the_catalog_price_of_l4():
+    p = bt.gpu_price("NVIDIA L4")
+    assert p["instance"] == "g6.12xlarge" and p["gpus_per_instance"] == 4 and p["instance_usd_per_hour"] == 4.6016
+    assert p["usd_per_gpu_hour"] == pytest.approx(1.1504, abs=1e-12)
+    assert p["date"] == "2026-11-30" and "on-demand" in p["source"].lower()
+    # 1.1504 USD per GPU-hour at 1,000 tokens/s/GPU: 3.6 M tokens per GPU-hour → 0.31955... USD per 1M tokens
+    assert bt.usd_per_million_tokens(p["usd_per_gpu_hour"], 1000.0) == pytest.approx(1.1504 / 3.6, rel=1e-12)
+    assert bt.usd_per_million_tokens(None, 1000.0) is None
+
+
+def test_h200_maps_to_p5en_whose_price_is_not_in_the_catalog():
+    p = bt.gpu_price("NVIDIA H200")
+    assert p["instance"] == "p5en.48xlarge" and p["usd_per_gpu_hour"] is None and "--usd-per-gpu-hour" in p["note"]
+    given = bt.gpu_price("NVIDIA H200", usd_per_gpu_hour=5.0)
+    assert given["usd_per_gpu_hour"] == 5.0 and "command line" in given["source"]
+    assert bt.gpu_price("Some GPU")["note"].startswith("no instance mapped")
+
+
+def test_padded_batch_counts_exact_non_padding_tokens():
+    ds = assemble([(np.arange(1, n + 1, dtype=np.int32), np.ones(n, bool)) for n in (3, 7, 5)])
+    b = padded_batch(ds, [0, 1, 2], 8, pad_id=0)
+    assert b["tokens"] == 15 and b["attn_tokens_sq"] == 9 + 49 + 25
+    assert b["input_ids"].shape == (3, 8) and int(b["attention_mask"].sum()) == 15
+    assert (b["labels"][0, 3:] == -100).all() and b["labels"][1, :7].tolist() == list(range(1, 8))
+    assert step_rows(5, 2, 4) == [3, 4, 0, 1]  # step 2 of 4 rows over 5 examples wraps around
+
+
+def test_batch_token_stats_padded_and_padding_free():
+    padded = {"input_ids": torch.zeros(2, 6, dtype=torch.long), "attention_mask": torch.tensor([[1, 1, 1, 0, 0, 0], [1] * 6])}
+    assert batch_token_stats(padded) == (9, 9.0 + 36.0)
+    free = {"input_ids": torch.zeros(1, 7, dtype=torch.long), "position_ids": torch.tensor([[0, 1, 2, 0, 1, 0, 1]])}
+    assert batch_token_stats(free) == (7, 9.0 + 4.0 + 4.0)
+    full = {"input_ids": torch.zeros(2, 4, dtype=torch.long)}
+    assert batch_token_stats(full) == (8, 32.0)
+
+
+def test_merge_ranks_and_summarize():
+    r0 = [{"step": s, "step_time_s": 1.0, "tokens": 100, "attn_tokens_sq": 10000.0, "peak_mem_gib": 2.0} for s in (1, 2, 3)]
+    r1 = [{"step": s, "step_time_s": 2.0 if s == 3 else 0.5, "tokens": 100, "attn_tokens_sq": 10000.0, "peak_mem_gib": 3.0} for s in (1, 2, 3)]
+    merged = bt.merge_ranks([r0, r1])
+    assert [m["step_time_s"] for m in merged] == [1.0, 1.0, 2.0] and merged[0]["tokens"] == 200 and merged[0]["peak_mem_gib"] == 3.0
+    figs = bt.summarize(merged, 1, 2, lambda span: 1000.0 + span, 1e6)
+    assert figs["steps_measured"] == 2
+    assert figs["tokens_per_s_per_gpu"] == pytest.approx((100.0 + 50.0) / 2)  # median of 200/1/2 and 200/2/2
+    assert figs["attn_span_tokens"] == 100.0 and figs["flops_per_token"] == 1100.0
+    assert figs["mfu"] == pytest.approx(75.0 * 1100.0 / 1e6)
+    assert figs["step_time_s"]["p50"] == 1.5 and figs["step_time_s"]["p10"] == pytest.approx(1.1)
+    with pytest.raises(bt.BenchTrainError, match="none after the 3 warm-up"):
+        bt.summarize(merged, 3, 2, None, None)
+
+
+def synthetic_results(path: Path) -> Path:
+    ok = {"recipe": "rayft", "workload": "random", "status": "ok", "tokens_per_s_per_gpu": 43272.4, "mfu": 0.411,
+          "peak_mem_gib": 54.62, "step_time_s": {"p10": 0.37, "p50": 0.38, "p90": 0.4, "min": 0.3, "max": 0.5},
+          "usd_per_1m_tokens": 0.0123}
+    bad = {"recipe": "trl-best", "workload": "real", "status": "failed", "error": "exit 1\n  Traceback ..."}
+    doc = {"command": "rayft bench train x.yaml", "git_commit": "abcdef1234567890", "environment": {"gpu_model": "NVIDIA H200"},
+           "figures": {"model": "qwen2.5-1.5b", "seq_len": 2048, "micro_batch_size": 8, "world_size": 2, "steps": 30, "warmup_steps": 5,
+                       "price": {"usd_per_gpu_hour": None, "note": "the catalog has no On-Demand price for p5en.48xlarge"}, "runs": [ok, bad]}}
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_table_command_regenerates_markdown_from_a_results_file(tmp_path):
+    res = synthetic_results(tmp_path / "r.json")
+    out = CliRunner().invoke(app, ["bench", "table", str(res)])
+    assert out.exit_code == 0, out.output
+    md = (tmp_path / "r.md").read_text()
+    assert "| rayft | random | 43,272 | 41.1% | 54.6 | 0.370 / 0.380 / 0.400 | 0.0123 | ok |" in md
+    assert "| trl-best | real | — | — | — | — | — | failed: exit 1 |" in md
+    assert "2 × NVIDIA H200" in md and "Cost: not computed: the catalog has no On-Demand price" in md
+    pytest.importorskip("matplotlib")
+    assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_failed_recipe_keeps_the_others_results(tmp_path):
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text("model: {name_or_path: qwen2-tiny}\ndata: {synthetic: {rows: 4}, seq_len: 16}\n"
+                   f"train: {{num_workers: 2, use_gpu: false, micro_batch_size: 1}}\ncheckpoint: {{storage_path: {tmp_path}}}\n")
+
+    def runner(cmd, env, log, timeout_s):
+        log.write_text("line 1\nboom: the recipe crashed\n")
+        if "sample" in cmd:  # sample-recipe: write two ranks' step records as the real recipe does
+            run_dir = Path(json.loads(Path(cmd[-1]).read_text())["out_dir"])
+            for rank in (0, 1):
+                (run_dir / f"steps.rank{rank}.jsonl").write_text("".join(
+                    json.dumps({"step": s, "step_time_s": 0.5, "tokens": 16, "attn_tokens_sq": 256.0, "peak_mem_gib": None}) + "\n"
+                    for s in (1, 2, 3)))
+            return 0
+        return 1
+
+    path, figs = bt.run_bench(cfg, recipes=["sample-recipe", "trl-default"], workloads=["random"], steps=3, warmup_steps=1,
+                              out=tmp_path / "res.json", work_dir=tmp_path / "wd", runner=runner)
+    ok, bad = figs["runs"]
+    assert ok["status"] == "ok" and ok["tokens_per_s_per_gpu"] == 32.0  # 2 ranks × 16 tokens / 0.5 s / 2 GPUs
+    assert ok["mfu"] is None and ok["attn_span_tokens"] == 16.0
+    assert bad["status"] == "failed" and "exit 1" in bad["error"] and "boom: the recipe crashed" in bad["error"]
+    doc = json.loads(path.read_text())
+    assert doc["figures"]["runs"][1]["status"] == "failed" and doc["command"].startswith("rayft bench train")
+    assert "failed: exit 1" in path.with_suffix(".md").read_text()
+
+
+def test_random_dataset_and_the_synthetic_config(tmp_path):
+    ds = random_dataset(3, 16, 100, seed=7)
+    assert len(ds) == 3 and ds.lengths().tolist() == [16, 16, 16] and ds.trainable.all()
+    assert ds.tokens.min() >= 0 and ds.tokens.max() < 100
+    assert np.array_equal(ds.tokens, random_dataset(3, 16, 100, seed=7).tokens)
+    assert not np.array_equal(ds.tokens, random_dataset(3, 16, 100, seed=8).tokens)
+    f = tmp_path / "c.yaml"
+    f.write_text("data: {synthetic: {rows: 5, seed: 2}}\n")
+    assert load_config(f).data.synthetic.rows == 5
+    f.write_text("data: {synthetic: {rows: 5}, train_files: [x.json]}\n")
+    with pytest.raises(ConfigError, match="data.synthetic replaces"):
+        load_config(f)
+    f.write_text("data: {seq_len: 16}\n")
+    with pytest.raises(ConfigError, match="train_files is required"):
+        load_config(f)
