@@ -72,7 +72,13 @@ def test_every_input_that_changes_tokens_changes_the_key(tmp_path, qwen_tokenize
 
     base = job(tmp_path)
     key0, hashed = cache_lib.cache_key(base.data, qwen_tokenizer, "qwen2.5")
-    assert hashed["train_files"] == [{"sha256": __import__("hashlib").sha256((tmp_path / "chat.jsonl").read_bytes()).hexdigest()}]
+    assert hashed["train_files"] == [
+        {"path": str((tmp_path / "chat.jsonl").resolve()), "sha256": __import__("hashlib").sha256((tmp_path / "chat.jsonl").read_bytes()).hexdigest()}
+    ]
+    # the same bytes under another path are another entry: the cached report lines name the file
+    moved = tmp_path / "elsewhere.jsonl"
+    moved.write_bytes((tmp_path / "chat.jsonl").read_bytes())
+    assert cache_lib.cache_key(job(tmp_path, f"data.train_files=[{moved}]").data, qwen_tokenizer, "qwen2.5")[0] != key0
     keys = {"base": key0}
     for o in ["data.seq_len=65", "data.format=messages", "data.max_examples=7", "data.on_bad_record=skip",
               "data.columns={content: text}", "data.validation_fraction=0.25", "data.validation_files=[chat.jsonl]"]:  # fmt: skip

@@ -48,7 +48,8 @@ class CacheError(ValueError):
 
 def file_identity(path) -> dict[str, Any]:
     """What the key records of one input file (a ``Path`` or an ``S3Object``):
-    ``{"sha256": hex}`` of a local file's bytes, ``{"uri", "size", "etag"}`` of an S3 object.
+    ``{"path", "sha256"}`` of a local file (its absolute path: the cached report lines name it,
+    so a copy elsewhere is a miss), ``{"uri", "size", "etag"}`` of an S3 object.
 
     Raises:
         OSError: an unreadable local file. DataError: an S3 error.
@@ -67,7 +68,7 @@ def file_identity(path) -> dict[str, Any]:
     with open(path, "rb") as f:
         while chunk := f.read(1 << 22):
             h.update(chunk)
-    return {"sha256": h.hexdigest()}
+    return {"path": str(Path(path).resolve()), "sha256": h.hexdigest()}
 
 
 def tokenizer_identity(tokenizer, name: str) -> dict[str, Any]:
