@@ -136,3 +136,22 @@ def test_random_dataset_and_the_synthetic_config(tmp_path):
     f.write_text("data: {seq_len: 16}\n")
     with pytest.raises(ConfigError, match="train_files is required"):
         load_config(f)
+
+
+def test_rayft_random_workload_wins_over_a_user_train_files_override(tmp_path):
+    """bench_train.sh passes --set data.train_files=[...]; the random workload must still load."""
+    cfg_file = tmp_path / "job.yaml"
+    cfg_file.write_text("model: {name_or_path: qwen2-tiny}\ndata: {train_files: [a.json], seq_len: 16}\n"
+                        f"train: {{num_workers: 2, use_gpu: false, micro_batch_size: 3}}\ncheckpoint: {{storage_path: {tmp_path}}}\n")
+    user = ["data.train_files=[x.json,y.json]", "train.lr=0.5"]
+    cfg = load_config(cfg_file, user)
+    plan = bt.Plan(cfg_file, user, ["rayft"], ["random", "real"], 4, 1, tmp_path / "wd", None)
+    for workload in ("random", "real"):
+        cmd = bt.recipe_command("rayft", workload, plan, cfg, 2, False, {}, tmp_path / "run")
+        sets = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--set"]
+        got = load_config(cfg_file, sets)
+        assert got.train.lr == 0.5 and got.train.max_steps == 4 and got.train.compile is True
+        if workload == "random":
+            assert got.data.train_files == [] and got.data.synthetic.rows == 4 * 2 * 3
+        else:
+            assert got.data.train_files == ["x.json", "y.json"] and got.data.synthetic is None

@@ -334,12 +334,15 @@ def recipe_command(recipe: str, workload: str, plan: Plan, cfg, world: int, use_
     """The subprocess command line of one recipe × workload (writes the spec file it needs)."""
     py = sys.executable
     if recipe == "rayft":
-        sets = list(RAYFT_BEST)
+        # recipe best settings, then the user's overrides, then the workload's data (which must win
+        # over a user's data.train_files), then the bench's fixed settings.
+        sets = list(RAYFT_BEST) + list(plan.overrides)
         if workload == "random":
             rows = plan.steps * world * cfg.train.micro_batch_size
             sets += ["data.train_files=[]", "data.validation_files=null", "data.validation_fraction=null",
                      f"data.synthetic={{rows: {rows}, seed: {cfg.data.seed}}}"]  # fmt: skip
-        sets += plan.overrides
+        else:
+            sets += ["data.synthetic=null"]
         sets += [f"train.max_steps={plan.steps}", "train.warmup_steps=0", f"train.num_workers={world}", "train.grad_accum_steps=1",
                  f"checkpoint.storage_path={run_dir}", "checkpoint.name=rayft", "checkpoint.every_steps=null", "checkpoint.every_minutes=null",
                  "checkpoint.export_hf=false", "ray.max_failures=0", "train.eval_every=null"]  # fmt: skip
