@@ -155,3 +155,96 @@ def test_rayft_random_workload_wins_over_a_user_train_files_override(tmp_path):
             assert got.data.train_files == [] and got.data.synthetic.rows == 4 * 2 * 3
         else:
             assert got.data.train_files == ["x.json", "y.json"] and got.data.synthetic is None
+
+
+def tiny_job(tmp_path) -> Path:
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text("model: {name_or_path: qwen2-tiny}\ndata: {synthetic: {rows: 4}, seq_len: 16}\n"
+                   f"train: {{num_workers: 2, use_gpu: false, micro_batch_size: 1}}\ncheckpoint: {{storage_path: {tmp_path}}}\n")
+    return cfg
+
+
+def write_steps(cmd, n=3):
+    """What the sample / TRL recipes write: two ranks' step records into the spec's out_dir."""
+    run_dir = Path(json.loads(Path(cmd[-1]).read_text())["out_dir"])
+    for rank in (0, 1):
+        (run_dir / f"steps.rank{rank}.jsonl").write_text("".join(
+            json.dumps({"step": s, "step_time_s": 0.5, "tokens": 16, "attn_tokens_sq": 256.0, "peak_mem_gib": None}) + "\n"
+            for s in range(1, n + 1)))
+
+
+def test_results_are_written_after_every_run_and_a_runner_exception_is_one_runs_failure(tmp_path):
+    out = tmp_path / "res.json"
+    seen = []
+
+    def runner(cmd, env, log, timeout_s):
+        seen.append([(r["recipe"], r["status"]) for r in json.loads(out.read_text())["figures"]["runs"]])
+        if "trl" in cmd:
+            raise OSError("cannot start torchrun")
+        write_steps(cmd)
+        return 0
+
+    path, figs = bt.run_bench(tiny_job(tmp_path), recipes=["trl-default", "sample-recipe"], workloads=["random"], steps=3, warmup_steps=1,
+                              out=out, work_dir=tmp_path / "wd", runner=runner)
+    # before run 1 nothing has run; before run 2 run 1's failure is on disk already
+    assert seen == [[("trl-default", "not run"), ("sample-recipe", "not run")], [("trl-default", "failed"), ("sample-recipe", "not run")]]
+    bad, ok = figs["runs"]
+    assert bad["status"] == "failed" and "runner error: OSError('cannot start torchrun')" in bad["error"]
+    assert ok["status"] == "ok" and ok["tokens_per_s_per_gpu"] == 32.0 and figs["complete"] is True
+    assert ok["settings"] == bt.SAMPLE_SETTINGS and bad["settings"]["gradient_checkpointing"] is False
+    assert "| sample-recipe | random | 32 |" in path.with_suffix(".md").read_text()
+
+
+def test_deadline_cuts_each_runs_limit_and_skips_runs_that_cannot_fit(tmp_path, monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(bt, "_clock", lambda: now[0])
+    limits = {}
+
+    def runner(cmd, env, log, timeout_s):
+        recipe = json.loads(Path(cmd[-1]).read_text())["recipe"]
+        limits[recipe] = timeout_s
+        now[0] += {"sample-recipe": 100.0, "trl-default": 70.0}[recipe]  # the run's duration
+        write_steps(cmd)
+        return 0
+
+    path, figs = bt.run_bench(tiny_job(tmp_path), recipes=["sample-recipe", "trl-default", "trl-best"], workloads=["random"], steps=3,
+                              warmup_steps=1, out=tmp_path / "res.json", work_dir=tmp_path / "wd", runner=runner,
+                              timeout_s=bt.parse_timeouts("sample-recipe=150,trl-default=120,trl-best=120"), deadline_s=200)
+    # sample: min(150, 200 - 0 - 10) = 150; trl-default: min(120, 200 - 100 - 10) = 90; trl-best: 200 - 170 - 10 = 20 s < 30: skipped
+    assert limits == {"sample-recipe": 150.0, "trl-default": 90.0}
+    s, d, b = figs["runs"]
+    assert s["status"] == d["status"] == "ok" and s["timeout_s"] == 150.0 and d["timeout_s"] == 90.0
+    assert b["status"] == "skipped: no time left" and b["error"].startswith("20 s left before --deadline-s 200")
+    assert "| trl-best | random | — | — | — | — | — | skipped: no time left |" in path.with_suffix(".md").read_text()
+
+
+def test_parse_timeouts():
+    assert bt.parse_timeouts("300") == 300.0 and bt.parse_timeouts(None) is None
+    assert bt.parse_timeouts("rayft=200, trl-best=120") == {"rayft": 200.0, "trl-best": 120.0}
+    with pytest.raises(bt.BenchTrainError, match="not RECIPE=SECONDS"):
+        bt.parse_timeouts("rayft=200,bogus=3")
+    with pytest.raises(bt.BenchTrainError, match="not a number"):
+        bt.parse_timeouts("rayft=fast")
+
+
+def test_sigterm_writes_the_runs_done_and_marks_the_rest_not_run(tmp_path):
+    import os
+    import signal
+
+    out = tmp_path / "res.json"
+    before = signal.getsignal(signal.SIGTERM)
+
+    def runner(cmd, env, log, timeout_s):
+        if "trl" in cmd:  # the second run is in flight when the bench gets SIGTERM
+            os.kill(os.getpid(), signal.SIGTERM)
+        write_steps(cmd)
+        return 0
+
+    with pytest.raises(bt.BenchInterrupted, match=r"after 1 of 3 runs"):
+        bt.run_bench(tiny_job(tmp_path), recipes=["sample-recipe", "trl-default", "trl-best"], workloads=["random"], steps=3,
+                     warmup_steps=1, out=out, work_dir=tmp_path / "wd", runner=runner)
+    runs = json.loads(out.read_text())["figures"]["runs"]
+    assert [(r["recipe"], r["status"]) for r in runs] == [("sample-recipe", "ok"), ("trl-default", "not run"), ("trl-best", "not run")]
+    assert runs[0]["tokens_per_s_per_gpu"] == 32.0
+    assert "| trl-best | random | — | — | — | — | — | not run |" in out.with_suffix(".md").read_text()
+    assert signal.getsignal(signal.SIGTERM) == before  # the bench's handler is removed again

@@ -225,6 +225,8 @@ def trl_config_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
         gradient_accumulation_steps=1, learning_rate=spec["lr"], max_length=spec["seq_len"], save_strategy="no",
         eval_strategy="no", report_to=[], logging_steps=1, seed=spec["seed"], bf16=spec["use_gpu"],
         use_cpu=not spec["use_gpu"], disable_tqdm=True,
+        # explicit: SFTConfig defaults it to True; the bench runs every recipe as the config says
+        gradient_checkpointing=bool(spec.get("activation_checkpointing", False)),
     )  # fmt: skip
     if spec["num_workers"] > 1:
         kw["fsdp"] = "full_shard auto_wrap"
@@ -234,6 +236,18 @@ def trl_config_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
         if spec["use_gpu"] and importlib.util.find_spec("liger_kernel") is not None:
             kw["use_liger_kernel"] = True
     return kw
+
+
+SETTINGS_FILE = "settings.json"
+
+
+def trl_planned_settings(spec: dict[str, Any]) -> dict[str, Any]:
+    """The effective settings of a TRL run as planned from its spec (the run itself writes what it
+    used into ``SETTINGS_FILE``)."""
+    kw = trl_config_kwargs(spec)
+    return {"attention": "sdpa", "padding_free": bool(kw.get("packing")), "liger": bool(kw.get("use_liger_kernel")),
+            "gradient_checkpointing": kw["gradient_checkpointing"], "fsdp": 1 if "fsdp" in kw else None,
+            "cross_entropy": "liger fused linear" if kw.get("use_liger_kernel") else "transformers (full logits)"}  # fmt: skip
 
 
 def run_trl(spec: dict[str, Any]) -> None:

@@ -32,8 +32,11 @@ import json
 import os
 import re
 import shlex
+import signal
 import statistics
 import sys
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Callable
@@ -59,8 +62,68 @@ GPU_INSTANCE = {
 RAYFT_BEST = ["train.compile=true", "train.cross_entropy=auto", "model.attn_implementation=auto", "data.packing=true"]
 
 
+NOT_RUN = "not run"
+SKIPPED = "skipped: no time left"
+#: Seconds kept free before ``--deadline-s`` (writing the results), and the least a run is started with.
+DEADLINE_MARGIN_S = 10.0
+MIN_RUN_S = 30.0
+
+
 class BenchTrainError(RuntimeError):
     """The benchmark cannot start (bad arguments or config); single runs fail without it."""
+
+
+class BenchInterrupted(KeyboardInterrupt):
+    """SIGTERM or Ctrl-C: the results of the runs done so far were written (the others "not run").
+    A ``KeyboardInterrupt`` so that no per-run ``except Exception`` records it as a run failure."""
+
+
+#: The clock of ``--deadline-s`` (tests replace it).
+_clock = time.monotonic
+
+
+Timeouts = float | dict[str, float] | None
+
+
+def parse_timeouts(text: str | None) -> Timeouts:
+    """``--timeout-s``: seconds for every run (``300``), or per recipe (``rayft=200,trl-default=120``;
+    a recipe not named has no limit but the deadline).
+
+    Raises:
+        BenchTrainError: not a number, an unknown recipe, or a limit <= 0.
+    """
+    if text is None or not text.strip():
+        return None
+
+    def seconds(v: str, what: str) -> float:
+        try:
+            x = float(v)
+        except ValueError:
+            raise BenchTrainError(f"--timeout-s {what}: {v!r} is not a number of seconds") from None
+        if x <= 0:
+            raise BenchTrainError(f"--timeout-s {what}: {v} must be > 0")
+        return x
+
+    if "=" not in text:
+        return seconds(text.strip(), "")
+    out: dict[str, float] = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        name, sep, v = part.partition("=")
+        if not sep or name.strip() not in RECIPES:
+            raise BenchTrainError(f"--timeout-s: {part!r} is not RECIPE=SECONDS with RECIPE one of {', '.join(RECIPES)}")
+        out[name.strip()] = seconds(v.strip(), name.strip())
+    return out
+
+
+def format_timeouts(t: Timeouts) -> str:
+    if isinstance(t, dict):
+        return ",".join(f"{k}={v:g}" for k, v in t.items())
+    return "" if t is None else f"{t:g}"
+
+
+def run_timeout(t: Timeouts, recipe: str) -> float | None:
+    """The per-run cap of ``recipe`` (None: none)."""
+    return t.get(recipe) if isinstance(t, dict) else t
 
 
 # ------------------------------------------------------------------------------ figures
@@ -203,14 +266,23 @@ def markdown_table(doc: dict[str, Any]) -> str:
             "| --- | --- | ---: | ---: | ---: | --- | ---: | --- |")  # fmt: skip
     lines = [head]
     for r in fig["runs"]:
+        name = r.get("label") or r["recipe"]
         if r["status"] != "ok":
-            lines.append(f"| {r['recipe']} | {r['workload']} | — | — | — | — | — | failed: {r.get('error', '').splitlines()[0][:80] if r.get('error') else r['status']} |")
+            status = r["status"]
+            if status == "failed" and r.get("error"):
+                status = f"failed: {r['error'].splitlines()[0][:80]}"
+            lines.append(f"| {name} | {r['workload']} | — | — | — | — | — | {status} |")
             continue
         st = r["step_time_s"]
         mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "—"
-        lines.append(f"| {r['recipe']} | {r['workload']} | {r['tokens_per_s_per_gpu']:,.0f} | {mfu} | {_fmt(r.get('peak_mem_gib'), '.1f')} | "
+        lines.append(f"| {name} | {r['workload']} | {r['tokens_per_s_per_gpu']:,.0f} | {mfu} | {_fmt(r.get('peak_mem_gib'), '.1f')} | "
                      f"{st['p10']:.3f} / {st['p50']:.3f} / {st['p90']:.3f} | {_fmt(r.get('usd_per_1m_tokens'), '.4f')} | ok |")  # fmt: skip
     price = fig.get("price", {})
+    lines.append("")
+    for r in fig["runs"]:
+        st = r.get("settings")
+        if st:
+            lines.append(f"- {r.get('label') or r['recipe']} × {r['workload']}: " + ", ".join(f"{k} {v}" for k, v in st.items()))
     lines.append("")
     lines.append(f"{fig.get('world_size')} × {env.get('gpu_model', '?')}, model {fig.get('model')}, seq {fig.get('seq_len')}, "
                  f"micro-batch {fig.get('micro_batch_size')} rows/GPU, {fig.get('steps')} steps (median over steps after "
@@ -279,7 +351,8 @@ class Plan:
     steps: int
     warmup_steps: int
     work_dir: Path
-    timeout_s: float | None
+    timeout_s: Timeouts
+    deadline_s: float | None = None
 
 
 Runner = Callable[[list[str], dict[str, str], Path, float | None], int]
@@ -351,7 +424,7 @@ def recipe_command(recipe: str, workload: str, plan: Plan, cfg, world: int, use_
         "recipe": recipe, "workload": workload, "data": shared["data"][workload]["file"], "model_dir": shared["model_dir"],
         "tokenizer_dir": shared["tokenizer_dir"], "decoder_layer_cls": shared["decoder_layer_cls"], "seq_len": cfg.data.seq_len,
         "micro_batch_size": cfg.train.micro_batch_size, "steps": plan.steps, "num_workers": world, "use_gpu": use_gpu,
-        "lr": cfg.train.lr, "seed": cfg.train.seed, "pad_id": shared["pad_id"], "out_dir": str(run_dir),
+        "lr": cfg.train.lr, "seed": cfg.train.seed, "activation_checkpointing": cfg.train.activation_checkpointing, "pad_id": shared["pad_id"], "out_dir": str(run_dir),
     }  # fmt: skip
     run_dir.mkdir(parents=True, exist_ok=True)
     spec_file = run_dir / "spec.json"
@@ -359,6 +432,39 @@ def recipe_command(recipe: str, workload: str, plan: Plan, cfg, world: int, use_
     if recipe == "sample-recipe":
         return [py, "-m", "rayft.bench.recipes", "sample", str(spec_file)]
     return [py, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}", "-m", "rayft.bench.recipes", "trl", str(spec_file)]
+
+
+#: What ``sample-recipe`` runs (fixed by the AWS sample's code).
+SAMPLE_SETTINGS = {"attention": "sdpa", "padding_free": False, "liger": False, "gradient_checkpointing": False,
+                   "fsdp": 1, "cross_entropy": "transformers (full logits)"}  # fmt: skip
+
+
+def recipe_settings(recipe: str, run_dir: Path, cmd: list[str], config: Path) -> dict[str, Any]:
+    """The effective settings of one run: attention, padding_free, liger, gradient_checkpointing, fsdp
+    (version), cross_entropy. Before the run: what is planned; after it, what the run reported
+    (TRL: its ``settings.json``; rayft: the first line of ``rayft_metrics.jsonl``)."""
+    if recipe == "sample-recipe":
+        return dict(SAMPLE_SETTINGS)
+    if recipe == "rayft":
+        from rayft.config import load_config
+
+        c = load_config(config, [cmd[i + 1] for i, a in enumerate(cmd) if a == "--set"])
+        out = {"attention": c.model.attn_implementation, "padding_free": c.data.packing, "liger": c.train.liger_kernels,
+               "gradient_checkpointing": c.train.activation_checkpointing, "fsdp": 2, "cross_entropy": c.train.cross_entropy,
+               "compile": c.train.compile}  # fmt: skip
+        metrics = run_dir / "rayft" / "rayft_metrics.jsonl"
+        try:
+            first = json.loads(metrics.read_text().splitlines()[0])
+            out["attention"], out["cross_entropy"] = first["attn_implementation"], first["cross_entropy"]
+        except (OSError, IndexError, KeyError, ValueError):
+            pass
+        return out
+    from rayft.bench.recipes import SETTINGS_FILE, trl_planned_settings
+
+    try:
+        return json.loads((run_dir / SETTINGS_FILE).read_text())
+    except (OSError, ValueError):
+        return trl_planned_settings(json.loads((run_dir / "spec.json").read_text()))
 
 
 def run_bench(
@@ -370,11 +476,12 @@ def run_bench(
     warmup_steps: int = DEFAULT_WARMUP,
     out: str | os.PathLike | None = None,
     work_dir: str | os.PathLike | None = None,
-    timeout_s: float | None = None,
+    timeout_s: Timeouts = None,
     usd_per_gpu_hour: float | None = None,
     instance: str | None = None,
     console: Console | None = None,
     runner: Runner = run_logged,
+    deadline_s: float | None = None,
 ) -> tuple[Path, dict[str, Any]]:
     """Run every recipe × workload, write the results JSON (+ ``.md`` and ``.png`` beside it).
 
@@ -383,15 +490,24 @@ def run_bench(
         overrides: ``--set`` overrides for the config; passed to the ``rayft`` recipe after its own settings.
         steps: optimizer steps per run; warmup_steps: leading steps left out of every figure.
         work_dir: where the shared inputs, the runs and their logs go (default ``<storage_path>/bench-train-<time>``).
-        timeout_s: limit per run, seconds.
+        timeout_s: limit per run, seconds: one for all, or ``{recipe: seconds}`` (:func:`parse_timeouts`).
+        deadline_s: the whole benchmark's time budget from the call, seconds: each run gets at most
+            what is left less :data:`DEADLINE_MARGIN_S`; a run with less than :data:`MIN_RUN_S` left
+            is not started (status :data:`SKIPPED`).
         usd_per_gpu_hour / instance: the price to use instead of the catalog's for the detected GPU.
         runner: runs one subprocess into a log (tests replace it).
+
+    The results JSON and its Markdown table are rewritten after every run; runs not started yet are
+    listed with status :data:`NOT_RUN`. On SIGTERM or Ctrl-C the results so far are written and
+    :class:`BenchInterrupted` raised.
 
     Returns:
         ``(results file, figures)``.
     Raises:
         BenchTrainError: bad options or config (a failed run is recorded, not raised).
+        BenchInterrupted: SIGTERM / KeyboardInterrupt (after writing the partial results).
     """
+    t0 = _clock()
     import torch
 
     from rayft.bench.record import environment, write_result
@@ -421,7 +537,9 @@ def run_bench(
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     wd = Path(work_dir) if work_dir else Path(cfg.checkpoint.storage_path) / f"bench-train-{stamp}"
     wd.mkdir(parents=True, exist_ok=True)
-    plan = Plan(Path(config), overrides, recipes, workloads, steps, warmup_steps, wd, timeout_s)
+    if isinstance(timeout_s, str):
+        timeout_s = parse_timeouts(timeout_s)
+    plan = Plan(Path(config), overrides, recipes, workloads, steps, warmup_steps, wd, timeout_s, deadline_s)
     shared = _prepare_model_and_data(cfg, plan, world, console)
     from rayft.data.tokenizer import load_tokenizer
 
@@ -435,45 +553,13 @@ def run_bench(
     def flops_fn(span: float) -> float:
         return flops_per_token(shared["matmul_params"], shared["num_layers"], shared["hidden"], span)
 
-    runs = []
-    for w in workloads:
-        for r in recipes:
-            run_dir = wd / f"{r}-{w}"
-            log = wd / f"{r}-{w}.log"
-            entry: dict[str, Any] = {"recipe": r, "workload": w, "log": str(log), "run_dir": str(run_dir)}
-            try:
-                cmd = recipe_command(r, w, plan, cfg, world, use_gpu, shared, run_dir)
-            except Exception as e:  # noqa: BLE001 - recorded per run
-                runs.append({**entry, "status": "failed", "error": f"could not prepare the run: {e}"})
-                continue
-            entry["cmd"] = " ".join(shlex.quote(c) for c in cmd)
-            console.print(f"[{r} × {w}] {steps} steps → {log}", highlight=False, markup=False)
-            env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
-            rc = runner(cmd, env, log, timeout_s)
-            try:
-                if rc != 0:
-                    raise BenchTrainError(f"exit {rc}" + (" (time limit)" if rc == 124 else ""))
-                recs = rayft_records(run_dir / "rayft" / "rayft_metrics.jsonl") if r == "rayft" else read_step_files(run_dir)
-                figs = summarize(recs, warmup_steps, world, flops_fn, peak)
-            except (BenchTrainError, OSError, KeyError, ValueError) as e:
-                runs.append({**entry, "status": "failed", "exit_code": rc, "error": f"{e}\n{_tail(log, 25)}"})
-                console.print(Text.assemble((f"[{r} × {w}] failed", "bold red"), f": {e}"), highlight=False)
-                continue
-            figs["usd_per_1m_tokens"] = usd_per_million_tokens(price.get("usd_per_gpu_hour"), figs["tokens_per_s_per_gpu"])
-            runs.append({**entry, "status": "ok", **figs, "steps": recs})
-            console.print(f"[{r} × {w}] {figs['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU", highlight=False, markup=False)
-
-    figures = {
-        "model": cfg.model.name_or_path, "seq_len": cfg.data.seq_len, "micro_batch_size": cfg.train.micro_batch_size,
-        "world_size": world, "use_gpu": use_gpu, "steps": steps, "warmup_steps": warmup_steps, "peak_flops": peak,
-        "matmul_params": shared["matmul_params"], "price": price, "rayft_settings": RAYFT_BEST,
-        "workloads": {w: shared["data"][w] for w in workloads}, "runs": runs,
-    }  # fmt: skip
     if out is None:
         label = gpu_label(gpu_model, world)
         out = Path("bench/results") / f"{dt.date.today():%Y-%m-%d}-train-{re.sub(r'[^a-z0-9.]+', '-', cfg.model.name_or_path.lower())}-{label}.json"
     command = " ".join(["rayft bench train", shlex.quote(str(config)), "--recipes", ",".join(recipes), "--workload",
                         workloads[0] if len(workloads) == 1 else "both", "--steps", str(steps), "--warmup-steps", str(warmup_steps),
+                        *(["--timeout-s", shlex.quote(format_timeouts(timeout_s))] if timeout_s is not None else []),
+                        *(["--deadline-s", f"{deadline_s:g}"] if deadline_s is not None else []),
                         *(a for s in overrides for a in ("--set", shlex.quote(s)))])  # fmt: skip
     versions = {}
     for mod in ("trl", "datasets", "accelerate"):
@@ -481,9 +567,91 @@ def run_bench(
             versions[mod] = __import__(mod).__version__
         except Exception:  # noqa: BLE001
             versions[mod] = None
-    path = write_result(out, command, figures, versions=versions)
-    write_table_files(path, console)
-    return path, figures
+    todo = [(r, w) for w in workloads for r in recipes]
+    runs: list[dict[str, Any]] = []
+
+    def write(final: bool) -> tuple[Path, dict[str, Any]]:
+        """The results so far (runs not started: status "not run"), JSON + Markdown (+ PNG when final)."""
+        pending = [{"recipe": r, "workload": w, "status": NOT_RUN} for r, w in todo[len(runs):]]
+        figures = {
+            "model": cfg.model.name_or_path, "seq_len": cfg.data.seq_len, "micro_batch_size": cfg.train.micro_batch_size,
+            "world_size": world, "use_gpu": use_gpu, "steps": steps, "warmup_steps": warmup_steps, "peak_flops": peak,
+            "matmul_params": shared["matmul_params"], "price": price, "rayft_settings": RAYFT_BEST,
+            "timeout_s": timeout_s, "deadline_s": deadline_s, "complete": final and not pending,
+            "workloads": {w: shared["data"][w] for w in workloads}, "runs": runs + pending,
+        }  # fmt: skip
+        path = write_result(out, command, figures, versions=versions)
+        if final:
+            write_table_files(path, console)
+        else:
+            path.with_suffix(".md").write_text(markdown_table(json.loads(path.read_text())) + "\n")
+        return path, figures
+
+    def on_sigterm(signum, frame):
+        raise BenchInterrupted(f"signal {signum}")
+
+    write(False)  # every run "not run" yet: a results file exists from the start
+    old_handler = signal.signal(signal.SIGTERM, on_sigterm) if threading.current_thread() is threading.main_thread() else None
+    try:
+        for r, w in todo:
+            runs.append(_one_run(r, w, plan, cfg, world, use_gpu, shared, runner, console, t0, flops_fn, peak, price))
+            write(False)
+    except (KeyboardInterrupt, BenchInterrupted) as e:
+        why = str(e) or "KeyboardInterrupt"
+        path, _ = write(True)
+        raise BenchInterrupted(f"interrupted ({why}) after {len(runs)} of {len(todo)} runs; partial results in {path}") from None
+    finally:
+        if old_handler is not None:
+            signal.signal(signal.SIGTERM, old_handler)
+    return write(True)
+
+
+def _one_run(r: str, w: str, plan: Plan, cfg, world: int, use_gpu: bool, shared: dict, runner: Runner, console: Console,
+             t0: float, flops_fn, peak, price) -> dict[str, Any]:  # fmt: skip
+    """Run one recipe × workload; its results entry (a failure of any kind is recorded, not raised)."""
+    wd = plan.work_dir
+    run_dir = wd / f"{r}-{w}"
+    log = wd / f"{r}-{w}.log"
+    entry: dict[str, Any] = {"recipe": r, "workload": w, "log": str(log), "run_dir": str(run_dir)}
+    cap = run_timeout(plan.timeout_s, r)
+    limit = cap
+    if plan.deadline_s is not None:
+        left = plan.deadline_s - (_clock() - t0) - DEADLINE_MARGIN_S
+        if left < MIN_RUN_S:
+            console.print(f"[{r} × {w}] skipped: {max(0.0, left):.0f} s left before the deadline", highlight=False, markup=False)
+            return {**entry, "status": SKIPPED, "error": f"{max(0.0, left):.0f} s left before --deadline-s {plan.deadline_s:g} (needs {MIN_RUN_S} s)"}
+        limit = left if cap is None else min(cap, left)
+    entry["timeout_s"] = limit
+    try:
+        cmd = recipe_command(r, w, plan, cfg, world, use_gpu, shared, run_dir)
+    except Exception as e:  # noqa: BLE001 - recorded per run
+        return {**entry, "status": "failed", "error": f"could not prepare the run: {e}"}
+    entry["cmd"] = " ".join(shlex.quote(c) for c in cmd)
+    entry["settings"] = recipe_settings(r, run_dir, cmd, plan.config)
+    entry["settings"].pop("label", None)
+    console.print(f"[{r} × {w}] {plan.steps} steps, limit {_fmt(limit, '.0f', 'none')} s → {log}", highlight=False, markup=False)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+    t_run = time.monotonic()
+    try:
+        rc = runner(cmd, env, log, limit)
+    except Exception as e:  # noqa: BLE001 - the runner itself failed: this run's failure
+        console.print(Text.assemble((f"[{r} × {w}] failed", "bold red"), f": runner error {e!r}"), highlight=False)
+        return {**entry, "status": "failed", "error": f"runner error: {e!r}\n{_tail(log, 25)}"}
+    entry["wall_s"] = round(time.monotonic() - t_run, 1)
+    entry["settings"] = recipe_settings(r, run_dir, cmd, plan.config)  # what the run reported it used
+    if entry["settings"].get("label"):
+        entry["label"] = entry["settings"].pop("label")
+    try:
+        if rc != 0:
+            raise BenchTrainError(f"exit {rc}" + (f" (time limit {limit:.0f} s)" if rc == 124 and limit else ""))
+        recs = rayft_records(run_dir / "rayft" / "rayft_metrics.jsonl") if r == "rayft" else read_step_files(run_dir)
+        figs = summarize(recs, plan.warmup_steps, world, flops_fn, peak)
+    except (BenchTrainError, OSError, KeyError, ValueError) as e:
+        console.print(Text.assemble((f"[{r} × {w}] failed", "bold red"), f": {e}"), highlight=False)
+        return {**entry, "status": "failed", "exit_code": rc, "error": f"{e}\n{_tail(log, 25)}"}
+    figs["usd_per_1m_tokens"] = usd_per_million_tokens(price.get("usd_per_gpu_hour"), figs["tokens_per_s_per_gpu"])
+    console.print(f"[{r} × {w}] {figs['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU", highlight=False, markup=False)
+    return {**entry, "status": "ok", **figs, "steps": recs}
 
 
 def _split(values: list[str] | None) -> list[str] | None:
@@ -505,7 +673,8 @@ def register(bench_app: typer.Typer) -> None:
         set_: Annotated[list[str] | None, typer.Option("--set", "-s", help="Override a config key (repeatable).")] = None,
         out: Annotated[Path | None, typer.Option(help="Results JSON (default bench/results/<date>-train-<model>-<N>x<gpu>.json).")] = None,
         work_dir: Annotated[Path | None, typer.Option(help="Shared inputs, runs and logs (default <storage_path>/bench-train-<time>).")] = None,
-        timeout_s: Annotated[int | None, typer.Option(min=1, help="Time limit per run, seconds.")] = None,
+        timeout_s: Annotated[str | None, typer.Option(help="Time limit per run, seconds: one number for all runs, or per recipe as rayft=200,trl-default=120,...")] = None,
+        deadline_s: Annotated[float | None, typer.Option(min=1, help="Time budget of the whole benchmark, seconds: each run is cut to what is left (less 10 s); runs that cannot fit are skipped.")] = None,
         usd_per_gpu_hour: Annotated[float | None, typer.Option(min=0, help="Price per GPU-hour instead of the catalog's.")] = None,
         instance: Annotated[str | None, typer.Option(help="EC2 instance type whose catalog price is used.")] = None,
     ) -> None:
@@ -516,7 +685,11 @@ def register(bench_app: typer.Typer) -> None:
             raise typer.Exit(2)
         try:
             path, figures = run_bench(config, set_, _split([recipes]), list(WORKLOADS) if workload == "both" else [workload],
-                                      steps, warmup_steps, out, work_dir, timeout_s, usd_per_gpu_hour, instance, console)  # fmt: skip
+                                      steps, warmup_steps, out, work_dir, parse_timeouts(timeout_s), usd_per_gpu_hour, instance, console,
+                                      deadline_s=deadline_s)  # fmt: skip
+        except BenchInterrupted as e:
+            console.print(Text.assemble(("interrupted", "bold red"), ": ", str(e)), highlight=False)
+            raise typer.Exit(130) from None
         except BenchTrainError as e:
             console.print(Text.assemble(("error", "bold red"), ": ", str(e)), highlight=False)
             raise typer.Exit(1) from None
