@@ -15,22 +15,29 @@
 #   multiprocess 0.70.18: dill>=0.4.0;  dill, xxhash: none.
 #   Assumed present with transformers/torch/accelerate/ray: huggingface_hub, httpx, jinja2, filelock, fsspec, tqdm,
 #   psutil, requests. The import check below stops the script if one is missing.
-# Writes under $OUT (at most 8 files): train-bench.json/.md/.png, bench.log, and the logs of failed runs (gz).
+# Writes under $OUT: train-bench-<workload>.json/.md/.png (rewritten after every run, so a cut-off
+# call still leaves the runs done), bench.log (the bench's whole output) and run-logs.tar.gz (every
+# run's log and the TRL runs' settings.json).
+# Time: the device call has 600 s; the bench gets --deadline-s 500 (each run is cut to what is left,
+# runs that cannot fit are "skipped: no time left") and `timeout -k 10 520` around it (SIGTERM: the
+# bench writes what it has and kills the running recipe's process group).
 set -uo pipefail
 source .gpu/setup.sh
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 D="$PWD/.gpu/data"; ls "$D/alpaca_en_demo.json" "$D/alpaca_zh_demo.json" || exit 3
-python3 -c "import trl, datasets; print('trl', trl.__version__, 'datasets', datasets.__version__)" || { echo "stage the wheels in the header"; exit 4; }
+python3 -c "import trl, datasets; from trl import SFTTrainer, SFTConfig; print('trl', trl.__version__, 'datasets', datasets.__version__)" || { echo "stage the wheels in the header"; exit 4; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 NG=$(nvidia-smi -L | wc -l)
-STEPS=${STEPS:-20}; WARM=${WARM:-5}; MB=${MB:-8}; WD=/tmp/bench-train; rm -rf "$WD"
-CMD="rayft bench train examples/qwen2.5-1.5b.yaml --workload ${WORKLOAD:-both} --recipes ${RECIPES:-sample-recipe,trl-default,trl-best,rayft} --steps $STEPS --warmup-steps $WARM --out $OUT/train-bench-${WORKLOAD:-both}.json --work-dir $WD --timeout-s ${RUN_TIMEOUT:-240} --set model.name_or_path=qwen2.5-1.5b --set train.num_workers=$NG --set train.micro_batch_size=$MB --set train.activation_checkpointing=false --set data.train_files=[$D/alpaca_en_demo.json,$D/alpaca_zh_demo.json] --set data.cache_dir=null --set checkpoint.storage_path=$WD"
+STEPS=${STEPS:-15}; WARM=${WARM:-5}; MB=${MB:-8}; WD=/tmp/bench-train; rm -rf "$WD"
+W=${WORKLOAD:-both}
+RECIPES=${RECIPES:-rayft,sample-recipe,trl-default,trl-best}
+TIMEOUTS=${RUN_TIMEOUTS:-rayft=200,sample-recipe=150,trl-default=120,trl-best=120}
+CMD="rayft bench train examples/qwen2.5-1.5b.yaml --workload $W --recipes $RECIPES --steps $STEPS --warmup-steps $WARM --out $OUT/train-bench-$W.json --work-dir $WD --timeout-s $TIMEOUTS --deadline-s ${DEADLINE_S:-500} --set model.name_or_path=qwen2.5-1.5b --set train.num_workers=$NG --set train.micro_batch_size=$MB --set train.activation_checkpointing=false --set data.train_files=[$D/alpaca_en_demo.json,$D/alpaca_zh_demo.json] --set data.cache_dir=null --set checkpoint.storage_path=$WD"
 echo "$CMD"
-timeout ${BENCH_TIMEOUT:-580} python3 -m rayft.cli ${CMD#rayft } > /tmp/bench-train.log 2>&1
-rc=$?
-tail -200 /tmp/bench-train.log > "$OUT/bench.log"
-grep -v -E "^\s*$" /tmp/bench-train.log | tail -25
-n=0; for f in "$WD"/*.log; do grep -q '"status": "failed"' "$OUT/train-bench-${WORKLOAD:-both}.json" 2>/dev/null || break
-  [ $n -lt 3 ] && gzip -c "$f" > "$OUT/$(basename "$f").gz" && n=$((n+1)); done
+timeout -k 10 "${BENCH_TIMEOUT:-520}" python3 -m rayft.cli ${CMD#rayft } 2>&1 | tee "$OUT/bench.log"
+rc=${PIPESTATUS[0]}
+(cd "$WD" 2>/dev/null && find . -maxdepth 2 \( -name '*.log' -o -name settings.json \) -printf '%P\n' | tar -czf "$OUT/run-logs.tar.gz" -T -) \
+  || echo "no run logs under $WD"
 ls -la "$OUT"
 exit $rc
