@@ -349,3 +349,42 @@ def test_driver_forwards_only_nccl_variables_to_the_workers(monkeypatch):
     env = worker_env_vars()
     assert (env["NCCL_NET"], env["NCCL_DEBUG"], env["TOKENIZERS_PARALLELISM"]) == ("Socket", "INFO", "false")
     assert "FI_PROVIDER" not in env and all(k.startswith("NCCL_") or k == "TOKENIZERS_PARALLELISM" for k in env)
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie not reaped yet (its parent, the shell, is gone: init reaps it) counts as gone
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.parametrize("ignore_term", [False, True])
+def test_run_logged_timeout_stops_a_grandchild_in_the_childs_process_group(tmp_path, ignore_term):
+    import os
+
+    from rayft.bench.fabric import run_logged
+
+    pidfile = tmp_path / "grandchild.pid"
+    trap = "trap '' TERM; " if ignore_term else ""  # the grandchild inherits the ignored SIGTERM: only SIGKILL stops it
+    cmd = ["sh", "-c", f"{trap}sleep 100 & echo $! > {pidfile}; wait"]
+    log = tmp_path / "run.log"
+    t = time.monotonic()
+    rc = run_logged(cmd, dict(os.environ), log, 1.0, kill_grace_s=2.0 if ignore_term else 10.0)
+    took = time.monotonic() - t
+    assert rc == 124 and "killed after 1.0 s" in log.read_text()
+    gpid = int(pidfile.read_text())
+    assert os.getpgid(os.getpid()) != gpid  # (sanity) the grandchild was not in our group
+    deadline = time.monotonic() + 5
+    while _alive(gpid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(gpid), f"grandchild {gpid} still running after the timeout"
+    # SIGTERM is enough for a plain sleep (well within the 10 s grace; the dead grandchild only has to be
+    # reaped by init); with SIGTERM ignored the 2 s grace runs out before SIGKILL
+    assert (took >= 3.0) if ignore_term else (took < 8.0)

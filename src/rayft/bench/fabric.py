@@ -28,9 +28,11 @@ import json
 import os
 import re
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
@@ -176,15 +178,55 @@ def gpu_label(gpu: str | None, world_size: int | None) -> str:
 # ------------------------------------------------------------------------------------ running
 
 
-def run_logged(cmd: list[str], env: dict[str, str], log: Path, timeout_s: float | None) -> int:
-    """Run ``cmd`` with stdout and stderr into ``log``; its exit status (124 on timeout)."""
+#: Seconds between SIGTERM and SIGKILL to a timed-out run's process group.
+KILL_GRACE_S = 30.0
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    """Send ``sig`` to process group ``pgid``; False when the group has no process left."""
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _kill_group(proc: subprocess.Popen, grace_s: float) -> None:
+    """Stop the process group of ``proc`` (the leader of its own session): SIGTERM, wait up to
+    ``grace_s`` s for every process of the group to exit, then SIGKILL what is left."""
+    _signal_group(proc.pid, signal.SIGTERM)
+    end = time.monotonic() + grace_s
+    while time.monotonic() < end:
+        proc.poll()  # reap the leader: a zombie still counts as a member of the group
+        if proc.returncode is not None and not _signal_group(proc.pid, 0):
+            return
+        time.sleep(0.1)
+    _signal_group(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def run_logged(cmd: list[str], env: dict[str, str], log: Path, timeout_s: float | None, kill_grace_s: float = KILL_GRACE_S) -> int:
+    """Run ``cmd`` with stdout and stderr into ``log``; its exit status (124 on timeout).
+
+    The child starts in a new session (its own process group), so that on timeout (or when this
+    process is interrupted) the whole group is stopped: SIGTERM, up to ``kill_grace_s`` s, SIGKILL.
+    torchrun's and Ray's workers would otherwise outlive a killed leader and keep the GPUs.
+    """
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as f:
+        proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            return subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout_s, check=False).returncode
+            rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
+            _kill_group(proc, kill_grace_s)
             f.write(f"\n[rayft bench fabric] killed after {timeout_s} s\n")
             return 124
+        except BaseException:  # interrupted (SIGTERM handler, Ctrl-C): leave no process behind
+            _kill_group(proc, kill_grace_s)
+            raise
+        # the leader exited by itself; anything it left running in its group goes too
+        _signal_group(proc.pid, signal.SIGKILL)
+        return rc
 
 
 def _tail(path: Path, n: int = 15) -> str:
