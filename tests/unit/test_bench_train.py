@@ -248,3 +248,49 @@ def test_sigterm_writes_the_runs_done_and_marks_the_rest_not_run(tmp_path):
     assert runs[0]["tokens_per_s_per_gpu"] == 32.0
     assert "| trl-best | random | — | — | — | — | — | not run |" in out.with_suffix(".md").read_text()
     assert signal.getsignal(signal.SIGTERM) == before  # the bench's handler is removed again
+
+
+def trl_spec(tmp_path, recipe="trl-best", workload="real", ac=False):
+    return {"recipe": recipe, "workload": workload, "steps": 3, "micro_batch_size": 2, "lr": 1e-4, "seq_len": 64, "seed": 0,
+            "use_gpu": False, "num_workers": 2, "decoder_layer_cls": "Qwen2DecoderLayer", "out_dir": str(tmp_path),
+            "activation_checkpointing": ac}
+
+
+def test_trl_settings_gradient_checkpointing_completion_only_and_attention(tmp_path):
+    from rayft.bench.recipes import trl_attention, trl_config_kwargs, trl_planned_settings
+
+    trl = pytest.importorskip("trl")
+    assert trl.SFTConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False).gradient_checkpointing is True  # TRL's default: why it is set explicitly
+    kw = trl_config_kwargs(trl_spec(tmp_path))
+    assert kw["gradient_checkpointing"] is False and kw["completion_only_loss"] is True and kw["packing"] is True
+    assert trl.SFTConfig(**kw).gradient_checkpointing is False
+    assert trl_config_kwargs(trl_spec(tmp_path, ac=True))["gradient_checkpointing"] is True
+    assert "completion_only_loss" not in trl_config_kwargs(trl_spec(tmp_path, workload="random"))
+    # no CUDA: trl-best falls back to sdpa and is labelled so
+    assert trl_attention(trl_spec(tmp_path)) == "sdpa"
+    st = trl_planned_settings(trl_spec(tmp_path))
+    assert st["label"] == "trl-best (sdpa)" and st["attention"] == "sdpa" and st["padding_free"] is True and st["fsdp"] == 1
+    assert trl_planned_settings(trl_spec(tmp_path, recipe="trl-default"))["label"] == "trl-default"
+
+
+def test_varlen_attention_reads_trl_padding_free_kwargs(monkeypatch):
+    """TRL's padding-free collator passes cu_seq_lens_q / max_length_q; rayft's own cu_seq_lens path keeps max = L."""
+    varlen = pytest.importorskip("torch.nn.attention.varlen")
+    from rayft.train import attention
+
+    calls = []
+
+    def fake(q, k, v, cu_q, cu_k, max_q, max_k, **kw):
+        calls.append((cu_q.tolist(), cu_k.tolist(), max_q, max_k))
+        return q
+
+    monkeypatch.setattr(varlen, "varlen_attn", fake)
+    q = torch.randn(1, 4, 7, 8)
+    k = v = torch.randn(1, 2, 7, 8)
+    cu = torch.tensor([0, 3, 5, 7], dtype=torch.int32)
+    out, _ = attention.varlen_attention_forward(None, q, k, v, None, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=3, max_length_k=3)
+    assert calls[-1] == ([0, 3, 5, 7], [0, 3, 5, 7], 3, 3) and out.shape == (1, 7, 4, 8)
+    attention.varlen_attention_forward(None, q, k, v, None, cu_seq_lens=cu)  # rayft's path: unchanged
+    assert calls[-1] == ([0, 3, 5, 7], [0, 3, 5, 7], 7, 7)
+    attention.varlen_attention_forward(None, q, k, v, None)  # no boundaries: one sequence per row
+    assert calls[-1] == ([0, 7], [0, 7], 7, 7)

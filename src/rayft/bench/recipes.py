@@ -41,6 +41,7 @@ from rayft.data.tokenize import TokenizedDataset
 
 IGNORE_INDEX = -100
 DATA_FILE = "data.npz"
+SETTINGS_FILE = "settings.json"  # a TRL run's effective settings (rank 0)
 
 
 # ------------------------------------------------------------------------------ shared helpers
@@ -231,6 +232,9 @@ def trl_config_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
     if spec["num_workers"] > 1:
         kw["fsdp"] = "full_shard auto_wrap"
         kw["fsdp_config"] = {"transformer_layer_cls_to_wrap": [spec["decoder_layer_cls"]]}
+    if spec.get("workload") == "real":
+        # the dataset has no prompt/completion columns: TRL would drop completion_mask and train on whole rows
+        kw["completion_only_loss"] = True
     if best:
         kw["packing"] = True  # BFD packing: TRL turns padding-free batches on
         if spec["use_gpu"] and importlib.util.find_spec("liger_kernel") is not None:
@@ -238,22 +242,39 @@ def trl_config_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
     return kw
 
 
-SETTINGS_FILE = "settings.json"
+def trl_attention(spec: dict[str, Any]) -> str:
+    """The attention implementation of a TRL run: for ``trl-best`` on CUDA, rayft's variable-length
+    FlashAttention (:data:`rayft.train.attention.VARLEN`, registered here; it reads the padding-free
+    collator's ``cu_seq_lens_q``), else ``sdpa`` (which runs a padding-free row with a dense
+    block-diagonal mask)."""
+    if spec["recipe"] != "trl-best" or not spec["use_gpu"]:
+        return "sdpa"
+    import torch
+
+    from rayft.train.attention import resolve_attn_implementation
+
+    if not torch.cuda.is_available():
+        return "sdpa"
+    return resolve_attn_implementation("auto", torch.device("cuda", torch.cuda.current_device()))
 
 
-def trl_planned_settings(spec: dict[str, Any]) -> dict[str, Any]:
-    """The effective settings of a TRL run as planned from its spec (the run itself writes what it
-    used into ``SETTINGS_FILE``)."""
+def trl_label(recipe: str, attn: str) -> str:
+    """The run's name in the results: ``trl-best (sdpa)`` when trl-best fell back to sdpa."""
+    return f"{recipe} (sdpa)" if recipe == "trl-best" and attn == "sdpa" else recipe
+
+
+def trl_planned_settings(spec: dict[str, Any], attn: str = "sdpa") -> dict[str, Any]:
+    """The effective settings of a TRL run from its spec and attention (the run writes them into
+    ``SETTINGS_FILE`` with the attention it used)."""
     kw = trl_config_kwargs(spec)
-    return {"attention": "sdpa", "padding_free": bool(kw.get("packing")), "liger": bool(kw.get("use_liger_kernel")),
+    return {"label": trl_label(spec["recipe"], attn), "attention": attn, "padding_free": bool(kw.get("packing")),
+            "liger": bool(kw.get("use_liger_kernel")), "completion_only_loss": kw.get("completion_only_loss"),
             "gradient_checkpointing": kw["gradient_checkpointing"], "fsdp": 1 if "fsdp" in kw else None,
             "cross_entropy": "liger fused linear" if kw.get("use_liger_kernel") else "transformers (full logits)"}  # fmt: skip
 
 
 def run_trl(spec: dict[str, Any]) -> None:
     """One process of a TRL recipe (under ``torchrun``; rank from ``RANK``)."""
-    import importlib.util
-
     import torch
     from transformers import AutoTokenizer, TrainerCallback
     from trl import SFTConfig, SFTTrainer
@@ -261,14 +282,16 @@ def run_trl(spec: dict[str, Any]) -> None:
     rank = int(os.environ.get("RANK", 0))
     ds = load_dataset(spec["data"])
     cfg = SFTConfig(**trl_config_kwargs(spec))
-    attn = "sdpa"
-    if spec["recipe"] == "trl-best" and spec["use_gpu"] and importlib.util.find_spec("flash_attn") is not None:
-        attn = "flash_attention_2"
+    attn = trl_attention(spec)
     cfg.model_init_kwargs = {"attn_implementation": attn}
     log = StepLog(spec["out_dir"], rank)
     counts: list[tuple[int, float]] = []  # FIFO: the loader may collate the next batch before this step ends
 
     class StepRecords(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kw):
+            if spec["use_gpu"] and torch.cuda.is_available():  # the peak of training, not of loading and sharding
+                torch.cuda.reset_peak_memory_stats()
+
         def on_step_begin(self, args, state, control, **kw):
             if not hasattr(self, "t_last"):
                 self.t_last = time.perf_counter()
@@ -294,8 +317,11 @@ def run_trl(spec: dict[str, Any]) -> None:
 
     trainer.data_collator = counting_collator
     if rank == 0:
-        print(f"[trl] attn {attn}; padding_free {getattr(trainer, 'padding_free', None)}; "
-              f"liger {cfg.use_liger_kernel}; packing {cfg.packing}", flush=True)  # fmt: skip
+        used = {**trl_planned_settings(spec, attn), "padding_free": bool(getattr(trainer, "padding_free", False)),
+                "liger": bool(cfg.use_liger_kernel), "gradient_checkpointing": bool(cfg.gradient_checkpointing),
+                "completion_only_loss": getattr(trainer, "completion_only_loss", None)}  # fmt: skip
+        (Path(spec["out_dir"]) / SETTINGS_FILE).write_text(json.dumps(used, indent=2))
+        print(f"[trl] settings {json.dumps(used)}", flush=True)
     trainer.train()
 
 

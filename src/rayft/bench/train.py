@@ -462,9 +462,14 @@ def recipe_settings(recipe: str, run_dir: Path, cmd: list[str], config: Path) ->
     from rayft.bench.recipes import SETTINGS_FILE, trl_planned_settings
 
     try:
-        return json.loads((run_dir / SETTINGS_FILE).read_text())
+        return json.loads((run_dir / SETTINGS_FILE).read_text())  # with "label" when trl-best fell back to sdpa
     except (OSError, ValueError):
-        return trl_planned_settings(json.loads((run_dir / "spec.json").read_text()))
+        spec = json.loads((run_dir / "spec.json").read_text())
+        planned = trl_planned_settings(spec)
+        del planned["label"]
+        if recipe == "trl-best" and spec["use_gpu"]:
+            planned["attention"] = "auto (rayft varlen on CUDA with torch varlen_attn, else sdpa)"
+        return planned
 
 
 def run_bench(
@@ -628,7 +633,6 @@ def _one_run(r: str, w: str, plan: Plan, cfg, world: int, use_gpu: bool, shared:
         return {**entry, "status": "failed", "error": f"could not prepare the run: {e}"}
     entry["cmd"] = " ".join(shlex.quote(c) for c in cmd)
     entry["settings"] = recipe_settings(r, run_dir, cmd, plan.config)
-    entry["settings"].pop("label", None)
     console.print(f"[{r} × {w}] {plan.steps} steps, limit {_fmt(limit, '.0f', 'none')} s → {log}", highlight=False, markup=False)
     env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
     t_run = time.monotonic()

@@ -102,6 +102,8 @@ def varlen_attention_forward(
     scaling: float | None = None,
     dropout: float = 0.0,
     cu_seq_lens: torch.Tensor | None = None,
+    cu_seq_lens_q: torch.Tensor | None = None,
+    max_length_q: int | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """Causal attention within each document (the transformers attention-function signature).
@@ -109,7 +111,11 @@ def varlen_attention_forward(
     Args:
         query: [B, Hq, L, D]; key, value: [B, Hkv, L, D] (Hq a multiple of Hkv), bf16/fp16.
         cu_seq_lens: int32 [n_docs + 1], boundaries over the flattened ``B·L`` tokens; every row
-            boundary must be one of them. ``None``: each row is one sequence (plain causal).
+            boundary must be one of them. ``None``: each row is one sequence (plain causal), unless
+            ``cu_seq_lens_q`` is given.
+        cu_seq_lens_q, max_length_q: the same boundaries and the longest document, as TRL's
+            padding-free collator passes them (self-attention: the key boundaries are the same);
+            used when ``cu_seq_lens`` is None.
     Returns:
         ``(out, None)`` with ``out`` [B, L, Hq, D].
     """
@@ -119,6 +125,11 @@ def varlen_attention_forward(
         raise ValueError("varlen attention: attention dropout is not supported")
     B, Hq, L, D = query.shape
     Hkv = key.shape[1]
+    max_len = L
+    if cu_seq_lens is None and cu_seq_lens_q is not None:
+        cu_seq_lens = cu_seq_lens_q.to(device=query.device, dtype=torch.int32)
+        if max_length_q is not None:
+            max_len = int(max_length_q)
     if cu_seq_lens is None:
         cu_seq_lens = torch.arange(0, (B + 1) * L, L, dtype=torch.int32, device=query.device)
     q = query.transpose(1, 2).reshape(B * L, Hq, D)
@@ -133,5 +144,5 @@ def varlen_attention_forward(
             k, v = (t.repeat_interleave(Hq // Hkv, dim=1) for t in (k, v))
     # max_q = max_k = L: an upper bound on any document's length, constant across micro-batches
     # (the kernel only sizes its grid with it), so compiled code does not specialise on it.
-    out = varlen_attn(q, k, v, cu_seq_lens, cu_seq_lens, L, L, scale=scaling, **opts)
+    out = varlen_attn(q, k, v, cu_seq_lens, cu_seq_lens, max_len, max_len, scale=scaling, **opts)
     return out.view(B, L, Hq, D), None
