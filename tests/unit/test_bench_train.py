@@ -294,3 +294,26 @@ def test_varlen_attention_reads_trl_padding_free_kwargs(monkeypatch):
     assert calls[-1] == ([0, 3, 5, 7], [0, 3, 5, 7], 7, 7)
     attention.varlen_attention_forward(None, q, k, v, None)  # no boundaries: one sequence per row
     assert calls[-1] == ([0, 7], [0, 7], 7, 7)
+
+
+def test_shared_model_is_rayfts_seeded_init_built_once(tmp_path, monkeypatch):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from rayft.train.model import load_full_state_dict, load_model_config
+
+    cfg_file = tiny_job(tmp_path)
+    cfg = load_config(cfg_file)
+    plan = bt.Plan(cfg_file, [], ["sample-recipe"], ["random"], 3, 1, tmp_path / "wd", None)
+    plan.work_dir.mkdir()
+    inits = []
+    real = AutoModelForCausalLM.from_config
+    monkeypatch.setattr(AutoModelForCausalLM, "from_config", lambda *a, **k: inits.append(k.get("dtype")) or real(*a, **k))
+    from rich.console import Console
+
+    shared = bt._prepare_model_and_data(cfg, plan, 2, Console(quiet=True))
+    assert inits.count(torch.float32) == 1  # one real init (the other from_config is the meta model for parameter counts)
+    saved = load_file(str(Path(shared["model_dir"]) / "model.safetensors"))
+    want = load_full_state_dict(cfg.model, load_model_config(cfg.model, "sdpa"), cfg.train.seed)
+    name = "model.layers.0.self_attn.q_proj.weight"
+    assert torch.equal(saved[name].float(), want[name])

@@ -367,13 +367,12 @@ def _prepare_model_and_data(cfg, plan: Plan, world: int, console: Console) -> di
     from rayft.bench.recipes import save_dataset
     from rayft.data.synthetic import random_dataset
     from rayft.train.driver import prepare_data
-    from rayft.train.model import load_full_state_dict, load_model_config, matmul_params
+    from rayft.train.model import load_full_model, load_model_config, matmul_params
 
     conf = load_model_config(cfg.model, "sdpa")
     shared: dict[str, Any] = {"model_dir": str(plan.work_dir / "model"), "tokenizer_dir": str(plan.work_dir / "tokenizer"), "data": {}}
     if {"sample-recipe", "trl-default", "trl-best"} & set(plan.recipes):
-        model = AutoModelForCausalLM.from_config(conf, dtype=torch.float32)
-        model.load_state_dict(load_full_state_dict(cfg.model, conf, cfg.train.seed))
+        model = load_full_model(cfg.model, conf, cfg.train.seed)  # what rayft starts from; one init
         model.config.dtype = "bfloat16"  # what the published Qwen2.5 checkpoints declare
         model.save_pretrained(shared["model_dir"])
         del model

@@ -78,17 +78,20 @@ def load_model_config(cfg: ModelConfig, attn_implementation: str | None = None) 
     return conf
 
 
-def load_full_state_dict(cfg: ModelConfig, conf: PretrainedConfig, seed: int) -> dict[str, torch.Tensor]:
-    """Full fp32 weights on CPU (rank 0 only): from the checkpoint, or a seeded random init."""
+def load_full_model(cfg: ModelConfig, conf: PretrainedConfig, seed: int) -> torch.nn.Module:
+    """The full fp32 model on CPU: from the checkpoint, or a seeded random init (a preset)."""
     if is_preset(cfg.name_or_path):
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(conf, dtype=torch.float32)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(
-            cfg.name_or_path, config=conf, revision=cfg.revision, dtype=torch.float32,
-            trust_remote_code=cfg.trust_remote_code,
-        )  # fmt: skip
-    return model.state_dict()
+        return AutoModelForCausalLM.from_config(conf, dtype=torch.float32)
+    return AutoModelForCausalLM.from_pretrained(
+        cfg.name_or_path, config=conf, revision=cfg.revision, dtype=torch.float32,
+        trust_remote_code=cfg.trust_remote_code,
+    )  # fmt: skip
+
+
+def load_full_state_dict(cfg: ModelConfig, conf: PretrainedConfig, seed: int) -> dict[str, torch.Tensor]:
+    """Full fp32 weights on CPU (rank 0 only): from the checkpoint, or a seeded random init."""
+    return load_full_model(cfg, conf, seed).state_dict()
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
