@@ -92,3 +92,8 @@ def test_trl_default_under_torchrun(tmp_path):
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     recs = bt.read_step_files(tmp_path / "run")
     assert [r["step"] for r in recs] == [1, 2, 3] and all(r["tokens"] == 4 * 64 for r in recs)
+    used = json.loads((tmp_path / "run" / "settings.json").read_text())  # what the run reports it used
+    assert used["label"] == "trl-default" and used["attention"] == "sdpa" and used["gradient_checkpointing"] is False
+    assert used["padding_free"] is False and used["fsdp"] == 1
+    st = bt.recipe_settings("trl-default", tmp_path / "run", cmd, plan.config)
+    assert st == used
