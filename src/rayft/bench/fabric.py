@@ -180,6 +180,8 @@ def gpu_label(gpu: str | None, world_size: int | None) -> str:
 
 #: Seconds between SIGTERM and SIGKILL to a timed-out run's process group.
 KILL_GRACE_S = 30.0
+#: The same when this process itself is interrupted.
+INTERRUPT_GRACE_S = 5.0
 
 
 def _signal_group(pgid: int, sig: int) -> bool:
@@ -221,8 +223,9 @@ def run_logged(cmd: list[str], env: dict[str, str], log: Path, timeout_s: float 
             _kill_group(proc, kill_grace_s)
             f.write(f"\n[rayft bench fabric] killed after {timeout_s} s\n")
             return 124
-        except BaseException:  # interrupted (SIGTERM handler, Ctrl-C): leave no process behind
-            _kill_group(proc, kill_grace_s)
+        except BaseException:  # interrupted (SIGTERM handler, Ctrl-C): leave no process behind, quickly
+            # (a short grace: `timeout -k 10` SIGKILLs this process 10 s after its SIGTERM)
+            _kill_group(proc, min(kill_grace_s, INTERRUPT_GRACE_S))
             raise
         # the leader exited by itself; anything it left running in its group goes too
         _signal_group(proc.pid, signal.SIGKILL)
