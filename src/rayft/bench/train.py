@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Callable
 
+import numpy as np
 import typer
 from rich.console import Console
 from rich.text import Text
@@ -168,15 +169,6 @@ def rayft_records(metrics_file: Path) -> list[dict[str, Any]]:
              "peak_mem_gib": r.get("peak_mem_gib")} for r in rows]  # fmt: skip
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Linear-interpolated percentile ``q`` in [0, 100] (numpy's default method)."""
-    xs = sorted(values)
-    k = (len(xs) - 1) * q / 100
-    lo = int(k)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
-
-
 def summarize(records: list[dict[str, Any]], warmup_steps: int, world: int, flops_fn: Callable[[float], float] | None,
               peak_flops: float | None) -> dict[str, Any]:  # fmt: skip
     """Figures of one run from its global step records (``step`` counted from 1).
@@ -203,13 +195,13 @@ def summarize(records: list[dict[str, Any]], warmup_steps: int, world: int, flop
     span = sum(sq) / tokens if tokens and all(s is not None for s in sq) else None
     fpt = flops_fn(span) if flops_fn is not None and span is not None else None
     peaks = [r["peak_mem_gib"] for r in records if r.get("peak_mem_gib") is not None]
+    p10, p50, p90 = np.percentile(times, [10, 50, 90])  # linear interpolation
     return {
         "steps_logged": len(records), "steps_measured": len(steady), "tokens_per_s_per_gpu": tps,
         "tokens_per_step_median": statistics.median(r["tokens"] for r in steady), "attn_span_tokens": span,
         "flops_per_token": fpt, "mfu": mfu(tps, fpt, peak_flops) if fpt else None,
         "peak_mem_gib": max(peaks) if peaks else None,
-        "step_time_s": {"p10": percentile(times, 10), "p50": percentile(times, 50), "p90": percentile(times, 90),
-                        "min": min(times), "max": max(times)},
+        "step_time_s": {"p10": float(p10), "p50": float(p50), "p90": float(p90), "min": min(times), "max": max(times)},
     }  # fmt: skip
 
 
