@@ -159,3 +159,19 @@ def test_a_value_failing_every_union_member_is_one_error(tmp_path):
     assert "(1 error)" in str(e.value)
     with pytest.raises(ConfigError, match=r"  trian \(from --set\): unknown key"):
         load_config(p, ["trian.lr=1"])  # a misspelt section named from its --set too
+
+
+def test_resume_of_a_missing_run_fails_before_any_data_or_ray_work(tmp_path):
+    import ray
+    from rich.console import Console
+
+    from rayft.train.driver import TrainError, run_training
+
+    p = write(tmp_path, f"data:\n  train_files: [{tmp_path / 'absent.jsonl'}]\ncheckpoint:\n  storage_path: {tmp_path / 'runs'}\n")
+    cfg = load_config(p, [])
+    for given, where in [("nope", tmp_path / "runs" / "nope"), (str(tmp_path / "elsewhere" / "r1"), tmp_path / "elsewhere" / "r1")]:
+        with pytest.raises(TrainError) as e:
+            run_training(cfg.model_copy(deep=True), resume=given, console=Console(quiet=True))
+        # the data file does not exist either: the resume check came first
+        assert str(e.value) == f"--resume {given}: no run directory at {where}"
+    assert not ray.is_initialized()

@@ -341,21 +341,20 @@ def run_training(cfg: RayftConfig, resume: str | None = None, console: Console |
     from rayft.train.loop import make_plan, train_func
 
     console = console or Console(stderr=True, soft_wrap=True)
-    if resume and "://" not in resume:  # a stopped run that is not there fails before any data or Ray work
-        local = Path(resume) if "/" in resume else Path(cfg.checkpoint.storage_path) / resume
-        if "://" not in str(cfg.checkpoint.storage_path) and not local.is_dir():
-            raise TrainError(f"--resume {resume}: no run directory at {local.resolve()}")
+    if resume:
+        name = Path(resume.rstrip("/")).name
+        if "/" in resume:
+            cfg.checkpoint.storage_path = resume.rstrip("/").rsplit("/", 1)[0]
+        run_dir = run_dir_of(cfg, name)
+        if "://" not in run_dir and not Path(run_dir).is_dir():  # fail before any data or Ray work
+            raise TrainError(f"--resume {resume}: no run directory at {run_dir}")
+    else:
+        name = cfg.checkpoint.name or f"rayft-{dt.datetime.now():%Y%m%d-%H%M%S}"
     reached: list[str] = []
     data = prepare_data(cfg, console, connect=lambda: reached.append(connect_ray(cfg)))  # Ray only if tokenizing there
     tokenizer, tok_name, ds = data.tokenizer, data.tokenizer_name, data.train
     where = reached[0] if reached else connect_ray(cfg)
     n_workers, use_gpu = resolve_workers(cfg)
-    if resume:
-        name = Path(resume.rstrip("/")).name
-        if "/" in resume:
-            cfg.checkpoint.storage_path = resume.rstrip("/").rsplit("/", 1)[0]
-    else:
-        name = cfg.checkpoint.name or f"rayft-{dt.datetime.now():%Y%m%d-%H%M%S}"
     blind = nodes_missing_storage(cfg.checkpoint.storage_path)
     if blind:
         raise TrainError(
