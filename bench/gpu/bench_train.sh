@@ -15,9 +15,9 @@
 #   multiprocess 0.70.18: dill>=0.4.0;  dill, xxhash: none.
 #   Assumed present with transformers/torch/accelerate/ray: huggingface_hub, httpx, jinja2, filelock, fsspec, tqdm,
 #   psutil, requests. The import check below stops the script if one is missing.
-# Writes under $OUT: train-bench-<workload>.json/.md/.png (rewritten after every run, so a cut-off
-# call still leaves the runs done), bench.log (the bench's whole output) and run-logs.tar.gz (every
-# run's log and the TRL runs' settings.json).
+# Writes under $OUT: train-bench-<workload>.json (rewritten after every run, so a cut-off call still
+# leaves the runs done), bench-<workload>.log (the bench's whole output) and run-logs-<workload>.tar.gz
+# (every run's log, the TRL runs' settings.json, the table .md and the .png).
 # Time: the device call has 600 s; the bench gets --deadline-s 500 (each run is cut to what is left,
 # runs that cannot fit are "skipped: no time left") and `timeout -k 10 520` around it (SIGTERM: the
 # bench writes what it has and kills the running recipe's process group).
@@ -29,15 +29,16 @@ D="$PWD/.gpu/data"; ls "$D/alpaca_en_demo.json" "$D/alpaca_zh_demo.json" || exit
 python3 -c "import trl, datasets; from trl import SFTTrainer, SFTConfig; print('trl', trl.__version__, 'datasets', datasets.__version__)" || { echo "stage the wheels in the header"; exit 4; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 NG=$(nvidia-smi -L | wc -l)
-STEPS=${STEPS:-15}; WARM=${WARM:-5}; MB=${MB:-8}; WD=/tmp/bench-train; rm -rf "$WD"
-W=${WORKLOAD:-both}
+STEPS=${STEPS:-15}; WARM=${WARM:-5}; MB=${MB:-8}; W=${WORKLOAD:-both}; WD=/tmp/bench-train-$W; rm -rf "$WD"
 RECIPES=${RECIPES:-rayft,sample-recipe,trl-default,trl-best}
 TIMEOUTS=${RUN_TIMEOUTS:-rayft=200,sample-recipe=150,trl-default=120,trl-best=120}
 CMD="rayft bench train examples/qwen2.5-1.5b.yaml --workload $W --recipes $RECIPES --steps $STEPS --warmup-steps $WARM --out $OUT/train-bench-$W.json --work-dir $WD --timeout-s $TIMEOUTS --deadline-s ${DEADLINE_S:-500} --set model.name_or_path=qwen2.5-1.5b --set train.num_workers=$NG --set train.micro_batch_size=$MB --set train.activation_checkpointing=false --set data.train_files=[$D/alpaca_en_demo.json,$D/alpaca_zh_demo.json] --set data.cache_dir=null --set checkpoint.storage_path=$WD"
 echo "$CMD"
-timeout -k 10 "${BENCH_TIMEOUT:-520}" python3 -m rayft.cli ${CMD#rayft } 2>&1 | tee "$OUT/bench.log"
+timeout -k 10 "${BENCH_TIMEOUT:-520}" python3 -m rayft.cli ${CMD#rayft } 2>&1 | tee "$OUT/bench-$W.log"
 rc=${PIPESTATUS[0]}
-(cd "$WD" 2>/dev/null && find . -maxdepth 2 \( -name '*.log' -o -name settings.json \) -printf '%P\n' | tar -czf "$OUT/run-logs.tar.gz" -T -) \
+# the .md and .png go into the archive (`rayft bench table` rebuilds both from the JSON): at most 8 files come back
+mv "$OUT/train-bench-$W.md" "$OUT/train-bench-$W.png" "$WD"/ 2>/dev/null
+(cd "$WD" 2>/dev/null && find . -maxdepth 2 \( -name '*.log' -o -name settings.json -o -name '*.md' -o -name '*.png' \) -printf '%P\n' | tar -czf "$OUT/run-logs-$W.tar.gz" -T -) \
   || echo "no run logs under $WD"
 ls -la "$OUT"
 exit $rc

@@ -216,6 +216,7 @@ class CheckpointConfig(_Section):
     every_minutes: float | None = Field(default=None, gt=0, description="Checkpoint when M minutes passed since the last one.")
     keep_last: int = Field(default=2, ge=1)
     async_save: bool = Field(default=True, description="Write shards in the background; the step loop waits only for the copy to CPU memory.")
+    write_threads: int = Field(default=8, ge=1, le=64, description="Threads (and files) per rank writing a checkpoint (DCP FileSystemWriter thread_count).")
     export_hf: bool = True
 
 

@@ -94,6 +94,9 @@ def test_two_worker_fsdp2_run_loss_export_and_tied_weights(ray_local, tmp_path):
 
     # the DCP checkpoints are complete; exporting the last one gives the same weights, still tied
     assert [s for s, _ in find_checkpoints(run)] == [3, 6]
+    # each rank writes checkpoint.write_threads (default 8) files in parallel
+    shards = sorted(p.name for p in (run / "checkpoint_0000006").glob("*.distcp"))
+    assert shards == [f"__{r}_{i}.distcp" for r in (0, 1) for i in range(8)]
     again = AutoModelForCausalLM.from_pretrained(export_run(str(run)))
     assert again.lm_head.weight is again.model.embed_tokens.weight
     for (k, a), (_, b) in zip(sorted(hf.state_dict().items()), sorted(again.state_dict().items())):

@@ -199,7 +199,7 @@ class FakeRunner:
     def __init__(self, logs: dict[str, str], tps: dict[str, list[float]], storage: Path):
         self.logs, self.tps, self.storage, self.calls = logs, tps, storage, []
 
-    def __call__(self, cmd, env, log, timeout_s):
+    def __call__(self, cmd, env, log, timeout_s, done_file=None):
         self.calls.append((cmd, env, log))
         variant = "sockets" if env.get("NCCL_P2P_DISABLE") == "1" else "fast"
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -282,7 +282,7 @@ def test_a_run_that_finished_but_outlived_the_limit_is_used_and_flagged(job, tmp
     inner = FakeRunner({"fast": NVLINK_LOG.read_text(), "sockets": SOCKET_LOG.read_text()},
                        {"fast": [1.0] * 3 + [36000.0] * 3, "sockets": [1.0] * 3 + [7200.0] * 3}, tmp_path / "runs")
 
-    def lingering(cmd, env, log, timeout_s):
+    def lingering(cmd, env, log, timeout_s, done_file=None):
         inner(cmd, env, log, timeout_s)
         if cmd[2] == "rayft.cli" and env.get("NCCL_P2P_DISABLE") == "1":
             name = next(s.split("=", 1)[1] for s in cmd if s.startswith("checkpoint.name="))
@@ -295,7 +295,7 @@ def test_a_run_that_finished_but_outlived_the_limit_is_used_and_flagged(job, tmp
     assert figures["runs"]["fast"]["train_process_outlived_limit"] is False
     assert figures["tokens_per_s_per_gpu_sockets"] == 7200.0
 
-    def timed_out_unfinished(cmd, env, log, timeout_s):
+    def timed_out_unfinished(cmd, env, log, timeout_s, done_file=None):
         inner(cmd, env, log, timeout_s)
         return 124  # no summary: the run did not finish
 
@@ -305,7 +305,7 @@ def test_a_run_that_finished_but_outlived_the_limit_is_used_and_flagged(job, tmp
 
 
 def test_a_failed_training_run_reports_the_end_of_its_log(job, tmp_path):
-    def failing(cmd, env, log, timeout_s):
+    def failing(cmd, env, log, timeout_s, done_file=None):
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text("starting\nerror: training failed: CUDA out of memory\n")
         return 1
@@ -315,7 +315,7 @@ def test_a_failed_training_run_reports_the_end_of_its_log(job, tmp_path):
 
 
 def test_bad_inputs_fail_before_any_run(job, tmp_path):
-    def never(*a):
+    def never(*a, **k):
         raise AssertionError("no run should start")
 
     with pytest.raises(FabricError, match=r"3 steps leave no step after the 3 start-up steps"):
@@ -388,3 +388,21 @@ def test_run_logged_timeout_stops_a_grandchild_in_the_childs_process_group(tmp_p
     # SIGTERM is enough for a plain sleep (well within the 10 s grace; the dead grandchild only has to be
     # reaped by init); with SIGTERM ignored the 2 s grace runs out before SIGKILL
     assert (took >= 3.0) if ignore_term else (took < 8.0)
+
+
+def test_run_logged_stops_a_process_that_lingers_after_its_done_file(tmp_path):
+    import os
+
+    from rayft.bench.fabric import run_logged
+
+    done = tmp_path / "rayft_summary.json"
+    cmd = ["sh", "-c", f"echo working; sleep 0.5; echo '{{}}' > {done}; sleep 100"]  # finished, then hangs on exit
+    log = tmp_path / "run.log"
+    t = time.monotonic()
+    rc = run_logged(cmd, dict(os.environ), log, 60.0, kill_grace_s=5.0, done_file=done, linger_s=1.0)
+    took = time.monotonic() - t
+    assert rc == 124 and 1.5 <= took < 10.0  # stopped ~1 s after the file, not at the 60 s limit
+    assert "rayft_summary.json written, but the process was still running 1 s later: stopped" in log.read_text()
+    # a process that exits by itself after writing the file keeps its own status
+    rc = run_logged(["sh", "-c", f"echo '{{}}' > {done}; exit 3"], dict(os.environ), log, 60.0, done_file=done, linger_s=1.0)
+    assert rc == 3

@@ -182,6 +182,9 @@ def gpu_label(gpu: str | None, world_size: int | None) -> str:
 KILL_GRACE_S = 30.0
 #: The same when this process itself is interrupted.
 INTERRUPT_GRACE_S = 5.0
+#: Seconds a run may keep running after writing its done file (a sockets run was once seen hanging
+#: on exit after its summary, until the time limit).
+LINGER_S = 30.0
 
 
 def _signal_group(pgid: int, sig: int) -> bool:
@@ -207,29 +210,44 @@ def _kill_group(proc: subprocess.Popen, grace_s: float) -> None:
     proc.wait()
 
 
-def run_logged(cmd: list[str], env: dict[str, str], log: Path, timeout_s: float | None, kill_grace_s: float = KILL_GRACE_S) -> int:
+def run_logged(cmd: list[str], env: dict[str, str], log: Path, timeout_s: float | None, kill_grace_s: float = KILL_GRACE_S,
+               done_file: Path | None = None, linger_s: float = LINGER_S) -> int:
     """Run ``cmd`` with stdout and stderr into ``log``; its exit status (124 on timeout).
 
     The child starts in a new session (its own process group), so that on timeout (or when this
     process is interrupted) the whole group is stopped: SIGTERM, up to ``kill_grace_s`` s, SIGKILL.
     torchrun's and Ray's workers would otherwise outlive a killed leader and keep the GPUs.
+    With ``done_file`` (a file the command writes once its work is done, e.g. a run summary), a
+    process still running ``linger_s`` s after that file appeared is stopped the same way and the
+    call returns 124 at once instead of waiting out ``timeout_s``.
     """
     log.parent.mkdir(parents=True, exist_ok=True)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     with log.open("w") as f:
         proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        done_at = None
         try:
-            rc = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc, kill_grace_s)
-            f.write(f"\n[rayft bench fabric] killed after {timeout_s} s\n")
-            return 124
+            while proc.poll() is None:
+                now = time.monotonic()
+                if done_file is not None and done_at is None and done_file.exists():
+                    done_at = now
+                if deadline is not None and now >= deadline:
+                    _kill_group(proc, kill_grace_s)
+                    f.write(f"\n[rayft bench fabric] killed after {timeout_s} s\n")
+                    return 124
+                if done_at is not None and now - done_at >= linger_s:
+                    _kill_group(proc, kill_grace_s)
+                    f.write(f"\n[rayft bench fabric] {done_file.name} written, but the process was still running "
+                            f"{linger_s:.0f} s later: stopped\n")
+                    return 124
+                time.sleep(0.2)
         except BaseException:  # interrupted (SIGTERM handler, Ctrl-C): leave no process behind, quickly
             # (a short grace: `timeout -k 10` SIGKILLs this process 10 s after its SIGTERM)
             _kill_group(proc, min(kill_grace_s, INTERRUPT_GRACE_S))
             raise
         # the leader exited by itself; anything it left running in its group goes too
         _signal_group(proc.pid, signal.SIGKILL)
-        return rc
+        return proc.returncode
 
 
 def _tail(path: Path, n: int = 15) -> str:
@@ -240,7 +258,7 @@ def _tail(path: Path, n: int = 15) -> str:
     return "\n".join("    " + ln for ln in lines[-n:])
 
 
-Runner = Callable[[list[str], dict[str, str], Path, float | None], int]
+Runner = Callable[..., int]  # (cmd, env, log, timeout_s, done_file=None) -> exit status
 
 
 def run_fabric(
@@ -315,7 +333,8 @@ def run_fabric(
 
         train_log = logs / f"{v.name}-train.log"
         console.print(f"[{v.name}] training {steps} steps ({shown}) → {train_log}", highlight=False, markup=False)
-        rc = runner([py, "-m", "rayft.cli", "train", str(config), *set_args], env, train_log, timeout_s)
+        rc = runner([py, "-m", "rayft.cli", "train", str(config), *set_args], env, train_log, timeout_s,
+                    done_file=run_dir / "rayft_summary.json")
         lingered = rc == 124 and (run_dir / "rayft_summary.json").is_file()
         if lingered:  # the run finished and wrote its summary; only its process outlived the limit
             console.print(f"[{v.name}] warning: training finished but its process was still running at the time limit; "

@@ -162,9 +162,15 @@ class CheckpointWriter:
         self.model_config = model_config
         self.last_save = time.monotonic()
         self.async_save = ccfg.async_save
+        self.write_threads = ccfg.write_threads
         self._pg = dist.new_group(backend="gloo") if self.async_save else None  # collective: every rank
         self._writer = None
         self._pending: dict | None = None
+
+    def _new_writer(self, path: str, cache: bool) -> dcp.FileSystemWriter:
+        """A DCP file-system writer: ``write_threads`` files per rank written in parallel (fsync'd),
+        with reusable pinned staging buffers when ``cache``."""
+        return dcp.FileSystemWriter(path, thread_count=self.write_threads, cache_staged_state_dict=cache)
 
     def step_is_due(self, step: int) -> bool:
         return bool(self.every_steps) and step % self.every_steps == 0
@@ -180,7 +186,7 @@ class CheckpointWriter:
             return None
         t0 = time.perf_counter()
         msd, osd = get_state_dict(model, optimizer)
-        self._writer = dcp.FileSystemWriter(tempfile.gettempdir(), cache_staged_state_dict=True)
+        self._writer = self._new_writer(tempfile.gettempdir(), cache=True)
         self._writer.stage({"model": msd, "optim": osd})  # fills the cache; save() reuses it
         return time.perf_counter() - t0
 
@@ -213,7 +219,7 @@ class CheckpointWriter:
         if self.async_save:
             if self._writer is None:
                 # GPU: reusable pinned CPU buffers (fast copies from the second save on); CPU: plain copies.
-                self._writer = dcp.FileSystemWriter(path, cache_staged_state_dict=torch.cuda.is_available())
+                self._writer = self._new_writer(path, cache=torch.cuda.is_available())
             try:
                 future = dcp.async_save({"model": msd, "optim": osd}, checkpoint_id=path, storage_writer=self._writer, process_group=self._pg)
             except BaseException:
@@ -225,7 +231,7 @@ class CheckpointWriter:
             self.last_save = time.monotonic()
             return done
         try:
-            dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)
+            dcp.save({"model": msd, "optim": osd}, checkpoint_id=path, storage_writer=self._new_writer(path, cache=False))
             t1 = time.perf_counter()
             self._finish(path, local, name, state, metrics)
         finally:
