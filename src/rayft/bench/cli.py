@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from rayft.bench import fabric, train
+from rayft.bench import fabric, readme, train
 
 
 def register(app: typer.Typer) -> None:
@@ -12,4 +12,5 @@ def register(app: typer.Typer) -> None:
     bench_app = typer.Typer(help="Side-by-side benchmarks writing bench/results/.", no_args_is_help=True)
     fabric.register(bench_app)
     train.register(bench_app)
+    readme.register(bench_app)
     app.add_typer(bench_app, name="bench")
