@@ -82,6 +82,9 @@ def test_two_worker_fsdp2_run_loss_export_and_tied_weights(ray_local, tmp_path):
     assert losses[0] == pytest.approx(ref_loss, rel=1e-5)
     assert losses[-1] < losses[0] - 1.0  # falls by more than one nat in 6 steps
     assert all(h["trainable_tokens"] > 0 and h["grad_norm"] > 0 for h in hist)
+    # worker setup is reported once, with the first step, and includes the model build
+    assert hist[0]["time_setup_s"] >= hist[0]["time_setup_model_build_s"] > 0
+    assert not any("time_setup_s" in h for h in hist[1:])
 
     # the HF export loads, keeps the embeddings tied, and reproduces the trained model's logits
     check = json.loads((run / "hf" / "rayft_export_check.json").read_text())

@@ -57,6 +57,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
     ``dataset`` (ObjectRef of the TokenizedDataset), ``validation`` (ObjectRef of the validation
     TokenizedDataset, or None), ``data_fingerprint``, ``pad_id``, ``tokenizer``, ``run_dir``,
     ``progress`` (optional ray.util.queue.Queue for the driver's live display)."""
+    t_enter = time.perf_counter()
     cfg = RayftConfig.model_validate(loop_config["config"])
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
@@ -68,10 +69,12 @@ def train_func(loop_config: dict[str, Any]) -> None:
     total_steps = len(plan)
     tc = cfg.train
 
+    t_model = time.perf_counter()
     model = build_sharded_model(
         cfg.model, cfg.parallel, device=device, activation_checkpointing=tc.activation_checkpointing,
         compile_layers=tc.compile, seed=tc.seed, liger_kernels=tc.liger_kernels, cross_entropy=tc.cross_entropy,
     )  # fmt: skip
+    model_build_s = time.perf_counter() - t_model
     model_conf = load_model_config(cfg.model)
     optimizer = build_optimizer(model, tc, device)
     n_matmul = matmul_params(model)
@@ -88,6 +91,9 @@ def train_func(loop_config: dict[str, Any]) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     t_last = time.perf_counter()
+    # one-off, reported with the first step: worker setup before it (data fetch, model build and
+    # weight broadcast, optimizer, resume, initial evaluation)
+    setup = {"setup_s": t_last - t_enter, "setup_model_build_s": model_build_s}
     for step in range(start_step, total_steps):
         lr = lr_at(step, total_steps, tc)
         set_lr(optimizer, lr)
@@ -129,6 +135,8 @@ def train_func(loop_config: dict[str, Any]) -> None:
         now = time.perf_counter()
         dt, t_last = now - t_last, now
         breakdown = {"data_s": t_data - (now - dt), "fwd_bwd_s": t_fwd_bwd - t_data, "optim_s": now - t_fwd_bwd}
+        if step == start_step:
+            breakdown.update(setup)
 
         step_done = step + 1
         if step == start_step and (staged := saver.prestage(model, optimizer)) is not None:
