@@ -38,7 +38,7 @@ timeout -k 10 "${BENCH_TIMEOUT:-520}" python3 -m rayft.cli ${CMD#rayft } 2>&1 | 
 rc=${PIPESTATUS[0]}
 # the .md and .png go into the archive (`rayft bench table` rebuilds both from the JSON): at most 8 files come back
 mv "$OUT/train-bench-$W.md" "$OUT/train-bench-$W.png" "$WD"/ 2>/dev/null
-(cd "$WD" 2>/dev/null && find . -maxdepth 2 \( -name '*.log' -o -name settings.json -o -name '*.md' -o -name '*.png' \) -printf '%P\n' | tar -czf "$OUT/run-logs-$W.tar.gz" -T -) \
+(cd "$WD" 2>/dev/null && { ls train-bench-"$W".md train-bench-"$W".png 2>/dev/null; find . -maxdepth 2 \( -name '*.log' -o -name settings.json \) -printf '%P\n'; } | tar -czf "$OUT/run-logs-$W.tar.gz" -T -) \
   || echo "no run logs under $WD"
 ls -la "$OUT"
 exit $rc

@@ -282,8 +282,11 @@ def test_a_run_that_finished_but_outlived_the_limit_is_used_and_flagged(job, tmp
     inner = FakeRunner({"fast": NVLINK_LOG.read_text(), "sockets": SOCKET_LOG.read_text()},
                        {"fast": [1.0] * 3 + [36000.0] * 3, "sockets": [1.0] * 3 + [7200.0] * 3}, tmp_path / "runs")
 
+    done_files = []
+
     def lingering(cmd, env, log, timeout_s, done_file=None):
         inner(cmd, env, log, timeout_s)
+        done_files.append(done_file)
         if cmd[2] == "rayft.cli" and env.get("NCCL_P2P_DISABLE") == "1":
             name = next(s.split("=", 1)[1] for s in cmd if s.startswith("checkpoint.name="))
             (tmp_path / "runs" / name / "rayft_summary.json").write_text("{}")  # finished, then hung on exit
@@ -294,6 +297,9 @@ def test_a_run_that_finished_but_outlived_the_limit_is_used_and_flagged(job, tmp
     assert figures["runs"]["sockets"]["train_process_outlived_limit"] is True
     assert figures["runs"]["fast"]["train_process_outlived_limit"] is False
     assert figures["tokens_per_s_per_gpu_sockets"] == 7200.0
+    # training runs are watched through their summary file; the sweeps are not
+    assert [d.name if d else None for d in done_files] == ["rayft_summary.json", None, "rayft_summary.json", None]
+    assert done_files[2].parent.name.endswith("-sockets")
 
     def timed_out_unfinished(cmd, env, log, timeout_s, done_file=None):
         inner(cmd, env, log, timeout_s)
@@ -403,6 +409,9 @@ def test_run_logged_stops_a_process_that_lingers_after_its_done_file(tmp_path):
     took = time.monotonic() - t
     assert rc == 124 and 1.5 <= took < 10.0  # stopped ~1 s after the file, not at the 60 s limit
     assert "rayft_summary.json written, but the process was still running 1 s later: stopped" in log.read_text()
+    # a done file left from before the start is not this run's: the process runs to its limit
+    rc = run_logged(["sh", "-c", "sleep 3"], dict(os.environ), log, 60.0, done_file=done, linger_s=1.0)
+    assert rc == 0 and "stopped" not in log.read_text()
     # a process that exits by itself after writing the file keeps its own status
     rc = run_logged(["sh", "-c", f"echo '{{}}' > {done}; exit 3"], dict(os.environ), log, 60.0, done_file=done, linger_s=1.0)
     assert rc == 3

@@ -223,21 +223,22 @@ def run_logged(cmd: list[str], env: dict[str, str], log: Path, timeout_s: float 
     """
     log.parent.mkdir(parents=True, exist_ok=True)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    started = time.time()  # a done file older than this is a leftover, not this run's
     with log.open("w") as f:
         proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
         done_at = None
         try:
             while proc.poll() is None:
                 now = time.monotonic()
-                if done_file is not None and done_at is None and done_file.exists():
+                if done_file is not None and done_at is None and _written_since(done_file, started):
                     done_at = now
                 if deadline is not None and now >= deadline:
                     _kill_group(proc, kill_grace_s)
-                    f.write(f"\n[rayft bench fabric] killed after {timeout_s} s\n")
+                    f.write(f"\n[rayft bench] killed after {timeout_s} s\n")
                     return 124
                 if done_at is not None and now - done_at >= linger_s:
                     _kill_group(proc, kill_grace_s)
-                    f.write(f"\n[rayft bench fabric] {done_file.name} written, but the process was still running "
+                    f.write(f"\n[rayft bench] {done_file.name} written, but the process was still running "
                             f"{linger_s:.0f} s later: stopped\n")
                     return 124
                 time.sleep(0.2)
@@ -248,6 +249,13 @@ def run_logged(cmd: list[str], env: dict[str, str], log: Path, timeout_s: float 
         # the leader exited by itself; anything it left running in its group goes too
         _signal_group(proc.pid, signal.SIGKILL)
         return proc.returncode
+
+
+def _written_since(path: Path, t: float) -> bool:
+    try:
+        return path.stat().st_mtime >= t
+    except OSError:
+        return False
 
 
 def _tail(path: Path, n: int = 15) -> str:
@@ -337,8 +345,8 @@ def run_fabric(
                     done_file=run_dir / "rayft_summary.json")
         lingered = rc == 124 and (run_dir / "rayft_summary.json").is_file()
         if lingered:  # the run finished and wrote its summary; only its process outlived the limit
-            console.print(f"[{v.name}] warning: training finished but its process was still running at the time limit; "
-                          "using the finished run", highlight=False, markup=False)  # fmt: skip
+            console.print(f"[{v.name}] warning: training finished (its summary is written) but its process did not exit; "
+                          "stopped it and using the finished run", highlight=False, markup=False)  # fmt: skip
         elif rc != 0:
             raise FabricError(f"{v.name} training failed (exit {rc}); end of {train_log}:\n{_tail(train_log)}")
         train_transport = check_log(train_log.read_text(errors="replace"), v.expect, f"{v.name} training ({train_log})")

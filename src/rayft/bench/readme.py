@@ -39,54 +39,87 @@ class ReadmeTableError(ValueError):
     """A bad rows file, a results file without the figures a row asks for, or missing markers."""
 
 
-def _num(x: float | None, fmt: str) -> str:
-    return "—" if x is None else format(x, fmt)
+def _cell(text: str) -> str:
+    """A Markdown table cell: no newline, no unescaped column separator."""
+    return " ".join(str(text).split()).replace("|", "\\|")
 
 
-def _pct(x: float | None) -> str:
-    return "—" if x is None else f"{100 * x:.1f}%"
+def _field(obj: Any, key: str, where: str, *, kind: type | tuple[type, ...] = (int, float), optional: bool = False) -> Any:
+    """``obj[key]``, checked: a ``kind`` (numbers by default; bool is never a number), or None
+    when ``optional``. Raises ReadmeTableError naming ``where`` and the field."""
+    if not isinstance(obj, dict):
+        raise ReadmeTableError(f"{where}: expected an object, got {type(obj).__name__}")
+    if key not in obj:
+        if optional:
+            return None
+        raise ReadmeTableError(f"{where}: no field '{key}'")
+    v = obj[key]
+    if v is None and optional:
+        return None
+    if not isinstance(v, kind) or (kind == (int, float) and isinstance(v, bool)):
+        want = "a number" if kind == (int, float) else " or ".join(t.__name__ for t in (kind if isinstance(kind, tuple) else (kind,)))
+        raise ReadmeTableError(f"{where}: field '{key}' must be {want}{' or null' if optional else ''}, got {v!r}")
+    return v
 
 
-def _gib(x: float | None) -> str:
-    return "—" if x is None else f"{x:.1f} GiB"
+def _fmt(v: float | None, spec: str, suffix: str = "") -> str:
+    return "—" if v is None else format(v, spec) + suffix
 
 
-def row_figures(doc: dict[str, Any], select: str | None, where: str) -> dict[str, str]:
+def row_figures(doc: Any, select: str | None, where: str) -> dict[str, str]:
     """The table cells (``gpus``, ``tps``, ``mfu``, ``mem``) of one results document.
 
     Raises:
-        ReadmeTableError: the document is of no known kind, or ``select`` names nothing in it
-            (``where`` names the rows-file entry in the message).
+        ReadmeTableError: the document is of no known kind, a figure is missing or not a number,
+            or ``select`` names nothing in it (``where`` names the rows-file entry in the message).
     """
-    fig = doc.get("figures")
-    if not isinstance(fig, dict):
-        raise ReadmeTableError(f"{where}: the results file has no 'figures' object")
+    fig = _field(doc, "figures", where, kind=dict)
+    num = lambda obj, key, w, optional=False: _field(obj, key, w, optional=optional)  # noqa: E731
+    pct = lambda x: "—" if x is None else f"{100 * x:.1f}%"  # noqa: E731
     if "rows" in fig:  # speed matrix
-        rows = {r.get("name"): r for r in fig["rows"]}
+        rows = {_field(r, "name", f"{where}: figures.rows[{i}]", kind=str): r for i, r in enumerate(_field(fig, "rows", where, kind=list))}
         if select not in rows:
-            raise ReadmeTableError(f"{where}: select={select!r} is not a row of this speed matrix (rows: {', '.join(map(str, rows))})")
-        r = rows[select]
-        return {"gpus": f"{r['gpus']}×", "tps": _num(r["tokens_per_s_per_gpu"], ",.0f"), "mfu": _pct(r.get("mfu")), "mem": _gib(r.get("peak_mem_gib"))}
-    if "runs" in fig and isinstance(fig["runs"], list):  # rayft bench train
-        runs = {f"{r['recipe']}/{r['workload']}": r for r in fig["runs"]}
+            raise ReadmeTableError(f"{where}: select={select!r} is not a row of this speed matrix (rows: {', '.join(rows)})")
+        r, w = rows[select], f"{where}: row {select!r}"
+        return {"gpus": f"{num(r, 'gpus', w)}×", "tps": f"{num(r, 'tokens_per_s_per_gpu', w):,.0f}",
+                "mfu": pct(num(r, "mfu", w, True)), "mem": _fmt(num(r, "peak_mem_gib", w, True), ".1f", " GiB")}  # fmt: skip
+    if "tokens_per_s_ratio_fast_over_sockets" in fig:  # rayft bench fabric
+        if select is not None:
+            raise ReadmeTableError(f"{where}: select={select!r} given, but a fabric results file has one row")
+        runs = _field(fig, "runs", where, kind=dict)
+        fast, sock = (_field(runs, k, f"{where}: figures.runs", kind=dict) for k in ("fast", "sockets"))
+        ratio = num(fig, "tokens_per_s_ratio_fast_over_sockets", where)
+        tf, ts = num(fast, "median_tokens_per_s_per_gpu", f"{where}: runs.fast"), num(sock, "median_tokens_per_s_per_gpu", f"{where}: runs.sockets")
+        return {"gpus": f"{num(fast, 'world_size', f'{where}: runs.fast')}×", "tps": f"{tf:,.0f} vs {ts:,.0f} ({ratio:.2f}×)", "mfu": "—", "mem": "—"}
+    if "runs" in fig:  # rayft bench train
+        runs = {}
+        for i, r in enumerate(_field(fig, "runs", where, kind=list)):
+            w = f"{where}: figures.runs[{i}]"
+            runs[f"{_field(r, 'recipe', w, kind=str)}/{_field(r, 'workload', w, kind=str)}"] = r
         if select not in runs:
             raise ReadmeTableError(f"{where}: select={select!r} is not a run of this bench (runs: {', '.join(runs)})")
-        r = runs[select]
-        ok = r.get("status") == "ok"
-        return {"gpus": f"{fig['world_size']}×", "tps": _num(r.get("tokens_per_s_per_gpu"), ",.0f") if ok else r.get("status", "?"),
-                "mfu": _pct(r.get("mfu")), "mem": _gib(r.get("peak_mem_gib"))}  # fmt: skip
-    if "tokens_per_s_ratio_fast_over_sockets" in fig:  # rayft bench fabric
-        fast, sock = fig["runs"]["fast"], fig["runs"]["sockets"]
-        return {"gpus": f"{fast['world_size']}×",
-                "tps": f"{fast['median_tokens_per_s_per_gpu']:,.0f} vs {sock['median_tokens_per_s_per_gpu']:,.0f} "
-                       f"({fig['tokens_per_s_ratio_fast_over_sockets']:.2f}×)",
-                "mfu": "—", "mem": "—"}  # fmt: skip
+        r, w = runs[select], f"{where}: run {select!r}"
+        status = _field(r, "status", w, kind=str)
+        if status != "ok":
+            error = _field(r, "error", w, kind=str, optional=True)
+            tps = f"{status}: {error.splitlines()[0][:80]}" if status == "failed" and error else status
+        else:
+            tps = f"{num(r, 'tokens_per_s_per_gpu', w):,.0f}"
+        return {"gpus": f"{num(fig, 'world_size', where)}×", "tps": tps,
+                "mfu": pct(num(r, "mfu", w, True)), "mem": _fmt(num(r, "peak_mem_gib", w, True), ".1f", " GiB")}  # fmt: skip
     if "median_tokens_per_s_per_gpu" in fig:  # a run record
-        if select:
+        if select is not None:
             raise ReadmeTableError(f"{where}: select={select!r} given, but a run record has one run")
-        return {"gpus": f"{fig['world_size']}×", "tps": _num(fig["median_tokens_per_s_per_gpu"], ",.0f"),
-                "mfu": _pct(fig.get("median_mfu")), "mem": _gib(fig.get("peak_mem_gib"))}  # fmt: skip
+        return {"gpus": f"{num(fig, 'world_size', where)}×", "tps": f"{num(fig, 'median_tokens_per_s_per_gpu', where):,.0f}",
+                "mfu": pct(num(fig, "median_mfu", where, True)), "mem": _fmt(num(fig, "peak_mem_gib", where, True), ".1f", " GiB")}  # fmt: skip
     raise ReadmeTableError(f"{where}: not a results file this table knows (figures: {', '.join(fig)})")
+
+
+def _read(path: Path, what: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ReadmeTableError(f"{what}: {e}") from None
 
 
 def render_table(rows_file: str | Path, root: str | Path | None = None) -> str:
@@ -99,8 +132,8 @@ def render_table(rows_file: str | Path, root: str | Path | None = None) -> str:
     rows_file = Path(rows_file)
     root = Path(root) if root else rows_file.resolve().parent.parent
     try:
-        spec = yaml.safe_load(rows_file.read_text())
-    except (OSError, yaml.YAMLError) as e:
+        spec = yaml.safe_load(_read(rows_file, str(rows_file)))
+    except yaml.YAMLError as e:
         raise ReadmeTableError(f"{rows_file}: {e}") from None
     if not isinstance(spec, list) or not spec:
         raise ReadmeTableError(f"{rows_file}: expected a non-empty list of rows (job, file, select)")
@@ -109,34 +142,45 @@ def render_table(rows_file: str | Path, root: str | Path | None = None) -> str:
         where = f"{rows_file} entry {i}"
         if not isinstance(entry, dict) or not {"job", "file"} <= set(entry) or set(entry) - {"job", "file", "select", "label"}:
             raise ReadmeTableError(f"{where}: needs 'job' and 'file' (and optionally 'select', 'label'), got {entry!r}")
-        path = root / entry["file"]
+        for key in ("job", "file", "select", "label"):
+            _field(entry, key, where, kind=str, optional=key in ("select", "label"))
         try:
-            doc = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ReadmeTableError(f"{where}: {entry['file']}: {e}") from None
-        cells = row_figures(doc, entry.get("select"), where)
-        label = entry.get("label") or Path(entry["file"]).stem.removeprefix(doc.get("date", "")[:10] + "-")
-        lines.append(f"| {entry['job']} | {cells['gpus']} | {cells['tps']} | {cells['mfu']} | {cells['mem']} | [{label}]({entry['file']}) |")
+            doc = json.loads(_read(root / entry["file"], f"{where}: {entry['file']}"))
+        except json.JSONDecodeError as e:
+            raise ReadmeTableError(f"{where}: {entry['file']}: not JSON: {e}") from None
+        cells = row_figures(doc, entry.get("select"), f"{where} ({entry['file']})")
+        label = entry.get("label") or Path(entry["file"]).stem
+        lines.append(f"| {_cell(entry['job'])} | {cells['gpus']} | {_cell(cells['tps'])} | {cells['mfu']} | {cells['mem']} "
+                     f"| [{_cell(label)}]({entry['file']}) |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
 def update_readme(readme: str | Path, rows_file: str | Path, check: bool = False) -> bool:
-    """Put the generated table between the markers of ``readme``. Returns True when the README
-    was already up to date; with ``check`` nothing is written.
+    """Put the generated table between the marker lines of ``readme`` (each exactly once, alone on
+    its line, BEGIN before END). Returns True when the README was already up to date; with
+    ``check`` nothing is written.
 
     Raises:
-        ReadmeTableError: the markers are missing or out of order, or :func:`render_table` failed.
+        ReadmeTableError: the markers are missing, repeated or out of order, the README cannot be
+            read or written, or :func:`render_table` failed.
     """
     readme = Path(readme)
-    text = readme.read_text()
-    b, e = text.find(BEGIN), text.find(END)
-    if b < 0 or e < b:
-        raise ReadmeTableError(f"{readme}: needs the lines {BEGIN} and {END}, in that order")
-    new = text[: b + len(BEGIN)] + "\n" + render_table(rows_file, readme.resolve().parent) + text[e:]
+    text = _read(readme, str(readme))
+    lines = text.splitlines(keepends=True)
+    at = {m: [i for i, ln in enumerate(lines) if ln.strip() == m] for m in (BEGIN, END)}
+    stray = [i + 1 for i, ln in enumerate(lines) if (BEGIN in ln or END in ln) and ln.strip() not in (BEGIN, END)]
+    if len(at[BEGIN]) != 1 or len(at[END]) != 1 or at[END][0] < at[BEGIN][0] or stray:
+        raise ReadmeTableError(f"{readme}: needs the lines {BEGIN} and {END} once each, alone on their lines and in that order"
+                               + (f" (marker text inside other lines: {stray})" if stray else ""))  # fmt: skip
+    b, e = at[BEGIN][0], at[END][0]
+    new = "".join(lines[: b + 1]) + render_table(rows_file, readme.resolve().parent) + "".join(lines[e:])
     if new == text:
         return True
     if not check:
-        readme.write_text(new)
+        try:
+            readme.write_text(new, encoding="utf-8")
+        except OSError as err:
+            raise ReadmeTableError(f"{readme}: {err}") from None
     return False
 
 

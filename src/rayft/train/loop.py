@@ -74,6 +74,8 @@ def train_func(loop_config: dict[str, Any]) -> None:
         cfg.model, cfg.parallel, device=device, activation_checkpointing=tc.activation_checkpointing,
         compile_layers=tc.compile, seed=tc.seed, liger_kernels=tc.liger_kernels, cross_entropy=tc.cross_entropy,
     )  # fmt: skip
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     model_build_s = time.perf_counter() - t_model
     model_conf = load_model_config(cfg.model)
     optimizer = build_optimizer(model, tc, device)
@@ -173,7 +175,9 @@ def train_func(loop_config: dict[str, Any]) -> None:
             t_last = time.perf_counter()  # evaluation time is not step time
         # Live metrics go to the driver through our own queue: ray.train.report() waits for the
         # controller to consume each result (a queue of one), which costs ~1.5 s per call.
-        if rank == 0 and progress is not None and (step_done % tc.log_every == 0 or step_done == total_steps or "eval_loss" in metrics):
+        # (the first step always: it carries the one-off setup timings)
+        if rank == 0 and progress is not None and (step_done % tc.log_every == 0 or step == start_step or step_done == total_steps
+                                                   or "eval_loss" in metrics):  # fmt: skip
             sent = progress.actor.put_nowait.remote(metrics)
             if step_done == total_steps:
                 ray.get(sent)  # the last step's metrics must reach the driver before the worker exits
