@@ -28,7 +28,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 D="$PWD/.gpu/data"; ls "$D/alpaca_en_demo.json" "$D/alpaca_zh_demo.json" || exit 3
 python3 -c "import trl, datasets; from trl import SFTTrainer, SFTConfig; print('trl', trl.__version__, 'datasets', datasets.__version__)" || { echo "stage the wheels in the header"; exit 4; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-NG=$(nvidia-smi -L | wc -l)
+NG=${NG:-$(nvidia-smi -L | wc -l)}  # NG=1 on a 2-GPU host: the 1-GPU baseline of the scaling target
 STEPS=${STEPS:-15}; WARM=${WARM:-5}; MB=${MB:-8}; W=${WORKLOAD:-both}; WD=/tmp/bench-train-$W; rm -rf "$WD"
 RECIPES=${RECIPES:-rayft,sample-recipe,trl-default,trl-best}
 TIMEOUTS=${RUN_TIMEOUTS:-rayft=200,sample-recipe=150,trl-default=120,trl-best=120}
