@@ -217,6 +217,7 @@ class CheckpointConfig(_Section):
     keep_last: int = Field(default=2, ge=1)
     async_save: bool = Field(default=True, description="Write shards in the background; the step loop waits only for the copy to CPU memory.")
     write_threads: int = Field(default=8, ge=1, le=64, description="Threads (and files) per rank writing a checkpoint (DCP FileSystemWriter thread_count).")
+    save_final: bool = Field(default=True, description="Checkpoint at the last step; off only for benchmarks (the run can then be neither resumed nor exported later).")
     export_hf: bool = True
 
 

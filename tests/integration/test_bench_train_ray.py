@@ -81,6 +81,8 @@ def test_rayft_recipe_on_synthetic_rows(ray_local, tmp_path):
     recs = bt.rayft_records(tmp_path / "run" / "rayft" / "rayft_metrics.jsonl")
     assert [r["step"] for r in recs] == [1, 2, 3]
     assert all(r["tokens"] == 4 * 64 and r["attn_tokens_sq"] == 4 * 64 * 64 for r in recs)
+    assert "checkpoint.save_final=false" in sets
+    assert not list((tmp_path / "run" / "rayft").glob("checkpoint_*"))  # a benchmark writes no 18 GB final checkpoint
 
 
 def test_trl_default_under_torchrun(tmp_path):

@@ -409,7 +409,7 @@ def recipe_command(recipe: str, workload: str, plan: Plan, cfg, world: int, use_
             sets += ["data.synthetic=null"]
         sets += [f"train.max_steps={plan.steps}", "train.warmup_steps=0", f"train.num_workers={world}", "train.grad_accum_steps=1",
                  f"checkpoint.storage_path={run_dir}", "checkpoint.name=rayft", "checkpoint.every_steps=null", "checkpoint.every_minutes=null",
-                 "checkpoint.export_hf=false", "ray.max_failures=0", "train.eval_every=null"]  # fmt: skip
+                 "checkpoint.export_hf=false", "checkpoint.save_final=false", "ray.max_failures=0", "train.eval_every=null"]  # fmt: skip
         return [py, "-m", "rayft.cli", "train", str(plan.config), *(a for s in sets for a in ("--set", s))]
     spec = {
         "recipe": recipe, "workload": workload, "data": shared["data"][workload]["file"], "model_dir": shared["model_dir"],

@@ -181,7 +181,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
             sent = progress.actor.put_nowait.remote(metrics)
             if step_done == total_steps:
                 ray.get(sent)  # the last step's metrics must reach the driver before the worker exits
-        if step_done == total_steps or saver.step_is_due(step_done) or time_vote > 0:
+        if (step_done == total_steps and cfg.checkpoint.save_final) or saver.step_is_due(step_done) or time_vote > 0:
             state = {"step": step_done, "epoch": plan.epoch_of_step[step], "world_size": world, "loss": loss,
                      "global_batch_rows": rows_per_step, "data_fingerprint": loop_config["data_fingerprint"],
                      "tokenizer": loop_config.get("tokenizer")}  # fmt: skip
