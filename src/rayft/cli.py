@@ -73,7 +73,7 @@ def train(
 def export(
     run: Annotated[str, typer.Argument(help="Run directory (storage_path/name).")],
     step: Annotated[Optional[int], typer.Option(help="Checkpoint step (default: latest complete).")] = None,
-    out: Annotated[Optional[Path], typer.Option(help="Output directory (default: RUN/hf[-stepN]).")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Output directory (default: RUN/hf-stepN, N the checkpoint's step).")] = None,
 ) -> None:
     """Write a consolidated Hugging Face model (safetensors + config + tokenizer) from a checkpoint."""
     from rayft.train.checkpoint import CheckpointError, export_run

@@ -76,6 +76,14 @@ def test_packing_efficiency_is_non_pad_over_row_tokens():
     assert plan.packing_efficiency(ds, 16) == 20 / (len(plan.rows[0]) * 16)
 
 
+def test_epochs_counts_passes_over_the_data_also_when_max_steps_stops_early():
+    ds = make_ds([6, 5, 4, 3, 2])  # 5 examples, 2 rows of 10 per epoch
+    kw = dict(rows_per_step=1, row_len=10, packing=True, shuffle=False, seed=0, max_steps=None)
+    assert plan_steps(ds, epochs=3, **kw).epochs(5) == 3.0
+    short = plan_steps(ds, epochs=3, **{**kw, "max_steps": 1})  # one row: [6, 4] (2 of 5 examples)
+    assert short.epochs(5) == 0.4
+
+
 def test_collate_document_boundaries_for_varlen_attention():
     ds = TokenizedDataset(np.array([10, 11, 12, 20, 21, 30], np.int32), np.ones(6, bool), np.array([0, 3, 5, 6]))
     b = collate(ds, [[0, 1], [2]], row_len=8, pad_id=0)

@@ -77,6 +77,11 @@ class StepPlan:
     def __len__(self) -> int:
         return len(self.rows)
 
+    def epochs(self, n_examples: int) -> float:
+        """Passes over the data: examples the plan trains on ÷ ``n_examples`` (fractional when
+        ``max_steps`` stops mid-epoch)."""
+        return sum(len(row) for step in self.rows for row in step) / max(1, n_examples)
+
     def packing_efficiency(self, ds: TokenizedDataset, row_len: int) -> float:
         """Non-padding tokens / row tokens over every row of the plan (1.0: no padding at all).
 

@@ -369,7 +369,7 @@ def run_training(cfg: RayftConfig, resume: str | None = None, console: Console |
         efficiency = plan.packing_efficiency(ds, cfg.data.seq_len)
         n_rows = sum(map(len, plan.rows))
         console.print(
-            f"packing: {n_rows:,} rows of {cfg.data.seq_len} tokens over {total} steps ({plan.epoch_of_step[-1] + 1} epoch(s) of the data), "
+            f"packing: {n_rows:,} rows of {cfg.data.seq_len} tokens over {total} steps ({plan.epochs(len(ds)):.2f} epochs of the data), "
             f"efficiency {100 * efficiency:.1f}% (non-padding / row tokens)",
             highlight=False,
         )
