@@ -201,3 +201,33 @@ def test_config_errors_name_the_keys(tmp_path):
         job(tmp_path, "data.validation_fraction=0.5")
     with pytest.raises(ConfigError, match=r"data.preprocess"):
         job(tmp_path, "data.preprocess=threads")
+
+
+def test_a_file_changed_while_it_was_read_is_not_cached(tmp_path, monkeypatch):
+    import rayft.data.formats
+
+    cfg = job(tmp_path)
+    real_load = rayft.data.formats.load_conversations
+
+    def load_then_edit(*a, **k):
+        out = real_load(*a, **k)
+        data = tmp_path / "chat.jsonl"
+        data.write_text(data.read_text() + json.dumps(RECORDS[0]) + "\n")  # another writer appends meanwhile
+        return out
+
+    monkeypatch.setattr(rayft.data.formats, "load_conversations", load_then_edit)
+    d, out = run(cfg)
+    assert d.cache == "off" and len(d.train) == 8  # trained on what was read, nothing cached
+    assert out[-1] == "warning: an input file changed while it was read; the tokenized data were not cached"
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+
+
+def test_input_stamps_see_a_rewrite_without_hashing(tmp_path):
+    from rayft.data.cache import input_stamps
+
+    cfg = job(tmp_path)
+    before = input_stamps(cfg.data)
+    assert before == input_stamps(cfg.data) and before[0][0].endswith("chat.jsonl") and before[0][1] > 0
+    data = tmp_path / "chat.jsonl"
+    data.write_text(data.read_text().replace("Add 1 and 2", "Add 9 and 2"))  # same size, new mtime
+    assert input_stamps(cfg.data) != before

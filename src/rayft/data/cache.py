@@ -71,6 +71,26 @@ def file_identity(path) -> dict[str, Any]:
     return {"path": str(Path(path).resolve()), "sha256": h.hexdigest()}
 
 
+def input_stamps(data_cfg) -> list[Any]:
+    """A cheap snapshot of ``data_cfg``'s input files, to tell whether one changed while it was
+    read without hashing it again: ``(path, size, mtime_ns)`` of a local file, the
+    :func:`file_identity` (one HEAD request) of an S3 object.
+
+    Raises:
+        OSError: a local file that vanished. DataError: an S3 error.
+    """
+    from rayft.data.formats import S3Object, expand_files
+
+    out: list[Any] = []
+    for p in expand_files(data_cfg.train_files) + (expand_files(data_cfg.validation_files) if data_cfg.validation_files else []):
+        if isinstance(p, S3Object):
+            out.append(file_identity(p))
+        else:
+            st = os.stat(p)
+            out.append((str(p), st.st_size, st.st_mtime_ns))
+    return out
+
+
 def tokenizer_identity(tokenizer, name: str) -> dict[str, Any]:
     """The tokenizer's part of the key: name, sha256 of its full definition, chat template, EOS id."""
     import tokenizers

@@ -90,6 +90,7 @@ def prepare_data(cfg: RayftConfig, console: Console, connect: Callable[[], Any] 
     key = key_parts = None
     if dc.cache_dir:
         try:
+            stamps = cache_lib.input_stamps(dc)  # before the key's hashing: a change after it is caught below
             key, key_parts = cache_lib.cache_key(dc, tokenizer, tok_name)
         except DataError as e:
             raise TrainError(str(e)) from None
@@ -131,7 +132,7 @@ def prepare_data(cfg: RayftConfig, console: Console, connect: Callable[[], Any] 
         say(_data_line(f"validation ({val_from})", val_ex, val, dc.seq_len))
         if len(val) == 0:
             raise TrainError(f"empty validation set: no example with a trainable token ({val_from})")
-    if key is not None and cache_lib.cache_key(dc, tokenizer, tok_name)[0] != key:
+    if key is not None and cache_lib.input_stamps(dc) != stamps:
         console.print(Text.assemble(("warning", "yellow"), ": an input file changed while it was read; the tokenized data were not cached"), highlight=False)
         key = None
     if key is not None:
