@@ -28,6 +28,8 @@ from typing import Annotated, Any
 
 import typer
 
+from rayft.bench.train import status_text
+
 import yaml
 
 BEGIN = "<!-- rayft bench readme: begin -->"
@@ -102,7 +104,7 @@ def row_figures(doc: Any, select: str | None, where: str) -> dict[str, str]:
         status = _field(r, "status", w, kind=str)
         if status != "ok":
             error = _field(r, "error", w, kind=str, optional=True)
-            tps = f"{status}: {error.splitlines()[0][:80]}" if status == "failed" and error else status
+            tps = status_text(status, error)
         else:
             tps = f"{num(r, 'tokens_per_s_per_gpu', w):,.0f}"
         return {"gpus": f"{num(fig, 'world_size', where)}×", "tps": tps,

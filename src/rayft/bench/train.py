@@ -250,6 +250,11 @@ def _fmt(v: Any, spec: str, none: str = "—") -> str:
     return none if v is None else format(v, spec)
 
 
+def status_text(status: str, error: str | None) -> str:
+    """A run's status for a table: ``failed`` gets the first line of its error (80 characters at most)."""
+    return f"failed: {error.splitlines()[0][:80]}" if status == "failed" and error else status
+
+
 def markdown_table(doc: dict[str, Any]) -> str:
     """The results file(s) ``doc`` (one results JSON, as written by :func:`run_bench`) as Markdown."""
     fig = doc["figures"]
@@ -260,9 +265,7 @@ def markdown_table(doc: dict[str, Any]) -> str:
     for r in fig["runs"]:
         name = r.get("label") or r["recipe"]
         if r["status"] != "ok":
-            status = r["status"]
-            if status == "failed" and r.get("error"):
-                status = f"failed: {r['error'].splitlines()[0][:80]}"
+            status = status_text(r["status"], r.get("error"))
             lines.append(f"| {name} | {r['workload']} | — | — | — | — | — | {status} |")
             continue
         st = r["step_time_s"]
