@@ -182,6 +182,11 @@ class TrainConfig(_Section):
         description="fused: liger-kernel fused linear cross-entropy (no full fp32 logits; CUDA); torch: plain; auto: fused where it runs.",
     )
     liger_kernels: bool = Field(default=False, description="liger-kernel RMSNorm, SwiGLU and RoPE (Qwen2 on CUDA).")
+    float8: bool = Field(
+        default=False,
+        description="float8 matmuls in the decoder layers' linear layers (torchao, tensorwise dynamic scaling, float8 FSDP2 "
+        "all-gather); needs torchao, and on CUDA compute capability >= 8.9 (L4, H100, H200). The LM head stays bf16.",
+    )
     seed: int = 0
     log_every: int = Field(default=1, ge=1)
     eval_every: int | None = Field(

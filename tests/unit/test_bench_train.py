@@ -73,7 +73,7 @@ def test_merge_ranks_and_summarize():
 def synthetic_results(path: Path) -> Path:
     ok = {"recipe": "rayft", "workload": "random", "status": "ok", "tokens_per_s_per_gpu": 43272.4, "mfu": 0.411,
           "peak_mem_gib": 54.62, "step_time_s": {"p10": 0.37, "p50": 0.38, "p90": 0.4, "min": 0.3, "max": 0.5},
-          "usd_per_1m_tokens": 0.0123}
+          "usd_per_1m_tokens": 0.0123, "micro_batch_size": 16}
     bad = {"recipe": "trl-best", "workload": "real", "status": "failed", "error": "exit 1\n  Traceback ..."}
     doc = {"command": "rayft bench train x.yaml", "git_commit": "abcdef1234567890", "environment": {"gpu_model": "NVIDIA H200"},
            "figures": {"model": "qwen2.5-1.5b", "seq_len": 2048, "micro_batch_size": 8, "world_size": 2, "steps": 30, "warmup_steps": 5,
@@ -87,8 +87,8 @@ def test_table_command_regenerates_markdown_from_a_results_file(tmp_path):
     out = CliRunner().invoke(app, ["bench", "table", str(res)])
     assert out.exit_code == 0, out.output
     md = (tmp_path / "r.md").read_text()
-    assert "| rayft | random | 43,272 | 41.1% | 54.6 | 0.370 / 0.380 / 0.400 | 0.0123 | ok |" in md
-    assert "| trl-best | real | — | — | — | — | — | failed: exit 1 |" in md
+    assert "| rayft | random | 16 | 43,272 | 41.1% | 54.6 | 0.370 / 0.380 / 0.400 | 0.0123 | ok |" in md
+    assert "| trl-best | real | 8 | — | — | — | — | — | failed: exit 1 |" in md  # an old file's runs: the file's micro-batch
     assert "2 × NVIDIA H200" in md and "Cost: not computed: the catalog has no On-Demand price" in md
     pytest.importorskip("matplotlib")
     assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
@@ -157,6 +157,54 @@ def test_rayft_random_workload_wins_over_a_user_train_files_override(tmp_path):
             assert got.data.train_files == ["x.json", "y.json"] and got.data.synthetic is None
 
 
+def test_rayft_set_and_the_fp8_recipe_reach_only_the_rayft_runs(tmp_path):
+    cfg_file = tmp_path / "job.yaml"
+    cfg_file.write_text("model: {name_or_path: qwen2-tiny}\ndata: {train_files: [a.json], seq_len: 16}\n"
+                        f"train: {{num_workers: 2, use_gpu: false, micro_batch_size: 3}}\ncheckpoint: {{storage_path: {tmp_path}}}\n")
+    cfg = load_config(cfg_file)
+    plan = bt.Plan(cfg_file, [], ["rayft", "rayft-fp8"], ["random"], 4, 1, tmp_path / "wd", None, rayft_overrides=["train.micro_batch_size=5"])
+    model_dir, tok_dir = tmp_path / "wd" / "model", tmp_path / "wd" / "tokenizer"
+    shared = {"model_dir": str(model_dir), "tokenizer_dir": str(tok_dir), "data": {"random": {"file": "x.npz"}}, "pad_id": 0,
+              "decoder_layer_cls": "Qwen2DecoderLayer"}
+    for recipe, fp8 in (("rayft", False), ("rayft-fp8", True)):
+        cmd = bt.recipe_command(recipe, "random", plan, cfg, 2, False, shared, tmp_path / recipe)
+        got = load_config(cfg_file, [cmd[i + 1] for i, a in enumerate(cmd) if a == "--set"])
+        assert got.train.micro_batch_size == 5 and got.train.float8 is fp8
+        assert got.data.synthetic.rows == 4 * 2 * 5  # sized by the rayft runs' own micro-batch
+        assert got.model.name_or_path == "qwen2-tiny"  # no shared model directory written: rayft's own seeded init
+        settings = bt.recipe_settings(recipe, tmp_path / recipe, cmd, cfg_file)
+        assert settings["micro_batch_size"] == 5 and settings["float8"] is fp8
+    model_dir.mkdir(parents=True)
+    cmd = bt.recipe_command("rayft", "random", plan, cfg, 2, False, shared, tmp_path / "r2")
+    got = load_config(cfg_file, [cmd[i + 1] for i, a in enumerate(cmd) if a == "--set"])
+    assert got.model.name_or_path == str(model_dir) and got.model.tokenizer == str(tok_dir)  # the other recipes' weights
+    cmd = bt.recipe_command("sample-recipe", "random", plan, cfg, 2, False, shared, tmp_path / "s")
+    assert json.loads(Path(cmd[-1]).read_text())["micro_batch_size"] == 3  # --rayft-set does not reach the others
+
+
+def test_float8_check_compares_the_two_rayft_runs_step_by_step():
+    def run(recipe, losses, workload="real", status="ok"):
+        return {"recipe": recipe, "workload": workload, "status": status, "steps": [{"step": i + 1, "loss": v} for i, v in enumerate(losses)]}
+
+    runs = [run("rayft", [10.0, 8.0, 6.0]), run("rayft-fp8", [10.1, 8.0, 6.3]), run("rayft", [11.0], "random"),
+            run("rayft-fp8", [11.0], "random", status="failed")]
+    chk = bt.float8_check(runs)
+    assert list(chk) == ["real"]  # random: the float8 run failed
+    c = chk["real"]
+    assert c["steps"] == [1, 2, 3] and c["loss_fp8"] == [10.1, 8.0, 6.3]
+    assert c["max_abs_diff"] == pytest.approx(0.3) and c["max_rel_diff"] == pytest.approx(0.05) and c["final_rel_diff"] == pytest.approx(0.05)
+    md = bt.markdown_table({"figures": {"runs": [], "price": {}, "float8_check": chk}})
+    assert "Float8 check (real): rayft-fp8's loss vs rayft's over 3 steps: max relative difference 5.00%, at the last step 5.00% (6.0000 bf16, 6.3000 float8)." in md
+
+
+def test_a_bad_rayft_set_is_an_error_before_anything_runs(tmp_path):
+    with pytest.raises(bt.BenchTrainError, match=r"(?s)--rayft-set: .*train.micro_batch_size .*greater than or equal to 1"):
+        bt.run_bench(tiny_job(tmp_path), recipes=["rayft"], workloads=["random"], steps=3, warmup_steps=1,
+                     work_dir=tmp_path / "wd", rayft_overrides=["train.micro_batch_size=0"])
+    with pytest.raises(bt.BenchTrainError, match="unknown recipe 'rayft-fp16'"):
+        bt.run_bench(tiny_job(tmp_path), recipes=["rayft-fp16"], workloads=["random"], steps=3, warmup_steps=1, work_dir=tmp_path / "wd")
+
+
 def tiny_job(tmp_path) -> Path:
     cfg = tmp_path / "job.yaml"
     cfg.write_text("model: {name_or_path: qwen2-tiny}\ndata: {synthetic: {rows: 4}, seq_len: 16}\n"
@@ -192,7 +240,7 @@ def test_results_are_written_after_every_run_and_a_runner_exception_is_one_runs_
     assert bad["status"] == "failed" and "runner error: OSError('cannot start torchrun')" in bad["error"]
     assert ok["status"] == "ok" and ok["tokens_per_s_per_gpu"] == 32.0 and figs["complete"] is True
     assert ok["settings"] == bt.SAMPLE_SETTINGS and bad["settings"]["gradient_checkpointing"] is False
-    assert "| sample-recipe | random | 32 |" in path.with_suffix(".md").read_text()
+    assert "| sample-recipe | random | 1 | 32 |" in path.with_suffix(".md").read_text()
 
 
 def test_deadline_cuts_each_runs_limit_and_skips_runs_that_cannot_fit(tmp_path, monkeypatch):
@@ -215,7 +263,7 @@ def test_deadline_cuts_each_runs_limit_and_skips_runs_that_cannot_fit(tmp_path, 
     s, d, b = figs["runs"]
     assert s["status"] == d["status"] == "ok" and s["timeout_s"] == 150.0 and d["timeout_s"] == 90.0
     assert b["status"] == "skipped: no time left" and b["error"].startswith("20 s left before --deadline-s 200")
-    assert "| trl-best | random | — | — | — | — | — | skipped: no time left |" in path.with_suffix(".md").read_text()
+    assert "| trl-best | random | 1 | — | — | — | — | — | skipped: no time left |" in path.with_suffix(".md").read_text()
 
 
 def test_parse_timeouts():
@@ -246,7 +294,7 @@ def test_sigterm_writes_the_runs_done_and_marks_the_rest_not_run(tmp_path):
     runs = json.loads(out.read_text())["figures"]["runs"]
     assert [(r["recipe"], r["status"]) for r in runs] == [("sample-recipe", "ok"), ("trl-default", "not run"), ("trl-best", "not run")]
     assert runs[0]["tokens_per_s_per_gpu"] == 32.0
-    assert "| trl-best | random | — | — | — | — | — | not run |" in out.with_suffix(".md").read_text()
+    assert "| trl-best | random | 1 | — | — | — | — | — | not run |" in out.with_suffix(".md").read_text()
     assert signal.getsignal(signal.SIGTERM) == before  # the bench's handler is removed again
 
 
@@ -292,8 +340,14 @@ def test_varlen_attention_reads_trl_padding_free_kwargs(monkeypatch):
     assert calls[-1] == ([0, 3, 5, 7], [0, 3, 5, 7], 3, 3) and out.shape == (1, 7, 4, 8)
     attention.varlen_attention_forward(None, q, k, v, None, cu_seq_lens=cu)  # rayft's path: unchanged
     assert calls[-1] == ([0, 3, 5, 7], [0, 3, 5, 7], 7, 7)
-    attention.varlen_attention_forward(None, q, k, v, None)  # no boundaries: one sequence per row
-    assert calls[-1] == ([0, 7], [0, 7], 7, 7)
+    n_calls = len(calls)
+    out, _ = attention.varlen_attention_forward(None, q, k, v, None, scaling=0.3)  # no boundaries: plain causal rows
+    assert len(calls) == n_calls and out.shape == (1, 7, 4, 8)  # SDPA, not the varlen kernel
+    kk, vv = (t.repeat_interleave(2, dim=1) for t in (k, v))
+    scores = (q @ kk.transpose(-1, -2)) * 0.3
+    scores = scores.masked_fill(torch.ones(7, 7, dtype=torch.bool).triu(1), float("-inf"))
+    want = (scores.softmax(-1) @ vv).transpose(1, 2)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
 
 
 def test_shared_model_is_rayfts_seeded_init_built_once(tmp_path, monkeypatch):

@@ -50,3 +50,51 @@ def test_lr_schedule_warmup_then_cosine_to_the_floor():
     assert all(a >= b for a, b in zip(lrs[4:], lrs[5:]))
     assert lrs[9] == pytest.approx(1e-4 + 0.9e-3 * 0.5 * (1 + __import__("math").cos(__import__("math").pi * 5 / 9)))
     assert lr_at(0, 1, TrainConfig(lr=1e-3)) == pytest.approx(1e-3)  # a one-step run trains at the full rate
+
+
+def test_preset_init_device_picks_the_gpu_only_when_twice_the_fp32_model_fits(monkeypatch):
+    from rayft.train import model as model_lib
+
+    assert model_lib.preset_init_device(torch.device("cpu"), 10) == torch.device("cpu")
+    gib = 2**30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (16 * gib, 24 * gib))
+    cuda = torch.device("cuda", 0)
+    # 1.5B parameters: 6.2 GB fp32, 12.3 GB doubled <= 16 GiB free -> the GPU
+    assert model_lib.preset_init_device(cuda, 1_543_714_304) == cuda
+    # 7.6B parameters: 30.5 GB fp32 -> the CPU
+    assert model_lib.preset_init_device(cuda, 7_615_616_512) == torch.device("cpu")
+    assert model_lib.preset_init_device(cuda, 2 * gib) == cuda  # 8 GiB fp32, exactly half of the free memory
+    assert model_lib.preset_init_device(cuda, 2 * gib + 1) == torch.device("cpu")
+
+
+def test_float8_converts_only_decoder_linears_and_keeps_the_model_close(one_rank_group):
+    """train.float8 on CPU (torchao emulates the float8 matmuls): the decoder layers' 7 linear layers
+    each become Float8Linear, the LM head does not; the weights are the same seeded init; logits
+    stay close to bf16-free fp32 ones; a step trains; the full state dict holds plain fp32 tensors."""
+    pytest.importorskip("torchao.float8", reason="train.float8 needs torchao (pip install 'rayft[fp8]')")
+    from rayft.train.checkpoint import full_model_state_dict
+    from rayft.train.model import after_optimizer_step
+
+    cfg = ModelConfig(name_or_path="qwen2-tiny")
+    cpu = torch.device("cpu")
+    ref = build_sharded_model(cfg, ParallelConfig(), device=cpu, activation_checkpointing=False, compile_layers=False, seed=7)
+    m = build_sharded_model(cfg, ParallelConfig(), device=cpu, activation_checkpointing=False, compile_layers=False, seed=7, float8=True)
+    kinds = {n: type(mod).__name__ for n, mod in m.named_modules() if isinstance(mod, torch.nn.Linear)}
+    assert sum(k == "Float8Linear" for k in kinds.values()) == 2 * 7  # q, k, v, o, gate, up, down in each of 2 layers
+    assert kinds["lm_head"] == "Linear" and m.rayft_float8 is True
+    sd, want = full_model_state_dict(m), full_model_state_dict(ref)
+    assert type(sd["model.layers.0.mlp.up_proj.weight"]) is torch.Tensor
+    assert sd["model.layers.0.mlp.up_proj.weight"].dtype == torch.float32
+    for k in want:
+        assert torch.equal(sd[k], want[k]), k
+    ids = torch.randint(0, 151000, (2, 32))
+    got, exp = m(input_ids=ids).logits, ref(input_ids=ids).logits
+    rel = ((got - exp).norm() / exp.norm()).item()
+    assert 0 < rel < 0.05  # float8 rounding (e4m3: 3 mantissa bits) changes the logits, a little
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    before = m.model.layers[0].mlp.up_proj.weight.full_tensor().clone()
+    m(input_ids=ids, labels=ids).loss.backward()
+    opt.step()
+    after_optimizer_step(m)
+    assert not torch.equal(m.model.layers[0].mlp.up_proj.weight.full_tensor(), before)
+    assert torch.isfinite(m(input_ids=ids).logits).all()

@@ -53,3 +53,37 @@ def test_loss_method_torch_and_hf_paths_give_the_same_sum():
         got[impl] = float(model.token_loss_sum(ids, pos, labels))
     assert got["torch"] == pytest.approx(float(ref), rel=1e-6)
     assert got["hf"] == pytest.approx(float(ref), rel=1e-6)
+
+
+def test_varlen_gets_boundaries_only_for_rows_holding_several_documents():
+    """One document per row (random full rows, or a long example with a padding tail): plain causal
+    attention, no boundaries; two documents in a row: the boundaries go to the attention."""
+    import numpy as np
+
+    from rayft.data.packing import collate
+    from rayft.data.tokenize import TokenizedDataset
+    from rayft.train.attention import VARLEN
+    from rayft.train.loop import micro_batch_loss
+
+    class Fake:
+        def __init__(self, impl):
+            self.config = type("C", (), {"_attn_implementation": impl})()
+            self.kwargs = None
+
+        def token_loss_sum(self, ids, pos, labels, **kw):
+            self.kwargs = kw
+            return torch.zeros(())
+
+    lengths = [16, 10, 6]
+    ds = TokenizedDataset(np.arange(sum(lengths), dtype=np.int32) + 1, np.ones(sum(lengths), bool), np.cumsum([0] + lengths))
+    one_per_row = collate(ds, [[0], [1]], 16, 0)  # row 1: 10 tokens and a padding tail
+    two_in_a_row = collate(ds, [[0], [1, 2]], 16, 0)
+    assert one_per_row["cu_seq_lens"].tolist() == [0, 16, 32] and two_in_a_row["cu_seq_lens"].tolist() == [0, 16, 26, 32]
+    m = Fake(VARLEN)
+    micro_batch_loss(m, one_per_row)
+    assert m.kwargs == {}
+    micro_batch_loss(m, two_in_a_row)
+    assert m.kwargs["cu_seq_lens"].tolist() == [0, 16, 26, 32]
+    sdpa = Fake("sdpa")
+    micro_batch_loss(sdpa, two_in_a_row)
+    assert sdpa.kwargs == {}  # sdpa reads the boundaries from position_ids

@@ -7,7 +7,11 @@ Recipes (docs/bench-train.md says what each one is):
 * ``trl-default``: TRL ``SFTTrainer`` + FSDP with its defaults (padding per batch), under ``torchrun``;
 * ``trl-best``: the same with TRL's packing (padding-free) and liger-kernel;
 * ``rayft``: ``python -m rayft.cli train`` with ``train.compile=true``, ``train.cross_entropy=auto``,
-  ``model.attn_implementation=auto``, ``data.packing=true`` (the user's ``--set`` still wins).
+  ``model.attn_implementation=auto``, ``data.packing=true`` (the user's ``--set`` still wins, then
+  ``--rayft-set``, which only the rayft recipes get: e.g. their own micro-batch size);
+* ``rayft-fp8`` (not in the default list): ``rayft`` plus ``train.float8=true``, reported as its own
+  row; when both ran on a workload, the results carry ``float8_check``, its per-step loss against
+  ``rayft``'s (same data order and initial weights).
 
 Workloads: ``random`` (random full-length rows, :func:`rayft.data.synthetic.random_dataset`; every
 recipe gets the same ids) and ``real`` (the config's data files, tokenized once by rayft's pipeline
@@ -37,7 +41,7 @@ import statistics
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Callable
 
@@ -48,7 +52,10 @@ from rich.text import Text
 
 from rayft.bench.fabric import _tail, gpu_label, run_logged
 
-RECIPES = ("sample-recipe", "trl-default", "trl-best", "rayft")
+RECIPES = ("sample-recipe", "trl-default", "trl-best", "rayft", "rayft-fp8")
+#: What ``--recipes`` defaults to (``rayft-fp8`` is asked for by name).
+DEFAULT_RECIPES = ("sample-recipe", "trl-default", "trl-best", "rayft")
+RAYFT_RECIPES = ("rayft", "rayft-fp8")
 WORKLOADS = ("random", "real")
 DEFAULT_STEPS = 30
 DEFAULT_WARMUP = 5
@@ -163,10 +170,40 @@ def read_step_files(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def rayft_records(metrics_file: Path) -> list[dict[str, Any]]:
-    """A ``rayft_metrics.jsonl`` (global figures per step) as step records."""
+    """A ``rayft_metrics.jsonl`` (global figures per step) as step records (with the one-off
+    ``setup_s`` / ``setup_model_build_s`` of the first step where the run reported them)."""
     rows = [json.loads(x) for x in metrics_file.read_text().splitlines() if x.strip()]
-    return [{"step": r["step"], "step_time_s": r["step_time_s"], "tokens": r["tokens"], "attn_tokens_sq": r.get("attn_tokens_sq"),
-             "peak_mem_gib": r.get("peak_mem_gib")} for r in rows]  # fmt: skip
+    out = []
+    for r in rows:
+        rec = {"step": r["step"], "step_time_s": r["step_time_s"], "tokens": r["tokens"], "attn_tokens_sq": r.get("attn_tokens_sq"),
+               "peak_mem_gib": r.get("peak_mem_gib"), "loss": r.get("loss")}  # fmt: skip
+        rec.update({k.removeprefix("time_"): r[k] for k in ("time_setup_s", "time_setup_model_build_s") if k in r})
+        out.append(rec)
+    return out
+
+
+def float8_check(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per workload where both ``rayft`` and ``rayft-fp8`` ran: the float8 run's loss against the
+    bf16 run's, step by step (same data order and initial weights).
+
+    Returns:
+        ``{workload: {"steps", "loss_bf16", "loss_fp8" (per step), "max_abs_diff", "max_rel_diff",
+        "final_rel_diff"}}``; empty when no workload has both.
+    """
+    out: dict[str, Any] = {}
+    for w in WORKLOADS:
+        got = {r["recipe"]: r for r in runs if r["workload"] == w and r.get("status") == "ok" and r["recipe"] in RAYFT_RECIPES}
+        if len(got) < 2:
+            continue
+        a = {s["step"]: s.get("loss") for s in got["rayft"]["steps"]}
+        b = {s["step"]: s.get("loss") for s in got["rayft-fp8"]["steps"]}
+        steps = sorted(k for k in a.keys() & b.keys() if a[k] is not None and b[k] is not None)
+        if not steps:
+            continue
+        rel = [abs(b[k] - a[k]) / abs(a[k]) for k in steps]
+        out[w] = {"steps": steps, "loss_bf16": [a[k] for k in steps], "loss_fp8": [b[k] for k in steps],
+                  "max_abs_diff": max(abs(b[k] - a[k]) for k in steps), "max_rel_diff": max(rel), "final_rel_diff": rel[-1]}  # fmt: skip
+    return out
 
 
 def summarize(records: list[dict[str, Any]], warmup_steps: int, world: int, flops_fn: Callable[[float], float] | None,
@@ -259,18 +296,18 @@ def markdown_table(doc: dict[str, Any]) -> str:
     """The results file(s) ``doc`` (one results JSON, as written by :func:`run_bench`) as Markdown."""
     fig = doc["figures"]
     env = doc.get("environment", {})
-    head = ("| recipe | workload | tokens/s/GPU | MFU | peak GiB | step s p10 / p50 / p90 | USD / 1M tokens | status |\n"
-            "| --- | --- | ---: | ---: | ---: | --- | ---: | --- |")  # fmt: skip
+    head = ("| recipe | workload | micro-batch | tokens/s/GPU | MFU | peak GiB | step s p10 / p50 / p90 | USD / 1M tokens | status |\n"
+            "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | --- |")  # fmt: skip
     lines = [head]
     for r in fig["runs"]:
         name = r.get("label") or r["recipe"]
         if r["status"] != "ok":
             status = status_text(r["status"], r.get("error"))
-            lines.append(f"| {name} | {r['workload']} | — | — | — | — | — | {status} |")
+            lines.append(f"| {name} | {r['workload']} | {r.get('micro_batch_size', fig.get('micro_batch_size'))} | — | — | — | — | — | {status} |")
             continue
         st = r["step_time_s"]
         mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "—"
-        lines.append(f"| {name} | {r['workload']} | {r['tokens_per_s_per_gpu']:,.0f} | {mfu} | {_fmt(r.get('peak_mem_gib'), '.1f')} | "
+        lines.append(f"| {name} | {r['workload']} | {r.get('micro_batch_size', fig.get('micro_batch_size'))} | {r['tokens_per_s_per_gpu']:,.0f} | {mfu} | {_fmt(r.get('peak_mem_gib'), '.1f')} | "
                      f"{st['p10']:.3f} / {st['p50']:.3f} / {st['p90']:.3f} | {_fmt(r.get('usd_per_1m_tokens'), '.4f')} | ok |")  # fmt: skip
     price = fig.get("price", {})
     lines.append("")
@@ -280,8 +317,12 @@ def markdown_table(doc: dict[str, Any]) -> str:
             lines.append(f"- {r.get('label') or r['recipe']} × {r['workload']}: " + ", ".join(f"{k} {v}" for k, v in st.items()))
     lines.append("")
     lines.append(f"{fig.get('world_size')} × {env.get('gpu_model', '?')}, model {fig.get('model')}, seq {fig.get('seq_len')}, "
-                 f"micro-batch {fig.get('micro_batch_size')} rows/GPU, {fig.get('steps')} steps (median over steps after "
+                 f"micro-batch {fig.get('micro_batch_size')} rows/GPU unless the table says otherwise, {fig.get('steps')} steps (median over steps after "
                  f"{fig.get('warmup_steps')}); tokens = non-padding tokens; commit {str(doc.get('git_commit'))[:12]}.")  # fmt: skip
+    for w, chk in (fig.get("float8_check") or {}).items():
+        lines.append(f"Float8 check ({w}): rayft-fp8's loss vs rayft's over {len(chk['steps'])} steps: max relative difference "
+                     f"{100 * chk['max_rel_diff']:.2f}%, at the last step {100 * chk['final_rel_diff']:.2f}% "
+                     f"({chk['loss_bf16'][-1]:.4f} bf16, {chk['loss_fp8'][-1]:.4f} float8).")  # fmt: skip
     if price.get("usd_per_gpu_hour"):
         per = f"{price['instance']} ${price['instance_usd_per_hour']:.4g}/h ÷ {price['gpus_per_instance']} GPUs = " if price.get("instance_usd_per_hour") else ""
         lines.append(f"Cost: {per}${price['usd_per_gpu_hour']:.4g} per GPU-hour ({price.get('source')}, {price.get('date')}).")
@@ -348,31 +389,40 @@ class Plan:
     work_dir: Path
     timeout_s: Timeouts
     deadline_s: float | None = None
+    rayft_overrides: list[str] = field(default_factory=list)  # --rayft-set: the rayft recipes only
 
 
 Runner = Callable[[list[str], dict[str, str], Path, float | None], int]
 
 
 def _prepare_model_and_data(cfg, plan: Plan, world: int, console: Console) -> dict[str, Any]:
-    """Write the shared inputs under ``work_dir``: the initial model (HF dir, the same seeded weights
-    rayft starts from), the tokenizer, and one ``data.npz`` per workload."""
+    """Write the shared inputs under ``work_dir``: the initial model (an HF directory that every
+    recipe, rayft included, loads: one seeded init, on the GPU where there is one), the tokenizer,
+    and one ``data.npz`` per workload. The model is written only when a recipe other than rayft
+    runs; rayft alone starts from its own seeded init of the preset."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from rayft.bench.recipes import save_dataset
     from rayft.data.synthetic import random_dataset
     from rayft.train.driver import prepare_data
-    from rayft.train.model import load_full_model, load_model_config, matmul_params
+    from rayft.train.model import is_preset, load_full_model, load_model_config, matmul_params, preset_init_device
 
     conf = load_model_config(cfg.model, "sdpa")
     shared: dict[str, Any] = {"model_dir": str(plan.work_dir / "model"), "tokenizer_dir": str(plan.work_dir / "tokenizer"), "data": {}}
+    with torch.device("meta"):
+        meta = AutoModelForCausalLM.from_config(conf)
     if {"sample-recipe", "trl-default", "trl-best"} & set(plan.recipes):
-        model = load_full_model(cfg.model, conf, cfg.train.seed)  # what rayft starts from; one init
+        # one init, which every recipe (rayft too: see recipe_command) loads from model_dir
+        init = "cpu"
+        if torch.cuda.is_available() and is_preset(cfg.model.name_or_path):
+            init = preset_init_device(torch.device("cuda", 0), sum(p.numel() for p in meta.parameters()))
+        model = load_full_model(cfg.model, conf, cfg.train.seed, init)
         model.config.dtype = "bfloat16"  # what the published Qwen2.5 checkpoints declare
         model.save_pretrained(shared["model_dir"])
         del model
-    with torch.device("meta"):
-        meta = AutoModelForCausalLM.from_config(conf)
+        if init != "cpu":
+            torch.cuda.empty_cache()
     shared["matmul_params"] = matmul_params(meta)
     shared["decoder_layer_cls"] = type(meta.model.layers[0]).__name__
     shared["num_layers"], shared["hidden"], shared["vocab_size"] = conf.num_hidden_layers, conf.hidden_size, conf.vocab_size
@@ -400,16 +450,22 @@ def _prepare_model_and_data(cfg, plan: Plan, world: int, console: Console) -> di
 def recipe_command(recipe: str, workload: str, plan: Plan, cfg, world: int, use_gpu: bool, shared: dict, run_dir: Path) -> list[str]:
     """The subprocess command line of one recipe × workload (writes the spec file it needs)."""
     py = sys.executable
-    if recipe == "rayft":
-        # recipe best settings, then the user's overrides, then the workload's data (which must win
-        # over a user's data.train_files), then the bench's fixed settings.
-        sets = list(RAYFT_BEST) + list(plan.overrides)
+    if recipe in RAYFT_RECIPES:
+        # recipe best settings, then the user's overrides and --rayft-set, then the workload's data
+        # (which must win over a user's data.train_files), then the bench's fixed settings.
+        sets = list(RAYFT_BEST) + list(plan.overrides) + list(plan.rayft_overrides)
+        if recipe == "rayft-fp8":
+            sets.append("train.float8=true")
         if workload == "random":
-            rows = plan.steps * world * cfg.train.micro_batch_size
+            from rayft.config import load_config
+
+            rows = plan.steps * world * load_config(plan.config, sets).train.micro_batch_size
             sets += ["data.train_files=[]", "data.validation_files=null", "data.validation_fraction=null",
                      f"data.synthetic={{rows: {rows}, seed: {cfg.data.seed}}}"]  # fmt: skip
         else:
             sets += ["data.synthetic=null"]
+        if shared.get("model_dir") and Path(shared["model_dir"]).is_dir():  # the other recipes' initial weights
+            sets += [f"model.name_or_path={shared['model_dir']}", f"model.tokenizer={shared['tokenizer_dir']}"]
         sets += [f"train.max_steps={plan.steps}", "train.warmup_steps=0", f"train.num_workers={world}", "train.grad_accum_steps=1",
                  f"checkpoint.storage_path={run_dir}", "checkpoint.name=rayft", "checkpoint.every_steps=null", "checkpoint.every_minutes=null",
                  "checkpoint.export_hf=false", "checkpoint.save_final=false", "ray.max_failures=0", "train.eval_every=null"]  # fmt: skip
@@ -439,13 +495,13 @@ def recipe_settings(recipe: str, run_dir: Path, cmd: list[str], config: Path) ->
     (TRL: its ``settings.json``; rayft: the first line of ``rayft_metrics.jsonl``)."""
     if recipe == "sample-recipe":
         return dict(SAMPLE_SETTINGS)
-    if recipe == "rayft":
+    if recipe in RAYFT_RECIPES:
         from rayft.config import load_config
 
         c = load_config(config, [cmd[i + 1] for i, a in enumerate(cmd) if a == "--set"])
         out = {"attention": c.model.attn_implementation, "padding_free": c.data.packing, "liger": c.train.liger_kernels,
                "gradient_checkpointing": c.train.activation_checkpointing, "fsdp": 2, "cross_entropy": c.train.cross_entropy,
-               "compile": c.train.compile}  # fmt: skip
+               "compile": c.train.compile, "float8": c.train.float8, "micro_batch_size": c.train.micro_batch_size}  # fmt: skip
         metrics = run_dir / "rayft" / "rayft_metrics.jsonl"
         try:
             first = json.loads(metrics.read_text().splitlines()[0])
@@ -481,12 +537,15 @@ def run_bench(
     console: Console | None = None,
     runner: Runner = run_logged,
     deadline_s: float | None = None,
+    rayft_overrides: list[str] | None = None,
 ) -> tuple[Path, dict[str, Any]]:
     """Run every recipe × workload, write the results JSON (+ ``.md`` and ``.png`` beside it).
 
     Args:
         config: a rayft training config (model, data, seq_len, micro_batch_size, num_workers, lr).
         overrides: ``--set`` overrides for the config; passed to the ``rayft`` recipe after its own settings.
+        rayft_overrides: ``--rayft-set``: overrides for the rayft recipes only, after ``overrides``
+            (e.g. ``train.micro_batch_size=16``: each run's micro-batch is in its results entry).
         steps: optimizer steps per run; warmup_steps: leading steps left out of every figure.
         work_dir: where the shared inputs, the runs and their logs go (default ``<storage_path>/bench-train-<time>``).
         timeout_s: limit per run, seconds: one for all, or ``{recipe: seconds}`` (:func:`parse_timeouts`).
@@ -515,7 +574,8 @@ def run_bench(
 
     console = console or Console(stderr=True)
     overrides = list(overrides or [])
-    recipes = list(recipes or RECIPES)
+    rayft_overrides = list(rayft_overrides or [])
+    recipes = list(recipes or DEFAULT_RECIPES)
     workloads = list(workloads or WORKLOADS)
     for r in recipes:
         if r not in RECIPES:
@@ -531,6 +591,13 @@ def run_bench(
         raise BenchTrainError(f"config error: {e}") from None
     if cfg.train.grad_accum_steps != 1:
         raise BenchTrainError("the benchmark runs one micro-batch per step on every recipe: set train.grad_accum_steps=1")
+    if rayft_overrides:
+        try:
+            rcfg = load_config(Path(config), overrides + rayft_overrides)
+        except ConfigError as e:
+            raise BenchTrainError(f"--rayft-set: {e}") from None
+        if rcfg.train.grad_accum_steps != 1:
+            raise BenchTrainError("--rayft-set: the benchmark runs one micro-batch per step: keep train.grad_accum_steps=1")
     use_gpu = torch.cuda.is_available() if cfg.train.use_gpu == "auto" else bool(cfg.train.use_gpu)
     world = cfg.train.num_workers if cfg.train.num_workers != "auto" else (torch.cuda.device_count() if use_gpu else 1)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -538,7 +605,7 @@ def run_bench(
     wd.mkdir(parents=True, exist_ok=True)
     if isinstance(timeout_s, str):
         timeout_s = parse_timeouts(timeout_s)
-    plan = Plan(Path(config), overrides, recipes, workloads, steps, warmup_steps, wd, timeout_s, deadline_s)
+    plan = Plan(Path(config), overrides, recipes, workloads, steps, warmup_steps, wd, timeout_s, deadline_s, rayft_overrides)
     shared = _prepare_model_and_data(cfg, plan, world, console)
     from rayft.data.tokenizer import load_tokenizer
 
@@ -559,7 +626,8 @@ def run_bench(
                         workloads[0] if len(workloads) == 1 else "both", "--steps", str(steps), "--warmup-steps", str(warmup_steps),
                         *(["--timeout-s", shlex.quote(format_timeouts(timeout_s))] if timeout_s is not None else []),
                         *(["--deadline-s", f"{deadline_s:g}"] if deadline_s is not None else []),
-                        *(a for s in overrides for a in ("--set", shlex.quote(s)))])  # fmt: skip
+                        *(a for s in overrides for a in ("--set", shlex.quote(s))),
+                        *(a for s in rayft_overrides for a in ("--rayft-set", shlex.quote(s)))])  # fmt: skip
     versions = {}
     for mod in ("trl", "datasets", "accelerate"):
         try:
@@ -575,9 +643,9 @@ def run_bench(
         figures = {
             "model": cfg.model.name_or_path, "seq_len": cfg.data.seq_len, "micro_batch_size": cfg.train.micro_batch_size,
             "world_size": world, "use_gpu": use_gpu, "steps": steps, "warmup_steps": warmup_steps, "peak_flops": peak,
-            "matmul_params": shared["matmul_params"], "price": price, "rayft_settings": RAYFT_BEST,
+            "matmul_params": shared["matmul_params"], "price": price, "rayft_settings": RAYFT_BEST + rayft_overrides,
             "timeout_s": timeout_s, "deadline_s": deadline_s, "complete": final and not pending,
-            "workloads": {w: shared["data"][w] for w in workloads}, "runs": runs + pending,
+            "workloads": {w: shared["data"][w] for w in workloads}, "runs": runs + pending, "float8_check": float8_check(runs),
         }  # fmt: skip
         path = write_result(out, command, figures, versions=versions)
         if final:
@@ -627,6 +695,7 @@ def _one_run(r: str, w: str, plan: Plan, cfg, world: int, use_gpu: bool, shared:
         return {**entry, "status": "failed", "error": f"could not prepare the run: {e}"}
     entry["cmd"] = " ".join(shlex.quote(c) for c in cmd)
     entry["settings"] = recipe_settings(r, run_dir, cmd, plan.config)
+    entry["micro_batch_size"] = entry["settings"].get("micro_batch_size", cfg.train.micro_batch_size)
     console.print(f"[{r} × {w}] {plan.steps} steps, limit {_fmt(limit, '.0f', 'none')} s → {log}", highlight=False, markup=False)
     env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
     t_run = time.monotonic()
@@ -642,8 +711,10 @@ def _one_run(r: str, w: str, plan: Plan, cfg, world: int, use_gpu: bool, shared:
     try:
         if rc != 0:
             raise BenchTrainError(f"exit {rc}" + (f" (time limit {limit:.0f} s)" if rc == 124 and limit else ""))
-        recs = rayft_records(run_dir / "rayft" / "rayft_metrics.jsonl") if r == "rayft" else read_step_files(run_dir)
+        recs = rayft_records(run_dir / "rayft" / "rayft_metrics.jsonl") if r in RAYFT_RECIPES else read_step_files(run_dir)
         figs = summarize(recs, plan.warmup_steps, world, flops_fn, peak)
+        if recs and "setup_s" in recs[0]:  # rayft: worker start to the first step (model build and weight load within)
+            figs["setup_s"], figs["setup_model_build_s"] = recs[0]["setup_s"], recs[0].get("setup_model_build_s")
     except (BenchTrainError, OSError, KeyError, ValueError) as e:
         console.print(Text.assemble((f"[{r} × {w}] failed", "bold red"), f": {e}"), highlight=False)
         return {**entry, "status": "failed", "exit_code": rc, "error": f"{e}\n{_tail(log, 25)}"}
@@ -664,11 +735,12 @@ def register(bench_app: typer.Typer) -> None:
     @bench_app.command("train")
     def train(
         config: Annotated[Path, typer.Argument(help="The training job's YAML config (model, data, seq_len, micro-batch, workers).")],
-        recipes: Annotated[str, typer.Option(help=f"Comma-separated, from {','.join(RECIPES)}.")] = ",".join(RECIPES),
+        recipes: Annotated[str, typer.Option(help=f"Comma-separated, from {','.join(RECIPES)}.")] = ",".join(DEFAULT_RECIPES),
         workload: Annotated[str, typer.Option(help="random, real or both.")] = "both",
         steps: Annotated[int, typer.Option(min=2, help="Optimizer steps per run.")] = DEFAULT_STEPS,
         warmup_steps: Annotated[int, typer.Option(min=0, help="Leading steps left out of every figure.")] = DEFAULT_WARMUP,
         set_: Annotated[list[str] | None, typer.Option("--set", "-s", help="Override a config key (repeatable).")] = None,
+        rayft_set: Annotated[list[str] | None, typer.Option("--rayft-set", help="Override a config key for the rayft recipes only, e.g. train.micro_batch_size=16 (repeatable).")] = None,
         out: Annotated[Path | None, typer.Option(help="Results JSON (default bench/results/<date>-train-<model>-<N>x<gpu>.json).")] = None,
         work_dir: Annotated[Path | None, typer.Option(help="Shared inputs, runs and logs (default <storage_path>/bench-train-<time>).")] = None,
         timeout_s: Annotated[str | None, typer.Option(help="Time limit per run, seconds: one number for all runs, or per recipe as rayft=200,trl-default=120,...")] = None,
@@ -684,7 +756,7 @@ def register(bench_app: typer.Typer) -> None:
         try:
             path, figures = run_bench(config, set_, _split([recipes]), list(WORKLOADS) if workload == "both" else [workload],
                                       steps, warmup_steps, out, work_dir, parse_timeouts(timeout_s), usd_per_gpu_hour, instance, console,
-                                      deadline_s=deadline_s)  # fmt: skip
+                                      deadline_s=deadline_s, rayft_overrides=rayft_set)  # fmt: skip
         except BenchInterrupted as e:
             console.print(Text.assemble(("interrupted", "bold red"), ": ", str(e)), highlight=False)
             raise typer.Exit(130) from None

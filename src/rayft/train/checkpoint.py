@@ -79,8 +79,26 @@ def load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path:
 
 
 def full_model_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Collective: the unsharded fp32 weights on CPU, on rank 0 only (other ranks get ``{}``)."""
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    """Collective: the unsharded fp32 weights on CPU as plain tensors, on rank 0 only (other ranks
+    get ``{}``). Wrapper subclasses (torchao's float8 weight wrapper) are unwrapped to the fp32
+    tensor they hold."""
+    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {k: plain_tensor(v) for k, v in sd.items()}
+
+
+def plain_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The plain ``torch.Tensor`` inside a single-tensor wrapper subclass (one whose
+    ``__tensor_flatten__`` names one inner tensor), else ``t`` itself.
+
+    Raises:
+        TypeError: a wrapper holding several inner tensors (no single value to export).
+    """
+    while type(t) is not torch.Tensor and hasattr(t, "__tensor_flatten__"):
+        inner, _ctx = t.__tensor_flatten__()
+        if len(inner) != 1:
+            raise TypeError(f"cannot export a {type(t).__name__}: it wraps {len(inner)} tensors ({', '.join(inner)})")
+        t = getattr(t, inner[0])
+    return t
 
 
 def write_hf_model(state_dict: dict[str, torch.Tensor], model_config, tokenizer, out: str | os.PathLike) -> Path:

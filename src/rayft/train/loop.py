@@ -28,7 +28,7 @@ from rayft.train import checkpoint as ckpt_lib
 from rayft.train.attention import VARLEN
 from rayft.train.evaluate import Evaluator
 from rayft.train.metrics import flops_per_token, gpu_peak_flops, mfu
-from rayft.train.model import build_sharded_model, load_model_config, matmul_params, tied_embeddings
+from rayft.train.model import after_optimizer_step, build_sharded_model, load_model_config, matmul_params, tied_embeddings
 from rayft.train.optim import build_optimizer, lr_at, set_lr
 
 
@@ -47,8 +47,14 @@ def make_plan(cfg: RayftConfig, ds, world_size: int):
 
 
 def micro_batch_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Sum of token cross-entropies (fp32, 0-d) over the micro-batch's trainable targets."""
-    extra = {"cu_seq_lens": batch["cu_seq_lens"]} if model.config._attn_implementation == VARLEN else {}
+    """Sum of token cross-entropies (fp32, 0-d) over the micro-batch's trainable targets.
+
+    Variable-length attention gets the document boundaries only when some row holds more than one
+    document (more boundaries than rows); rows of one document each (random full-length rows, or a
+    row per long example) need no boundaries and run plain causal attention.
+    """
+    multi_doc = batch["cu_seq_lens"].numel() - 1 > batch["input_ids"].shape[0]  # shapes only: no device sync
+    extra = {"cu_seq_lens": batch["cu_seq_lens"]} if model.config._attn_implementation == VARLEN and multi_doc else {}
     return model.token_loss_sum(batch["input_ids"], batch["position_ids"], batch["labels"], **extra)
 
 
@@ -72,7 +78,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
     t_model = time.perf_counter()
     model = build_sharded_model(
         cfg.model, cfg.parallel, device=device, activation_checkpointing=tc.activation_checkpointing,
-        compile_layers=tc.compile, seed=tc.seed, liger_kernels=tc.liger_kernels, cross_entropy=tc.cross_entropy,
+        compile_layers=tc.compile, seed=tc.seed, liger_kernels=tc.liger_kernels, cross_entropy=tc.cross_entropy, float8=tc.float8,
     )  # fmt: skip
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -132,6 +138,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
         grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        after_optimizer_step(model)
         dist.all_reduce(loss_sum)
         loss = loss_sum.item() / n_trainable
         now = time.perf_counter()
@@ -166,6 +173,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
             "world_size": world,
             "attn_implementation": model.config._attn_implementation,
             "cross_entropy": model.rayft_cross_entropy,
+            "float8": getattr(model, "rayft_float8", False),
             "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
         }
         if not math.isfinite(loss):
