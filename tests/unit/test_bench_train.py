@@ -68,6 +68,25 @@ def test_merge_ranks_and_summarize():
     assert figs["step_time_s"]["p50"] == 1.5 and figs["step_time_s"]["p10"] == pytest.approx(1.1)
     with pytest.raises(bt.BenchTrainError, match="none after the 3 warm-up"):
         bt.summarize(merged, 3, 2, None, None)
+    assert "excluding_report" not in figs and "loss" not in merged[0]
+
+
+def test_the_sample_recipes_report_time_is_measured_apart():
+    """sample-recipe logs report_s (its per-step ray.train.report): a second figure leaves it out."""
+    def rank(times, reports, losses):
+        return [{"step": s + 1, "step_time_s": t, "report_s": r, "tokens": 100, "attn_tokens_sq": 1e4, "peak_mem_gib": None, "loss": l}
+                for s, (t, r, l) in enumerate(zip(times, reports, losses))]  # fmt: skip
+
+    merged = bt.merge_ranks([rank([2.0, 2.0, 2.0], [1.5, 1.5, 1.0], [4.0, 3.0, 2.0]), rank([1.9, 2.0, 2.5], [1.0, 1.6, 1.6], [2.0, 1.0, 1.0])])
+    assert [m["step_time_excl_report_s"] for m in merged] == pytest.approx([0.9, 0.5, 1.0])  # max over ranks of (step - report)
+    assert [m["report_s"] for m in merged] == [1.5, 1.6, 1.6] and [m["loss"] for m in merged] == [3.0, 2.0, 1.5]
+    figs = bt.summarize(merged, 1, 2, lambda span: 1000.0, 1e6)
+    assert figs["tokens_per_s_per_gpu"] == pytest.approx(200 / 2.25 / 2)  # median step time of steps 2-3: 2.25 s
+    ex = figs["excluding_report"]
+    assert ex["tokens_per_s_per_gpu"] == pytest.approx(150.0) and ex["report_s_median"] == pytest.approx(1.6)  # (200 + 100) / 2
+    assert ex["mfu"] == pytest.approx(150.0 * 1000.0 / 1e6)
+    doc = {"figures": {"runs": [{"recipe": "sample-recipe", "workload": "random", "status": "ok", **figs}], "price": {}}}
+    assert "sample-recipe × random without its per-step `ray.train.report` (median 1.60 s a call, part of every step above): 150 tokens/s/GPU, MFU 15.0%." in bt.markdown_table(doc)
 
 
 def synthetic_results(path: Path) -> Path:

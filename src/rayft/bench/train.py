@@ -139,7 +139,10 @@ def run_timeout(t: Timeouts, recipe: str) -> float | None:
 
 def merge_ranks(per_rank: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """Per-rank step records → global ones: tokens and Σ len² summed, step time and peak memory the
-    max over ranks. Only steps every rank logged are kept."""
+    max over ranks, loss the mean over ranks (where logged). Where every rank logged ``report_s``
+    (the sample recipe's per-step ``ray.train.report``), ``report_s`` is its max over ranks and
+    ``step_time_excl_report_s`` the max over ranks of step time less report time. Only steps every
+    rank logged are kept."""
     by_step: dict[int, list[dict]] = {}
     for recs in per_rank:
         for r in recs:
@@ -150,10 +153,16 @@ def merge_ranks(per_rank: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
         if len(rs) != len(per_rank):
             continue
         peaks = [r["peak_mem_gib"] for r in rs if r.get("peak_mem_gib") is not None]
-        out.append({
+        rec = {
             "step": step, "step_time_s": max(r["step_time_s"] for r in rs), "tokens": sum(r["tokens"] for r in rs),
             "attn_tokens_sq": sum(r["attn_tokens_sq"] for r in rs), "peak_mem_gib": max(peaks) if peaks else None,
-        })  # fmt: skip
+        }  # fmt: skip
+        if all(r.get("loss") is not None for r in rs):
+            rec["loss"] = sum(r["loss"] for r in rs) / len(rs)
+        if all(r.get("report_s") is not None for r in rs):
+            rec["report_s"] = max(r["report_s"] for r in rs)
+            rec["step_time_excl_report_s"] = max(r["step_time_s"] - r["report_s"] for r in rs)
+        out.append(rec)
     return out
 
 
@@ -216,6 +225,10 @@ def summarize(records: list[dict[str, Any]], warmup_steps: int, world: int, flop
         flops_fn: training FLOPs per token as a function of the attention span (tokens).
         peak_flops: the GPU's dense bf16 peak, FLOP/s (None: no MFU).
 
+    Returns:
+        tokens/s/GPU (median), MFU, peak memory, step-time percentiles; ``excluding_report``
+        (tokens/s/GPU and MFU over step time less ``ray.train.report`` time, and the median report
+        seconds) when every measured step has ``step_time_excl_report_s``.
     Raises:
         BenchTrainError: no step after the warm-up.
     """
@@ -233,12 +246,18 @@ def summarize(records: list[dict[str, Any]], warmup_steps: int, world: int, flop
     fpt = flops_fn(span) if flops_fn is not None and span is not None else None
     peaks = [r["peak_mem_gib"] for r in records if r.get("peak_mem_gib") is not None]
     p10, p50, p90 = np.percentile(times, [10, 50, 90])  # linear interpolation
+    excl = None
+    if all(r.get("step_time_excl_report_s") for r in steady):
+        tps_ex = statistics.median(r["tokens"] / r["step_time_excl_report_s"] / world for r in steady)
+        excl = {"tokens_per_s_per_gpu": tps_ex, "mfu": mfu(tps_ex, fpt, peak_flops) if fpt else None,
+                "report_s_median": statistics.median(r["report_s"] for r in steady)}  # fmt: skip
     return {
         "steps_logged": len(records), "steps_measured": len(steady), "tokens_per_s_per_gpu": tps,
         "tokens_per_step_median": statistics.median(r["tokens"] for r in steady), "attn_span_tokens": span,
         "flops_per_token": fpt, "mfu": mfu(tps, fpt, peak_flops) if fpt else None,
         "peak_mem_gib": max(peaks) if peaks else None,
         "step_time_s": {"p10": float(p10), "p50": float(p50), "p90": float(p90), "min": min(times), "max": max(times)},
+        **({"excluding_report": excl} if excl else {}),
     }  # fmt: skip
 
 
@@ -319,6 +338,13 @@ def markdown_table(doc: dict[str, Any]) -> str:
     lines.append(f"{fig.get('world_size')} × {env.get('gpu_model', '?')}, model {fig.get('model')}, seq {fig.get('seq_len')}, "
                  f"micro-batch {fig.get('micro_batch_size')} rows/GPU unless the table says otherwise, {fig.get('steps')} steps (median over steps after "
                  f"{fig.get('warmup_steps')}); tokens = non-padding tokens; commit {str(doc.get('git_commit'))[:12]}.")  # fmt: skip
+    for r in fig["runs"]:
+        ex = r.get("excluding_report") if r.get("status") == "ok" else None
+        if ex:
+            mfu_ex = f", MFU {100 * ex['mfu']:.1f}%" if ex.get("mfu") is not None else ""
+            lines.append(f"{r.get('label') or r['recipe']} × {r['workload']} without its per-step `ray.train.report` "
+                         f"(median {ex['report_s_median']:.2f} s a call, part of every step above): "
+                         f"{ex['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU{mfu_ex}.")  # fmt: skip
     for w, chk in (fig.get("float8_check") or {}).items():
         lines.append(f"Float8 check ({w}): rayft-fp8's loss vs rayft's over {len(chk['steps'])} steps: max relative difference "
                      f"{100 * chk['max_rel_diff']:.2f}%, at the last step {100 * chk['final_rel_diff']:.2f}% "
