@@ -120,6 +120,12 @@ def train_func(loop_config: dict[str, Any]) -> None:
         n_trainable, n_tokens, attn_sq, time_vote, writes_done = counts.tolist()  # (synchronises: data time ends here)
         report_checkpoint(saver.finalize_if_done(writes_done == world), rank, progress)  # a background save that finished
         t_data = time.perf_counter()
+        # GPU time of the step's phases from CUDA events, read after the step's one sync (the
+        # loss): no synchronize between backward and the optimizer, so the CPU launches the
+        # gradient clipping and optimizer kernels while the backward still runs.
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(3)] if device.type == "cuda" else None
+        if events:
+            events[0].record()
 
         loss_sum = torch.zeros((), device=device, dtype=torch.float64)
         for i, batch in enumerate(batches):
@@ -127,8 +133,8 @@ def train_func(loop_config: dict[str, Any]) -> None:
             ce = micro_batch_loss(model, batch)
             (ce * (world / n_trainable)).backward()
             loss_sum += ce.detach().double()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        if events:
+            events[1].record()
         t_fwd_bwd = time.perf_counter()
         grad_norm = (
             torch.nn.utils.clip_grad_norm_(model.parameters(), tc.max_grad_norm)
@@ -139,11 +145,17 @@ def train_func(loop_config: dict[str, Any]) -> None:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         after_optimizer_step(model)
+        if events:
+            events[2].record()
         dist.all_reduce(loss_sum)
-        loss = loss_sum.item() / n_trainable
+        loss = loss_sum.item() / n_trainable  # the step's sync point
         now = time.perf_counter()
         dt, t_last = now - t_last, now
-        breakdown = {"data_s": t_data - (now - dt), "fwd_bwd_s": t_fwd_bwd - t_data, "optim_s": now - t_fwd_bwd}
+        if events:
+            fwd_bwd_s, optim_s = events[0].elapsed_time(events[1]) / 1e3, events[1].elapsed_time(events[2]) / 1e3
+        else:
+            fwd_bwd_s, optim_s = t_fwd_bwd - t_data, now - t_fwd_bwd
+        breakdown = {"data_s": t_data - (now - dt), "fwd_bwd_s": fwd_bwd_s, "optim_s": optim_s}
         if step == start_step:
             breakdown.update(setup)
 
