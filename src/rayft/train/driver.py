@@ -560,6 +560,7 @@ def _summary(history: list[dict], extra: dict, run_dir: str, total: int, console
         t.add_row("peak GPU memory", f"{summary['peak_mem_gib']:.1f} GiB")
     t.add_row("workers", f"{last['world_size']} × {last['gpu']}")
     if export:
-        t.add_row("HF export", f"{export['export_dir']} (max |Δlogit| {export['export_max_abs_logit_diff']:.2e})")
+        vs = ", float8-trained model vs the export" if export.get("trained_float8") else ""
+        t.add_row("HF export", f"{export['export_dir']} (max |Δlogit| {export['export_max_abs_logit_diff']:.2e}{vs})")
     console.print(t)
     return summary

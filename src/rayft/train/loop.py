@@ -273,7 +273,10 @@ def export_and_verify(model, model_conf, loop_config, ds, cfg: RayftConfig, devi
         with torch.no_grad():
             got = hf(input_ids=probe["input_ids"].to(device), position_ids=probe["position_ids"].to(device)).logits.float().cpu()
         diff = (got - ref).abs().max().item()
-        info = {"export_dir": out, "export_max_abs_logit_diff": diff, "export_tied": tied_embeddings(hf)}
+        # with train.float8 the trained model's matmuls ran in float8 and the export's run in bf16/fp32:
+        # the gap then includes float8 rounding, not only the export's
+        info = {"export_dir": out, "export_max_abs_logit_diff": diff, "export_tied": tied_embeddings(hf),
+                "trained_float8": bool(getattr(model, "rayft_float8", False))}  # fmt: skip
         with open(os.path.join(out, "rayft_export_check.json"), "w") as f:
             json.dump(info, f, indent=2)
         if remote:  # upload to the run directory on object storage
