@@ -2,8 +2,9 @@
 # On nvidia-h200-x2, from the repo root (one workload per device call: 8 runs do not fit in 10 minutes):
 #   RAYFT_GIT_COMMIT=<sha> WORKLOAD=random bash bench/gpu/bench_train.sh   (then WORKLOAD=real)
 # env: RECIPES (default the four of the issue; add rayft-fp8 by name), RAYFT_SET (space-separated
-# KEY=VALUE for the rayft recipes only; default train.micro_batch_size=16, what the 1-GPU speed
-# matrix found fastest), MB (everyone else's micro-batch, 8), NG, STEPS, WARM, RUN_TIMEOUTS.
+# KEY=VALUE for the rayft recipes only; default "train.micro_batch_size=16
+# parallel.reshard_after_forward=false", the settings of the 2026-11-30 run2 results), MB (everyone
+# else's micro-batch, 8), NG, STEPS, WARM, RUN_TIMEOUTS.
 # `rayft bench train`: sample-recipe, trl-default, trl-best and rayft on the Qwen2.5-1.5B
 # architecture (random init, same seeded weights for all), both workloads (random rows; alpaca EN+ZH).
 #
@@ -34,8 +35,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 NG=${NG:-$(nvidia-smi -L | wc -l)}  # NG=1 on a 2-GPU host: the 1-GPU baseline of the scaling target
 STEPS=${STEPS:-15}; WARM=${WARM:-5}; MB=${MB:-8}; W=${WORKLOAD:-both}; WD=/tmp/bench-train-$W; rm -rf "$WD"
 RECIPES=${RECIPES:-rayft,sample-recipe,trl-default,trl-best}
-TIMEOUTS=${RUN_TIMEOUTS:-rayft=150,rayft-fp8=150,sample-recipe=150,trl-default=120,trl-best=120}
-RAYFT_SETS=""; for kv in ${RAYFT_SET:-train.micro_batch_size=16}; do RAYFT_SETS+=" --rayft-set $kv"; done  # the rayft recipes only
+TIMEOUTS=${RUN_TIMEOUTS:-rayft=200,rayft-fp8=200,sample-recipe=150,trl-default=120,trl-best=120}
+RAYFT_SETS=""; for kv in ${RAYFT_SET:-train.micro_batch_size=16 parallel.reshard_after_forward=false}; do RAYFT_SETS+=" --rayft-set $kv"; done  # the rayft recipes only
 CMD="rayft bench train examples/qwen2.5-1.5b.yaml --workload $W --recipes $RECIPES$RAYFT_SETS --steps $STEPS --warmup-steps $WARM --out $OUT/train-bench-$W.json --work-dir $WD --timeout-s $TIMEOUTS --deadline-s ${DEADLINE_S:-500} --set model.name_or_path=qwen2.5-1.5b --set train.num_workers=$NG --set train.micro_batch_size=$MB --set train.activation_checkpointing=false --set data.train_files=[$D/alpaca_en_demo.json,$D/alpaca_zh_demo.json] --set data.cache_dir=null --set checkpoint.storage_path=$WD"
 echo "$CMD"
 timeout -k 10 "${BENCH_TIMEOUT:-520}" python3 -m rayft.cli ${CMD#rayft } 2>&1 | tee "$OUT/bench-$W.log"

@@ -3,7 +3,7 @@
 # Qwen2.5-7B architecture (random init) on 2 GPUs with activation checkpointing, random
 # full-length rows, seq 2048; no CPU offload (fp32 weights + grads + AdamW: 16 B/param,
 # 7.6e9 × 16 / 2 ≈ 61 GB per GPU before activations, inside 139 GiB). No checkpoint is written:
-# the 7B run's 91 GB of DCP state would not fit the host's 64 GiB disk.
+# the 7B run's 91 GB of DCP state would take minutes of the 10-minute call to write.
 #   RAYFT_GIT_COMMIT=<sha> bash bench/gpu/mem7b.sh     (env: STEPS=12 MB=4 COMPILE=true RUN_TIMEOUT=420)
 # Writes $OUT/mem7b-run.tar.gz (rayft_summary.json, rayft_metrics.jsonl with time_setup_*, log) and
 # $OUT/mem7b-summary.json (the run record, rayft.bench.record).

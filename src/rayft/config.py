@@ -50,6 +50,12 @@ class ModelConfig(_Section):
         description="auto: varlen (variable-length FlashAttention over packed documents, CUDA) where it runs, else sdpa.",
     )
     trust_remote_code: bool = False
+    init_device: Literal["auto", "cpu", "gpu"] = Field(
+        default="auto",
+        description="Where rank 0 randomly initialises a preset: gpu (fast; the same seed gives the same weights on the "
+        "same GPU model), cpu (the same weights everywhere, ~25 s for 1.5B), auto: the GPU when twice the fp32 model fits "
+        "in its free memory, else the CPU. Checkpoints and hub models always load on the CPU.",
+    )
 
 
 _Column = Annotated[str, Field(min_length=1)] | None
@@ -260,6 +266,11 @@ class RayftConfig(_Section):
             )
         if self.train.eval_every and not (self.data.validation_files or self.data.validation_fraction):
             raise ValueError("train.eval_every needs a validation set: data.validation_files or data.validation_fraction")
+        if self.train.float8 and self.data.seq_len % 16:
+            raise ValueError(
+                f"train.float8 needs data.seq_len to be a multiple of 16 (the float8 matmul's dimensions; a micro-batch "
+                f"has rows × row length tokens), got {self.data.seq_len}"
+            )
         return self
 
 

@@ -193,7 +193,10 @@ def test_rayft_set_and_the_fp8_recipe_reach_only_the_rayft_runs(tmp_path):
         assert got.model.name_or_path == "qwen2-tiny"  # no shared model directory written: rayft's own seeded init
         settings = bt.recipe_settings(recipe, tmp_path / recipe, cmd, cfg_file)
         assert settings["micro_batch_size"] == 5 and settings["float8"] is fp8
-    model_dir.mkdir(parents=True)
+    model_dir.mkdir(parents=True)  # a directory an earlier bench left: not this bench's, not used
+    cmd = bt.recipe_command("rayft", "random", plan, cfg, 2, False, shared, tmp_path / "r1")
+    assert load_config(cfg_file, [cmd[i + 1] for i, a in enumerate(cmd) if a == "--set"]).model.name_or_path == "qwen2-tiny"
+    shared["model_written"] = True
     cmd = bt.recipe_command("rayft", "random", plan, cfg, 2, False, shared, tmp_path / "r2")
     got = load_config(cfg_file, [cmd[i + 1] for i, a in enumerate(cmd) if a == "--set"])
     assert got.model.name_or_path == str(model_dir) and got.model.tokenizer == str(tok_dir)  # the other recipes' weights
@@ -220,6 +223,27 @@ def test_a_bad_rayft_set_is_an_error_before_anything_runs(tmp_path):
     with pytest.raises(bt.BenchTrainError, match=r"(?s)--rayft-set: .*train.micro_batch_size .*greater than or equal to 1"):
         bt.run_bench(tiny_job(tmp_path), recipes=["rayft"], workloads=["random"], steps=3, warmup_steps=1,
                      work_dir=tmp_path / "wd", rayft_overrides=["train.micro_batch_size=0"])
+    with pytest.raises(bt.BenchTrainError, match=r"--rayft-set is for the rayft recipes \(rayft, rayft-fp8\), and none runs"):
+        bt.run_bench(tiny_job(tmp_path), recipes=["sample-recipe"], workloads=["random"], steps=3, warmup_steps=1,
+                     work_dir=tmp_path / "wd", rayft_overrides=["train.micro_batch_size=2"])
+    for bad, why in [("train.max_steps=9", "the benchmark sets train.max_steps itself"), ("train.float8=true", "sets train.float8 itself"),
+                     ("checkpoint.storage_path=/x", "sets checkpoint.storage_path itself"), ("train={num_workers: 1}", "sets train itself")]:
+        with pytest.raises(bt.BenchTrainError, match=why):
+            bt.run_bench(tiny_job(tmp_path), recipes=["rayft"], workloads=["random"], steps=3, warmup_steps=1, work_dir=tmp_path / "wd",
+                         rayft_overrides=[bad])  # fmt: skip
+    # valid alone, invalid with the rayft recipes' own data.packing=true: refused before anything runs
+    with pytest.raises(bt.BenchTrainError, match=r"(?s)--rayft-set: .*flash_attention_2 with data.packing needs train.micro_batch_size: 1"):
+        bt.run_bench(tiny_job(tmp_path), recipes=["rayft"], workloads=["random"], steps=3, warmup_steps=1, work_dir=tmp_path / "wd",
+                     rayft_overrides=["model.attn_implementation=flash_attention_2", "train.micro_batch_size=2"])  # fmt: skip
+    with pytest.raises(bt.BenchTrainError, match="rayft recipe is the bf16 baseline; run float8 as the rayft-fp8 recipe"):
+        bt.run_bench(tiny_job(tmp_path), ["train.float8=true"], ["rayft", "rayft-fp8"], ["random"], 3, 1, work_dir=tmp_path / "wd")
+    with pytest.raises(bt.BenchTrainError, match="names a recipe twice"):
+        bt.run_bench(tiny_job(tmp_path), recipes=["rayft", "rayft"], workloads=["random"], steps=3, warmup_steps=1, work_dir=tmp_path / "wd")
+    with pytest.raises(bt.BenchTrainError, match="--recipes is empty"):
+        bt.run_bench(tiny_job(tmp_path), recipes=[], workloads=["random"], steps=3, warmup_steps=1, work_dir=tmp_path / "wd")
+    for nan in ("nan", "rayft-fp8=nan", "rayft=inf"):
+        with pytest.raises(bt.BenchTrainError, match="not a finite number of seconds"):
+            bt.parse_timeouts(nan)
     with pytest.raises(bt.BenchTrainError, match="unknown recipe 'rayft-fp16'"):
         bt.run_bench(tiny_job(tmp_path), recipes=["rayft-fp16"], workloads=["random"], steps=3, warmup_steps=1, work_dir=tmp_path / "wd")
 
@@ -390,3 +414,21 @@ def test_shared_model_is_rayfts_seeded_init_built_once(tmp_path, monkeypatch):
     want = load_full_state_dict(cfg.model, load_model_config(cfg.model, "sdpa"), cfg.train.seed)
     name = "model.layers.0.self_attn.q_proj.weight"
     assert torch.equal(saved[name].float(), want[name])
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda f: f.update(float8_check={"real": {"steps": [], "loss_bf16": [], "loss_fp8": [], "max_rel_diff": 0.1, "final_rel_diff": 0.1}}),
+    lambda f: f.update(float8_check=[1, 2]),
+    lambda f: f.update(float8_check={"real": None}),
+    lambda f: f.update(float8_check={"real": {"steps": [1], "loss_bf16": [1.0], "loss_fp8": [1.0], "max_rel_diff": "0.1", "final_rel_diff": 0.1}}),
+    lambda f: f["runs"][0].update(excluding_report=[1]),
+    lambda f: f["runs"][0].update(excluding_report={"tokens_per_s_per_gpu": "x", "report_s_median": 1.0}),
+])
+def test_table_names_the_file_for_malformed_new_fields(tmp_path, mutate):
+    res = synthetic_results(tmp_path / "r.json")
+    doc = json.loads(res.read_text())
+    mutate(doc["figures"])
+    res.write_text(json.dumps(doc))
+    out = CliRunner().invoke(app, ["bench", "table", str(res)])
+    assert out.exit_code == 1
+    assert f"{res}: not a `rayft bench train` results file" in " ".join(out.output.split()) and "Traceback" not in out.output

@@ -65,6 +65,29 @@ def test_preset_init_device_picks_the_gpu_only_when_twice_the_fp32_model_fits(mo
     assert model_lib.preset_init_device(cuda, 7_615_616_512) == torch.device("cpu")
     assert model_lib.preset_init_device(cuda, 2 * gib) == cuda  # 8 GiB fp32, exactly half of the free memory
     assert model_lib.preset_init_device(cuda, 2 * gib + 1) == torch.device("cpu")
+    # model.init_device pins it
+    assert model_lib.preset_init_device(cuda, 7_615_616_512, "gpu") == cuda
+    assert model_lib.preset_init_device(cuda, 10, "cpu") == torch.device("cpu")
+    assert model_lib.preset_init_device(torch.device("cpu"), 10, "gpu") == torch.device("cpu")
+
+
+def test_float8_config_checks_seq_len_and_plain_tensor_refuses_a_dtensor(one_rank_group):
+    from rayft.config import ConfigError, load_config
+    from rayft.train.checkpoint import plain_tensor
+
+    from torch.distributed.tensor import DeviceMesh, Replicate, distribute_tensor
+
+    with pytest.raises(ValueError, match="train.float8 needs data.seq_len to be a multiple of 16.*got 1000"):
+        from rayft.config import RayftConfig
+
+        RayftConfig.model_validate({"data": {"synthetic": {"rows": 4}, "seq_len": 1000}, "train": {"float8": True}})
+    assert RayftConfig.model_validate({"data": {"synthetic": {"rows": 4}, "seq_len": 1024}, "train": {"float8": True}}).train.float8
+    t = torch.ones(4)
+    assert plain_tensor(t) is t
+    dt = distribute_tensor(torch.ones(4), DeviceMesh("cpu", [0]), [Replicate()])
+    with pytest.raises(TypeError, match="DTensor is one rank's shard"):
+        plain_tensor(dt)
+    del ConfigError, load_config
 
 
 def test_float8_converts_only_decoder_linears_and_keeps_the_model_close(one_rank_group):

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import os
 import re
 import shlex
@@ -66,6 +67,12 @@ GPU_INSTANCE = {
     "L40S": "g6e.12xlarge", "A10G": "g5.12xlarge", "T4": "g4dn.12xlarge", "B200": "p6-b200.48xlarge",
 }  # fmt: skip
 
+#: Config keys the benchmark sets on the rayft recipes itself (after the user's): ``--rayft-set``
+#: refuses them rather than have them silently overridden.
+BENCH_FIXED = ("train.max_steps", "train.warmup_steps", "train.num_workers", "train.grad_accum_steps", "train.eval_every",
+               "train.float8", "data.synthetic", "data.train_files", "data.validation_files", "data.validation_fraction",
+               "checkpoint", "ray.max_failures")  # fmt: skip
+
 # Settings each recipe adds to the user's config (before the user's --set, which win).
 RAYFT_BEST = ["train.compile=true", "train.cross_entropy=auto", "model.attn_implementation=auto", "data.packing=true"]
 
@@ -98,7 +105,7 @@ def parse_timeouts(text: str | None) -> Timeouts:
     a recipe not named has no limit but the deadline).
 
     Raises:
-        BenchTrainError: not a number, an unknown recipe, or a limit <= 0.
+        BenchTrainError: not a finite number, an unknown recipe, or a limit <= 0.
     """
     if text is None or not text.strip():
         return None
@@ -108,6 +115,8 @@ def parse_timeouts(text: str | None) -> Timeouts:
             x = float(v)
         except ValueError:
             raise BenchTrainError(f"--timeout-s {what}: {v!r} is not a number of seconds") from None
+        if not math.isfinite(x):
+            raise BenchTrainError(f"--timeout-s {what}: {v!r} is not a finite number of seconds")
         if x <= 0:
             raise BenchTrainError(f"--timeout-s {what}: {v} must be > 0")
         return x
@@ -442,10 +451,11 @@ def _prepare_model_and_data(cfg, plan: Plan, world: int, console: Console) -> di
         # one init, which every recipe (rayft too: see recipe_command) loads from model_dir
         init = "cpu"
         if torch.cuda.is_available() and is_preset(cfg.model.name_or_path):
-            init = preset_init_device(torch.device("cuda", 0), sum(p.numel() for p in meta.parameters()))
+            init = preset_init_device(torch.device("cuda", 0), sum(p.numel() for p in meta.parameters()), cfg.model.init_device)
         model = load_full_model(cfg.model, conf, cfg.train.seed, init)
         model.config.dtype = "bfloat16"  # what the published Qwen2.5 checkpoints declare
         model.save_pretrained(shared["model_dir"])
+        shared["model_written"] = True  # by this bench: rayft loads it too (a directory left by an earlier bench is not used)
         del model
         if init != "cpu":
             torch.cuda.empty_cache()
@@ -490,7 +500,7 @@ def recipe_command(recipe: str, workload: str, plan: Plan, cfg, world: int, use_
                      f"data.synthetic={{rows: {rows}, seed: {cfg.data.seed}}}"]  # fmt: skip
         else:
             sets += ["data.synthetic=null"]
-        if shared.get("model_dir") and Path(shared["model_dir"]).is_dir():  # the other recipes' initial weights
+        if shared.get("model_written"):  # the other recipes' initial weights, written by this bench
             sets += [f"model.name_or_path={shared['model_dir']}", f"model.tokenizer={shared['tokenizer_dir']}"]
         sets += [f"train.max_steps={plan.steps}", "train.warmup_steps=0", f"train.num_workers={world}", "train.grad_accum_steps=1",
                  f"checkpoint.storage_path={run_dir}", "checkpoint.name=rayft", "checkpoint.every_steps=null", "checkpoint.every_minutes=null",
@@ -601,7 +611,11 @@ def run_bench(
     console = console or Console(stderr=True)
     overrides = list(overrides or [])
     rayft_overrides = list(rayft_overrides or [])
+    if recipes is not None and not recipes:
+        raise BenchTrainError(f"--recipes is empty; choose from {', '.join(RECIPES)}")
     recipes = list(recipes or DEFAULT_RECIPES)
+    if len(set(recipes)) != len(recipes):
+        raise BenchTrainError(f"--recipes names a recipe twice: {','.join(recipes)}")
     workloads = list(workloads or WORKLOADS)
     for r in recipes:
         if r not in RECIPES:
@@ -617,13 +631,24 @@ def run_bench(
         raise BenchTrainError(f"config error: {e}") from None
     if cfg.train.grad_accum_steps != 1:
         raise BenchTrainError("the benchmark runs one micro-batch per step on every recipe: set train.grad_accum_steps=1")
-    if rayft_overrides:
+    if rayft_overrides and not set(recipes) & set(RAYFT_RECIPES):
+        raise BenchTrainError(f"--rayft-set is for the rayft recipes ({', '.join(RAYFT_RECIPES)}), and none runs")
+    for kv in rayft_overrides:
+        key = kv.partition("=")[0].strip()
+        if any(key == f or key.startswith(f + ".") or f.startswith(key + ".") for f in BENCH_FIXED):
+            raise BenchTrainError(f"--rayft-set {kv}: the benchmark sets {key} itself (fixed: {', '.join(BENCH_FIXED)}; "
+                                  "float8 runs as the rayft-fp8 recipe)")  # fmt: skip
+    if set(recipes) & set(RAYFT_RECIPES):  # the rayft recipes' own settings with the user's: valid before anything runs
         try:
-            rcfg = load_config(Path(config), overrides + rayft_overrides)
+            rcfg = load_config(Path(config), list(RAYFT_BEST) + overrides + rayft_overrides)
         except ConfigError as e:
-            raise BenchTrainError(f"--rayft-set: {e}") from None
+            where = "--rayft-set" if rayft_overrides else "the rayft recipes' settings (" + " ".join(RAYFT_BEST) + ")"
+            raise BenchTrainError(f"{where}: {str(e).replace('(from --set)', '(from --set/--rayft-set)')}") from None
         if rcfg.train.grad_accum_steps != 1:
             raise BenchTrainError("--rayft-set: the benchmark runs one micro-batch per step: keep train.grad_accum_steps=1")
+        if rcfg.train.float8:
+            raise BenchTrainError("train.float8 is set for every rayft run (config or --set): the rayft recipe is the bf16 "
+                                  "baseline; run float8 as the rayft-fp8 recipe")  # fmt: skip
     use_gpu = torch.cuda.is_available() if cfg.train.use_gpu == "auto" else bool(cfg.train.use_gpu)
     world = cfg.train.num_workers if cfg.train.num_workers != "auto" else (torch.cuda.device_count() if use_gpu else 1)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -717,10 +742,10 @@ def _one_run(r: str, w: str, plan: Plan, cfg, world: int, use_gpu: bool, shared:
     entry["timeout_s"] = limit
     try:
         cmd = recipe_command(r, w, plan, cfg, world, use_gpu, shared, run_dir)
+        entry["cmd"] = " ".join(shlex.quote(c) for c in cmd)
+        entry["settings"] = recipe_settings(r, run_dir, cmd, plan.config)
     except Exception as e:  # noqa: BLE001 - recorded per run
         return {**entry, "status": "failed", "error": f"could not prepare the run: {e}"}
-    entry["cmd"] = " ".join(shlex.quote(c) for c in cmd)
-    entry["settings"] = recipe_settings(r, run_dir, cmd, plan.config)
     entry["micro_batch_size"] = entry["settings"].get("micro_batch_size", cfg.train.micro_batch_size)
     console.print(f"[{r} × {w}] {plan.steps} steps, limit {_fmt(limit, '.0f', 'none')} s → {log}", highlight=False, markup=False)
     env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
@@ -801,8 +826,9 @@ def register(bench_app: typer.Typer) -> None:
         for r in results:
             try:
                 md, png = write_table_files(r, console)
-            except (OSError, json.JSONDecodeError, KeyError) as e:
-                console.print(Text.assemble(("error", "bold red"), f": {r}: not a `rayft bench train` results file ({e})"), highlight=False)
+            except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+                console.print(Text.assemble(("error", "bold red"), f": {r}: not a `rayft bench train` results file "
+                                            f"({type(e).__name__}: {e})"), highlight=False)  # fmt: skip
                 raise typer.Exit(1) from None
             sys.stdout.write(md.read_text() + "\n")
             console.print(f"wrote {md}" + (f" and {png}" if png else ""), highlight=False, markup=False)

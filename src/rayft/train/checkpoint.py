@@ -91,9 +91,14 @@ def plain_tensor(t: torch.Tensor) -> torch.Tensor:
     ``__tensor_flatten__`` names one inner tensor), else ``t`` itself.
 
     Raises:
-        TypeError: a wrapper holding several inner tensors (no single value to export).
+        TypeError: a DTensor (its inner tensor is one rank's shard, not the value), or a wrapper
+            holding several inner tensors (no single value to export).
     """
+    from torch.distributed.tensor import DTensor
+
     while type(t) is not torch.Tensor and hasattr(t, "__tensor_flatten__"):
+        if isinstance(t, DTensor):
+            raise TypeError("a DTensor is one rank's shard: gather it (full_tensor) before unwrapping")
         inner, _ctx = t.__tensor_flatten__()
         if len(inner) != 1:
             raise TypeError(f"cannot export a {type(t).__name__}: it wraps {len(inner)} tensors ({', '.join(inner)})")

@@ -1,9 +1,9 @@
 """The model on every worker: build on the meta device, shard with FSDP2, fill from rank 0.
 
 Only rank 0 ever holds a full copy of the weights: in CPU memory when loaded from the hub / a
-directory; a preset is randomly initialised with a fixed seed, on rank 0's GPU when the fp32
-model takes at most half of its free memory (else on CPU), so the same seed gives the same
-initial weights at any world size on the same kind of device. Every rank builds the model on the meta device, applies
+directory; a preset is randomly initialised with a fixed seed where ``model.init_device`` says
+(:func:`preset_init_device`), so the same seed gives the same initial weights at any world size
+on the CPU, and on the same GPU model on a GPU (random kernels differ between devices). Every rank builds the model on the meta device, applies
 ``fully_shard`` per decoder layer and at the root, allocates its shards, and receives its part of
 rank 0's weights through ``set_model_state_dict(..., broadcast_from_rank0=True)``.
 """
@@ -98,11 +98,17 @@ def load_full_state_dict(cfg: ModelConfig, conf: PretrainedConfig, seed: int, in
     return load_full_model(cfg, conf, seed, init_device).state_dict()
 
 
-def preset_init_device(device: torch.device, n_params: int) -> torch.device:
-    """Where rank 0 randomly initialises a preset: ``device`` when it is a GPU whose free memory is
-    at least twice the fp32 model (``n_params`` × 4 bytes), else the CPU."""
-    if device.type != "cuda":
+def preset_init_device(device: torch.device, n_params: int, choice: str = "auto") -> torch.device:
+    """Where rank 0 randomly initialises a preset (``model.init_device``: ``choice``).
+
+    ``cpu`` → the CPU; ``gpu`` → ``device`` (the CPU when ``device`` is not a GPU); ``auto`` →
+    ``device`` when it is a GPU whose free memory is at least twice the fp32 model
+    (``n_params`` × 4 bytes), else the CPU.
+    """
+    if device.type != "cuda" or choice == "cpu":
         return torch.device("cpu")
+    if choice == "gpu":
+        return device
     free, _total = torch.cuda.mem_get_info(device)
     return device if 2 * 4 * n_params <= free else torch.device("cpu")
 
@@ -174,10 +180,16 @@ def build_sharded_model(
     conf = load_model_config(model_cfg)
     conf._attn_implementation = resolve_attn_implementation(model_cfg.attn_implementation, device, conf)
     ce_impl = resolve_cross_entropy(cross_entropy, device, conf)
+    if float8:
+        check_float8(device)  # before rank 0 spends time loading the weights
     rank = dist.get_rank()
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(conf, dtype=torch.float32)
-    init_device = preset_init_device(device, sum(p.numel() for p in model.parameters())) if is_preset(model_cfg.name_or_path) else "cpu"
+    init_device = torch.device("cpu")
+    if is_preset(model_cfg.name_or_path):
+        init_device = preset_init_device(device, sum(p.numel() for p in model.parameters()), model_cfg.init_device)
+        if rank == 0:
+            print(f"[rayft] model: seeded random init of preset {model_cfg.name_or_path} (seed {seed}) on {init_device}", flush=True)
     full_sd = load_full_state_dict(model_cfg, conf, seed, init_device) if rank == 0 else {}
     if liger_kernels:
         _apply_liger(model, device)
@@ -202,7 +214,7 @@ def build_sharded_model(
         model.tie_weights()
     set_model_state_dict(model, full_sd, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
     del full_sd
-    if rank == 0 and torch.device(init_device).type == "cuda":
+    if rank == 0 and init_device.type == "cuda":
         torch.cuda.empty_cache()  # the full fp32 copy (6 GiB for 1.5B) goes back to the device
     _reset_rotary_buffers(model, device)
     assert tied_embeddings(model) == tied, "tied input/output embeddings must stay one tensor after sharding"
@@ -227,29 +239,40 @@ def _apply_liger(model: torch.nn.Module, device: torch.device) -> None:
     apply_liger_kernel_to_qwen2(rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=False, model=model)
 
 
+def check_float8(device: torch.device) -> None:
+    """Raise ``ValueError`` unless float8 training can run on ``device``: torchao importable, and on
+    CUDA a compute capability of at least 8.9 (the CPU runs float8 matmuls too, slowly: for tests)."""
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        cap = ".".join(map(str, torch.cuda.get_device_capability(device)))
+        raise ValueError(f"train.float8 needs a GPU with float8 matmuls (compute capability >= 8.9: L4, H100, H200); "
+                         f"{torch.cuda.get_device_name(device)} has {cap}")  # fmt: skip
+    try:
+        import torchao.float8  # noqa: F401
+    except ImportError as e:
+        raise ValueError("train.float8 needs the torchao package (pip install 'rayft[fp8]')") from e
+
+
 def apply_float8(model: torch.nn.Module, device: torch.device) -> int:
     """Convert the decoder layers' ``nn.Linear`` modules to torchao's ``Float8Linear`` (before
     ``fully_shard``): the three matmuls of each linear layer (forward, input and weight gradients)
     run in float8 with tensorwise dynamic scaling (e4m3 for inputs and weights, e5m2 for output
     gradients), and FSDP2 all-gathers the weights in float8. Weights, gradients and optimizer
     states stay fp32; the embedding and the LM head (whose 151,936-wide logits drive the loss) stay
-    bf16. Only layers whose two dimensions are multiples of 16 (what the float8 GEMM needs) convert.
-    On CPU the matmuls are emulated (correct, slow: for tests). Source of the recipe: torchao's
-    float8 training README (``convert_to_float8_training``, ``enable_fsdp_float8_all_gather``).
+    bf16. Only layers whose two dimensions are multiples of 16 (what the float8 GEMM needs) convert;
+    the third dimension, the micro-batch's tokens, is kept a multiple of 16 by the config's check
+    on ``data.seq_len``. On CPU, PyTorch's CPU float8 matmul runs (correct, slow: for tests).
+    Source of the recipe: torchao's float8 training README (``convert_to_float8_training``,
+    ``enable_fsdp_float8_all_gather``).
 
     Returns:
-        the number of linear layers converted.
+        the number of linear layers converted (at least one).
     Raises:
-        ValueError: a CUDA device below compute capability 8.9, or torchao missing.
+        ValueError: float8 cannot run on ``device`` (:func:`check_float8`), or no linear layer of
+            the decoder layers qualifies.
     """
-    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
-        cap = ".".join(map(str, torch.cuda.get_device_capability(device)))
-        raise ValueError(f"train.float8 needs a GPU with float8 matmuls (compute capability >= 8.9: L4, H100, H200); "
-                         f"{torch.cuda.get_device_name(device)} has {cap}")  # fmt: skip
-    try:
-        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-    except ImportError as e:
-        raise ValueError("train.float8 needs the torchao package (pip install 'rayft[fp8]')") from e
+    check_float8(device)
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
     in_layers = {id(m) for layer in decoder_layers(model) for m in layer.modules()}
 
     def convert(mod: torch.nn.Module, fqn: str) -> bool:
@@ -259,7 +282,9 @@ def apply_float8(model: torch.nn.Module, device: torch.device) -> int:
 
     convert_to_float8_training(model, config=Float8LinearConfig(enable_fsdp_float8_all_gather=True), module_filter_fn=convert)
     n = sum(type(m).__name__ == "Float8Linear" for m in model.modules())
-    model.rayft_float8 = n > 0
+    if n == 0:
+        raise ValueError("train.float8: no linear layer of the decoder layers has both dimensions a multiple of 16; nothing to run in float8")
+    model.rayft_float8 = True
     return n
 
 
