@@ -91,7 +91,7 @@ def test_float8_config_checks_seq_len_and_plain_tensor_refuses_a_dtensor(one_ran
 
 
 def test_float8_converts_only_decoder_linears_and_keeps_the_model_close(one_rank_group):
-    """train.float8 on CPU (torchao emulates the float8 matmuls): the decoder layers' 7 linear layers
+    """train.float8 on CPU (PyTorch's CPU float8 matmul): the decoder layers' 7 linear layers
     each become Float8Linear, the LM head does not; the weights are the same seeded init; logits
     stay close to bf16-free fp32 ones; a step trains; the full state dict holds plain fp32 tensors."""
     pytest.importorskip("torchao.float8", reason="train.float8 needs torchao (pip install 'rayft[fp8]')")

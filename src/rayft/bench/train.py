@@ -148,7 +148,7 @@ def run_timeout(t: Timeouts, recipe: str) -> float | None:
 
 def merge_ranks(per_rank: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """Per-rank step records → global ones: tokens and Σ len² summed, step time and peak memory the
-    max over ranks, loss the mean over ranks (where logged). Where every rank logged ``report_s``
+    max over ranks, loss the mean of the ranks' losses (where logged; not weighted by their tokens). Where every rank logged ``report_s``
     (the sample recipe's per-step ``ray.train.report``), ``report_s`` is its max over ranks and
     ``step_time_excl_report_s`` the max over ranks of step time less report time. Only steps every
     rank logged are kept."""

@@ -155,6 +155,9 @@ def train_func(loop_config: dict[str, Any]) -> None:
             fwd_bwd_s, optim_s = events[0].elapsed_time(events[1]) / 1e3, events[1].elapsed_time(events[2]) / 1e3
         else:
             fwd_bwd_s, optim_s = t_fwd_bwd - t_data, now - t_fwd_bwd
+        # data_s: CPU wall seconds before compute (collate, copy, the counts' all-reduce); fwd_bwd_s
+        # and optim_s: GPU seconds on CUDA (events), CPU wall seconds on CPU; they need not add up
+        # to step_time_s.
         breakdown = {"data_s": t_data - (now - dt), "fwd_bwd_s": fwd_bwd_s, "optim_s": optim_s}
         if step == start_step:
             breakdown.update(setup)
