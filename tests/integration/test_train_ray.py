@@ -85,6 +85,12 @@ def test_two_worker_fsdp2_run_loss_export_and_tied_weights(ray_local, tmp_path):
     # worker setup is reported once, with the first step, and includes the model build
     assert hist[0]["time_setup_s"] >= hist[0]["time_setup_model_build_s"] > 0
     assert not any("time_setup_s" in h for h in hist[1:])
+    # where the wall time went: every phase measured, together the whole run but for the gaps
+    # between them (building the trainer, putting the dataset into the object store)
+    wall = summary["wall_s"]
+    assert set(wall) == {"data", "ray", "workers_start", "worker_setup", "first_step", "steps", "end", "total"}
+    parts = sum(v for k, v in wall.items() if k != "total")
+    assert all(v >= 0 for v in wall.values()) and wall["total"] - 10 < parts <= wall["total"] + 0.5
 
     # the HF export loads, keeps the embeddings tied, and reproduces the trained model's logits
     check = json.loads((run / "hf" / "rayft_export_check.json").read_text())

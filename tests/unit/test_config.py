@@ -175,3 +175,4 @@ def test_resume_of_a_missing_run_fails_before_any_data_or_ray_work(tmp_path):
         # the data file does not exist either: the resume check came first
         assert str(e.value) == f"--resume {given}: no run directory at {where}"
     assert not ray.is_initialized()
+

@@ -766,6 +766,11 @@ def _one_run(r: str, w: str, plan: Plan, cfg, world: int, use_gpu: bool, shared:
         figs = summarize(recs, plan.warmup_steps, world, flops_fn, peak)
         if recs and "setup_s" in recs[0]:  # rayft: worker start to the first step (model build and weight load within)
             figs["setup_s"], figs["setup_model_build_s"] = recs[0]["setup_s"], recs[0].get("setup_model_build_s")
+        if r in RAYFT_RECIPES:  # where the run's wall time went (rayft.train.driver.wall_timeline)
+            try:
+                figs["wall_breakdown_s"] = json.loads((run_dir / "rayft" / "rayft_summary.json").read_text()).get("wall_s")
+            except (OSError, ValueError):
+                figs["wall_breakdown_s"] = None
     except (BenchTrainError, OSError, KeyError, ValueError) as e:
         console.print(Text.assemble((f"[{r} × {w}] failed", "bold red"), f": {e}"), highlight=False)
         return {**entry, "status": "failed", "exit_code": rc, "error": f"{e}\n{_tail(log, 25)}"}

@@ -342,6 +342,7 @@ def run_training(cfg: RayftConfig, resume: str | None = None, console: Console |
     from rayft.train.loop import make_plan, train_func
 
     console = console or Console(stderr=True, soft_wrap=True)
+    marks = {"start": time.time()}  # wall clock (unix s) of the run's phases, for the summary's wall_s
     if resume:
         name = Path(resume.rstrip("/")).name
         if "/" in resume:
@@ -354,7 +355,9 @@ def run_training(cfg: RayftConfig, resume: str | None = None, console: Console |
     reached: list[str] = []
     data = prepare_data(cfg, console, connect=lambda: reached.append(connect_ray(cfg)))  # Ray only if tokenizing there
     tokenizer, tok_name, ds = data.tokenizer, data.tokenizer_name, data.train
+    marks["data_ready"] = time.time()
     where = reached[0] if reached else connect_ray(cfg)
+    marks["ray_ready"] = time.time()
     n_workers, use_gpu = resolve_workers(cfg)
     blind = nodes_missing_storage(cfg.checkpoint.storage_path)
     if blind:
@@ -418,12 +421,14 @@ def run_training(cfg: RayftConfig, resume: str | None = None, console: Console |
             outcome["error"] = e
 
     th = threading.Thread(target=_fit, daemon=True)
+    marks["fit_called"] = time.time()
     th.start()
     history, extra = _show_progress(th, progress, total, console)
     th.join()
+    marks["fit_returned"] = time.time()
     if "error" in outcome:
         raise TrainError(f"training failed: {outcome['error']}")
-    summary = _summary(history, extra, run_dir, total, console)
+    summary = _summary(history, extra, run_dir, total, console, wall_timeline(marks, history))
     if "://" not in run_dir:
         metrics_file = Path(run_dir) / "rayft_metrics.jsonl"
         earlier = [json.loads(x) for x in metrics_file.read_text().splitlines()] if resume and metrics_file.exists() else []
@@ -519,7 +524,36 @@ def _show_progress(th: threading.Thread, queue, total: int, console: Console) ->
     return history, {"export": export, "checkpoints": checkpoints, "resumes": resumes, **extra_eval}
 
 
-def _summary(history: list[dict], extra: dict, run_dir: str, total: int, console: Console) -> dict:
+def wall_timeline(marks: dict[str, float], history: list[dict]) -> dict[str, float] | None:
+    """Where a run's wall time went, in seconds, from the driver's clock marks (unix seconds:
+    ``start``, ``data_ready``, ``ray_ready``, ``fit_called``, ``fit_returned``) and the first and
+    last step's metrics (``worker_entry_unix``, ``time_setup_s``, ``step_time_s``, ``unix_time``).
+
+    Returns:
+        ``data`` (read + tokenize, or the cache), ``ray`` (connect / start Ray), ``workers_start``
+        (fit called → rank 0 enters the training function: the Ray Train controller, worker
+        processes, process group), ``worker_setup`` (model build, weight load, optimizer, resume),
+        ``first_step`` (with compilation), ``steps`` (the other steps, with checkpoint saves and
+        evaluations), ``end`` (last step's end → fit returns: the final save, export, shutdown),
+        ``total``; None when the metrics lack the marks (a run of an older rayft). Clocks of other
+        nodes are compared as they are: on a cluster, differences carry their clock offset.
+    """
+    if not history or "worker_entry_unix" not in history[0] or "unix_time" not in history[-1]:
+        return None
+    first, last = history[0], history[-1]
+    return {
+        "data": marks["data_ready"] - marks["start"],
+        "ray": marks["ray_ready"] - marks["data_ready"],
+        "workers_start": first["worker_entry_unix"] - marks["fit_called"],
+        "worker_setup": first["time_setup_s"],
+        "first_step": first["step_time_s"],
+        "steps": last["unix_time"] - first["unix_time"],
+        "end": marks["fit_returned"] - last["unix_time"],
+        "total": marks["fit_returned"] - marks["start"],
+    }
+
+
+def _summary(history: list[dict], extra: dict, run_dir: str, total: int, console: Console, wall: dict | None = None) -> dict:
     if not history:
         raise TrainError("training finished without reporting a step")
     last = history[-1]
@@ -544,6 +578,7 @@ def _summary(history: list[dict], extra: dict, run_dir: str, total: int, console
         "eval_loss_initial": extra.get("eval_initial", {}).get("eval_loss"),
         "eval_loss": evals[-1]["eval_loss"] if evals else None,
         "eval_step": evals[-1]["step"] if evals else None,
+        "wall_s": wall,
     }
     export = extra["export"]
     t = Table(title="rayft run summary", show_header=False)
@@ -559,6 +594,8 @@ def _summary(history: list[dict], extra: dict, run_dir: str, total: int, console
     if summary["peak_mem_gib"]:
         t.add_row("peak GPU memory", f"{summary['peak_mem_gib']:.1f} GiB")
     t.add_row("workers", f"{last['world_size']} × {last['gpu']}")
+    if wall:
+        t.add_row("wall time", f"{wall['total']:.0f} s: " + ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in wall.items() if k != "total"))
     if export:
         vs = ", float8-trained model vs the export" if export.get("trained_float8") else ""
         t.add_row("HF export", f"{export['export_dir']} (max |Δlogit| {export['export_max_abs_logit_diff']:.2e}{vs})")

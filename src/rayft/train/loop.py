@@ -63,7 +63,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
     ``dataset`` (ObjectRef of the TokenizedDataset), ``validation`` (ObjectRef of the validation
     TokenizedDataset, or None), ``data_fingerprint``, ``pad_id``, ``tokenizer``, ``run_dir``,
     ``progress`` (optional ray.util.queue.Queue for the driver's live display)."""
-    t_enter = time.perf_counter()
+    t_enter, entry_unix = time.perf_counter(), time.time()
     cfg = RayftConfig.model_validate(loop_config["config"])
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
@@ -190,7 +190,10 @@ def train_func(loop_config: dict[str, Any]) -> None:
             "cross_entropy": model.rayft_cross_entropy,
             "float8": getattr(model, "rayft_float8", False),
             "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
+            "unix_time": time.time(),  # the step's end, wall clock (the driver's wall-time breakdown)
         }
+        if step == start_step:
+            metrics["worker_entry_unix"] = entry_unix
         if not math.isfinite(loss):
             raise FloatingPointError(f"loss is {loss} at step {step_done}")
         if evaluator.is_due(step_done, total_steps):
