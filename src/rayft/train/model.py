@@ -3,9 +3,10 @@
 Only rank 0 ever holds a full copy of the weights: in CPU memory when loaded from the hub / a
 directory; a preset is randomly initialised with a fixed seed where ``model.init_device`` says
 (:func:`preset_init_device`), so the same seed gives the same initial weights at any world size
-on the CPU, and on the same GPU model on a GPU (random kernels differ between devices). Every rank builds the model on the meta device, applies
-``fully_shard`` per decoder layer and at the root, allocates its shards, and receives its part of
-rank 0's weights through ``set_model_state_dict(..., broadcast_from_rank0=True)``.
+on the CPU, and on the same GPU model on a GPU (random kernels differ between devices). Every rank
+builds the model on the meta device, applies ``fully_shard`` per decoder layer and at the root,
+allocates its shards, and receives its part of rank 0's weights through
+``set_model_state_dict(..., broadcast_from_rank0=True)``.
 """
 
 from __future__ import annotations
@@ -81,8 +82,8 @@ def load_model_config(cfg: ModelConfig, attn_implementation: str | None = None) 
 
 def load_full_model(cfg: ModelConfig, conf: PretrainedConfig, seed: int, init_device: str | torch.device = "cpu") -> torch.nn.Module:
     """The full fp32 model: from the checkpoint (on CPU), or a seeded random init (a preset) on
-    ``init_device``. A random init on a GPU takes about a second for Qwen2.5-1.5B where the CPU
-    takes ~25 s on one thread; its values differ from the CPU init of the same seed."""
+    ``init_device``. A random init on a GPU takes seconds where the CPU takes tens of seconds on
+    one thread for Qwen2.5-1.5B; its values differ from the CPU init of the same seed."""
     if is_preset(cfg.name_or_path):
         torch.manual_seed(seed)
         with torch.device(init_device):
