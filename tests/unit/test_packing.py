@@ -66,6 +66,12 @@ def test_collate_shifts_labels_and_restarts_positions():
     assert int(empty["num_trainable"]) == 0 and empty["input_ids"].shape[0] == 1
     padded = collate(ds, [[1]], row_len=256, pad_id=0, fixed_len=False)
     assert padded["input_ids"].shape == (1, 64)
+    # the epoch's short last step keeps the full micro-batch shape with all-pad rows
+    full = collate(ds, [[0, 1]], row_len=8, pad_id=0, min_rows=3)
+    assert full["input_ids"].shape == (3, 8) and full["input_ids"][1:].eq(0).all() and full["labels"][1:].eq(IGNORE_INDEX).all()
+    assert full["cu_seq_lens"].tolist() == [0, 3, 8, 16, 24]  # each all-pad row is one document
+    for k in ("num_tokens", "num_trainable", "attn_tokens_sq"):
+        assert float(full[k]) == float(b[k])  # nothing counted for the padding rows
 
 
 def test_packing_efficiency_is_non_pad_over_row_tokens():

@@ -404,7 +404,7 @@ def write_table_files(results: Path, console: Console | None = None) -> tuple[Pa
     md.write_text(markdown_table(doc) + "\n")
     png = bar_chart(doc, results.with_suffix(".png"))
     if png is None and console is not None:
-        console.print("matplotlib is not installed: no PNG chart (pip install 'rayft[bench]')", highlight=False, markup=False)
+        console.print("matplotlib is not installed: no PNG chart (in a clone: pip install -e '.[bench]')", highlight=False, markup=False)
     return md, png
 
 

@@ -137,7 +137,8 @@ def rank_micro_batches(step_rows: list[list[int]], rank: int, world_size: int, m
 
 
 def collate(
-    ds: TokenizedDataset, rows: list[list[int]], row_len: int, pad_id: int, *, fixed_len: bool = True, pad_to_multiple: int = 64
+    ds: TokenizedDataset, rows: list[list[int]], row_len: int, pad_id: int, *, fixed_len: bool = True, pad_to_multiple: int = 64,
+    min_rows: int = 1,
 ) -> dict[str, torch.Tensor]:
     """Build one micro-batch.
 
@@ -150,9 +151,12 @@ def collate(
         (a row's padding tail belongs to its last document, as its position ids do), for
         variable-length attention.
         ``L`` is ``row_len`` when ``fixed_len`` (packing), else the longest row rounded up to
-        ``pad_to_multiple`` (padding mode). An empty ``rows`` gives one all-pad row.
+        ``pad_to_multiple`` (padding mode). ``B`` is ``len(rows)``, at least ``min_rows``: missing
+        rows are all-pad rows (no token counted or trained), so that with packing every step of a
+        run has the same shape, the epoch's shorter last step too (a compiled model would
+        otherwise recompile for it).
     """
-    B = max(len(rows), 1)
+    B = max(len(rows), min_rows, 1)
     if fixed_len:
         L = row_len
     else:

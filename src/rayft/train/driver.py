@@ -359,6 +359,11 @@ def run_training(cfg: RayftConfig, resume: str | None = None, console: Console |
     where = reached[0] if reached else connect_ray(cfg)
     marks["ray_ready"] = time.time()
     n_workers, use_gpu = resolve_workers(cfg)
+    if cfg.train.float8:  # the driver's environment stands for the workers' (embedded Ray, or the same image)
+        try:
+            import torchao.float8  # noqa: F401
+        except ImportError:
+            raise TrainError("train.float8 needs the torchao package (in a clone: pip install -e '.[fp8]')") from None
     blind = nodes_missing_storage(cfg.checkpoint.storage_path)
     if blind:
         raise TrainError(

@@ -107,7 +107,9 @@ def train_func(loop_config: dict[str, Any]) -> None:
         set_lr(optimizer, lr)
         micro = rank_micro_batches(plan.rows[step], rank, world, tc.micro_batch_size, tc.grad_accum_steps)
         batches = [
-            {k: v.to(device, non_blocking=True) for k, v in collate(ds, rows, cfg.data.seq_len, loop_config["pad_id"], fixed_len=cfg.data.packing).items()}
+            {k: v.to(device, non_blocking=True) for k, v in collate(
+                ds, rows, cfg.data.seq_len, loop_config["pad_id"], fixed_len=cfg.data.packing,
+                min_rows=tc.micro_batch_size if cfg.data.packing else 1).items()}
             for rows in micro
         ]
         # Global count of trainable targets: the denominator of the step's mean loss.

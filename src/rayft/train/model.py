@@ -250,7 +250,7 @@ def check_float8(device: torch.device) -> None:
     try:
         import torchao.float8  # noqa: F401
     except ImportError as e:
-        raise ValueError("train.float8 needs the torchao package (pip install 'rayft[fp8]')") from e
+        raise ValueError("train.float8 needs the torchao package (in a clone: pip install -e '.[fp8]')") from e
 
 
 def apply_float8(model: torch.nn.Module, device: torch.device) -> int:
