@@ -54,7 +54,12 @@ def micro_batch_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> 
     row per long example) need no boundaries and run plain causal attention.
     """
     multi_doc = batch["cu_seq_lens"].numel() - 1 > batch["input_ids"].shape[0]  # shapes only: no device sync
-    extra = {"cu_seq_lens": batch["cu_seq_lens"]} if model.config._attn_implementation == VARLEN and multi_doc else {}
+    extra = {}
+    if model.config._attn_implementation == VARLEN and multi_doc:
+        # the document count varies between micro-batches: compile its dimension as dynamic from the
+        # first call instead of recompiling when the second micro-batch brings another count
+        torch._dynamo.maybe_mark_dynamic(batch["cu_seq_lens"], 0)
+        extra = {"cu_seq_lens": batch["cu_seq_lens"]}
     return model.token_loss_sum(batch["input_ids"], batch["position_ids"], batch["labels"], **extra)
 
 

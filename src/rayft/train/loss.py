@@ -71,6 +71,8 @@ def attach_token_loss(model: torch.nn.Module, impl: str) -> None:
     """
     from torch.distributed.fsdp import register_fsdp_forward_method
 
+    model.rayft_fused_ce_options = {}  # extra keyword arguments for liger's fused loss (e.g. chunk_mem_const)
+
     def token_loss_sum(self, input_ids, position_ids, labels, **kwargs):
         target = labels.flatten()
         if impl == "hf":  # the model's forward applies its own logit transform
@@ -82,7 +84,8 @@ def attach_token_loss(model: torch.nn.Module, impl: str) -> None:
             from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
 
             return liger_fused_linear_cross_entropy(
-                hidden, weight, target, ignore_index=IGNORE_INDEX, reduction="sum", accum_dtype=torch.float32
+                hidden, weight, target, ignore_index=IGNORE_INDEX, reduction="sum", accum_dtype=torch.float32,
+                **self.rayft_fused_ce_options,
             ).float()
         logits = F.linear(hidden, weight).float()
         return F.cross_entropy(logits, target, ignore_index=IGNORE_INDEX, reduction="sum")
