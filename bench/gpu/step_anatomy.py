@@ -109,7 +109,10 @@ VARIANTS = {
     "base": (None, 1),
     "ce4": (None, 4),
     "ce8": (None, 8),
+    "ce16": (None, 16),
     "cudnn_ce4": (["CUDNN_ATTENTION", "FLASH_ATTENTION"], 4),
+    "cudnn_ce8": (["CUDNN_ATTENTION", "FLASH_ATTENTION"], 8),
+    "cudnn_ce16": (["CUDNN_ATTENTION", "FLASH_ATTENTION"], 16),
 }
 
 
@@ -126,7 +129,7 @@ def worker(rank: int, a) -> None:
     from rayft.train.optim import build_optimizer
 
     model = build_sharded_model(ModelConfig(name_or_path="qwen2.5-1.5b", attn_implementation="auto", init_device="gpu"),
-                                ParallelConfig(reshard_after_forward=False), device=dev, activation_checkpointing=False,
+                                ParallelConfig(reshard_after_forward=False, reduce_dtype=a.reduce_dtype), device=dev, activation_checkpointing=False,
                                 compile_layers=True, seed=0, cross_entropy="fused")  # fmt: skip
     opt = build_optimizer(model, TrainConfig(lr=1e-5), dev)
     B, L = a.mb, a.seq
@@ -249,11 +252,13 @@ if __name__ == "__main__":
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warm", type=int, default=3)
     ap.add_argument("--variants", default="base,ce4,ce8,cudnn_ce4")
+    ap.add_argument("--reduce-dtype", default="float32")
     ap.add_argument("--skip-kernels", action="store_true")
     ap.add_argument("--trace", default=None)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
-    res = {"gpu": torch.cuda.get_device_name(0), "ng": a.ng, "mb": a.mb, "seq": a.seq, "torch": torch.__version__}
+    res = {"gpu": torch.cuda.get_device_name(0), "ng": a.ng, "mb": a.mb, "seq": a.seq, "torch": torch.__version__,
+           "reduce_dtype": a.reduce_dtype, "nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}}
     if not a.skip_kernels:
         t = time.perf_counter()
         res["kernels_alone"] = kernels_alone(a.mb * a.seq, a.seq)
