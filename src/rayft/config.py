@@ -187,6 +187,12 @@ class TrainConfig(_Section):
         default="auto",
         description="fused: liger-kernel fused linear cross-entropy (no full fp32 logits; CUDA); torch: plain; auto: fused where it runs.",
     )
+    fused_loss_chunk_mem: int = Field(
+        default=8, ge=1,
+        description="fused loss only: liger-kernel's chunk_mem_const. Each chunk of the LM head's logits holds about this "
+        "many × (micro-batch tokens × hidden size) values: larger chunks, fewer passes over the fp32 weight gradient. "
+        "1 is liger's default and the least memory; 8 was fastest on H200 (bench/NOTES.md §8).",
+    )
     liger_kernels: bool = Field(default=False, description="liger-kernel RMSNorm, SwiGLU and RoPE (Qwen2 on CUDA).")
     float8: bool = Field(
         default=False,

@@ -87,3 +87,50 @@ def test_varlen_gets_boundaries_only_for_rows_holding_several_documents():
     sdpa = Fake("sdpa")
     micro_batch_loss(sdpa, two_in_a_row)
     assert sdpa.kwargs == {}  # sdpa reads the boundaries from position_ids
+
+
+def _fake_liger(monkeypatch, with_chunk_param: bool):
+    """A stand-in for liger_kernel.transformers.functional whose fused loss is the plain one and
+    records the keyword arguments it got (liger itself needs CUDA)."""
+    import sys
+    import types
+
+    seen = []
+
+    def plain(hidden, weight, target, ignore_index=-100, reduction="mean", accum_dtype=None, **kw):
+        seen.append(kw)
+        return torch.nn.functional.cross_entropy(hidden @ weight.t(), target, ignore_index=ignore_index, reduction=reduction)
+
+    if with_chunk_param:
+        def fused(hidden, weight, target, ignore_index=-100, reduction="mean", accum_dtype=None, chunk_mem_const=1):
+            return plain(hidden, weight, target, ignore_index, reduction, accum_dtype, chunk_mem_const=chunk_mem_const)
+    else:
+        def fused(hidden, weight, target, ignore_index=-100, reduction="mean", accum_dtype=None):
+            return plain(hidden, weight, target, ignore_index, reduction, accum_dtype)
+    mods = {n: types.ModuleType(n) for n in ("liger_kernel", "liger_kernel.transformers", "liger_kernel.transformers.functional")}
+    mods["liger_kernel.transformers.functional"].liger_fused_linear_cross_entropy = fused
+    for n, m in mods.items():
+        monkeypatch.setitem(sys.modules, n, m)
+    return seen
+
+
+@pytest.mark.parametrize("with_chunk_param", [True, False])
+def test_fused_loss_gets_the_configured_chunking_where_liger_has_it(monkeypatch, with_chunk_param):
+    seen = _fake_liger(monkeypatch, with_chunk_param)
+    conf = load_model_config(ModelConfig(name_or_path="qwen2-tiny"))
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(conf, dtype=torch.float32)
+    ids = torch.randint(0, 1000, (2, 8))
+    pos = torch.arange(8).expand(2, -1)
+    labels = torch.roll(ids, -1, 1)
+    labels[:, -1] = -100
+    attach_token_loss(model, "torch")
+    ref = float(model.token_loss_sum(ids, pos, labels))
+    if with_chunk_param:
+        attach_token_loss(model, "fused", chunk_mem=8)
+    else:
+        with pytest.warns(UserWarning, match=r"fused_loss_chunk_mem=8: this liger-kernel has no chunk_mem_const"):
+            attach_token_loss(model, "fused", chunk_mem=8)
+    got = float(model.token_loss_sum(ids, pos, labels))
+    assert got == pytest.approx(ref, rel=1e-6)
+    assert seen == [{"chunk_mem_const": 8} if with_chunk_param else {}]

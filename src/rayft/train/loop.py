@@ -84,6 +84,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
     model = build_sharded_model(
         cfg.model, cfg.parallel, device=device, activation_checkpointing=tc.activation_checkpointing,
         compile_layers=tc.compile, seed=tc.seed, liger_kernels=tc.liger_kernels, cross_entropy=tc.cross_entropy, float8=tc.float8,
+        fused_loss_chunk_mem=tc.fused_loss_chunk_mem,
     )  # fmt: skip
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -162,13 +162,15 @@ def build_sharded_model(
     liger_kernels: bool = False,
     cross_entropy: str = "auto",
     float8: bool = False,
+    fused_loss_chunk_mem: int = 1,
 ) -> torch.nn.Module:
     """The FSDP2-sharded causal LM with fp32 master weights, ready to train.
 
     Compute runs in ``par.param_dtype`` on GPU and fp32 on CPU; gradients reduce in
     ``par.reduce_dtype``. Call on every rank of an initialised process group. The model gets a
     ``token_loss_sum`` method (:func:`rayft.train.loss.attach_token_loss`, ``cross_entropy``:
-    auto|fused|torch); ``liger_kernels`` swaps in liger-kernel's RMSNorm, SwiGLU and RoPE (Qwen2);
+    auto|fused|torch; ``fused_loss_chunk_mem``: the fused loss's chunk size, liger's ``chunk_mem_const``);
+    ``liger_kernels`` swaps in liger-kernel's RMSNorm, SwiGLU and RoPE (Qwen2);
     ``float8`` converts the decoder layers' linear layers to float8 training (:func:`apply_float8`).
 
     Raises:
@@ -219,7 +221,7 @@ def build_sharded_model(
         torch.cuda.empty_cache()  # the full fp32 copy (6 GiB for 1.5B) goes back to the device
     _reset_rotary_buffers(model, device)
     assert tied_embeddings(model) == tied, "tied input/output embeddings must stay one tensor after sharding"
-    attach_token_loss(model, ce_impl)
+    attach_token_loss(model, ce_impl, chunk_mem=fused_loss_chunk_mem)
     model.rayft_cross_entropy = ce_impl  # what ran, for the metrics
     model.train()
     return model
