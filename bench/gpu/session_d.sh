@@ -5,7 +5,7 @@ source .gpu/setup.sh
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 run() {  # name, env assignments ("" for none), step_anatomy arguments
   local name=$1 envs=$2; shift 2
-  env $envs timeout -k 5 150 python3 bench/gpu/step_anatomy.py --ng 2 --skip-kernels --out "$OUT/anatomy-$name.json" > "$OUT/anatomy-$name.log" 2>&1
+  env $envs timeout -k 5 150 python3 bench/gpu/step_anatomy.py --ng 2 --skip-kernels --out "$OUT/anatomy-$name.json" "$@" > "$OUT/anatomy-$name.log" 2>&1
   echo "== $name rc=$?"; grep '^\[variant' "$OUT/anatomy-$name.log"; grep -A12 gpu_ms_by_kind "$OUT/anatomy-$name.json" | head -14
 }
 run a '' --variants cudnn_ce8,cudnn_ce16,ce8,ce16 --mb 16 --trace "$OUT/trace-ce16-flash.json.gz"

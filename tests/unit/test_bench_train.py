@@ -66,6 +66,13 @@ def test_merge_ranks_and_summarize():
     assert figs["attn_span_tokens"] == 100.0 and figs["flops_per_token"] == 1100.0
     assert figs["mfu"] == pytest.approx(75.0 * 1100.0 / 1e6)
     assert figs["step_time_s"]["p50"] == 1.5 and figs["step_time_s"]["p10"] == pytest.approx(1.1)
+    assert figs["tokens_per_s_per_gpu_window"] == pytest.approx(400 / 3.0 / 2)  # steps 2 and 3: 400 tokens in 1 + 2 s
+    run = {"recipe": "rayft", "workload": "real", "status": "ok", **figs, "steps": merged}
+    doc = {"figures": {"runs": [run], "price": {}, "warmup_steps": 1, "world_size": 2}}
+    assert "slow steps count in full): rayft × real 67 tokens/s/GPU." in bt.markdown_table(doc)
+    del run["tokens_per_s_per_gpu_window"]  # a results file from before the figure: computed from its steps
+    assert bt.run_window_rate(run, 1, 2) == pytest.approx(400 / 3.0 / 2) and bt.run_window_rate(run, 0, 2) == pytest.approx(600 / 4.0 / 2)
+    assert bt.run_window_rate({"steps": []}, 1, 2) is None
     with pytest.raises(bt.BenchTrainError, match="none after the 3 warm-up"):
         bt.summarize(merged, 3, 2, None, None)
     assert "excluding_report" not in figs and "loss" not in merged[0]

@@ -235,7 +235,10 @@ def summarize(records: list[dict[str, Any]], warmup_steps: int, world: int, flop
         peak_flops: the GPU's dense bf16 peak, FLOP/s (None: no MFU).
 
     Returns:
-        tokens/s/GPU (median), MFU, peak memory, step-time percentiles; ``excluding_report``
+        tokens/s/GPU (median), ``tokens_per_s_per_gpu_window`` (the measured steps as a whole:
+        their tokens ÷ their summed step time ÷ ``world``; a slow step, such as a recompilation,
+        counts in full here where the median leaves it out), MFU, peak memory, step-time
+        percentiles; ``excluding_report``
         (tokens/s/GPU and MFU over step time less ``ray.train.report`` time, and the median report
         seconds) when every measured step has ``step_time_excl_report_s``.
     Raises:
@@ -262,12 +265,27 @@ def summarize(records: list[dict[str, Any]], warmup_steps: int, world: int, flop
                 "report_s_median": statistics.median(r["report_s"] for r in steady)}  # fmt: skip
     return {
         "steps_logged": len(records), "steps_measured": len(steady), "tokens_per_s_per_gpu": tps,
+        "tokens_per_s_per_gpu_window": window_rate(steady, world),
         "tokens_per_step_median": statistics.median(r["tokens"] for r in steady), "attn_span_tokens": span,
         "flops_per_token": fpt, "mfu": mfu(tps, fpt, peak_flops) if fpt else None,
         "peak_mem_gib": max(peaks) if peaks else None,
         "step_time_s": {"p10": float(p10), "p50": float(p50), "p90": float(p90), "min": min(times), "max": max(times)},
         **({"excluding_report": excl} if excl else {}),
     }  # fmt: skip
+
+
+def window_rate(steps: list[dict[str, Any]], world: int) -> float:
+    """Tokens/s/GPU over ``steps`` as a whole: Σ tokens ÷ Σ step_time_s ÷ ``world``."""
+    return sum(r["tokens"] for r in steps) / sum(r["step_time_s"] for r in steps) / world
+
+
+def run_window_rate(run: dict[str, Any], warmup_steps: int, world: int) -> float | None:
+    """A run's whole-window rate: stored by :func:`summarize`, else (results files written before
+    it) computed from the run's step records after ``warmup_steps``; None without them."""
+    if run.get("tokens_per_s_per_gpu_window") is not None:
+        return run["tokens_per_s_per_gpu_window"]
+    steady = [r for r in run.get("steps") or [] if r["step"] > warmup_steps]
+    return window_rate(steady, world) if steady else None
 
 
 def gpu_price(gpu_model: str | None, instance: str | None = None, usd_per_gpu_hour: float | None = None) -> dict[str, Any]:
@@ -347,6 +365,11 @@ def markdown_table(doc: dict[str, Any]) -> str:
     lines.append(f"{fig.get('world_size')} × {env.get('gpu_model', '?')}, model {fig.get('model')}, seq {fig.get('seq_len')}, "
                  f"micro-batch {fig.get('micro_batch_size')} rows/GPU unless the table says otherwise, {fig.get('steps')} steps (median over steps after "
                  f"{fig.get('warmup_steps')}); tokens = non-padding tokens; commit {str(doc.get('git_commit'))[:12]}.")  # fmt: skip
+    windows = [(r.get("label") or r["recipe"], r["workload"], run_window_rate(r, fig.get("warmup_steps") or 0, fig.get("world_size") or 1))
+               for r in fig["runs"] if r.get("status") == "ok"]  # fmt: skip
+    if any(v is not None for *_, v in windows):
+        lines.append("The measured steps as a whole (their tokens ÷ their summed time; slow steps count in full): "
+                     + ", ".join(f"{n} × {w} {v:,.0f}" for n, w, v in windows if v is not None) + " tokens/s/GPU.")  # fmt: skip
     for r in fig["runs"]:
         ex = r.get("excluding_report") if r.get("status") == "ok" else None
         if ex:
