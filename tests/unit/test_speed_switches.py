@@ -134,3 +134,20 @@ def test_fused_loss_gets_the_configured_chunking_where_liger_has_it(monkeypatch,
     got = float(model.token_loss_sum(ids, pos, labels))
     assert got == pytest.approx(ref, rel=1e-6)
     assert seen == [{"chunk_mem_const": 8} if with_chunk_param else {}]
+
+
+def test_gpu_memory_limit_is_a_fraction_of_the_card_and_refused_above_it_or_off_gpu():
+    from pydantic import ValidationError
+
+    from rayft.config import TrainConfig
+    from rayft.train.loop import cap_gpu_memory, memory_fraction
+
+    h200 = 143771 * 2**20  # bytes, nvidia-smi's memory.total of an H200
+    assert memory_fraction(22.5, h200) == pytest.approx(22.5 * 1024 / 143771)  # an L4's usable 22.5 GiB: 16.0% of an H200
+    assert memory_fraction(140.0, h200) == pytest.approx(140 * 1024 / 143771)
+    with pytest.raises(ValueError, match=r"gpu_memory_limit_gib=141 exceeds NVIDIA H200's 140.4 GiB"):
+        memory_fraction(141, h200, "NVIDIA H200")
+    with pytest.raises(ValueError, match=r"caps GPU memory; this worker runs on cpu"):
+        cap_gpu_memory(CPU, 22.5)
+    with pytest.raises(ValidationError, match=r"gpu_memory_limit_gib\n  Input should be greater than 0"):
+        TrainConfig(gpu_memory_limit_gib=0)

@@ -359,6 +359,9 @@ def run_training(cfg: RayftConfig, resume: str | None = None, console: Console |
     where = reached[0] if reached else connect_ray(cfg)
     marks["ray_ready"] = time.time()
     n_workers, use_gpu = resolve_workers(cfg)
+    if cfg.train.gpu_memory_limit_gib is not None and not use_gpu:
+        raise TrainError(f"train.gpu_memory_limit_gib={cfg.train.gpu_memory_limit_gib:g} caps GPU workers' memory, "
+                         "but this run's workers are CPU workers (no GPU in the Ray cluster, or train.use_gpu: false)")  # fmt: skip
     if cfg.train.float8:  # the driver's environment stands for the workers' (embedded Ray, or the same image)
         try:
             import torchao.float8  # noqa: F401

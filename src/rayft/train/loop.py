@@ -46,6 +46,34 @@ def make_plan(cfg: RayftConfig, ds, world_size: int):
     )
 
 
+def memory_fraction(limit_gib: float, total_bytes: int, device_name: str = "the GPU") -> float:
+    """The fraction of ``total_bytes`` that ``limit_gib`` GiB is, for
+    ``torch.cuda.set_per_process_memory_fraction``.
+
+    Raises:
+        ValueError: the limit is above the card's memory (nothing to emulate).
+    """
+    limit = limit_gib * 2**30
+    if limit > total_bytes:
+        raise ValueError(f"train.gpu_memory_limit_gib={limit_gib:g} exceeds {device_name}'s {total_bytes / 2**30:.1f} GiB")
+    return limit / total_bytes
+
+
+def cap_gpu_memory(device: torch.device, limit_gib: float) -> float:
+    """Cap this process's PyTorch allocations on ``device`` at ``limit_gib`` GiB (the caching
+    allocator refuses beyond it with ``torch.OutOfMemoryError``; CUDA's own context and NCCL's
+    buffers are outside it, as on the emulated card). Returns the fraction set.
+
+    Raises:
+        ValueError: ``device`` is not a GPU, or the limit exceeds its memory (:func:`memory_fraction`).
+    """
+    if device.type != "cuda":
+        raise ValueError(f"train.gpu_memory_limit_gib caps GPU memory; this worker runs on {device.type}")
+    fraction = memory_fraction(limit_gib, torch.cuda.get_device_properties(device).total_memory, torch.cuda.get_device_name(device))
+    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    return fraction
+
+
 def micro_batch_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Sum of token cross-entropies (fp32, 0-d) over the micro-batch's trainable targets.
 
@@ -75,6 +103,8 @@ def train_func(loop_config: dict[str, Any]) -> None:
     device = ray.train.torch.get_device()
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    if cfg.train.gpu_memory_limit_gib is not None:
+        cap_gpu_memory(device, cfg.train.gpu_memory_limit_gib)
     ds = ray.get(loop_config["dataset"])
     plan = make_plan(cfg, ds, world)
     total_steps = len(plan)
@@ -198,6 +228,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
             "cross_entropy": model.rayft_cross_entropy,
             "float8": getattr(model, "rayft_float8", False),
             "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
+            "gpu_memory_limit_gib": tc.gpu_memory_limit_gib,
             "unix_time": time.time(),  # the step's end, wall clock (the driver's wall-time breakdown)
         }
         if step == start_step:
