@@ -188,7 +188,7 @@ def test_rayft_set_and_the_fp8_recipe_reach_only_the_rayft_runs(tmp_path):
     cfg_file.write_text("model: {name_or_path: qwen2-tiny}\ndata: {train_files: [a.json], seq_len: 16}\n"
                         f"train: {{num_workers: 2, use_gpu: false, micro_batch_size: 3}}\ncheckpoint: {{storage_path: {tmp_path}}}\n")
     cfg = load_config(cfg_file)
-    plan = bt.Plan(cfg_file, [], ["rayft", "rayft-fp8"], ["random"], 4, 1, tmp_path / "wd", None, rayft_overrides=["train.micro_batch_size=5"])
+    plan = bt.Plan(cfg_file, [], ["rayft", "rayft-fp8"], ["random"], 4, 1, tmp_path / "wd", None, rayft_overrides=["train.micro_batch_size=5", "train.fused_loss_chunk_mem=2"])
     model_dir, tok_dir = tmp_path / "wd" / "model", tmp_path / "wd" / "tokenizer"
     shared = {"model_dir": str(model_dir), "tokenizer_dir": str(tok_dir), "data": {"random": {"file": "x.npz"}}, "pad_id": 0,
               "decoder_layer_cls": "Qwen2DecoderLayer"}
@@ -199,7 +199,7 @@ def test_rayft_set_and_the_fp8_recipe_reach_only_the_rayft_runs(tmp_path):
         assert got.data.synthetic.rows == 4 * 2 * 5  # sized by the rayft runs' own micro-batch
         assert got.model.name_or_path == "qwen2-tiny"  # no shared model directory written: rayft's own seeded init
         settings = bt.recipe_settings(recipe, tmp_path / recipe, cmd, cfg_file)
-        assert settings["micro_batch_size"] == 5 and settings["float8"] is fp8
+        assert settings["micro_batch_size"] == 5 and settings["float8"] is fp8 and settings["fused_loss_chunk_mem"] == 2
     model_dir.mkdir(parents=True)  # a directory an earlier bench left: not this bench's, not used
     cmd = bt.recipe_command("rayft", "random", plan, cfg, 2, False, shared, tmp_path / "r1")
     assert load_config(cfg_file, [cmd[i + 1] for i, a in enumerate(cmd) if a == "--set"]).model.name_or_path == "qwen2-tiny"

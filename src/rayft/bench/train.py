@@ -550,7 +550,7 @@ SAMPLE_SETTINGS = {"attention": "sdpa", "padding_free": False, "liger": False, "
 
 def recipe_settings(recipe: str, run_dir: Path, cmd: list[str], config: Path) -> dict[str, Any]:
     """The effective settings of one run: attention, padding_free, liger, gradient_checkpointing, fsdp
-    (version), cross_entropy. Before the run: what is planned; after it, what the run reported
+    (version), cross_entropy (rayft also: compile, float8, micro_batch_size, fused_loss_chunk_mem). Before the run: what is planned; after it, what the run reported
     (TRL: its ``settings.json``; rayft: the first line of ``rayft_metrics.jsonl``)."""
     if recipe == "sample-recipe":
         return dict(SAMPLE_SETTINGS)
@@ -560,7 +560,8 @@ def recipe_settings(recipe: str, run_dir: Path, cmd: list[str], config: Path) ->
         c = load_config(config, [cmd[i + 1] for i, a in enumerate(cmd) if a == "--set"])
         out = {"attention": c.model.attn_implementation, "padding_free": c.data.packing, "liger": c.train.liger_kernels,
                "gradient_checkpointing": c.train.activation_checkpointing, "fsdp": 2, "cross_entropy": c.train.cross_entropy,
-               "compile": c.train.compile, "float8": c.train.float8, "micro_batch_size": c.train.micro_batch_size}  # fmt: skip
+               "compile": c.train.compile, "float8": c.train.float8, "micro_batch_size": c.train.micro_batch_size,
+               "fused_loss_chunk_mem": c.train.fused_loss_chunk_mem}  # fmt: skip
         metrics = run_dir / "rayft" / "rayft_metrics.jsonl"
         try:
             first = json.loads(metrics.read_text().splitlines()[0])
