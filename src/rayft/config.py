@@ -200,7 +200,7 @@ class TrainConfig(_Section):
         "all-gather); needs torchao, and on CUDA compute capability >= 8.9 (L4, H100, H200). The LM head stays bf16.",
     )
     gpu_memory_limit_gib: float | None = Field(
-        default=None, gt=0,
+        default=None, gt=0, allow_inf_nan=False,
         description="Cap each GPU worker's PyTorch allocations at this many GiB "
         "(torch.cuda.set_per_process_memory_fraction): emulates a smaller card on a larger one, e.g. 22.5 for an "
         "L4's usable memory. A step that needs more fails with CUDA out-of-memory, as on that card. GPU workers only.",

@@ -73,6 +73,11 @@ def test_merge_ranks_and_summarize():
     del run["tokens_per_s_per_gpu_window"]  # a results file from before the figure: computed from its steps
     assert bt.run_window_rate(run, 1, 2) == pytest.approx(400 / 3.0 / 2) and bt.run_window_rate(run, 0, 2) == pytest.approx(600 / 4.0 / 2)
     assert bt.run_window_rate({"steps": []}, 1, 2) is None
+    assert bt.run_window_rate(run, None, 2) is None and bt.run_window_rate(run, 1, None) is None  # the file does not say: no guess
+    for bad in (0, -0.5, "x", None, True):
+        broken = {"steps": [{**m, "step_time_s": bad} if m["step"] == 3 else m for m in merged]}
+        with pytest.raises(ValueError, match=rf"step 3: step_time_s must be a positive number of seconds, got {bad!r}"):
+            bt.run_window_rate(broken, 1, 2)
     with pytest.raises(bt.BenchTrainError, match="none after the 3 warm-up"):
         bt.summarize(merged, 3, 2, None, None)
     assert "excluding_report" not in figs and "loss" not in merged[0]

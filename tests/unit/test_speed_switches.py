@@ -151,3 +151,5 @@ def test_gpu_memory_limit_is_a_fraction_of_the_card_and_refused_above_it_or_off_
         cap_gpu_memory(CPU, 22.5)
     with pytest.raises(ValidationError, match=r"gpu_memory_limit_gib\n  Input should be greater than 0"):
         TrainConfig(gpu_memory_limit_gib=0)
+    with pytest.raises(ValidationError, match=r"gpu_memory_limit_gib\n  Input should be a finite number"):
+        TrainConfig(gpu_memory_limit_gib=float("inf"))

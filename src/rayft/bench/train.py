@@ -275,15 +275,30 @@ def summarize(records: list[dict[str, Any]], warmup_steps: int, world: int, flop
 
 
 def window_rate(steps: list[dict[str, Any]], world: int) -> float:
-    """Tokens/s/GPU over ``steps`` as a whole: Σ tokens ÷ Σ step_time_s ÷ ``world``."""
+    """Tokens/s/GPU over ``steps`` as a whole: Σ tokens ÷ Σ step_time_s ÷ ``world``.
+
+    Raises:
+        ValueError: a step whose ``step_time_s`` is not a positive number.
+    """
+    for r in steps:
+        t = r["step_time_s"]
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
+            raise ValueError(f"step {r.get('step')}: step_time_s must be a positive number of seconds, got {t!r}")
     return sum(r["tokens"] for r in steps) / sum(r["step_time_s"] for r in steps) / world
 
 
-def run_window_rate(run: dict[str, Any], warmup_steps: int, world: int) -> float | None:
+def run_window_rate(run: dict[str, Any], warmup_steps: int | None, world: int | None) -> float | None:
     """A run's whole-window rate: stored by :func:`summarize`, else (results files written before
-    it) computed from the run's step records after ``warmup_steps``; None without them."""
+    it) computed from the run's step records after ``warmup_steps``; None without step records, or
+    when the file does not say ``warmup_steps`` and ``world``.
+
+    Raises:
+        ValueError: a malformed step record (:func:`window_rate`).
+    """
     if run.get("tokens_per_s_per_gpu_window") is not None:
-        return run["tokens_per_s_per_gpu_window"]
+        return float(run["tokens_per_s_per_gpu_window"])
+    if warmup_steps is None or not world:
+        return None
     steady = [r for r in run.get("steps") or [] if r["step"] > warmup_steps]
     return window_rate(steady, world) if steady else None
 
@@ -365,7 +380,7 @@ def markdown_table(doc: dict[str, Any]) -> str:
     lines.append(f"{fig.get('world_size')} × {env.get('gpu_model', '?')}, model {fig.get('model')}, seq {fig.get('seq_len')}, "
                  f"micro-batch {fig.get('micro_batch_size')} rows/GPU unless the table says otherwise, {fig.get('steps')} steps (median over steps after "
                  f"{fig.get('warmup_steps')}); tokens = non-padding tokens; commit {str(doc.get('git_commit'))[:12]}.")  # fmt: skip
-    windows = [(r.get("label") or r["recipe"], r["workload"], run_window_rate(r, fig.get("warmup_steps") or 0, fig.get("world_size") or 1))
+    windows = [(r.get("label") or r["recipe"], r["workload"], run_window_rate(r, fig.get("warmup_steps"), fig.get("world_size")))
                for r in fig["runs"] if r.get("status") == "ok"]  # fmt: skip
     if any(v is not None for *_, v in windows):
         lines.append("The measured steps as a whole (their tokens ÷ their summed time; slow steps count in full): "
