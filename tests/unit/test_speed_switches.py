@@ -37,14 +37,19 @@ def test_models_whose_features_the_fast_paths_lack_are_routed_or_refused():
         resolve_cross_entropy("fused", CPU, gemma2)
 
 
-def test_loss_method_torch_and_hf_paths_give_the_same_sum():
+def _tiny_model_and_batch(length: int):
+    """A seeded qwen2-tiny model and a [2, length] batch whose last targets are masked (−100)."""
     conf = load_model_config(ModelConfig(name_or_path="qwen2-tiny"))
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(conf, dtype=torch.float32)
-    ids = torch.randint(0, 1000, (2, 16))
-    pos = torch.arange(16).expand(2, -1)
+    ids = torch.randint(0, 1000, (2, length))
     labels = torch.roll(ids, -1, 1)
     labels[:, -1] = -100
+    return model, ids, torch.arange(length).expand(2, -1), labels
+
+
+def test_loss_method_torch_and_hf_paths_give_the_same_sum():
+    model, ids, pos, labels = _tiny_model_and_batch(16)
     labels[1, :5] = -100
     ref = torch.nn.functional.cross_entropy(model(input_ids=ids, position_ids=pos).logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum")
     got = {}
@@ -117,13 +122,7 @@ def _fake_liger(monkeypatch, with_chunk_param: bool):
 @pytest.mark.parametrize("with_chunk_param", [True, False])
 def test_fused_loss_gets_the_configured_chunking_where_liger_has_it(monkeypatch, with_chunk_param):
     seen = _fake_liger(monkeypatch, with_chunk_param)
-    conf = load_model_config(ModelConfig(name_or_path="qwen2-tiny"))
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(conf, dtype=torch.float32)
-    ids = torch.randint(0, 1000, (2, 8))
-    pos = torch.arange(8).expand(2, -1)
-    labels = torch.roll(ids, -1, 1)
-    labels[:, -1] = -100
+    model, ids, pos, labels = _tiny_model_and_batch(8)
     attach_token_loss(model, "torch")
     ref = float(model.token_loss_sum(ids, pos, labels))
     if with_chunk_param:
