@@ -188,7 +188,7 @@ class TrainConfig(_Section):
         description="fused: liger-kernel fused linear cross-entropy (no full fp32 logits; CUDA); torch: plain; auto: fused where it runs.",
     )
     fused_loss_chunk_mem: int = Field(
-        default=8, ge=1,
+        default=8, ge=1, strict=True,
         description="fused loss only: liger-kernel's chunk_mem_const. Each chunk of the LM head's logits holds about this "
         "many × (micro-batch tokens × hidden size) values: larger chunks, fewer passes over the fp32 weight gradient. "
         "1 is liger's default and the least memory; 8 was fastest on H200 (bench/NOTES.md §8).",
@@ -200,7 +200,7 @@ class TrainConfig(_Section):
         "all-gather); needs torchao, and on CUDA compute capability >= 8.9 (L4, H100, H200). The LM head stays bf16.",
     )
     gpu_memory_limit_gib: float | None = Field(
-        default=None, gt=0, allow_inf_nan=False,
+        default=None, ge=1, allow_inf_nan=False, strict=True,
         description="Cap each GPU worker's PyTorch allocations at this many GiB "
         "(torch.cuda.set_per_process_memory_fraction): emulates a smaller card on a larger one, e.g. 22.5 for an "
         "L4's usable memory. A step that needs more fails with CUDA out-of-memory, as on that card. GPU workers only.",
@@ -278,6 +278,9 @@ class RayftConfig(_Section):
             )
         if self.train.eval_every and not (self.data.validation_files or self.data.validation_fraction):
             raise ValueError("train.eval_every needs a validation set: data.validation_files or data.validation_fraction")
+        if self.train.gpu_memory_limit_gib is not None and self.train.use_gpu is False:
+            raise ValueError(f"train.gpu_memory_limit_gib={self.train.gpu_memory_limit_gib:g} caps GPU workers' memory, "
+                             "but train.use_gpu is false")  # fmt: skip
         if self.train.float8 and self.data.seq_len % 16:
             raise ValueError(
                 f"train.float8 needs data.seq_len to be a multiple of 16 (the float8 matmul's dimensions; a micro-batch "

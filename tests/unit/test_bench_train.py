@@ -78,6 +78,16 @@ def test_merge_ranks_and_summarize():
         broken = {"steps": [{**m, "step_time_s": bad} if m["step"] == 3 else m for m in merged]}
         with pytest.raises(ValueError, match=rf"step 3: step_time_s must be a positive number of seconds, got {bad!r}"):
             bt.run_window_rate(broken, 1, 2)
+    for bad in (-1, float("nan"), float("inf"), None, True):
+        broken = {"steps": [{**m, "tokens": bad} if m["step"] == 2 else m for m in merged]}
+        with pytest.raises(ValueError, match=r"step 2: tokens must be a number >= 0"):
+            bt.run_window_rate(broken, 1, 2)
+    for bad in ("123", float("nan"), -5, 0, True):
+        with pytest.raises(ValueError, match=r"tokens_per_s_per_gpu_window must be a positive number"):
+            bt.run_window_rate({**run, "tokens_per_s_per_gpu_window": bad}, 1, 2)
+    for warm, world, what in ((-3, 2, "warmup_steps"), (4.5, 2, "warmup_steps"), (True, 2, "warmup_steps"), (1, 0, "world_size"), (1, 0.5, "world_size"), (1, True, "world_size")):
+        with pytest.raises(ValueError, match=rf"figures.{what} must be an integer"):
+            bt.run_window_rate(run, warm, world)
     with pytest.raises(bt.BenchTrainError, match="none after the 3 warm-up"):
         bt.summarize(merged, 3, 2, None, None)
     assert "excluding_report" not in figs and "loss" not in merged[0]

@@ -148,7 +148,23 @@ def test_gpu_memory_limit_is_a_fraction_of_the_card_and_refused_above_it_or_off_
         memory_fraction(141, h200, "NVIDIA H200")
     with pytest.raises(ValueError, match=r"caps GPU memory; this worker runs on cpu"):
         cap_gpu_memory(CPU, 22.5)
-    with pytest.raises(ValidationError, match=r"gpu_memory_limit_gib\n  Input should be greater than 0"):
-        TrainConfig(gpu_memory_limit_gib=0)
+    with pytest.raises(ValidationError, match=r"gpu_memory_limit_gib\n  Input should be greater than or equal to 1"):
+        TrainConfig(gpu_memory_limit_gib=5e-324)  # would round to a fraction of 0
+    with pytest.raises(ValidationError, match=r"gpu_memory_limit_gib\n  Input should be a valid number"):
+        TrainConfig(gpu_memory_limit_gib=True)
+    with pytest.raises(ValidationError, match=r"fused_loss_chunk_mem\n  Input should be a valid integer"):
+        TrainConfig(fused_loss_chunk_mem=True)
+    assert TrainConfig(gpu_memory_limit_gib=24).gpu_memory_limit_gib == 24.0
     with pytest.raises(ValidationError, match=r"gpu_memory_limit_gib\n  Input should be a finite number"):
         TrainConfig(gpu_memory_limit_gib=float("inf"))
+
+
+def test_a_gpu_memory_limit_with_cpu_workers_is_a_config_error():
+    from pathlib import Path
+
+    from rayft.config import ConfigError, load_config
+
+    quickstart = Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml"  # train.use_gpu: false
+    with pytest.raises(ConfigError, match=r"(?s)quickstart.yaml.*train.gpu_memory_limit_gib=22.5 caps GPU workers' memory, but train.use_gpu is false"):
+        load_config(quickstart, ["train.gpu_memory_limit_gib=22.5"])
+    assert load_config(quickstart, ["train.gpu_memory_limit_gib=22.5", "train.use_gpu=auto"]).train.gpu_memory_limit_gib == 22.5

@@ -281,10 +281,16 @@ def window_rate(steps: list[dict[str, Any]], world: int) -> float:
         ValueError: a step whose ``step_time_s`` is not a positive number.
     """
     for r in steps:
-        t = r["step_time_s"]
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
+        t, n = r["step_time_s"], r["tokens"]
+        if not _finite_number(t) or not t > 0:
             raise ValueError(f"step {r.get('step')}: step_time_s must be a positive number of seconds, got {t!r}")
+        if not _finite_number(n) or n < 0:
+            raise ValueError(f"step {r.get('step')}: tokens must be a number >= 0, got {n!r}")
     return sum(r["tokens"] for r in steps) / sum(r["step_time_s"] for r in steps) / world
+
+
+def _finite_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def run_window_rate(run: dict[str, Any], warmup_steps: int | None, world: int | None) -> float | None:
@@ -295,10 +301,17 @@ def run_window_rate(run: dict[str, Any], warmup_steps: int | None, world: int | 
     Raises:
         ValueError: a malformed step record (:func:`window_rate`).
     """
-    if run.get("tokens_per_s_per_gpu_window") is not None:
-        return float(run["tokens_per_s_per_gpu_window"])
-    if warmup_steps is None or not world:
+    stored = run.get("tokens_per_s_per_gpu_window")
+    if stored is not None:
+        if not _finite_number(stored) or stored <= 0:
+            raise ValueError(f"tokens_per_s_per_gpu_window must be a positive number, got {stored!r}")
+        return float(stored)
+    if warmup_steps is None or world is None:
         return None
+    if not isinstance(warmup_steps, int) or isinstance(warmup_steps, bool) or warmup_steps < 0:
+        raise ValueError(f"figures.warmup_steps must be an integer >= 0, got {warmup_steps!r}")
+    if not isinstance(world, int) or isinstance(world, bool) or world < 1:
+        raise ValueError(f"figures.world_size must be an integer >= 1, got {world!r}")
     steady = [r for r in run.get("steps") or [] if r["step"] > warmup_steps]
     return window_rate(steady, world) if steady else None
 
