@@ -191,7 +191,7 @@ class TrainConfig(_Section):
         default=8, ge=1, strict=True,
         description="fused loss only: liger-kernel's chunk_mem_const. Each chunk of the LM head's logits holds about this "
         "many × (micro-batch tokens × hidden size) values: larger chunks, fewer passes over the fp32 weight gradient. "
-        "1 is liger's default and the least memory; 8 was fastest on H200 (bench/NOTES.md §8).",
+        "1 is liger's default and the least memory; 8 was the fastest of 1, 4 and 8 in the step on H200 (bench/NOTES.md §8).",
     )
     liger_kernels: bool = Field(default=False, description="liger-kernel RMSNorm, SwiGLU and RoPE (Qwen2 on CUDA).")
     float8: bool = Field(
@@ -203,7 +203,8 @@ class TrainConfig(_Section):
         default=None, ge=1, allow_inf_nan=False, strict=True,
         description="Cap each GPU worker's PyTorch allocations at this many GiB "
         "(torch.cuda.set_per_process_memory_fraction): emulates a smaller card on a larger one, e.g. 22.5 for an "
-        "L4's usable memory. A step that needs more fails with CUDA out-of-memory, as on that card. GPU workers only.",
+        "L4's usable memory. A step that needs more fails with CUDA out-of-memory, as on that card (the CUDA context "
+        "and NCCL buffers are outside the cap, so slightly more fits than on the real card). GPU workers only.",
     )
     seed: int = 0
     log_every: int = Field(default=1, ge=1)

@@ -60,7 +60,7 @@ def test_loss_method_torch_and_hf_paths_give_the_same_sum():
     assert got["hf"] == pytest.approx(float(ref), rel=1e-6)
 
 
-def test_varlen_gets_boundaries_only_for_rows_holding_several_documents():
+def test_varlen_gets_boundaries_only_for_rows_holding_several_documents(monkeypatch):
     """One document per row (random full rows, or a long example with a padding tail): plain causal
     attention, no boundaries; two documents in a row: the boundaries go to the attention."""
     import numpy as np
@@ -84,11 +84,14 @@ def test_varlen_gets_boundaries_only_for_rows_holding_several_documents():
     one_per_row = collate(ds, [[0], [1]], 16, 0)  # row 1: 10 tokens and a padding tail
     two_in_a_row = collate(ds, [[0], [1, 2]], 16, 0)
     assert one_per_row["cu_seq_lens"].tolist() == [0, 16, 32] and two_in_a_row["cu_seq_lens"].tolist() == [0, 16, 26, 32]
+    marked = []
+    monkeypatch.setattr(torch._dynamo, "maybe_mark_dynamic", lambda t, dim: marked.append((t, dim)))
     m = Fake(VARLEN)
     micro_batch_loss(m, one_per_row)
-    assert m.kwargs == {}
+    assert m.kwargs == {} and marked == []
     micro_batch_loss(m, two_in_a_row)
     assert m.kwargs["cu_seq_lens"].tolist() == [0, 16, 26, 32]
+    assert len(marked) == 1 and marked[0][0] is two_in_a_row["cu_seq_lens"] and marked[0][1] == 0  # the document count: dynamic
     sdpa = Fake("sdpa")
     micro_batch_loss(sdpa, two_in_a_row)
     assert sdpa.kwargs == {}  # sdpa reads the boundaries from position_ids
@@ -135,7 +138,7 @@ def test_fused_loss_gets_the_configured_chunking_where_liger_has_it(monkeypatch,
     assert seen == [{"chunk_mem_const": 8} if with_chunk_param else {}]
 
 
-def test_gpu_memory_limit_is_a_fraction_of_the_card_and_refused_above_it_or_off_gpu():
+def test_gpu_memory_limit_is_a_fraction_of_the_card_and_refused_above_it_or_off_gpu(monkeypatch):
     from pydantic import ValidationError
 
     from rayft.config import TrainConfig
@@ -148,6 +151,13 @@ def test_gpu_memory_limit_is_a_fraction_of_the_card_and_refused_above_it_or_off_
         memory_fraction(141, h200, "NVIDIA H200")
     with pytest.raises(ValueError, match=r"caps GPU memory; this worker runs on cpu"):
         cap_gpu_memory(CPU, 22.5)
+    set_calls = []  # the CUDA path, with the card's properties stood in for (no GPU here)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: type("P", (), {"total_memory": h200})())
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d: set_calls.append((f, d)))
+    gpu0 = torch.device("cuda", 0)
+    assert cap_gpu_memory(gpu0, 22.5) == pytest.approx(22.5 * 1024 / 143771)
+    assert set_calls == [(pytest.approx(22.5 * 1024 / 143771), gpu0)]
     with pytest.raises(ValidationError, match=r"gpu_memory_limit_gib\n  Input should be greater than or equal to 1"):
         TrainConfig(gpu_memory_limit_gib=5e-324)  # would round to a fraction of 0
     with pytest.raises(ValidationError, match=r"gpu_memory_limit_gib\n  Input should be a valid number"):

@@ -278,7 +278,8 @@ def window_rate(steps: list[dict[str, Any]], world: int) -> float:
     """Tokens/s/GPU over ``steps`` as a whole: Σ tokens ÷ Σ step_time_s ÷ ``world``.
 
     Raises:
-        ValueError: a step whose ``step_time_s`` is not a positive number.
+        ValueError: a step whose ``step_time_s`` is not a positive finite number, or whose
+            ``tokens`` is not a finite number >= 0.
     """
     for r in steps:
         t, n = r["step_time_s"], r["tokens"]
@@ -296,10 +297,11 @@ def _finite_number(v: Any) -> bool:
 def run_window_rate(run: dict[str, Any], warmup_steps: int | None, world: int | None) -> float | None:
     """A run's whole-window rate: stored by :func:`summarize`, else (results files written before
     it) computed from the run's step records after ``warmup_steps``; None without step records, or
-    when the file does not say ``warmup_steps`` and ``world``.
+    when the file does not say ``warmup_steps`` or ``world``.
 
     Raises:
-        ValueError: a malformed step record (:func:`window_rate`).
+        ValueError: a stored rate that is not a positive finite number, ``warmup_steps`` not an
+            integer >= 0, ``world`` not an integer >= 1, or a malformed step record (:func:`window_rate`).
     """
     stored = run.get("tokens_per_s_per_gpu_window")
     if stored is not None:
@@ -578,7 +580,7 @@ SAMPLE_SETTINGS = {"attention": "sdpa", "padding_free": False, "liger": False, "
 
 def recipe_settings(recipe: str, run_dir: Path, cmd: list[str], config: Path) -> dict[str, Any]:
     """The effective settings of one run: attention, padding_free, liger, gradient_checkpointing, fsdp
-    (version), cross_entropy (rayft also: compile, float8, micro_batch_size, fused_loss_chunk_mem). Before the run: what is planned; after it, what the run reported
+    (version), cross_entropy (rayft also: compile, float8, micro_batch_size, fused_loss_chunk_mem, gpu_memory_limit_gib). Before the run: what is planned; after it, what the run reported
     (TRL: its ``settings.json``; rayft: the first line of ``rayft_metrics.jsonl``)."""
     if recipe == "sample-recipe":
         return dict(SAMPLE_SETTINGS)
@@ -589,11 +591,13 @@ def recipe_settings(recipe: str, run_dir: Path, cmd: list[str], config: Path) ->
         out = {"attention": c.model.attn_implementation, "padding_free": c.data.packing, "liger": c.train.liger_kernels,
                "gradient_checkpointing": c.train.activation_checkpointing, "fsdp": 2, "cross_entropy": c.train.cross_entropy,
                "compile": c.train.compile, "float8": c.train.float8, "micro_batch_size": c.train.micro_batch_size,
-               "fused_loss_chunk_mem": c.train.fused_loss_chunk_mem}  # fmt: skip
+               "fused_loss_chunk_mem": c.train.fused_loss_chunk_mem, "gpu_memory_limit_gib": c.train.gpu_memory_limit_gib}  # fmt: skip
         metrics = run_dir / "rayft" / "rayft_metrics.jsonl"
         try:
             first = json.loads(metrics.read_text().splitlines()[0])
             out["attention"], out["cross_entropy"] = first["attn_implementation"], first["cross_entropy"]
+            if "fused_loss_chunk_mem" in first:  # what the loss got (None: not applied)
+                out["fused_loss_chunk_mem"] = first["fused_loss_chunk_mem"]
         except (OSError, IndexError, KeyError, ValueError):
             pass
         return out

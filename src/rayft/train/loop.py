@@ -61,8 +61,9 @@ def memory_fraction(limit_gib: float, total_bytes: int, device_name: str = "the 
 
 def cap_gpu_memory(device: torch.device, limit_gib: float) -> float:
     """Cap this process's PyTorch allocations on ``device`` at ``limit_gib`` GiB (the caching
-    allocator refuses beyond it with ``torch.OutOfMemoryError``; CUDA's own context and NCCL's
-    buffers are outside it, as on the emulated card). Returns the fraction set.
+    allocator refuses beyond it with ``torch.OutOfMemoryError``). CUDA's own context and NCCL's
+    buffers are outside the cap, where on the emulated card they come out of the same memory: a cap
+    at a card's usable memory lets a little more fit than that card would. Returns the fraction set.
 
     Raises:
         ValueError: ``device`` is not a GPU, or the limit exceeds its memory (:func:`memory_fraction`).
@@ -229,6 +230,8 @@ def train_func(loop_config: dict[str, Any]) -> None:
             "float8": getattr(model, "rayft_float8", False),
             "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
             "gpu_memory_limit_gib": tc.gpu_memory_limit_gib,
+            # liger's chunk_mem_const as passed (None: not the fused loss, or a liger without it)
+            "fused_loss_chunk_mem": getattr(model, "rayft_fused_ce_options", {}).get("chunk_mem_const"),
             "unix_time": time.time(),  # the step's end, wall clock (the driver's wall-time breakdown)
         }
         if step == start_step:

@@ -162,7 +162,7 @@ def build_sharded_model(
     liger_kernels: bool = False,
     cross_entropy: str = "auto",
     float8: bool = False,
-    fused_loss_chunk_mem: int = 1,
+    fused_loss_chunk_mem: int = 8,
 ) -> torch.nn.Module:
     """The FSDP2-sharded causal LM with fp32 master weights, ready to train.
 
