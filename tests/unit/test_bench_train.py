@@ -85,7 +85,9 @@ def test_merge_ranks_and_summarize():
     for bad in ("123", float("nan"), -5, 0, True):
         with pytest.raises(ValueError, match=r"tokens_per_s_per_gpu_window must be a positive number"):
             bt.run_window_rate({**run, "tokens_per_s_per_gpu_window": bad}, 1, 2)
-    for warm, world, what in ((-3, 2, "warmup_steps"), (4.5, 2, "warmup_steps"), (True, 2, "warmup_steps"), (1, 0, "world_size"), (1, 0.5, "world_size"), (1, True, "world_size")):
+    bad_figures = ((-3, 2, "warmup_steps"), (4.5, 2, "warmup_steps"), (True, 2, "warmup_steps"),
+                   (1, 0, "world_size"), (1, 0.5, "world_size"), (1, True, "world_size"))
+    for warm, world, what in bad_figures:
         with pytest.raises(ValueError, match=rf"figures.{what} must be an integer"):
             bt.run_window_rate(run, warm, world)
     with pytest.raises(bt.BenchTrainError, match="none after the 3 warm-up"):
@@ -203,7 +205,8 @@ def test_rayft_set_and_the_fp8_recipe_reach_only_the_rayft_runs(tmp_path):
     cfg_file.write_text("model: {name_or_path: qwen2-tiny}\ndata: {train_files: [a.json], seq_len: 16}\n"
                         f"train: {{num_workers: 2, use_gpu: false, micro_batch_size: 3}}\ncheckpoint: {{storage_path: {tmp_path}}}\n")
     cfg = load_config(cfg_file)
-    plan = bt.Plan(cfg_file, [], ["rayft", "rayft-fp8"], ["random"], 4, 1, tmp_path / "wd", None, rayft_overrides=["train.micro_batch_size=5", "train.fused_loss_chunk_mem=2"])
+    plan = bt.Plan(cfg_file, [], ["rayft", "rayft-fp8"], ["random"], 4, 1, tmp_path / "wd", None,
+                   rayft_overrides=["train.micro_batch_size=5", "train.fused_loss_chunk_mem=2"])
     model_dir, tok_dir = tmp_path / "wd" / "model", tmp_path / "wd" / "tokenizer"
     shared = {"model_dir": str(model_dir), "tokenizer_dir": str(tok_dir), "data": {"random": {"file": "x.npz"}}, "pad_id": 0,
               "decoder_layer_cls": "Qwen2DecoderLayer"}

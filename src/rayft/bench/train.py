@@ -580,7 +580,8 @@ SAMPLE_SETTINGS = {"attention": "sdpa", "padding_free": False, "liger": False, "
 
 def recipe_settings(recipe: str, run_dir: Path, cmd: list[str], config: Path) -> dict[str, Any]:
     """The effective settings of one run: attention, padding_free, liger, gradient_checkpointing, fsdp
-    (version), cross_entropy (rayft also: compile, float8, micro_batch_size, fused_loss_chunk_mem, gpu_memory_limit_gib). Before the run: what is planned; after it, what the run reported
+    (version), cross_entropy; rayft also compile, float8, micro_batch_size, fused_loss_chunk_mem and
+    gpu_memory_limit_gib. Before the run: what is planned; after it, what the run reported
     (TRL: its ``settings.json``; rayft: the first line of ``rayft_metrics.jsonl``)."""
     if recipe == "sample-recipe":
         return dict(SAMPLE_SETTINGS)
