@@ -8,8 +8,8 @@ it, with compile, the fused loss and reshard-after-forward off). Three parts:
 1. kernels alone on GPU 0: matmul rates for the decoder layer's and the LM head's shapes at the
    micro-batch's token count, causal GQA attention (forward + backward) under each SDPA backend,
    and liger's fused linear cross-entropy (forward + backward) at several ``chunk_mem_const``;
-2. the training step (forward, backward, clipping, AdamW) on ``--ng`` GPUs for each variant in
-   ``--variants``, median of ``--steps`` after ``--warm``, GPU phases timed with CUDA events;
+2. the training step (``--accum`` forward/backward passes, clipping, AdamW) on ``--ng`` GPUs for
+   each variant in ``--variants``, median of ``--steps`` after ``--warm``, GPU phases timed with CUDA events;
 3. a torch.profiler trace of two steps of the last variant on rank 0, its kernels summed by kind
    (matmul, attention, loss, fused elementwise, optimizer, collectives, other) and the share of the
    step in which the compute stream ran nothing.
@@ -163,9 +163,11 @@ def worker(rank: int, a) -> None:
                     e = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
                     torch.cuda.synchronize(); t = time.perf_counter()  # noqa: E702
                     e[0].record()
-                    b = batch()
-                    ce = micro_batch_loss(model, b)
-                    (ce * (a.ng / b["labels"].numel())).backward()
+                    for j in range(a.accum):  # gradient accumulation: reduce-scatter on the last micro-batch only
+                        model.set_requires_gradient_sync(j == a.accum - 1)
+                        b = batch()
+                        ce = micro_batch_loss(model, b)
+                        (ce * (a.ng / (a.accum * b["labels"].numel()))).backward()
                     e[1].record()
                     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                     opt.step(); opt.zero_grad(set_to_none=True)  # noqa: E702
@@ -179,7 +181,7 @@ def worker(rank: int, a) -> None:
             med = statistics.median(times)
             results[name] = {"step_s": round(med, 4), "step_s_min": round(min(times), 4), "step_s_max": round(max(times), 4),
                              "fwd_bwd_s": round(statistics.median(fb), 4), "clip_optim_s": round(statistics.median(op), 4),
-                             "tokens_per_s_per_gpu": round(B * L / med), "first_step_s": round(first, 1),
+                             "tokens_per_s_per_gpu": round(a.accum * B * L / med), "first_step_s": round(first, 1),
                              "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1), "last_loss": loss}  # fmt: skip
         except Exception as e:  # noqa: BLE001
             results[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
@@ -253,12 +255,13 @@ if __name__ == "__main__":
     ap.add_argument("--warm", type=int, default=3)
     ap.add_argument("--variants", default="base,ce4,ce8,cudnn_ce4")
     ap.add_argument("--reduce-dtype", default="float32")
+    ap.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step")
     ap.add_argument("--skip-kernels", action="store_true")
     ap.add_argument("--trace", default=None)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     res = {"gpu": torch.cuda.get_device_name(0), "ng": a.ng, "mb": a.mb, "seq": a.seq, "torch": torch.__version__,
-           "reduce_dtype": a.reduce_dtype, "nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}}
+           "reduce_dtype": a.reduce_dtype, "accum": a.accum, "nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}}
     if not a.skip_kernels:
         t = time.perf_counter()
         res["kernels_alone"] = kernels_alone(a.mb * a.seq, a.seq)
