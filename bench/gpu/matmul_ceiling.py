@@ -1,14 +1,14 @@
 """How fast this card multiplies bf16 matrices for seconds on end, for Qwen2.5-1.5B's shapes.
 
-    python3 bench/gpu/matmul_ceiling.py --tokens 32768 --seconds 20 --out $OUT/matmul-ceiling.json
+    python3 bench/gpu/matmul_ceiling.py --tokens 32768 --seconds 20 [--squares 4096,8192,16384] --out $OUT/matmul-ceiling.json
 
 Issue 4 takes ≈ 790 TFLOP/s as the H200's bf16 matrix rate. A training step multiplies for
 hundreds of milliseconds without a pause, so the rate that bounds it is the one the card holds
 once its clock has settled under its power limit, not the one of a short burst. Three parts, each
 timed with CUDA events over windows of about one second:
 
-1. a square 8192³ product repeated for ``--seconds``: the rate in each window (the first window
-   is the burst, the last ones the sustained rate);
+1. a square n³ product for each n in ``--squares`` (default 8192) repeated for ``--seconds``: the
+   rate in each window (the first window is the burst, the last ones the sustained rate);
 2. one decoder layer's matrix products (q, k, v, o, gate, up, down; each as forward ``x·Wᵀ``,
    input gradient ``dy·W`` and weight gradient ``dyᵀ·x``) plus one 4,096-token chunk of the LM
    head in the same three forms, repeated for ``--seconds``: the FLOP-weighted rate per window;
@@ -80,6 +80,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=32768)
     ap.add_argument("--seconds", type=float, default=20)
+    ap.add_argument("--squares", default="8192", help="comma-separated sizes n of the n³ square products")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     dev = torch.device("cuda:0")
@@ -87,12 +88,12 @@ def main() -> None:
                             "--format=csv,nounits", "-lms", "100"], stdout=open(a.out + ".smi.csv", "w"))  # fmt: skip
     res = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda, "tokens": a.tokens, "t_start": time.time()}
     time.sleep(3)  # idle clocks first
-    n = 8192
-    x, y = (torch.randn(n, n, device=dev, dtype=torch.bfloat16) for _ in range(2))
-    res["square_8192"] = windows([lambda: x @ y], 2.0 * n**3, a.seconds)
-    x = y = None
-    print("square", [w["tflops"] for w in res["square_8192"]], flush=True)
-    time.sleep(3)
+    for n in (int(v) for v in a.squares.split(",")):
+        x, y = (torch.randn(n, n, device=dev, dtype=torch.bfloat16) for _ in range(2))
+        res[f"square_{n}"] = windows([lambda: x @ y], 2.0 * n**3, a.seconds)
+        x = y = None
+        print(f"square {n}", [w["tflops"] for w in res[f"square_{n}"]], flush=True)
+        time.sleep(3)
     ops = products(a.tokens, dev)
     total = sum(f for _, f, _ in ops)
     res["layer_and_head_chunk"] = windows([fn for _, _, fn in ops], total, a.seconds)
