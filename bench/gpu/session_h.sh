@@ -15,5 +15,5 @@ echo "== step rc=$? ($(( $(date +%s) - t0 )) s)"; grep '^\[variant' "$W/anatomy.
 date +%s.%N > "$W/step.t1"
 kill $SMI; rm -f "$W/trace.json.gz"
 left=$((t0 + 560 - $(date +%s)))
-RUN_TIMEOUT=$(( (left - 30) / 3 )) OUT="$W" bash bench/gpu/ckpt.sh 2>&1 | tail -12
+STEPS=40 RUN_TIMEOUT=$(( (left - 30) / 3 )) OUT="$W" bash bench/gpu/ckpt.sh 2>&1 | tail -12
 tar czf "$OUT/session-h.tgz" -C "$W" .
