@@ -1,19 +1,25 @@
 #!/bin/bash
 # Fourth call of the sixth session (nvidia-h200, 1 GPU): rayft's bf16 step (micro-batch 16, loss
-# chunk 8) with the SM clock, power and clock-event reasons sampled every 100 ms and a profile of
-# two steps (kernel time by kind); then bench/gpu/ckpt.sh (disk, 1 vs 8 writer threads, resume)
-# in what is left of the call. Outputs packed into one archive.
+# chunk 8) with the SM clock, power and clock-event reasons sampled every 100 ms, and a profile of
+# two steps (kernel time by kind); the figures are printed (the first try's files did not come back).
 set -uo pipefail
 source .gpu/setup.sh
 OUT=${OUT:-/tmp/out}; W=$(mktemp -d); mkdir -p "$OUT"
-t0=$(date +%s)
 nvidia-smi -i 0 --query-gpu=timestamp,clocks.sm,power.draw,clocks_throttle_reasons.active --format=csv,nounits -lms 100 > "$W/step.smi.csv" &
 SMI=$!
-date +%s.%N > "$W/step.t0"
-timeout -k 5 150 python3 bench/gpu/step_anatomy.py --ng 1 --skip-kernels --variants ce8 --mb 16 --steps 20 --trace "$W/trace.json.gz" --out "$W/anatomy-mb16-trace.json" > "$W/anatomy.log" 2>&1
-echo "== step rc=$? ($(( $(date +%s) - t0 )) s)"; grep '^\[variant' "$W/anatomy.log"; grep -A9 gpu_ms_by_kind "$W/anatomy-mb16-trace.json" | head -10
-date +%s.%N > "$W/step.t1"
-kill $SMI; rm -f "$W/trace.json.gz"
-left=$((t0 + 560 - $(date +%s)))
-STEPS=40 RUN_TIMEOUT=$(( (left - 30) / 3 )) OUT="$W" bash bench/gpu/ckpt.sh 2>&1 | tail -12
-tar czf "$OUT/session-h.tgz" -C "$W" .
+timeout -k 5 150 python3 bench/gpu/step_anatomy.py --ng 1 --skip-kernels --variants ce8 --mb 16 --steps 20 --trace "$W/trace.json.gz" --out "$W/anatomy.json" > "$W/anatomy.log" 2>&1
+echo "== step rc=$?"; grep '^\[variant' "$W/anatomy.log"
+kill $SMI
+python3 - "$W" <<'PY'
+import csv, json, statistics, sys
+w = sys.argv[1]
+d = json.load(open(f"{w}/anatomy.json"))
+print(json.dumps({"variants": d["variants"], "gpu_ms_by_kind": d["profile"]["gpu_ms_by_kind"], "compute_idle_share": d["profile"]["compute_idle_share"]}))
+rows = [r for r in csv.reader(open(f"{w}/step.smi.csv"))][1:]
+busy = [r for r in rows if float(r[2]) > 400]  # samples while the GPU works hard (idle draws ~80 W)
+print(json.dumps({"samples": len(rows), "busy_samples": len(busy), "sm_mhz_median_busy": statistics.median(float(r[1]) for r in busy),
+                  "sm_mhz_range_busy": [min(float(r[1]) for r in busy), max(float(r[1]) for r in busy)],
+                  "power_w_median_busy": statistics.median(float(r[2]) for r in busy),
+                  "reasons_busy": {k: sum(1 for r in busy if r[3].strip() == k) for k in {r[3].strip() for r in busy}}}))
+PY
+cp "$W/anatomy.json" "$W/step.smi.csv" "$OUT/"
