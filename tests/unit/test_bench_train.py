@@ -457,3 +457,31 @@ def test_table_names_the_file_for_malformed_new_fields(tmp_path, mutate):
     out = CliRunner().invoke(app, ["bench", "table", str(res)])
     assert out.exit_code == 1
     assert f"{res}: not a `rayft bench train` results file" in " ".join(out.output.split()) and "Traceback" not in out.output
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda runs: runs[1].pop("status"), r"figures.runs\[1\]: no 'status' field"),
+    (lambda runs: runs[0].update(step_time_s=[0.3]), r"figures.runs\[0\]: TypeError: list indices"),
+    (lambda runs: runs[0].update(tokens_per_s_per_gpu="fast"), r"figures.runs\[0\]: Unknown format code"),
+    (lambda runs: runs[0].update(tokens_per_s_per_gpu_window=-1.0), r"figures.runs\[0\]: tokens_per_s_per_gpu_window must be a positive number, got -1.0"),
+    (lambda runs: runs[0].update(steps=[{"step": 9, "step_time_s": 0, "tokens": 5}]), r"figures.runs\[0\]: step 9: step_time_s must be a positive"),
+    (lambda runs: runs.append(["not", "a", "run"]), r"figures.runs\[2\]: AttributeError"),
+])
+def test_table_errors_name_the_run(tmp_path, mutate, message):
+    doc = json.loads(synthetic_results(tmp_path / "r.json").read_text())
+    mutate(doc["figures"]["runs"])
+    with pytest.raises(ValueError, match=message):
+        bt.markdown_table(doc)
+
+
+def test_table_command_writes_the_good_files_when_one_is_bad(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"figures": {"runs": [{"recipe": "rayft", "workload": "random"}]}}))
+    good = synthetic_results(tmp_path / "good.json")
+    out = CliRunner().invoke(app, ["bench", "table", str(bad), str(good)])
+    text = " ".join(out.output.split())
+    assert out.exit_code == 1
+    assert f"{bad}: not a `rayft bench train` results file (ValueError: figures.runs[0]: no 'status' field)" in text
+    assert "| rayft | random | 16 | 43,272 |" in (tmp_path / "good.md").read_text()  # the file after the bad one is still written
+    assert not (tmp_path / "bad.md").exists()
+    assert f"1 of 2 results files not tabulated: {bad}" in text

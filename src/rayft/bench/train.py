@@ -368,45 +368,62 @@ def status_text(status: str, error: str | None) -> str:
     return f"failed: {error.splitlines()[0][:80]}" if status == "failed" and error else status
 
 
+def _run_lines(r: dict[str, Any], fig: dict[str, Any]) -> tuple[str, str | None, tuple[str, str, float] | None, str | None]:
+    """One run's table row, settings line, whole-window rate and report-free line (None where absent)."""
+    name = r.get("label") or r["recipe"]
+    mb = r.get("micro_batch_size", fig.get("micro_batch_size"))
+    st = r.get("settings")
+    settings = f"- {name} × {r['workload']}: " + ", ".join(f"{k} {v}" for k, v in st.items()) if st else None
+    if r["status"] != "ok":
+        return f"| {name} | {r['workload']} | {mb} | — | — | — | — | — | {status_text(r['status'], r.get('error'))} |", settings, None, None
+    st_s = r["step_time_s"]
+    mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "—"
+    row = (f"| {name} | {r['workload']} | {mb} | {r['tokens_per_s_per_gpu']:,.0f} | {mfu} | {_fmt(r.get('peak_mem_gib'), '.1f')} | "
+           f"{st_s['p10']:.3f} / {st_s['p50']:.3f} / {st_s['p90']:.3f} | {_fmt(r.get('usd_per_1m_tokens'), '.4f')} | ok |")  # fmt: skip
+    v = run_window_rate(r, fig.get("warmup_steps"), fig.get("world_size"))
+    ex, excl = r.get("excluding_report"), None
+    if ex:
+        mfu_ex = f", MFU {100 * ex['mfu']:.1f}%" if ex.get("mfu") is not None else ""
+        excl = (f"{name} × {r['workload']} without its per-step `ray.train.report` "
+                f"(median {ex['report_s_median']:.2f} s a call, part of every step above): "
+                f"{ex['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU{mfu_ex}.")  # fmt: skip
+    return row, settings, (None if v is None else (name, r["workload"], v)), excl
+
+
 def markdown_table(doc: dict[str, Any]) -> str:
-    """The results file(s) ``doc`` (one results JSON, as written by :func:`run_bench`) as Markdown."""
+    """The results file(s) ``doc`` (one results JSON, as written by :func:`run_bench`) as Markdown.
+
+    Raises:
+        ValueError: a malformed run, named by its index (``figures.runs[i]``) and what is wrong.
+        KeyError, TypeError, AttributeError: a malformed document outside the runs.
+    """
     fig = doc["figures"]
     env = doc.get("environment", {})
-    head = ("| recipe | workload | micro-batch | tokens/s/GPU | MFU | peak GiB | step s p10 / p50 / p90 | USD / 1M tokens | status |\n"
-            "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | --- |")  # fmt: skip
-    lines = [head]
-    for r in fig["runs"]:
-        name = r.get("label") or r["recipe"]
-        if r["status"] != "ok":
-            status = status_text(r["status"], r.get("error"))
-            lines.append(f"| {name} | {r['workload']} | {r.get('micro_batch_size', fig.get('micro_batch_size'))} | — | — | — | — | — | {status} |")
-            continue
-        st = r["step_time_s"]
-        mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "—"
-        lines.append(f"| {name} | {r['workload']} | {r.get('micro_batch_size', fig.get('micro_batch_size'))} | {r['tokens_per_s_per_gpu']:,.0f} | {mfu} | {_fmt(r.get('peak_mem_gib'), '.1f')} | "
-                     f"{st['p10']:.3f} / {st['p50']:.3f} / {st['p90']:.3f} | {_fmt(r.get('usd_per_1m_tokens'), '.4f')} | ok |")  # fmt: skip
-    price = fig.get("price", {})
-    lines.append("")
-    for r in fig["runs"]:
-        st = r.get("settings")
-        if st:
-            lines.append(f"- {r.get('label') or r['recipe']} × {r['workload']}: " + ", ".join(f"{k} {v}" for k, v in st.items()))
-    lines.append("")
+    lines = ["| recipe | workload | micro-batch | tokens/s/GPU | MFU | peak GiB | step s p10 / p50 / p90 | USD / 1M tokens | status |\n"
+             "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | --- |"]  # fmt: skip
+    settings, windows, excluded = [], [], []
+    for i, r in enumerate(fig["runs"]):
+        try:
+            row, st, win, ex = _run_lines(r, fig)
+        except KeyError as e:
+            raise ValueError(f"figures.runs[{i}]: no {e.args[0]!r} field") from None
+        except ValueError as e:
+            raise ValueError(f"figures.runs[{i}]: {e}") from None
+        except (TypeError, AttributeError, IndexError) as e:
+            raise ValueError(f"figures.runs[{i}]: {type(e).__name__}: {e}") from None
+        lines.append(row)
+        settings += [st] if st else []
+        windows += [win] if win else []
+        excluded += [ex] if ex else []
+    lines += ["", *settings, ""]
     lines.append(f"{fig.get('world_size')} × {env.get('gpu_model', '?')}, model {fig.get('model')}, seq {fig.get('seq_len')}, "
                  f"micro-batch {fig.get('micro_batch_size')} rows/GPU unless the table says otherwise, {fig.get('steps')} steps (median over steps after "
                  f"{fig.get('warmup_steps')}); tokens = non-padding tokens; commit {str(doc.get('git_commit'))[:12]}.")  # fmt: skip
-    windows = [(r.get("label") or r["recipe"], r["workload"], run_window_rate(r, fig.get("warmup_steps"), fig.get("world_size")))
-               for r in fig["runs"] if r.get("status") == "ok"]  # fmt: skip
-    if any(v is not None for *_, v in windows):
+    if windows:
         lines.append("The measured steps as a whole (their tokens ÷ their summed time; slow steps count in full): "
-                     + ", ".join(f"{n} × {w} {v:,.0f}" for n, w, v in windows if v is not None) + " tokens/s/GPU.")  # fmt: skip
-    for r in fig["runs"]:
-        ex = r.get("excluding_report") if r.get("status") == "ok" else None
-        if ex:
-            mfu_ex = f", MFU {100 * ex['mfu']:.1f}%" if ex.get("mfu") is not None else ""
-            lines.append(f"{r.get('label') or r['recipe']} × {r['workload']} without its per-step `ray.train.report` "
-                         f"(median {ex['report_s_median']:.2f} s a call, part of every step above): "
-                         f"{ex['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU{mfu_ex}.")  # fmt: skip
+                     + ", ".join(f"{n} × {w} {v:,.0f}" for n, w, v in windows) + " tokens/s/GPU.")  # fmt: skip
+    lines += excluded
+    price = fig.get("price", {})
     for w, chk in (fig.get("float8_check") or {}).items():
         lines.append(f"Float8 check ({w}): rayft-fp8's loss vs rayft's over {len(chk['steps'])} steps: max relative difference "
                      f"{100 * chk['max_rel_diff']:.2f}%, at the last step {100 * chk['final_rel_diff']:.2f}% "
@@ -883,14 +900,20 @@ def register(bench_app: typer.Typer) -> None:
 
     @bench_app.command("table")
     def table(results: Annotated[list[Path], typer.Argument(help="Results JSON files of `rayft bench train`.")]) -> None:
-        """Regenerate the Markdown table (and PNG chart) beside each results file; print the tables."""
+        """Regenerate the Markdown table (and PNG chart) beside each results file; print the tables.
+        A file that cannot be read is reported and skipped; the others are still written (exit 1)."""
         console = Console(stderr=True)
+        failed = []
         for r in results:
             try:
                 md, png = write_table_files(r, console)
             except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
                 console.print(Text.assemble(("error", "bold red"), f": {r}: not a `rayft bench train` results file "
                                             f"({type(e).__name__}: {e})"), highlight=False)  # fmt: skip
-                raise typer.Exit(1) from None
+                failed.append(r)
+                continue
             sys.stdout.write(md.read_text() + "\n")
             console.print(f"wrote {md}" + (f" and {png}" if png else ""), highlight=False, markup=False)
+        if failed:
+            console.print(f"{len(failed)} of {len(results)} results files not tabulated: {', '.join(map(str, failed))}", highlight=False, markup=False)
+            raise typer.Exit(1)
