@@ -18,14 +18,16 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from rayft.cluster.spec import ClusterConfig
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_serializer, model_validator
+
+from rayft.config_base import ConfigModel
 
 
 class ConfigError(ValueError):
     """A config file that cannot be read or does not validate. The message names file and key."""
 
 
-class _Section(BaseModel):
+class _Section(ConfigModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 

@@ -176,3 +176,38 @@ def test_resume_of_a_missing_run_fails_before_any_data_or_ray_work(tmp_path):
         assert str(e.value) == f"--resume {given}: no run directory at {where}"
     assert not ray.is_initialized()
 
+
+
+@pytest.mark.parametrize("key, line", [("train.micro_batch_size", 4), ("train.num_workers", 4), ("train.lr", 4), ("train.max_steps", 4),
+                                       ("checkpoint.every_minutes", 4), ("ray.max_failures", 4), ("cluster.num_nodes", 4),
+                                       ("cluster.aws.volume_size_gib", 5), ("cluster.kube.job_backoff_limit", 5)])
+def test_a_boolean_is_not_taken_for_a_number(tmp_path, key, line):
+    # pydantic alone reads `true` as 1 (or 1.0): micro_batch_size: true would train at micro-batch 1
+    *sections, field = key.split(".")
+    body = "".join("  " * i + f"{s}:\n" for i, s in enumerate(sections)) + "  " * len(sections) + f"{field}: true\n"
+    p = write(tmp_path, "data:\n  train_files: [x.json]\n" + body)
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    assert str(e.value).splitlines()[1:] == [f"  {key} (line {line}): Value error, expected a number, not a boolean (got True)"]
+    with pytest.raises(ConfigError, match=rf"{key} \(from --set\): Value error, expected a number, not a boolean \(got False\)"):
+        load_config(write(tmp_path, "data:\n  train_files: [x.json]\n", "plain.yaml"), [f"{key}=false"])
+
+
+def test_booleans_and_numbers_still_load_where_they_belong(tmp_path):
+    p = write(tmp_path, "data:\n  train_files: [x.json]\n  packing: false\ntrain:\n  use_gpu: true\n  lr: 1e-5\n  micro_batch_size: 3\n")
+    cfg = load_config(p, ["train.compile=true", "cluster.efa=false", "checkpoint.every_minutes=2"])
+    assert (cfg.data.packing, cfg.train.use_gpu, cfg.train.compile, cfg.cluster.efa) == (False, True, True, False)
+    assert cfg.train.lr == 1e-5 and isinstance(cfg.train.lr, float)  # YAML 1.1 reads 1e-5 as a string: still a float
+    assert cfg.train.micro_batch_size == 3 and cfg.checkpoint.every_minutes == 2.0
+
+
+def test_takes_number_not_bool_reads_unions_literals_and_annotated():
+    from typing import Annotated, Literal, Optional
+
+    from pydantic import Field
+
+    from rayft.config_base import takes_number_not_bool
+
+    assert takes_number_not_bool(int) and takes_number_not_bool(Optional[float]) and takes_number_not_bool(Annotated[int, Field(ge=1)] | Literal["auto"])
+    assert not takes_number_not_bool(bool | Literal["auto"]) and not takes_number_not_bool(str) and not takes_number_not_bool(int | bool)
+    assert not takes_number_not_bool(Literal["a", "b"]) and takes_number_not_bool(Literal[1, 2])

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from rayft.cluster.spec_aws import AwsSpec
 from rayft.cluster.spec_kube import KubeSpec
+from rayft.config_base import ConfigModel
 
 
-class ClusterConfig(BaseModel):
+class ClusterConfig(ConfigModel):
     """A KubeRay RayCluster on EKS: ``num_nodes`` GPU nodes of ``instance_type``, one Ray worker pod each."""
 
     model_config = ConfigDict(extra="forbid")

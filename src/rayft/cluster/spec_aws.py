@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
+
+from rayft.config_base import ConfigModel
 
 
-class Taint(BaseModel):
+class Taint(ConfigModel):
     """A Kubernetes node taint, in eksctl's managed-node-group form."""
 
     model_config = ConfigDict(extra="forbid")
@@ -21,7 +23,7 @@ class Taint(BaseModel):
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
 
 
-class ChartVersions(BaseModel):
+class ChartVersions(ConfigModel):
     """Helm chart versions, pinned: floating them is how a working cluster silently breaks later."""
 
     model_config = ConfigDict(extra="forbid")
@@ -31,7 +33,7 @@ class ChartVersions(BaseModel):
     kuberay_operator: str = Field(default="1.7.0", pattern=r"^1\.7\.\d+$", description="KubeRay operator 1.7.x.")
 
 
-class AwsSpec(BaseModel):
+class AwsSpec(ConfigModel):
     """Where and how the EKS cluster is created."""
 
     model_config = ConfigDict(extra="forbid")

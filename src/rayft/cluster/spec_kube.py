@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BeforeValidator, ConfigDict, Field
+
+from rayft.config_base import ConfigModel
 
 # A Kubernetes resource quantity (apimachinery resource.Quantity, decimal or binary suffix).
 # The one quantity pattern in rayft: manifest.parse_quantity parses with it (group 1: the number,
@@ -29,7 +31,7 @@ StrValue = Annotated[str, BeforeValidator(lambda v: str(v).lower() if isinstance
 K8sName = Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)]
 
 
-class Toleration(BaseModel):
+class Toleration(ConfigModel):
     """One pod toleration (core/v1 Toleration)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -40,7 +42,7 @@ class Toleration(BaseModel):
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
 
 
-class KubeSpec(BaseModel):
+class KubeSpec(ConfigModel):
     """Pod-level settings for the rendered RayCluster / RayJob manifests."""
 
     model_config = ConfigDict(extra="forbid")
