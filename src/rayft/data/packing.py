@@ -176,7 +176,7 @@ def collate(
             ids[b, t : t + n] = torch.from_numpy(tok.astype(np.int64))
             pos[b, t : t + n] = torch.arange(n)
             tgt = torch.from_numpy(tok[1:].astype(np.int64))
-            tgt[~torch.from_numpy(train[1:])] = IGNORE_INDEX
+            tgt[torch.from_numpy(~train[1:])] = IGNORE_INDEX  # ~ in numpy: a new, writable array (the dataset's may be read-only)
             labels[b, t : t + n - 1] = tgt
             t += n
             n_tok += n
