@@ -2,7 +2,8 @@
 
 pydantic's lax mode reads ``true`` as 1 for an ``int`` field and 1.0 for a ``float`` one, so
 ``micro_batch_size: true`` would silently train with micro-batch 1. Fields whose type admits a
-number but not a boolean refuse booleans here; everything else keeps pydantic's lax conversions
+number but not a boolean refuse booleans here, and so do such elements of list, tuple and dict
+fields (``betas: [true, 0.95]``); everything else keeps pydantic's lax conversions
 (``lr: 1e-5``, which YAML 1.1 reads as a string, still becomes a float).
 """
 
@@ -34,12 +35,36 @@ def takes_number_not_bool(annotation: Any) -> bool:
     return bool(leaves & {int, float}) and bool not in leaves
 
 
+def boolean_for_number(value: Any, annotation: Any) -> str | None:
+    """Where ``value`` holds a boolean that ``annotation`` wants as a number: ``""`` for the value
+    itself, ``"[i]"`` / ``"[key]"`` for an element of a list, tuple or dict; None when nowhere."""
+    if isinstance(value, bool):
+        return "" if takes_number_not_bool(annotation) else None
+    for ann in _leaf_types(annotation):
+        origin, args = typing.get_origin(ann), typing.get_args(ann)
+        if origin in (list, tuple, set, frozenset) and isinstance(value, (list, tuple)) and args:
+            homogeneous = origin is not tuple or (len(args) == 2 and args[1] is Ellipsis)
+            for i, item in enumerate(value):
+                if homogeneous or i < len(args):
+                    where = boolean_for_number(item, args[0] if homogeneous else args[i])
+                    if where is not None:
+                        return f"[{i}]{where}"
+        elif origin is dict and isinstance(value, dict) and len(args) == 2:
+            for k, item in value.items():
+                where = boolean_for_number(item, args[1])
+                if where is not None:
+                    return f"[{k!r}]{where}"
+    return None
+
+
 class ConfigModel(BaseModel):
-    """A pydantic model whose numeric fields refuse booleans (the error names the field)."""
+    """A pydantic model whose numeric fields, and numeric elements of list, tuple and dict
+    fields, refuse booleans (the error names the field and the element)."""
 
     @field_validator("*", mode="before")
     @classmethod
     def _no_boolean_numbers(cls, v: Any, info: ValidationInfo) -> Any:
-        if isinstance(v, bool) and info.field_name and takes_number_not_bool(cls.model_fields[info.field_name].annotation):
-            raise ValueError("expected a number, not a boolean")
+        where = boolean_for_number(v, cls.model_fields[info.field_name].annotation) if info.field_name else None
+        if where is not None:
+            raise ValueError(f"expected a number{' at ' + where if where else ''}, not a boolean")
         return v

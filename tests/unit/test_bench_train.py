@@ -485,3 +485,40 @@ def test_table_command_writes_the_good_files_when_one_is_bad(tmp_path):
     assert "| rayft | random | 16 | 43,272 |" in (tmp_path / "good.md").read_text()  # the file after the bad one is still written
     assert not (tmp_path / "bad.md").exists()
     assert f"1 of 2 results files not tabulated: {bad}" in text
+
+
+def test_markdown_table_whole_output():
+    """Every part of a table at once, pinned (it was byte-identical before and after the per-run
+    refactor). By hand: rayft's whole window is 3 × 65,536 tokens ÷ (0.6 + 0.7 + 0.6) s ÷ 2 GPUs = 51,739."""
+    st = {"p10": 0.37, "p50": 0.38, "p90": 0.4, "min": 0.3, "max": 0.5}
+    doc = {"git_commit": "abcdef1234567890", "environment": {"gpu_model": "NVIDIA H200"},
+           "figures": {"model": "qwen2.5-1.5b", "seq_len": 2048, "micro_batch_size": 8, "world_size": 2, "steps": 4, "warmup_steps": 1,
+                       "price": {"usd_per_gpu_hour": 4.9, "instance": "p5en.48xlarge", "instance_usd_per_hour": 39.2, "gpus_per_instance": 8,
+                                 "source": "catalog", "date": "2026-11-30"},
+                       "float8_check": {"random": {"steps": [1, 2], "loss_bf16": [2.0, 1.5], "loss_fp8": [2.0, 1.501], "max_rel_diff": 0.000667,
+                                                   "final_rel_diff": 0.000667}},
+                       "runs": [
+        {"recipe": "rayft", "label": "rayft (mb 16)", "workload": "random", "status": "ok", "tokens_per_s_per_gpu": 53009.4, "mfu": 0.553,
+         "peak_mem_gib": 76.8, "step_time_s": st, "usd_per_1m_tokens": 0.0257, "micro_batch_size": 16, "settings": {"compile": True, "chunk": 8},
+         "steps": [{"step": s, "step_time_s": t, "tokens": 65536} for s, t in ((1, 9.0), (2, 0.6), (3, 0.7), (4, 0.6))]},
+        {"recipe": "sample-recipe", "workload": "random", "status": "ok", "tokens_per_s_per_gpu": 8143.0, "mfu": None, "peak_mem_gib": None,
+         "step_time_s": st, "usd_per_1m_tokens": None, "tokens_per_s_per_gpu_window": 8000.5,
+         "excluding_report": {"tokens_per_s_per_gpu": 37323.0, "report_s_median": 1.57, "mfu": 0.39}},
+        {"recipe": "trl-best", "workload": "real", "status": "failed", "error": "exit 124 (time limit 130 s)\nTraceback", "settings": {"packing": True}},
+    ]}}  # fmt: skip
+    assert bt.markdown_table(doc).split("\n") == [
+        '| recipe | workload | micro-batch | tokens/s/GPU | MFU | peak GiB | step s p10 / p50 / p90 | USD / 1M tokens | status |',
+        '| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | --- |',
+        '| rayft (mb 16) | random | 16 | 53,009 | 55.3% | 76.8 | 0.370 / 0.380 / 0.400 | 0.0257 | ok |',
+        '| sample-recipe | random | 8 | 8,143 | — | — | 0.370 / 0.380 / 0.400 | — | ok |',
+        '| trl-best | real | 8 | — | — | — | — | — | failed: exit 124 (time limit 130 s) |',
+        '',
+        '- rayft (mb 16) × random: compile True, chunk 8',
+        '- trl-best × real: packing True',
+        '',
+        '2 × NVIDIA H200, model qwen2.5-1.5b, seq 2048, micro-batch 8 rows/GPU unless the table says otherwise, 4 steps (median over steps after 1); tokens = non-padding tokens; commit abcdef123456.',
+        'The measured steps as a whole (their tokens ÷ their summed time; slow steps count in full): rayft (mb 16) × random 51,739, sample-recipe × random 8,000 tokens/s/GPU.',
+        'sample-recipe × random without its per-step `ray.train.report` (median 1.57 s a call, part of every step above): 37,323 tokens/s/GPU, MFU 39.0%.',
+        "Float8 check (random): rayft-fp8's loss vs rayft's over 2 steps: max relative difference 0.07%, at the last step 0.07% (1.5000 bf16, 1.5010 float8).",
+        'Cost: p5en.48xlarge $39.2/h ÷ 8 GPUs = $4.9 per GPU-hour (catalog, 2026-11-30).',
+    ]

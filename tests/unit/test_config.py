@@ -211,3 +211,19 @@ def test_takes_number_not_bool_reads_unions_literals_and_annotated():
     assert takes_number_not_bool(int) and takes_number_not_bool(Optional[float]) and takes_number_not_bool(Annotated[int, Field(ge=1)] | Literal["auto"])
     assert not takes_number_not_bool(bool | Literal["auto"]) and not takes_number_not_bool(str) and not takes_number_not_bool(int | bool)
     assert not takes_number_not_bool(Literal["a", "b"]) and takes_number_not_bool(Literal[1, 2])
+
+
+def test_a_boolean_element_is_not_taken_for_a_number(tmp_path):
+    p = write(tmp_path, "data:\n  train_files: [x.json]\ntrain:\n  betas: [true, 0.95]\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    assert str(e.value).splitlines()[1:] == ["  train.betas (line 4): Value error, expected a number at [0], not a boolean (got [True, 0.95])"]
+    with pytest.raises(ConfigError, match=r"train.betas \(from --set\): Value error, expected a number at \[1\], not a boolean"):
+        load_config(p, ["train.betas=[0.9, false]"])
+    assert load_config(p, ["train.betas=[0.9, 0.99]"]).train.betas == (0.9, 0.99)
+    from rayft.config_base import boolean_for_number
+
+    assert boolean_for_number({"a": 1.0, "b": True}, dict[str, float]) == "['b']"
+    assert boolean_for_number([[1, 2], [3, False]], list[list[int]]) == "[1][1]"
+    assert boolean_for_number([1, True], tuple[int, ...]) == "[1]" and boolean_for_number([True, 2], tuple[bool, int]) is None
+    assert boolean_for_number({"x": True}, dict[str, object]) is None and boolean_for_number(True, bool | None) is None

@@ -369,7 +369,13 @@ def status_text(status: str, error: str | None) -> str:
 
 
 def _run_lines(r: dict[str, Any], fig: dict[str, Any]) -> tuple[str, str | None, tuple[str, str, float] | None, str | None]:
-    """One run's table row, settings line, whole-window rate and report-free line (None where absent)."""
+    """One run's table row, settings line, whole-window rate and report-free line (None where absent).
+
+    Raises:
+        KeyError: a field the row needs is missing (``recipe``, ``workload``, ``status``, ...).
+        ValueError, TypeError, AttributeError, IndexError: a field of the wrong kind or value
+            (e.g. :func:`run_window_rate`'s checks, a number that is not one).
+    """
     name = r.get("label") or r["recipe"]
     mb = r.get("micro_batch_size", fig.get("micro_batch_size"))
     st = r.get("settings")
@@ -395,7 +401,8 @@ def markdown_table(doc: dict[str, Any]) -> str:
 
     Raises:
         ValueError: a malformed run, named by its index (``figures.runs[i]``) and what is wrong.
-        KeyError, TypeError, AttributeError: a malformed document outside the runs.
+        KeyError, TypeError, ValueError, AttributeError, IndexError: a malformed document outside
+            the runs (``figures``, ``float8_check``, ``price``).
     """
     fig = doc["figures"]
     env = doc.get("environment", {})
