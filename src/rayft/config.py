@@ -295,20 +295,98 @@ class RayftConfig(_Section):
 # --------------------------------------------------------------------------- loading
 
 
+MAX_YAML_DEPTH = 64  # nesting levels of a config document (pydantic's serialiser stops near a few hundred)
+MAX_YAML_VALUES = 1_000_000  # values in a config document once its aliases are expanded
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key given twice in one mapping (YAML would keep the last silently)."""
+    """SafeLoader that refuses a key given twice in one mapping (YAML would keep the last silently),
+    a key that is a list or mapping, a value its tag cannot hold (``!!int abc``, ``0x_``),
+    aliases that refer to themselves or expand to more than :data:`MAX_YAML_VALUES` values, and
+    nesting deeper than :data:`MAX_YAML_DEPTH`. Each refusal is a ``yaml.MarkedYAMLError`` with the
+    line where YAML has one."""
+
+    def construct_document(self, node):
+        _check_node_graph(node)
+        return super().construct_document(node)
+
+    def construct_object(self, node, deep=False):
+        try:
+            return super().construct_object(node, deep=deep)
+        except (ValueError, TypeError, OverflowError) as e:  # a scalar its tag's constructor cannot convert
+            what = repr(node.value) if isinstance(node, yaml.ScalarNode) else "this value"
+            raise yaml.constructor.ConstructorError(None, None, f"cannot read {what} as {node.tag.rsplit(':', 1)[-1]}: {e}",
+                                                    node.start_mark) from None  # fmt: skip
 
     def construct_mapping(self, node, deep=False):
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
             line = key_node.start_mark.line + 1
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise yaml.constructor.ConstructorError(None, None, f"a key must be a plain value, not a {type(key).__name__} (line {line})",
+                                                        key_node.start_mark)  # fmt: skip
             if key in seen:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"duplicate key {key!r} (lines {seen[key]} and {line})", key_node.start_mark
                 )
             seen[key] = line
         return super().construct_mapping(node, deep=deep)
+
+
+# A date-like scalar stays the text it is (a run name such as 2024-02-03 is a name, not a date).
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:timestamp", lambda loader, node: loader.construct_scalar(node))
+
+
+def _check_node_graph(root: yaml.Node) -> None:
+    """Refuse a composed YAML document that nests deeper than :data:`MAX_YAML_DEPTH`, holds an
+    alias inside its own anchor, or expands (aliases counted at every use) to more than
+    :data:`MAX_YAML_VALUES` values. Iterative, so a hostile document cannot exhaust the stack.
+
+    Raises:
+        yaml.constructor.ConstructorError: with the offending node's position.
+    """
+    size: dict[int, int] = {}  # expanded value count of each finished node
+    stack: list[tuple[yaml.Node, int, bool]] = [(root, 1, False)]
+    on_path: set[int] = set()
+    while stack:
+        node, depth, done = stack.pop()
+        if done:
+            on_path.discard(id(node))
+            kids = _children(node)
+            size[id(node)] = 1 + sum(size[id(k)] for k in kids)
+            if size[id(node)] > MAX_YAML_VALUES:
+                raise yaml.constructor.ConstructorError(None, None, f"the document expands to more than {MAX_YAML_VALUES:,} values "
+                                                        "(YAML aliases repeating one another?)", node.start_mark)  # fmt: skip
+            continue
+        if id(node) in size:
+            continue
+        if id(node) in on_path:
+            raise yaml.constructor.ConstructorError(None, None, "an alias refers to the anchor it is inside (a recursive value)", node.start_mark)
+        if depth > MAX_YAML_DEPTH:
+            raise yaml.constructor.ConstructorError(None, None, f"nested more than {MAX_YAML_DEPTH} levels deep", node.start_mark)
+        on_path.add(id(node))
+        stack.append((node, depth, True))
+        stack.extend((k, depth + 1, False) for k in _children(node))
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return list(node.value) if isinstance(node, yaml.SequenceNode) else []
+
+
+def load_yaml(text: str) -> Any:
+    """Parse one YAML document with :class:`_UniqueKeyLoader`'s checks.
+
+    Raises:
+        yaml.YAMLError: a syntax error or a refused document (``problem_mark`` gives the line).
+    """
+    loader = _UniqueKeyLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
 
 
 def _line_of(path: Path, loc: tuple[Any, ...]) -> int | None:
@@ -381,7 +459,14 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     if not all(parts):
         raise ConfigError(f"--set {item!r}: empty key segment in {key!r}")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = load_yaml(raw) if raw.strip() else ""
+    except RecursionError:
+        raise ConfigError(f"--set {key}: the value is nested too deeply") from None
+    except yaml.constructor.ConstructorError as e:
+        if "cannot read" in str(e.problem):
+            value = raw  # a value its tag cannot hold (2024-02-30): the text itself, for the field to judge
+        else:
+            raise ConfigError(f"--set {key}: {e.problem}") from None
     except yaml.YAMLError:
         value = raw
     return parts, value
@@ -421,7 +506,7 @@ def load_config(path: str | os.PathLike[str], overrides: list[str] | None = None
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{p}: cannot read config: {e}") from None
     try:
-        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+        raw = load_yaml(text)
     except RecursionError:
         raise ConfigError(f"{p}: config nested too deeply") from None
     except yaml.YAMLError as e:

@@ -13,7 +13,7 @@ import types
 import typing
 from typing import Any
 
-from pydantic import BaseModel, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 
 def _leaf_types(annotation: Any) -> set[Any]:
@@ -57,14 +57,25 @@ def boolean_for_number(value: Any, annotation: Any) -> str | None:
     return None
 
 
+INT64_MAX = 2**63 - 1
+
+
 class ConfigModel(BaseModel):
     """A pydantic model whose numeric fields, and numeric elements of list, tuple and dict
-    fields, refuse booleans (the error names the field and the element)."""
+    fields, refuse booleans (the error names the field and the element); whose float fields
+    refuse NaN and ±infinity; and whose numeric fields refuse integers beyond 64 bits (a seed or
+    a size that torch, numpy or Kubernetes could not hold). Subclasses' ``model_config`` merges
+    with this one."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
 
     @field_validator("*", mode="before")
     @classmethod
     def _no_boolean_numbers(cls, v: Any, info: ValidationInfo) -> Any:
-        where = boolean_for_number(v, cls.model_fields[info.field_name].annotation) if info.field_name else None
+        ann = cls.model_fields[info.field_name].annotation if info.field_name else None
+        where = boolean_for_number(v, ann) if ann is not None else None
         if where is not None:
             raise ValueError(f"expected a number{' at ' + where if where else ''}, not a boolean")
+        if isinstance(v, int) and not isinstance(v, bool) and abs(v) > INT64_MAX and takes_number_not_bool(ann):
+            raise ValueError("a number beyond 64 bits (|value| > 2**63 - 1)")
         return v

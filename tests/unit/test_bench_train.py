@@ -462,10 +462,16 @@ def test_table_names_the_file_for_malformed_new_fields(tmp_path, mutate):
 @pytest.mark.parametrize("mutate, message", [
     (lambda runs: runs[1].pop("status"), r"figures.runs\[1\]: no 'status' field"),
     (lambda runs: runs[0].update(step_time_s=[0.3]), r"figures.runs\[0\]: TypeError: list indices"),
-    (lambda runs: runs[0].update(tokens_per_s_per_gpu="fast"), r"figures.runs\[0\]: Unknown format code"),
+    (lambda runs: runs[0].update(tokens_per_s_per_gpu="fast"), r"figures.runs\[0\]: tokens_per_s_per_gpu must be a positive finite number, got 'fast'"),
     (lambda runs: runs[0].update(tokens_per_s_per_gpu_window=-1.0), r"figures.runs\[0\]: tokens_per_s_per_gpu_window must be a positive number, got -1.0"),
     (lambda runs: runs[0].update(steps=[{"step": 9, "step_time_s": 0, "tokens": 5}]), r"figures.runs\[0\]: step 9: step_time_s must be a positive"),
-    (lambda runs: runs.append(["not", "a", "run"]), r"figures.runs\[2\]: AttributeError"),
+    (lambda runs: runs.append(["not", "a", "run"]), r"figures.runs\[2\]: TypeError: list indices"),
+    (lambda runs: runs[0].update(tokens_per_s_per_gpu=10**400), r"figures.runs\[0\]: tokens_per_s_per_gpu must be a positive finite number, got 1000"),
+    (lambda runs: runs[0].update(tokens_per_s_per_gpu=float("nan")), r"figures.runs\[0\]: tokens_per_s_per_gpu must be a positive finite number, got nan"),
+    (lambda runs: runs[0].update(mfu=-3), r"figures.runs\[0\]: mfu must be a non-negative finite number or null, got -3"),
+    (lambda runs: runs[0]["step_time_s"].update(p50=float("inf")), r"figures.runs\[0\]: step_time_s.p50 must be a positive finite number, got inf"),
+    (lambda runs: runs[0].update(recipe=["a"], label=None), r"figures.runs\[0\]: recipe must be a string, got \['a'\]"),
+    (lambda runs: runs[1].update(status=1), r"figures.runs\[1\]: status must be a string, got 1"),
 ])
 def test_table_errors_name_the_run(tmp_path, mutate, message):
     doc = json.loads(synthetic_results(tmp_path / "r.json").read_text())
@@ -522,3 +528,25 @@ def test_markdown_table_whole_output():
         "Float8 check (random): rayft-fp8's loss vs rayft's over 2 steps: max relative difference 0.07%, at the last step 0.07% (1.5000 bf16, 1.5010 float8).",
         'Cost: p5en.48xlarge $39.2/h ÷ 8 GPUs = $4.9 per GPU-hour (catalog, 2026-11-30).',
     ]
+
+
+def test_table_cells_keep_their_column(tmp_path):
+    doc = json.loads(synthetic_results(tmp_path / "r.json").read_text())
+    doc["figures"]["runs"][0].update(recipe="ray|ft", workload="ran\ndom")
+    row = bt.markdown_table(doc).splitlines()[2]
+    assert row.startswith("| ray\\|ft | ran dom | 16 | 43,272 |") and row.count(" | ") == 8
+
+
+def test_table_command_survives_overflow_and_deep_nesting(tmp_path):
+    over = tmp_path / "over.json"
+    over.write_text(synthetic_results(tmp_path / "x.json").read_text().replace("43272.4", "1" + "0" * 400))
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    good = synthetic_results(tmp_path / "good.json")
+    out = CliRunner().invoke(app, ["bench", "table", str(over), str(deep), str(good)])
+    text = " ".join(out.output.split())
+    assert out.exit_code == 1 and "Traceback" not in out.output
+    assert f"{over}: not a `rayft bench train` results file (ValueError: figures.runs[0]: tokens_per_s_per_gpu must be a positive finite" in text
+    assert f"{deep}: not a `rayft bench train` results file (RecursionError" in text
+    assert (tmp_path / "good.md").exists() and not (tmp_path / "over.md").exists() and not (tmp_path / "deep.md").exists()
+    assert f"2 of 3 results files not tabulated: {over}, {deep}" in text

@@ -227,3 +227,33 @@ def test_a_boolean_element_is_not_taken_for_a_number(tmp_path):
     assert boolean_for_number([[1, 2], [3, False]], list[list[int]]) == "[1][1]"
     assert boolean_for_number([1, True], tuple[int, ...]) == "[1]" and boolean_for_number([True, 2], tuple[bool, int]) is None
     assert boolean_for_number({"x": True}, dict[str, object]) is None and boolean_for_number(True, bool | None) is None
+
+
+@pytest.mark.parametrize("body, message", [
+    ("data:\n  synthetic: {rows: 0x_}\n", r"line 2, column 21: YAML syntax error: cannot read '0x_' as int"),
+    ("data:\n  train_files: [x.json]\ncheckpoint: {every_steps: !!int abc}\n", r"line 3, .*cannot read 'abc' as int"),
+    ("data:\n  train_files: [x.json]\ntrain:\n  lr: !!float true\n", r"line 4, .*cannot read 'true' as float"),
+    ("data:\n  train_files: [x.json]\n? [a, b]\n: 1\n", r"line 3, .*a key must be a plain value, not a list"),
+    ("data:\n  train_files: [x.json]\nmodel: {config_overrides: &a {x: *a}}\n", r"line 3, .*an alias refers to the anchor it is inside"),
+    ("data:\n  train_files: [x.json]\nmodel:\n  config_overrides:\n    x: " + "[" * 70 + "]" * 70 + "\n", r"nested more than 64 levels deep"),
+    ("a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n"
+                                                      for p, c in zip("abcdefg", "bcdefgh")), r"expands to more than 1,000,000 values"),
+    ("data:\n  train_files: [x.json]\ntrain:\n  lr: .inf\n", r"train.lr \(line 4\): Input should be a finite number \(got inf\)"),
+    ("data:\n  train_files: [x.json]\ntrain:\n  betas: [.nan, 0.9]\n", r"train.betas.0 \(line 4\): Input should be a finite number"),
+    ("data:\n  train_files: [x.json]\ntrain:\n  seed: 1000000000000000000000000000000\n", r"train.seed \(line 4\): Value error, a number beyond 64 bits"),
+])  # fmt: skip
+def test_hostile_yaml_is_a_config_error_with_its_line(tmp_path, body, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(write(tmp_path, body))
+
+
+def test_hostile_set_values(tmp_path):
+    p = write(tmp_path, "data:\n  train_files: [x.json]\n")
+    assert load_config(p, ["checkpoint.name=2024-02-30"]).checkpoint.name == "2024-02-30"  # date-like: the text itself
+    assert load_config(write(tmp_path, "data:\n  train_files: [x.json]\ncheckpoint: {name: 2024-02-03}\n", "d.yaml")).checkpoint.name == "2024-02-03"
+    with pytest.raises(ConfigError, match=r"data.seq_len \(from --set\): Input should be a valid integer.*got '!!int 0x'"):
+        load_config(p, ["data.seq_len=!!int 0x"])
+    with pytest.raises(ConfigError, match=r"--set model.config_overrides.x: the value is nested too deeply"):
+        load_config(p, ["model.config_overrides.x=" + "[" * 3000 + "]" * 3000])
+    with pytest.raises(ConfigError, match=r"--set model.config_overrides: an alias refers to the anchor it is inside"):
+        load_config(p, ["model.config_overrides=&a {x: *a}"])

@@ -23,12 +23,14 @@ Results files understood (by their ``figures``):
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from rayft.bench.train import status_text
+from rayft.config import load_yaml
 
 import yaml
 
@@ -58,10 +60,25 @@ def _field(obj: Any, key: str, where: str, *, kind: type | tuple[type, ...] = (i
     v = obj[key]
     if v is None and optional:
         return None
-    if not isinstance(v, kind) or (kind == (int, float) and isinstance(v, bool)):
-        want = "a number" if kind == (int, float) else " or ".join(t.__name__ for t in (kind if isinstance(kind, tuple) else (kind,)))
-        raise ReadmeTableError(f"{where}: field '{key}' must be {want}{' or null' if optional else ''}, got {v!r}")
+    number = kind == (int, float)
+    if not isinstance(v, kind) or (number and isinstance(v, bool)):
+        want = "a number" if number else " or ".join(t.__name__ for t in (kind if isinstance(kind, tuple) else (kind,)))
+        raise ReadmeTableError(f"{where}: field '{key}' must be {want}{' or null' if optional else ''}, got {_short(v)}")
+    if number and not _finite(v):
+        raise ReadmeTableError(f"{where}: field '{key}' must be a finite number{' or null' if optional else ''}, got {_short(v)}")
     return v
+
+
+def _short(v: Any) -> str:
+    r = repr(v)
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
+def _finite(v: int | float) -> bool:
+    try:
+        return math.isfinite(v)
+    except OverflowError:  # an int beyond float's range
+        return False
 
 
 def _fmt(v: float | None, spec: str, suffix: str = "") -> str:
@@ -134,9 +151,9 @@ def render_table(rows_file: str | Path, root: str | Path | None = None) -> str:
     rows_file = Path(rows_file)
     root = Path(root) if root else rows_file.resolve().parent.parent
     try:
-        spec = yaml.safe_load(_read(rows_file, str(rows_file)))
-    except yaml.YAMLError as e:
-        raise ReadmeTableError(f"{rows_file}: {e}") from None
+        spec = load_yaml(_read(rows_file, str(rows_file)))
+    except (yaml.YAMLError, RecursionError) as e:
+        raise ReadmeTableError(f"{rows_file}: {e if isinstance(e, yaml.YAMLError) else 'nested too deeply'}") from None
     if not isinstance(spec, list) or not spec:
         raise ReadmeTableError(f"{rows_file}: expected a non-empty list of rows (job, file, select)")
     lines = [HEADER]
@@ -146,10 +163,11 @@ def render_table(rows_file: str | Path, root: str | Path | None = None) -> str:
             raise ReadmeTableError(f"{where}: needs 'job' and 'file' (and optionally 'select', 'label'), got {entry!r}")
         for key in ("job", "file", "select", "label"):
             _field(entry, key, where, kind=str, optional=key in ("select", "label"))
+        text = _read(root / entry["file"], f"{where}: {entry['file']}")
         try:
-            doc = json.loads(_read(root / entry["file"], f"{where}: {entry['file']}"))
-        except json.JSONDecodeError as e:
-            raise ReadmeTableError(f"{where}: {entry['file']}: not JSON: {e}") from None
+            doc = json.loads(text)
+        except (ValueError, RecursionError) as e:  # JSONDecodeError, an integer of too many digits, nesting
+            raise ReadmeTableError(f"{where}: {entry['file']}: not JSON this table can read: {type(e).__name__}: {str(e)[:120]}") from None
         cells = row_figures(doc, entry.get("select"), f"{where} ({entry['file']})")
         label = entry.get("label") or Path(entry["file"]).stem
         lines.append(f"| {_cell(entry['job'])} | {cells['gpus']} | {_cell(cells['tps'])} | {cells['mfu']} | {cells['mem']} "

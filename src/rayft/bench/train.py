@@ -291,7 +291,12 @@ def window_rate(steps: list[dict[str, Any]], world: int) -> float:
 
 
 def _finite_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:  # an int beyond float's range
+        return False
 
 
 def run_window_rate(run: dict[str, Any], warmup_steps: int | None, world: int | None) -> float | None:
@@ -376,24 +381,57 @@ def _run_lines(r: dict[str, Any], fig: dict[str, Any]) -> tuple[str, str | None,
         ValueError, TypeError, AttributeError, IndexError: a field of the wrong kind or value
             (e.g. :func:`run_window_rate`'s checks, a number that is not one).
     """
-    name = r.get("label") or r["recipe"]
+    recipe, workload, status = (_text(r, k) for k in ("recipe", "workload", "status"))
+    name = _text(r, "label") if r.get("label") else recipe
     mb = r.get("micro_batch_size", fig.get("micro_batch_size"))
     st = r.get("settings")
-    settings = f"- {name} × {r['workload']}: " + ", ".join(f"{k} {v}" for k, v in st.items()) if st else None
-    if r["status"] != "ok":
-        return f"| {name} | {r['workload']} | {mb} | — | — | — | — | — | {status_text(r['status'], r.get('error'))} |", settings, None, None
+    settings = f"- {name} × {workload}: " + ", ".join(f"{k} {v}" for k, v in st.items()) if st else None
+    if status != "ok":
+        return f"| {name} | {workload} | {mb} | — | — | — | — | — | {_cell(status_text(status, r.get('error')))} |", settings, None, None
+    _number(r, "tokens_per_s_per_gpu", positive=True)
+    for key in ("mfu", "peak_mem_gib", "usd_per_1m_tokens"):
+        _number(r, key, optional=True)
     st_s = r["step_time_s"]
+    for key in ("p10", "p50", "p90"):
+        _number(st_s, key, positive=True, where="step_time_s.")
     mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "—"
-    row = (f"| {name} | {r['workload']} | {mb} | {r['tokens_per_s_per_gpu']:,.0f} | {mfu} | {_fmt(r.get('peak_mem_gib'), '.1f')} | "
+    row = (f"| {name} | {workload} | {mb} | {r['tokens_per_s_per_gpu']:,.0f} | {mfu} | {_fmt(r.get('peak_mem_gib'), '.1f')} | "
            f"{st_s['p10']:.3f} / {st_s['p50']:.3f} / {st_s['p90']:.3f} | {_fmt(r.get('usd_per_1m_tokens'), '.4f')} | ok |")  # fmt: skip
     v = run_window_rate(r, fig.get("warmup_steps"), fig.get("world_size"))
     ex, excl = r.get("excluding_report"), None
     if ex:
         mfu_ex = f", MFU {100 * ex['mfu']:.1f}%" if ex.get("mfu") is not None else ""
-        excl = (f"{name} × {r['workload']} without its per-step `ray.train.report` "
+        excl = (f"{name} × {workload} without its per-step `ray.train.report` "
                 f"(median {ex['report_s_median']:.2f} s a call, part of every step above): "
                 f"{ex['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU{mfu_ex}.")  # fmt: skip
-    return row, settings, (None if v is None else (name, r["workload"], v)), excl
+    return row, settings, (None if v is None else (name, workload, v)), excl
+
+
+def _text(r: dict[str, Any], key: str) -> str:
+    """``r[key]`` as table text: a string (KeyError when missing, ValueError when not a string),
+    its ``|`` escaped and its whitespace folded so that it stays in its cell."""
+    v = r[key]
+    if not isinstance(v, str):
+        raise ValueError(f"{key} must be a string, got {v!r:.40}")
+    return _cell(v)
+
+
+def _cell(v: str) -> str:
+    return " ".join(v.split()).replace("|", "\\|")
+
+
+def _number(r: dict[str, Any], key: str, *, positive: bool = False, optional: bool = False, where: str = "") -> None:
+    """Check ``r[key]``: a finite number, > 0 when ``positive``, else >= 0; None allowed when ``optional``.
+
+    Raises:
+        KeyError: missing and not ``optional``. ValueError: anything else.
+    """
+    v = r.get(key) if optional else r[key]
+    if v is None and optional:
+        return
+    ok = _finite_number(v) and (v > 0 if positive else v >= 0)
+    if not ok:
+        raise ValueError(f"{where}{key} must be a {'positive' if positive else 'non-negative'} finite number{' or null' if optional else ''}, got {v!r:.40}")
 
 
 def markdown_table(doc: dict[str, Any]) -> str:
@@ -409,6 +447,8 @@ def markdown_table(doc: dict[str, Any]) -> str:
     lines = ["| recipe | workload | micro-batch | tokens/s/GPU | MFU | peak GiB | step s p10 / p50 / p90 | USD / 1M tokens | status |\n"
              "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | --- |"]  # fmt: skip
     settings, windows, excluded = [], [], []
+    if not isinstance(fig["runs"], list):
+        raise ValueError(f"figures.runs must be a list, got {fig['runs']!r:.40}")
     for i, r in enumerate(fig["runs"]):
         try:
             row, st, win, ex = _run_lines(r, fig)
@@ -416,7 +456,7 @@ def markdown_table(doc: dict[str, Any]) -> str:
             raise ValueError(f"figures.runs[{i}]: no {e.args[0]!r} field") from None
         except ValueError as e:
             raise ValueError(f"figures.runs[{i}]: {e}") from None
-        except (TypeError, AttributeError, IndexError) as e:
+        except (TypeError, AttributeError, IndexError, OverflowError) as e:
             raise ValueError(f"figures.runs[{i}]: {type(e).__name__}: {e}") from None
         lines.append(row)
         settings += [st] if st else []
@@ -444,7 +484,8 @@ def markdown_table(doc: dict[str, Any]) -> str:
 
 
 def bar_chart(doc: dict[str, Any], out: Path) -> Path | None:
-    """A PNG bar chart of tokens/s/GPU per recipe and workload; None when matplotlib is missing."""
+    """A PNG bar chart of tokens/s/GPU per recipe and workload; None when matplotlib is missing or
+    no run succeeded."""
     try:
         import matplotlib
 
@@ -453,6 +494,8 @@ def bar_chart(doc: dict[str, Any], out: Path) -> Path | None:
     except ImportError:
         return None
     runs = [r for r in doc["figures"]["runs"] if r["status"] == "ok"]
+    if not runs:
+        return None
     workloads = [w for w in WORKLOADS if any(r["workload"] == w for r in runs)]
     recipes = [rc for rc in RECIPES if any(r["recipe"] == rc for r in runs)] + sorted(
         {r["recipe"] for r in runs} - set(RECIPES))
@@ -477,10 +520,10 @@ def bar_chart(doc: dict[str, Any], out: Path) -> Path | None:
 def write_table_files(results: Path, console: Console | None = None) -> tuple[Path, Path | None]:
     """Regenerate ``<results>.md`` (and ``.png``) beside a results JSON; returns their paths."""
     doc = json.loads(results.read_text())
-    md = results.with_suffix(".md")
-    md.write_text(markdown_table(doc) + "\n")
+    md, text = results.with_suffix(".md"), markdown_table(doc) + "\n"
     png = bar_chart(doc, results.with_suffix(".png"))
-    if png is None and console is not None:
+    md.write_text(text)  # last: a file that fails anywhere above gets no table
+    if png is None and console is not None and any(r["status"] == "ok" for r in doc["figures"]["runs"]):
         console.print("matplotlib is not installed: no PNG chart (in a clone: pip install -e '.[bench]')", highlight=False, markup=False)
     return md, png
 
@@ -914,9 +957,9 @@ def register(bench_app: typer.Typer) -> None:
         for r in results:
             try:
                 md, png = write_table_files(r, console)
-            except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+            except (OSError, KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError, RecursionError) as e:
                 console.print(Text.assemble(("error", "bold red"), f": {r}: not a `rayft bench train` results file "
-                                            f"({type(e).__name__}: {e})"), highlight=False)  # fmt: skip
+                                            f"({type(e).__name__}: {str(e)[:300]})"), highlight=False)  # fmt: skip
                 failed.append(r)
                 continue
             sys.stdout.write(md.read_text() + "\n")
