@@ -429,12 +429,13 @@ def _format_validation_error(err: ValidationError, source: str, path: Path | Non
         loc = e["loc"]
         dotted = ".".join(str(x) for x in loc) or "<top level>"
         where = ""
-        if any(dotted == o or dotted.startswith(o + ".") or o.startswith(dotted + ".") for o in overridden):
-            where = " (from --set)"
-        elif path is not None and loc:
-            ln = _line_of(path, loc)
-            if ln:
-                where = f" (line {ln})"
+        ln = _line_of(path, loc) if path is not None and loc else None
+        if any(dotted == o or dotted.startswith(o + ".") for o in overridden):
+            where = " (from --set)"  # the value itself came from --set
+        elif ln:
+            where = f" (line {ln})"  # in the file (a section that --set only added keys to included)
+        elif any(o.startswith(dotted + ".") for o in overridden):
+            where = " (from --set)"  # a section that only --set created
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
@@ -511,8 +512,15 @@ def load_config(path: str | os.PathLike[str], overrides: list[str] | None = None
         raise ConfigError(f"{p}: config nested too deeply") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"{p}:{where}: YAML syntax error: {getattr(e, 'problem', e)}") from None
+        if mark is not None:
+            where = f": line {mark.line + 1}, column {mark.column + 1}"
+        elif isinstance(getattr(e, "position", None), int):  # a reader error (e.g. a NUL byte): a character offset
+            before = text[: e.position]
+            where = f": line {before.count(chr(10)) + 1}, column {len(before) - before.rfind(chr(10))}"
+        else:
+            where = ""
+        problem = getattr(e, "problem", None) or getattr(e, "reason", None) or e
+        raise ConfigError(f"{p}{where}: YAML syntax error: {problem}") from None
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):

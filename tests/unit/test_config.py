@@ -257,3 +257,15 @@ def test_hostile_set_values(tmp_path):
         load_config(p, ["model.config_overrides.x=" + "[" * 3000 + "]" * 3000])
     with pytest.raises(ConfigError, match=r"--set model.config_overrides: an alias refers to the anchor it is inside"):
         load_config(p, ["model.config_overrides=&a {x: *a}"])
+
+
+def test_error_positions_for_reader_errors_and_sections_touched_by_set(tmp_path):
+    p = tmp_path / "nul.yaml"
+    p.write_bytes(b"data:\n  train_files: [x.json]\ntrain:\n  lr: 0.1\x00\n")
+    with pytest.raises(ConfigError, match=r"nul.yaml: line 4, column 10: YAML syntax error: special characters are not allowed"):
+        load_config(p)
+    # the fault is in the file's data section, not in the --set that also touched it
+    with pytest.raises(ConfigError, match=r"  data \(line 1\): Value error, data.train_files is required"):
+        load_config(write(tmp_path, "data:\n  format: text\n"), ["data.seq_len=128"])
+    with pytest.raises(ConfigError, match=r"  cluster.aws.region \(from --set\): Input should be a valid string"):
+        load_config(write(tmp_path, "data:\n  train_files: [x.json]\n", "c.yaml"), ["cluster.aws.region=1"])
