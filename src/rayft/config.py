@@ -295,6 +295,10 @@ class RayftConfig(_Section):
 # --------------------------------------------------------------------------- loading
 
 
+class UnreadableValueError(yaml.constructor.ConstructorError):
+    """A YAML value its tag's constructor cannot convert (``!!int abc``, ``0x_``)."""
+
+
 MAX_YAML_DEPTH = 64  # nesting levels of a config document (pydantic's serialiser stops near a few hundred)
 MAX_YAML_VALUES = 1_000_000  # values in a config document once its aliases are expanded
 
@@ -315,8 +319,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             return super().construct_object(node, deep=deep)
         except (ValueError, TypeError, OverflowError) as e:  # a scalar its tag's constructor cannot convert
             what = repr(node.value) if isinstance(node, yaml.ScalarNode) else "this value"
-            raise yaml.constructor.ConstructorError(None, None, f"cannot read {what} as {node.tag.rsplit(':', 1)[-1]}: {e}",
-                                                    node.start_mark) from None  # fmt: skip
+            raise UnreadableValueError(None, None, f"cannot read {what} as {node.tag.rsplit(':', 1)[-1]}: {e}", node.start_mark) from None
 
     def construct_mapping(self, node, deep=False):
         seen: dict[Any, int] = {}
@@ -450,8 +453,11 @@ def _format_validation_error(err: ValidationError, source: str, path: Path | Non
 def parse_override(item: str) -> tuple[list[str], Any]:
     """Split ``a.b.c=value`` into (["a","b","c"], parsed value). The value is parsed as YAML.
 
+    A value that is not valid YAML, or that its tag cannot hold, stays the text given.
+
     Raises:
-        ConfigError: when ``item`` has no ``=`` or an empty key.
+        ConfigError: when ``item`` has no ``=`` or an empty key, or its value nests too deeply or
+            has aliases the loader refuses (:func:`load_yaml`).
     """
     if "=" not in item:
         raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. train.max_steps=100")
@@ -463,11 +469,10 @@ def parse_override(item: str) -> tuple[list[str], Any]:
         value = load_yaml(raw) if raw.strip() else ""
     except RecursionError:
         raise ConfigError(f"--set {key}: the value is nested too deeply") from None
+    except UnreadableValueError:
+        value = raw  # a value its tag cannot hold (!!int 0x): the text itself, for the field to judge
     except yaml.constructor.ConstructorError as e:
-        if "cannot read" in str(e.problem):
-            value = raw  # a value its tag cannot hold (2024-02-30): the text itself, for the field to judge
-        else:
-            raise ConfigError(f"--set {key}: {e.problem}") from None
+        raise ConfigError(f"--set {key}: {e.problem}") from None
     except yaml.YAMLError:
         value = raw
     return parts, value
@@ -496,7 +501,9 @@ def load_config(path: str | os.PathLike[str], overrides: list[str] | None = None
     when they exist there, else against the current directory.
 
     Raises:
-        ConfigError: unreadable file, YAML syntax error (with line and column), a top level that is
+        ConfigError: unreadable file, YAML syntax error (with line and column), a document the
+            loader refuses (a value its tag cannot hold, a list or map as a key, a recursive alias,
+            aliases expanding past 1,000,000 values, nesting past 64 levels), a top level that is
             not a mapping, unknown keys or wrong types (each with its dotted key path and line).
     """
     p = Path(path)

@@ -1,9 +1,10 @@
-"""The base of every config section: a YAML boolean is never taken for a number.
+"""The base of every config section: a number in a config is a real, finite, 64-bit number.
 
 pydantic's lax mode reads ``true`` as 1 for an ``int`` field and 1.0 for a ``float`` one, so
 ``micro_batch_size: true`` would silently train with micro-batch 1. Fields whose type admits a
 number but not a boolean refuse booleans here, and so do such elements of list, tuple and dict
-fields (``betas: [true, 0.95]``); everything else keeps pydantic's lax conversions
+fields (``betas: [true, 0.95]``); float fields refuse NaN and ±infinity (``lr: .inf``), and
+numeric fields integers beyond 64 bits. Everything else keeps pydantic's lax conversions
 (``lr: 1e-5``, which YAML 1.1 reads as a string, still becomes a float).
 """
 

@@ -518,7 +518,13 @@ def bar_chart(doc: dict[str, Any], out: Path) -> Path | None:
 
 
 def write_table_files(results: Path, console: Console | None = None) -> tuple[Path, Path | None]:
-    """Regenerate ``<results>.md`` (and ``.png``) beside a results JSON; returns their paths."""
+    """Regenerate ``<results>.md`` (and ``.png``) beside a results JSON; returns their paths. The
+    ``.md`` is written last, so a file that fails gets none.
+
+    Raises:
+        OSError, ValueError (also JSON's), KeyError, TypeError, AttributeError, IndexError,
+        OverflowError, RecursionError: an unreadable or malformed results file (:func:`markdown_table`).
+    """
     doc = json.loads(results.read_text())
     md, text = results.with_suffix(".md"), markdown_table(doc) + "\n"
     png = bar_chart(doc, results.with_suffix(".png"))
