@@ -305,7 +305,8 @@ MAX_YAML_VALUES = 1_000_000  # values in a config document once its aliases are 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
     """SafeLoader that refuses a key given twice in one mapping (YAML would keep the last silently),
-    a key that is a list or mapping, a value its tag cannot hold (``!!int abc``, ``0x_``),
+    a key that is not text (a list or mapping, or ``on``, ``5``, ``~``, which YAML reads as a
+    boolean, number or null), a value its tag cannot hold (``!!int abc``, ``0x_``),
     aliases that refer to themselves or expand to more than :data:`MAX_YAML_VALUES` values, and
     nesting deeper than :data:`MAX_YAML_DEPTH`. Each refusal is a ``yaml.MarkedYAMLError`` with the
     line where YAML has one."""
@@ -329,6 +330,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             if not isinstance(key_node, yaml.ScalarNode):
                 raise yaml.constructor.ConstructorError(None, None, f"a key must be a plain value, not a {type(key).__name__} (line {line})",
                                                         key_node.start_mark)  # fmt: skip
+            if not isinstance(key, str):  # on/off/yes/no, numbers, ~: every config key is text
+                raise yaml.constructor.ConstructorError(None, None, f"the key {key_node.value!r} reads as {type(key).__name__} {key!r} in YAML "
+                                                        f"(line {line}); keys are text: quote it", key_node.start_mark)  # fmt: skip
             if key in seen:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"duplicate key {key!r} (lines {seen[key]} and {line})", key_node.start_mark

@@ -234,6 +234,8 @@ def test_a_boolean_element_is_not_taken_for_a_number(tmp_path):
     ("data:\n  train_files: [x.json]\ncheckpoint: {every_steps: !!int abc}\n", r"line 3, .*cannot read 'abc' as int"),
     ("data:\n  train_files: [x.json]\ntrain:\n  lr: !!float true\n", r"line 4, .*cannot read 'true' as float"),
     ("data:\n  train_files: [x.json]\n? [a, b]\n: 1\n", r"line 3, .*a key must be a plain value, not a list"),
+    ("data:\n  train_files: [x.json]\ntrain:\n  on: 5\n", r"line 4, .*the key 'on' reads as bool True in YAML \(line 4\); keys are text: quote it"),
+    ("data:\n  train_files: [x.json]\nmodel:\n  config_overrides: {~: 3}\n", r"line 4, .*the key '~' reads as NoneType None"),
     ("data:\n  train_files: [x.json]\nmodel: {config_overrides: &a {x: *a}}\n", r"line 3, .*an alias refers to the anchor it is inside"),
     ("data:\n  train_files: [x.json]\nmodel:\n  config_overrides:\n    x: " + "[" * 70 + "]" * 70 + "\n", r"nested more than 64 levels deep"),
     ("a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n"
