@@ -190,7 +190,7 @@ class TrainConfig(_Section):
         description="fused: liger-kernel fused linear cross-entropy (no full fp32 logits; CUDA); torch: plain; auto: fused where it runs.",
     )
     fused_loss_chunk_mem: int = Field(
-        default=8, ge=1, strict=True,
+        default=8, ge=1,
         description="fused loss only: liger-kernel's chunk_mem_const. Each chunk of the LM head's logits holds about this "
         "many × (micro-batch tokens × hidden size) values: larger chunks, fewer passes over the fp32 weight gradient. "
         "1 is liger's default and the least memory; 8 was the fastest of 1, 4 and 8 in the step on H200 (bench/NOTES.md §8).",
@@ -202,7 +202,7 @@ class TrainConfig(_Section):
         "all-gather); needs torchao, and on CUDA compute capability >= 8.9 (L4, H100, H200). The LM head stays bf16.",
     )
     gpu_memory_limit_gib: float | None = Field(
-        default=None, ge=1, allow_inf_nan=False, strict=True,
+        default=None, ge=1,
         description="Cap each GPU worker's PyTorch allocations at this many GiB "
         "(torch.cuda.set_per_process_memory_fraction): emulates a smaller card on a larger one, e.g. 22.5 for an "
         "L4's usable memory. A step that needs more fails with CUDA out-of-memory, as on that card (the CUDA context "
@@ -436,10 +436,9 @@ def _format_validation_error(err: ValidationError, source: str, path: Path | Non
         loc = e["loc"]
         dotted = ".".join(str(x) for x in loc) or "<top level>"
         where = ""
-        ln = _line_of(path, loc) if path is not None and loc else None
         if any(dotted == o or dotted.startswith(o + ".") for o in overridden):
             where = " (from --set)"  # the value itself came from --set
-        elif ln:
+        elif ln := _line_of(path, loc) if path is not None and loc else None:
             where = f" (line {ln})"  # in the file (a section that --set only added keys to included)
         elif any(o.startswith(dotted + ".") for o in overridden):
             where = " (from --set)"  # a section that only --set created

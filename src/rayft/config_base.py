@@ -72,7 +72,7 @@ class ConfigModel(BaseModel):
 
     @field_validator("*", mode="before")
     @classmethod
-    def _no_boolean_numbers(cls, v: Any, info: ValidationInfo) -> Any:
+    def _check_numbers(cls, v: Any, info: ValidationInfo) -> Any:
         ann = cls.model_fields[info.field_name].annotation if info.field_name else None
         where = boolean_for_number(v, ann) if ann is not None else None
         if where is not None:

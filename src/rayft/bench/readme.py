@@ -23,13 +23,12 @@ Results files understood (by their ``figures``):
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from rayft.bench.train import status_text
+from rayft.bench.train import finite_number, md_cell, status_text
 from rayft.config import load_yaml
 
 import yaml
@@ -41,11 +40,6 @@ HEADER = "| job | GPUs | tokens/s/GPU | MFU | peak memory | results file |\n| --
 
 class ReadmeTableError(ValueError):
     """A bad rows file, a results file without the figures a row asks for, or missing markers."""
-
-
-def _cell(text: str) -> str:
-    """A Markdown table cell: no newline, no unescaped column separator."""
-    return " ".join(str(text).split()).replace("|", "\\|")
 
 
 def _field(obj: Any, key: str, where: str, *, kind: type | tuple[type, ...] = (int, float), optional: bool = False) -> Any:
@@ -64,7 +58,7 @@ def _field(obj: Any, key: str, where: str, *, kind: type | tuple[type, ...] = (i
     if not isinstance(v, kind) or (number and isinstance(v, bool)):
         want = "a number" if number else " or ".join(t.__name__ for t in (kind if isinstance(kind, tuple) else (kind,)))
         raise ReadmeTableError(f"{where}: field '{key}' must be {want}{' or null' if optional else ''}, got {_short(v)}")
-    if number and not _finite(v):
+    if number and not finite_number(v):
         raise ReadmeTableError(f"{where}: field '{key}' must be a finite number{' or null' if optional else ''}, got {_short(v)}")
     return v
 
@@ -73,12 +67,6 @@ def _short(v: Any) -> str:
     r = repr(v)
     return r if len(r) <= 40 else r[:37] + "..."
 
-
-def _finite(v: int | float) -> bool:
-    try:
-        return math.isfinite(v)
-    except OverflowError:  # an int beyond float's range
-        return False
 
 
 def _fmt(v: float | None, spec: str, suffix: str = "") -> str:
@@ -170,8 +158,8 @@ def render_table(rows_file: str | Path, root: str | Path | None = None) -> str:
             raise ReadmeTableError(f"{where}: {entry['file']}: not JSON this table can read: {type(e).__name__}: {str(e)[:120]}") from None
         cells = row_figures(doc, entry.get("select"), f"{where} ({entry['file']})")
         label = entry.get("label") or Path(entry["file"]).stem
-        lines.append(f"| {_cell(entry['job'])} | {cells['gpus']} | {_cell(cells['tps'])} | {cells['mfu']} | {cells['mem']} "
-                     f"| [{_cell(label)}]({entry['file']}) |")  # fmt: skip
+        lines.append(f"| {md_cell(entry['job'])} | {cells['gpus']} | {md_cell(cells['tps'])} | {cells['mfu']} | {cells['mem']} "
+                     f"| [{md_cell(label)}]({entry['file']}) |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

@@ -283,14 +283,15 @@ def window_rate(steps: list[dict[str, Any]], world: int) -> float:
     """
     for r in steps:
         t, n = r["step_time_s"], r["tokens"]
-        if not _finite_number(t) or not t > 0:
+        if not finite_number(t) or not t > 0:
             raise ValueError(f"step {r.get('step')}: step_time_s must be a positive number of seconds, got {t!r}")
-        if not _finite_number(n) or n < 0:
+        if not finite_number(n) or n < 0:
             raise ValueError(f"step {r.get('step')}: tokens must be a number >= 0, got {n!r}")
     return sum(r["tokens"] for r in steps) / sum(r["step_time_s"] for r in steps) / world
 
 
-def _finite_number(v: Any) -> bool:
+def finite_number(v: Any) -> bool:
+    """A real number (not a bool) that is finite, ints beyond float's range included as not."""
     if not isinstance(v, (int, float)) or isinstance(v, bool):
         return False
     try:
@@ -310,7 +311,7 @@ def run_window_rate(run: dict[str, Any], warmup_steps: int | None, world: int | 
     """
     stored = run.get("tokens_per_s_per_gpu_window")
     if stored is not None:
-        if not _finite_number(stored) or stored <= 0:
+        if not finite_number(stored) or stored <= 0:
             raise ValueError(f"tokens_per_s_per_gpu_window must be a positive number, got {stored!r}")
         return float(stored)
     if warmup_steps is None or world is None:
@@ -387,7 +388,7 @@ def _run_lines(r: dict[str, Any], fig: dict[str, Any]) -> tuple[str, str | None,
     st = r.get("settings")
     settings = f"- {name} × {workload}: " + ", ".join(f"{k} {v}" for k, v in st.items()) if st else None
     if status != "ok":
-        return f"| {name} | {workload} | {mb} | — | — | — | — | — | {_cell(status_text(status, r.get('error')))} |", settings, None, None
+        return f"| {name} | {workload} | {mb} | — | — | — | — | — | {md_cell(status_text(status, r.get('error')))} |", settings, None, None
     _number(r, "tokens_per_s_per_gpu", positive=True)
     for key in ("mfu", "peak_mem_gib", "usd_per_1m_tokens"):
         _number(r, key, optional=True)
@@ -413,10 +414,11 @@ def _text(r: dict[str, Any], key: str) -> str:
     v = r[key]
     if not isinstance(v, str):
         raise ValueError(f"{key} must be a string, got {v!r:.40}")
-    return _cell(v)
+    return md_cell(v)
 
 
-def _cell(v: str) -> str:
+def md_cell(v: str) -> str:
+    """Text for one Markdown table cell: whitespace folded to single spaces, ``|`` escaped."""
     return " ".join(v.split()).replace("|", "\\|")
 
 
@@ -429,7 +431,7 @@ def _number(r: dict[str, Any], key: str, *, positive: bool = False, optional: bo
     v = r.get(key) if optional else r[key]
     if v is None and optional:
         return
-    ok = _finite_number(v) and (v > 0 if positive else v >= 0)
+    ok = finite_number(v) and (v > 0 if positive else v >= 0)
     if not ok:
         raise ValueError(f"{where}{key} must be a {'positive' if positive else 'non-negative'} finite number{' or null' if optional else ''}, got {v!r:.40}")
 
