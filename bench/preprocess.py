@@ -15,7 +15,7 @@ Paths timed, each from the JSONL file to a TokenizedDataset (the Qwen2.5 tokeniz
 * ``ray``: ``load_conversations`` + ``tokenize_dataset_ray`` over an embedded local Ray of
   ``--cpus`` CPUs (Ray's start-up is timed separately, as ``ray_init_s``; the actor pool's start is
   inside the timed path); its result must equal the local one (``identical``);
-* ``cache_hit``: ``rayft.train.driver.prepare_data`` finding the entry written from the local result
+* ``cache_hit``: ``rayft.train.driver.load_run_data`` finding the entry written from the local result
   (hash the input file, load and verify the arrays).
 
 Writes one results JSON (:func:`rayft.bench.record.write_result`): command, commit, CPU model and
@@ -103,7 +103,7 @@ def main() -> None:
     from rayft.data.parallel import tokenize_dataset_ray
     from rayft.data.tokenize import fingerprint, tokenize_dataset
     from rayft.data.tokenizer import load_tokenizer
-    from rayft.train.driver import prepare_data
+    from rayft.train.driver import load_run_data
 
     pool = [r for f in files for r in json.loads(Path(f).read_text(encoding="utf-8"))]
     records = synthesize(pool, a.n, a.seed)
@@ -138,7 +138,7 @@ def main() -> None:
     cache_lib.save(cfg.data.cache_dir, key, cache_lib.CachedData({"train": local}), hashed)
     t_write = time.perf_counter() - t0
     t0 = time.perf_counter()
-    hit = prepare_data(cfg, Console(quiet=True))
+    hit = load_run_data(cfg, Console(quiet=True))
     t_hit = time.perf_counter() - t0
     assert hit.cache == "hit" and np.array_equal(hit.train.tokens, local.tokens)
     print(f"cache hit: {t_hit:.2f} s (tokenizer load + file hash + verified load), {a.n / t_hit:,.0f} records/s; write {t_write:.2f} s", flush=True)

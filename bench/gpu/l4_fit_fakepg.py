@@ -45,9 +45,10 @@ def main() -> None:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from rayft.config import ModelConfig, ParallelConfig, TrainConfig
-    from rayft.train.loop import cap_gpu_memory, micro_batch_loss
+    from rayft.train.device import cap_gpu_memory
     from rayft.train.model import build_sharded_model
     from rayft.train.optim import build_optimizer
+    from rayft.train.step import train_step
 
     dev = torch.device("cuda:0") if torch.cuda.is_available() else torch.device("cpu")
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=a.world)
@@ -59,11 +60,11 @@ def main() -> None:
     t = time.perf_counter()
     model = build_sharded_model(ModelConfig(name_or_path=a.model, attn_implementation="auto", init_device="gpu"), ParallelConfig(),
                                 device=dev, activation_checkpointing=a.ac, compile_layers=True, seed=0, cross_entropy="auto")  # fmt: skip
-    opt = build_optimizer(model, TrainConfig(lr=1e-5), dev)
+    opt = build_optimizer(model.module, TrainConfig(lr=1e-5), dev)
     res["build_s"] = round(time.perf_counter() - t, 1)
     gib = (lambda f: round(f() / 2**30, 2)) if dev.type == "cuda" else (lambda f: None)
     res["after_build_allocated_gib"] = gib(torch.cuda.memory_allocated)
-    vocab = model.config.vocab_size
+    vocab = model.module.config.vocab_size
     for mb in (int(v) for v in a.mbs.split(",")):
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
@@ -76,11 +77,8 @@ def main() -> None:
                 if dev.type == "cuda":
                     torch.cuda.synchronize()
                 t0 = time.perf_counter()
-                ce = micro_batch_loss(model, batch)
-                (ce / ids.numel()).backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                opt.step()
-                opt.zero_grad(set_to_none=True)
+                # rayft's own step; every rank of the fake group stands for one with the same token count
+                train_step(model, opt, [batch], n_trainable=a.world * ids.numel(), max_grad_norm=1.0)
                 if dev.type == "cuda":
                     torch.cuda.synchronize()
                 if i >= a.warm:

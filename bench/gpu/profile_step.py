@@ -17,8 +17,8 @@ from rayft.data.formats import load_conversations
 from rayft.data.packing import collate, plan_steps
 from rayft.data.tokenize import tokenize_dataset
 from rayft.data.tokenizer import load_tokenizer
-from rayft.train.loop import micro_batch_loss
 from rayft.train.model import build_sharded_model
+from rayft.train.step import train_step
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", default="qwen2.5-1.5b")
@@ -35,7 +35,7 @@ dev = torch.device("cuda:0")
 torch.cuda.set_device(dev)
 model = build_sharded_model(ModelConfig(name_or_path=a.model, attn_implementation=a.attn), ParallelConfig(), device=dev,
                             activation_checkpointing=False, compile_layers=False, seed=0)
-opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+opt = torch.optim.AdamW(model.module.parameters(), lr=1e-5, fused=True)
 tok = load_tokenizer("qwen2.5")
 ds = tokenize_dataset(tok, load_conversations(a.data), a.seq)
 plan = plan_steps(ds, rows_per_step=a.mb, row_len=a.seq, packing=True, shuffle=True, seed=0, epochs=1, max_steps=20)
@@ -46,14 +46,16 @@ def timed(name, make_batch, n=8, warm=3):
     for i in range(n + warm):
         b = make_batch(i)
         torch.cuda.synchronize(); t = time.perf_counter()
-        loss = micro_batch_loss(model, b) / 1000
-        loss.backward()
-        if a.clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0).full_tensor().item()
-        opt.step(); opt.zero_grad()
+        step(b)
         torch.cuda.synchronize(); ts.append(time.perf_counter() - t)
     ts = sorted(ts[warm:]); med = ts[len(ts) // 2]
     print(f"{name}: {1000 * med:.1f} ms/step, {a.mb * a.seq / med:,.0f} tokens/s (row tokens), peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB", flush=True)
+
+
+def step(b):
+    """rayft's own step (rayft.train.step.train_step) on one micro-batch; clipping with --clip."""
+    n = int((b["labels"] != -100).sum())
+    return train_step(model, opt, [b], n_trainable=n, max_grad_norm=1.0 if a.clip else None)
 
 
 def rnd(i):
@@ -78,7 +80,7 @@ from torch.profiler import ProfilerActivity, profile
 with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
     for i in range(2):
         b = packed(i)
-        micro_batch_loss(model, b).backward(); opt.step(); opt.zero_grad()
+        step(b)
     torch.cuda.synchronize()
 print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=60))
 print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=12, max_name_column_width=60))

@@ -3,7 +3,7 @@
     python3 bench/gpu/speed_matrix.py --name fused+compile --gpus 2 --ce fused --compile --mb 16 [--data packed]
 
 One process per GPU (torch.multiprocessing), the real model builder and loss
-(``build_sharded_model``, ``micro_batch_loss``), fused AdamW, grad clipping, as in the training
+(``build_sharded_model``, ``train_step``), fused AdamW, grad clipping, as in the training
 loop. Prints one JSON line: median step time over the timed steps, tokens/s/GPU (non-padding),
 MFU, peak memory; appends it to ``--out`` when given.
 """
@@ -44,18 +44,18 @@ def worker(rank: int, a) -> None:
     torch.cuda.set_device(dev)
     from rayft.config import ModelConfig, ParallelConfig
     from rayft.data.packing import collate, plan_steps
-    from rayft.train.loop import micro_batch_loss
     from rayft.train.metrics import flops_per_token, gpu_peak_flops, mfu
     from rayft.train.model import build_sharded_model, load_model_config, matmul_params
+    from rayft.train.step import global_counts, train_step
 
     mcfg = ModelConfig(name_or_path=a.model, attn_implementation=a.attn)
     model = build_sharded_model(
         mcfg, ParallelConfig(reshard_after_forward=not a.no_reshard), device=dev, activation_checkpointing=a.ac,
         compile_layers=a.compile, seed=0, liger_kernels=a.liger, cross_entropy=a.ce,
     )  # fmt: skip
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    opt = torch.optim.AdamW(model.module.parameters(), lr=1e-5, fused=True)
     conf = load_model_config(mcfg)
-    n_mm = matmul_params(model)
+    n_mm = matmul_params(model.module)
     _, peak = gpu_peak_flops(dev)
     if a.data in ("packed", "padded"):
         from rayft.data.formats import load_conversations
@@ -72,7 +72,7 @@ def worker(rank: int, a) -> None:
             ids = torch.randint(0, 151000, (a.mb, a.seq), generator=g)
             b = {"input_ids": ids, "position_ids": torch.arange(a.seq).expand(a.mb, -1).contiguous(),
                  "labels": torch.roll(ids, -1, 1), "cu_seq_lens": torch.arange(0, (a.mb + 1) * a.seq, a.seq, dtype=torch.int32),
-                 "num_tokens": torch.tensor(a.mb * a.seq), "attn_tokens_sq": torch.tensor(float(a.mb * a.seq * a.seq))}  # fmt: skip
+                 "num_tokens": torch.tensor(a.mb * a.seq), "num_trainable": torch.tensor(a.mb * a.seq), "attn_tokens_sq": torch.tensor(float(a.mb * a.seq * a.seq))}  # fmt: skip
         else:
             b = collate(ds, plan.rows[i % len(plan)][rank :: a.gpus], a.seq, 151643, fixed_len=packing)
         return {k: v.to(dev, non_blocking=True) for k, v in b.items()}
@@ -82,11 +82,8 @@ def worker(rank: int, a) -> None:
         b = batch(i)
         torch.cuda.synchronize()
         t = time.perf_counter()
-        loss = micro_batch_loss(model, b) / 1e4
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        counts = global_counts([b], time_vote=False, write_done=True, device=dev)  # the global trainable targets, as in training
+        loss = train_step(model, opt, [b], counts.trainable, max_grad_norm=1.0).loss
         torch.cuda.synchronize()
         if i >= a.warmup:
             times.append(time.perf_counter() - t)
@@ -97,11 +94,11 @@ def worker(rank: int, a) -> None:
     span = sum(sqs) / sum(toks)
     fpt = flops_per_token(n_mm, conf.num_hidden_layers, conf.hidden_size, span)
     res = {
-        "name": a.name, "gpus": a.gpus, "mb": a.mb, "seq": a.seq, "data": a.data, "attn": model.config._attn_implementation,
+        "name": a.name, "gpus": a.gpus, "mb": a.mb, "seq": a.seq, "data": a.data, "attn": model.attn_implementation,
         "ce": a.ce, "compile": a.compile, "liger": a.liger, "ac": a.ac, "reshard_after_forward": not a.no_reshard,
         "step_s_median": round(med, 4), "step_s_min": round(min(times), 4), "step_s_max": round(max(times), 4),
         "tokens_per_s_per_gpu": round(tps), "mfu": round(mfu(tps, fpt, peak), 4),
-        "peak_mem_gib": round(torch.cuda.max_memory_allocated(dev) / 2**30, 1), "loss_last": round(float(loss) * 1e4 / toks[-1], 4),
+        "peak_mem_gib": round(torch.cuda.max_memory_allocated(dev) / 2**30, 1), "loss_last": round(loss, 4),
     }  # fmt: skip
     if rank == 0:
         print("RESULT " + json.dumps(res), flush=True)

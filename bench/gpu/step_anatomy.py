@@ -124,14 +124,15 @@ def worker(rank: int, a) -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from rayft.config import ModelConfig, ParallelConfig, TrainConfig
-    from rayft.train.loop import micro_batch_loss
+    from rayft.train.loss import TokenLoss
     from rayft.train.model import build_sharded_model
     from rayft.train.optim import build_optimizer
+    from rayft.train.step import train_step
 
     model = build_sharded_model(ModelConfig(name_or_path="qwen2.5-1.5b", attn_implementation="auto", init_device="gpu"),
                                 ParallelConfig(reshard_after_forward=False, reduce_dtype=a.reduce_dtype), device=dev, activation_checkpointing=False,
                                 compile_layers=True, seed=0, cross_entropy="fused")  # fmt: skip
-    opt = build_optimizer(model, TrainConfig(lr=1e-5), dev)
+    opt = build_optimizer(model.module, TrainConfig(lr=1e-5), dev)
     B, L = a.mb, a.seq
     gen = torch.Generator(device=dev).manual_seed(rank)
 
@@ -140,19 +141,15 @@ def worker(rank: int, a) -> None:
         return {"input_ids": ids, "position_ids": torch.arange(L, device=dev).expand(B, -1), "labels": ids,
                 "cu_seq_lens": torch.arange(0, B * L + 1, L, device=dev, dtype=torch.int32)}  # fmt: skip
 
-    def step():
-        b = batch()
-        ce = micro_batch_loss(model, b)
-        (ce * (a.ng / b["labels"].numel())).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return ce
+    def step(accum: int = 1):
+        """rayft's own step (rayft.train.step.train_step) over ``accum`` micro-batches; every token is a target."""
+        bs = [batch() for _ in range(accum)]
+        return train_step(model, opt, bs, n_trainable=a.ng * sum(b["labels"].numel() for b in bs), max_grad_norm=1.0)
 
     results = {}
     for name in a.variants.split(","):
         backends, chunk = VARIANTS[name]
-        model.rayft_fused_ce_options = {"chunk_mem_const": chunk}
+        model.loss = TokenLoss("fused", {"chunk_mem_const": chunk})
         torch._dynamo.reset()
         ctx = sdpa_kernel([getattr(SDPBackend, x) for x in backends], set_priority=True) if backends else contextlib.nullcontext()
         times, fb, op = [], [], []
@@ -160,24 +157,17 @@ def worker(rank: int, a) -> None:
         try:
             with ctx:
                 for i in range(a.warm + a.steps):
-                    e = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
-                    torch.cuda.synchronize(); t = time.perf_counter()  # noqa: E702
-                    e[0].record()
-                    for j in range(a.accum):  # gradient accumulation: reduce-scatter on the last micro-batch only
-                        model.set_requires_gradient_sync(j == a.accum - 1)
-                        b = batch()
-                        ce = micro_batch_loss(model, b)
-                        (ce * (a.ng / (a.accum * b["labels"].numel()))).backward()
-                    e[1].record()
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                    opt.step(); opt.zero_grad(set_to_none=True)  # noqa: E702
-                    e[2].record()
-                    loss = ce.item()
+                    torch.cuda.synchronize()
+                    t = time.perf_counter()
+                    r = step(a.accum)  # gradient accumulation: reduce-scatter on the last micro-batch only
+                    loss = r.loss
                     dt = time.perf_counter() - t
                     if i == 0:
                         first = time.perf_counter() - t_first
                     if i >= a.warm:
-                        times.append(dt); fb.append(e[0].elapsed_time(e[1]) / 1e3); op.append(e[1].elapsed_time(e[2]) / 1e3)  # noqa: E702
+                        times.append(dt)
+                        fb.append(r.fwd_bwd_s)
+                        op.append(r.optim_s)
             med = statistics.median(times)
             results[name] = {"step_s": round(med, 4), "step_s_min": round(min(times), 4), "step_s_max": round(max(times), 4),
                              "fwd_bwd_s": round(statistics.median(fb), 4), "clip_optim_s": round(statistics.median(op), 4),

@@ -44,7 +44,7 @@ def _dataset():
 @pytest.mark.parametrize("attn,ce", [("varlen", "fused"), ("varlen", "torch"), ("sdpa", "torch")])
 def test_each_document_in_a_packed_row_has_its_alone_loss(pg, attn, ce):
     from rayft.data.packing import collate
-    from rayft.train.loop import micro_batch_loss
+    from rayft.train.step import micro_batch_loss
 
     model, ds = _model(attn, ce), _dataset()
     dev = torch.device("cuda:0")
@@ -60,7 +60,7 @@ def test_each_document_in_a_packed_row_has_its_alone_loss(pg, attn, ce):
 
 def test_varlen_and_fused_match_the_reference_path(pg):
     from rayft.data.packing import collate
-    from rayft.train.loop import micro_batch_loss
+    from rayft.train.step import micro_batch_loss
 
     ds, dev = _dataset(), torch.device("cuda:0")
     batch = {k: v.to(dev) for k, v in collate(ds, [[0, 1], [2, 3]], 2048, 0).items()}
@@ -69,7 +69,7 @@ def test_varlen_and_fused_match_the_reference_path(pg):
         model = _model(attn, ce)
         loss = micro_batch_loss(model, batch)
         loss.backward()
-        grad = model.model.layers[0].mlp.down_proj.weight.grad.full_tensor().float()
+        grad = model.module.model.layers[0].mlp.down_proj.weight.grad.full_tensor().float()
         losses[attn] = (float(loss), grad)
         del model
     (l_ref, g_ref), (l_new, g_new) = losses["sdpa"], losses["varlen"]

@@ -58,7 +58,7 @@ def test_ray_path_reports_the_first_bad_example_like_the_local_path(ray_local, q
 
 
 def test_prepare_data_with_preprocess_ray(ray_local, tmp_path):
-    from rayft.train.driver import prepare_data
+    from rayft.train.driver import load_run_data
 
     src = shared_path("data", "alpaca_en_demo.json")
     cfg_file = tmp_path / "job.yaml"
@@ -67,10 +67,10 @@ def test_prepare_data_with_preprocess_ray(ray_local, tmp_path):
         "train: {num_workers: 1, use_gpu: false}\n"
     )
     console = Console(record=True, width=400)
-    d = prepare_data(load_config(cfg_file), console)
+    d = load_run_data(load_config(cfg_file), console)
     out = console.export_text()
     assert out.count("with Ray Data on 2 CPUs") == 2  # training and validation parts
-    local = prepare_data(load_config(cfg_file, ["data.preprocess=local"]), Console(quiet=True))
+    local = load_run_data(load_config(cfg_file, ["data.preprocess=local"]), Console(quiet=True))
     assert_identical(d.train, local.train)
     assert_identical(d.validation, local.validation)
     assert len(d.validation) == 100 and (len(d.train), d.train.dropped_no_trainable) == (895, 4)  # 999 = 899 + 100 records

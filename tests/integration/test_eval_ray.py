@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from rich.console import Console
 
 from rayft.config import load_config
-from rayft.train.driver import prepare_data, run_training
+from rayft.train.driver import load_run_data, run_training
 
 pytestmark = pytest.mark.integration
 
@@ -72,7 +72,7 @@ def test_eval_every_step_on_the_training_set(ray_local, tmp_path):
     from transformers import AutoModelForCausalLM
 
     cfg = job(tmp_path, "data.validation_files=[chat.jsonl]", "train.eval_every=1")
-    ds = prepare_data(cfg, Console(quiet=True)).validation
+    ds = load_run_data(cfg, Console(quiet=True)).validation
     n_targets = sum(int(ds.example(i)[1][1:].sum()) for i in range(len(ds)))
     summary = run_training(cfg, console=Console(quiet=True))
     hist = history(tmp_path)
@@ -100,7 +100,7 @@ def test_held_out_fraction_is_evaluated_once_at_the_end_by_default(ray_local, tm
     from transformers import AutoModelForCausalLM
 
     cfg = job(tmp_path, "data.validation_fraction=0.4", "train.epochs=2", "train.micro_batch_size=1", "train.grad_accum_steps=1")
-    data = prepare_data(cfg, Console(quiet=True))
+    data = load_run_data(cfg, Console(quiet=True))
     assert (len(data.train), len(data.validation)) == (3, 2)
     summary = run_training(cfg, console=Console(quiet=True))
     hist = history(tmp_path)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from rayft.train import driver
+from rayft.train import driver, ray_cluster
 
 pytestmark = pytest.mark.integration
 
@@ -25,9 +25,9 @@ def test_a_path_every_node_sees_passes(two_node_ray, tmp_path):
     import ray
 
     assert len([n for n in ray.nodes() if n["Alive"]]) == 2
-    assert driver.nodes_missing_storage(str(tmp_path / "runs")) == []
+    assert ray_cluster.nodes_missing_storage(str(tmp_path / "runs")) == []
     assert list((tmp_path / "runs").iterdir()) == []  # the marker is cleaned up
-    assert driver.nodes_missing_storage("s3://bucket/prefix") == []
+    assert ray_cluster.nodes_missing_storage("s3://bucket/prefix") == []
 
 
 def test_node_local_storage_is_refused_before_any_worker(two_node_ray, tmp_path, monkeypatch):
@@ -39,6 +39,6 @@ def test_node_local_storage_is_refused_before_any_worker(two_node_ray, tmp_path,
     (tmp_path / "job.yaml").write_text("data: {train_files: [d.jsonl]}\ntrain: {num_workers: 1, use_gpu: false}\n")
     cfg = load_config(tmp_path / "job.yaml")
     # on one host every node shares the disk; stand in for a second host that cannot see the path
-    monkeypatch.setattr(driver, "nodes_missing_storage", lambda path: ["10.0.1.7"])
+    monkeypatch.setattr(ray_cluster, "nodes_missing_storage", lambda path: ["10.0.1.7"])
     with pytest.raises(driver.TrainError, match=r"node-local: Ray nodes 10\.0\.1\.7 cannot see it.*FSx for Lustre.*s3://"):
         driver.run_training(cfg)

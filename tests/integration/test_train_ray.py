@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from rayft.config import load_config
-from rayft.train.driver import TrainError, prepare_dataset, run_training
+from rayft.train.driver import TrainError, load_run_data, run_training
 
 pytestmark = pytest.mark.integration
 
@@ -49,7 +49,7 @@ def reference_first_step_loss(cfg):
     from rayft.train.loop import make_plan
     from rayft.train.model import load_full_state_dict, load_model_config
 
-    _, _, ds = prepare_dataset(cfg, __import__("rich.console").console.Console(quiet=True))
+    ds = load_run_data(cfg, __import__("rich.console").console.Console(quiet=True)).train
     conf = load_model_config(cfg.model)
     model = AutoModelForCausalLM.from_config(conf)
     model.load_state_dict(load_full_state_dict(cfg.model, conf, cfg.train.seed))

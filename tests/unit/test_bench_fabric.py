@@ -347,7 +347,7 @@ def test_bench_fabric_help():
 
 
 def test_driver_forwards_only_nccl_variables_to_the_workers(monkeypatch):
-    from rayft.train.driver import worker_env_vars
+    from rayft.train.ray_cluster import worker_env_vars
 
     monkeypatch.setenv("NCCL_NET", "Socket")
     monkeypatch.setenv("NCCL_DEBUG", "INFO")

@@ -142,7 +142,8 @@ def test_flash_attention_with_packed_micro_batches_is_refused(tmp_path):
 
 
 def test_dashboard_url_as_ray_address_is_explained(tmp_path):
-    from rayft.train.driver import TrainError, connect_ray
+    from rayft.train.driver import TrainError
+    from rayft.train.ray_cluster import connect_ray
 
     cfg = load_config(write(tmp_path, "data:\n  train_files: [x.json]\nray:\n  address: http://127.0.0.1:8265\n"))
     with pytest.raises(TrainError, match=r"dashboard \(job submission\) URL: use `rayft submit`"):

@@ -9,7 +9,8 @@ from rich.console import Console
 
 from rayft.config import ConfigError, load_config
 from rayft.data import cache as cache_lib
-from rayft.train.driver import TrainError, prepare_data, split_validation
+from rayft.data.formats import DataError
+from rayft.data.prepare import prepare_data, split_validation
 
 RECORDS = [
     {"messages": [{"role": "user", "content": f"Add {a} and {b}."}, {"role": "assistant", "content": f"{a} + {b} = {a + b}"}]}
@@ -30,9 +31,17 @@ def job(tmp_path, *overrides, records=RECORDS):
     return load_config(cfg_file, list(overrides))
 
 
+SHARED = {}  # the session's tokenizer, handed to every prepare_data call (built once per test run)
+
+
+@pytest.fixture(autouse=True)
+def _shared_tokenizer(qwen_tokenizer):
+    SHARED["tokenizer"] = qwen_tokenizer
+
+
 def run(cfg):
     console = Console(record=True, width=400)
-    d = prepare_data(cfg, console)
+    d = prepare_data(cfg, console, SHARED["tokenizer"], "qwen2.5")
     return d, console.export_text().splitlines()
 
 
@@ -113,17 +122,13 @@ def test_changed_byte_seq_len_or_template_misses_end_to_end(tmp_path, monkeypatc
 
     import rayft.data.tokenizer as tk
 
-    real = tk.load_tokenizer
-
-    def other_template(*a, **k):
-        t = real(*a, **k)
-        t.chat_template = tk.CHATML_TEMPLATE.replace("<|im_end|>\\n", "<|im_end|>\\n\\n")
-        return t
-
-    monkeypatch.setattr(tk, "load_tokenizer", other_template)
-    changed, _ = run(cfg)
+    tokenizer = SHARED["tokenizer"]
+    tokenizer.chat_template = tk.CHATML_TEMPLATE.replace("<|im_end|>\\n", "<|im_end|>\\n\\n")
+    try:
+        changed, _ = run(cfg)
+    finally:
+        tokenizer.chat_template = tk.CHATML_TEMPLATE
     assert changed.cache == "miss" and not same(changed.train, first.train)
-    monkeypatch.setattr(tk, "load_tokenizer", real)
 
     f = tmp_path / "chat.jsonl"
     f.write_bytes(f.read_bytes().replace(b"30 + 4 = 34", b"30 + 4 = 35"))
@@ -167,7 +172,7 @@ def test_validation_fraction_split_is_deterministic_and_cached(tmp_path):
     assert split_validation(list(range(10)), 0.25, seed=0) == (train, val)
     assert split_validation(list(range(10)), 0.25, seed=1) != (train, val)
     assert split_validation([1, 2], 0.01, seed=0)[1] != []  # at least one held out
-    with pytest.raises(TrainError, match=r"data.validation_fraction=0.4 of 1 record\(s\) leaves no training record"):
+    with pytest.raises(DataError, match=r"data.validation_fraction=0.4 of 1 record\(s\) leaves no training record"):
         split_validation([1], 0.4, seed=0)
 
     cfg = job(tmp_path, "data.validation_fraction=0.25", "data.seed=4")

@@ -346,14 +346,18 @@ def _job(tmp_path, data_files, *overrides):
     return load_config(cfg_file, list(overrides))
 
 
-def test_prepare_dataset_prints_skips_and_refuses_an_emptied_dataset(tmp_path):
+def test_prepare_data_prints_skips_and_refuses_an_emptied_dataset(tmp_path, qwen_tokenizer):
     from rich.console import Console
 
     from rayft.config import ConfigError
-    from rayft.train.driver import TrainError, prepare_dataset
+    from rayft.data.prepare import prepare_data
+
+    def prepare_dataset(cfg, console):
+        d = prepare_data(cfg, console, qwen_tokenizer, "qwen2.5")
+        return d.tokenizer, d.tokenizer_name, d.train
 
     p = write(tmp_path, "mix.jsonl", BAD_MIX)
-    with pytest.raises(TrainError) as e:
+    with pytest.raises(DataError) as e:
         prepare_dataset(_job(tmp_path, [p]), Console(quiet=True))
     assert str(e.value) == f"{p}:2: invalid JSON: Expecting value (column 15)"
     console = Console(record=True, width=400)
@@ -368,7 +372,7 @@ def test_prepare_dataset_prints_skips_and_refuses_an_emptied_dataset(tmp_path):
 
     bad = write(tmp_path, "allbad.jsonl", '{"messages": []}\n[2]\n')
     console = Console(record=True, width=400)
-    with pytest.raises(TrainError) as e:
+    with pytest.raises(DataError) as e:
         prepare_dataset(_job(tmp_path, [bad], "data.on_bad_record=skip"), console)
     assert str(e.value) == f"empty dataset: all 2 records were bad and skipped in ['{bad}']"
     assert console.export_text().splitlines()[0] == "data: skipped 2 bad record(s) of 2 (data.on_bad_record: skip):"

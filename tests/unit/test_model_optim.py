@@ -30,7 +30,7 @@ def test_sharded_model_matches_the_reference_with_and_without_activation_checkpo
     ref_logits.sum().backward()
     grads = {}
     for ac in (False, True):
-        m = build_sharded_model(cfg, ParallelConfig(), device=torch.device("cpu"), activation_checkpointing=ac, compile_layers=False, seed=7)
+        m = build_sharded_model(cfg, ParallelConfig(), device=torch.device("cpu"), activation_checkpointing=ac, compile_layers=False, seed=7).module
         assert tied_embeddings(m)
         # 2 layers of hidden 64 plus the 151,936 × 64 embedding, which the LM head shares
         assert matmul_params(m) == sum(p.numel() for p in ref.parameters()) == 9_798_208
@@ -96,15 +96,15 @@ def test_float8_converts_only_decoder_linears_and_keeps_the_model_close(one_rank
     stay close to bf16-free fp32 ones; a step trains; the full state dict holds plain fp32 tensors."""
     pytest.importorskip("torchao.float8", reason="train.float8 needs torchao (pip install 'rayft[fp8]')")
     from rayft.train.checkpoint import full_model_state_dict
-    from rayft.train.model import after_optimizer_step
 
     cfg = ModelConfig(name_or_path="qwen2-tiny")
     cpu = torch.device("cpu")
-    ref = build_sharded_model(cfg, ParallelConfig(), device=cpu, activation_checkpointing=False, compile_layers=False, seed=7)
-    m = build_sharded_model(cfg, ParallelConfig(), device=cpu, activation_checkpointing=False, compile_layers=False, seed=7, float8=True)
+    ref = build_sharded_model(cfg, ParallelConfig(), device=cpu, activation_checkpointing=False, compile_layers=False, seed=7).module
+    sharded = build_sharded_model(cfg, ParallelConfig(), device=cpu, activation_checkpointing=False, compile_layers=False, seed=7, float8=True)
+    m = sharded.module
     kinds = {n: type(mod).__name__ for n, mod in m.named_modules() if isinstance(mod, torch.nn.Linear)}
     assert sum(k == "Float8Linear" for k in kinds.values()) == 2 * 7  # q, k, v, o, gate, up, down in each of 2 layers
-    assert kinds["lm_head"] == "Linear" and m.rayft_float8 is True
+    assert kinds["lm_head"] == "Linear" and sharded.float8 is True
     sd, want = full_model_state_dict(m), full_model_state_dict(ref)
     assert type(sd["model.layers.0.mlp.up_proj.weight"]) is torch.Tensor
     assert sd["model.layers.0.mlp.up_proj.weight"].dtype == torch.float32
@@ -118,6 +118,6 @@ def test_float8_converts_only_decoder_linears_and_keeps_the_model_close(one_rank
     before = m.model.layers[0].mlp.up_proj.weight.full_tensor().clone()
     m(input_ids=ids, labels=ids).loss.backward()
     opt.step()
-    after_optimizer_step(m)
+    sharded.after_optimizer_step()
     assert not torch.equal(m.model.layers[0].mlp.up_proj.weight.full_tensor(), before)
     assert torch.isfinite(m(input_ids=ids).logits).all()

@@ -6,7 +6,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from rayft.config import ModelConfig
 from rayft.train.attention import resolve_attn_implementation, unsupported_attention_features
-from rayft.train.loss import attach_token_loss, logit_transforms, resolve_cross_entropy
+from rayft.train.loss import TokenLoss, logit_transforms, resolve_cross_entropy
 from rayft.train.model import load_model_config
 
 CPU = torch.device("cpu")
@@ -54,8 +54,7 @@ def test_loss_method_torch_and_hf_paths_give_the_same_sum():
     ref = torch.nn.functional.cross_entropy(model(input_ids=ids, position_ids=pos).logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum")
     got = {}
     for impl in ("torch", "hf"):
-        attach_token_loss(model, impl)
-        got[impl] = float(model.token_loss_sum(ids, pos, labels))
+        got[impl] = float(TokenLoss.create(impl).compute(model, ids, pos, labels))
     assert got["torch"] == pytest.approx(float(ref), rel=1e-6)
     assert got["hf"] == pytest.approx(float(ref), rel=1e-6)
 
@@ -68,11 +67,11 @@ def test_varlen_gets_boundaries_only_for_rows_holding_several_documents(monkeypa
     from rayft.data.packing import collate
     from rayft.data.tokenize import TokenizedDataset
     from rayft.train.attention import VARLEN
-    from rayft.train.loop import micro_batch_loss
+    from rayft.train.step import micro_batch_loss
 
     class Fake:
         def __init__(self, impl):
-            self.config = type("C", (), {"_attn_implementation": impl})()
+            self.attn_implementation = impl
             self.kwargs = None
 
         def token_loss_sum(self, ids, pos, labels, **kw):
@@ -126,14 +125,13 @@ def _fake_liger(monkeypatch, with_chunk_param: bool):
 def test_fused_loss_gets_the_configured_chunking_where_liger_has_it(monkeypatch, with_chunk_param):
     seen = _fake_liger(monkeypatch, with_chunk_param)
     model, ids, pos, labels = _tiny_model_and_batch(8)
-    attach_token_loss(model, "torch")
-    ref = float(model.token_loss_sum(ids, pos, labels))
+    ref = float(TokenLoss.create("torch").compute(model, ids, pos, labels))
     if with_chunk_param:
-        attach_token_loss(model, "fused", chunk_mem=8)
+        loss = TokenLoss.create("fused", chunk_mem=8)
     else:
         with pytest.warns(UserWarning, match=r"fused_loss_chunk_mem=8: this liger-kernel has no chunk_mem_const"):
-            attach_token_loss(model, "fused", chunk_mem=8)
-    got = float(model.token_loss_sum(ids, pos, labels))
+            loss = TokenLoss.create("fused", chunk_mem=8)
+    got = float(loss.compute(model, ids, pos, labels))
     assert got == pytest.approx(ref, rel=1e-6)
     assert seen == [{"chunk_mem_const": 8} if with_chunk_param else {}]
 
@@ -142,7 +140,7 @@ def test_gpu_memory_limit_is_a_fraction_of_the_card_and_refused_above_it_or_off_
     from pydantic import ValidationError
 
     from rayft.config import TrainConfig
-    from rayft.train.loop import cap_gpu_memory, memory_fraction
+    from rayft.train.device import cap_gpu_memory, memory_fraction
 
     h200 = 143771 * 2**20  # bytes, nvidia-smi's memory.total of an H200
     assert memory_fraction(22.5, h200) == pytest.approx(22.5 * 1024 / 143771)  # an L4's usable 22.5 GiB: 16.0% of an H200

@@ -2,7 +2,7 @@
 
 
 def test_wall_timeline_splits_a_run_at_its_marks():
-    from rayft.train.driver import wall_timeline
+    from rayft.train.summary import wall_timeline
 
     marks = {"start": 100.0, "data_ready": 103.0, "ray_ready": 110.0, "fit_called": 111.0, "fit_returned": 200.0}
     history = [{"worker_entry_unix": 140.0, "time_setup_s": 6.0, "step_time_s": 12.0, "unix_time": 158.0}, {"unix_time": 180.0}]

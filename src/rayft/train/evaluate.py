@@ -33,8 +33,9 @@ def evaluate(model, val_ds, rows: list[list[int]], cfg, pad_id: int, device: tor
     """Collective (every rank calls it): the model's mean loss over the validation set.
 
     Args:
+        model: the :class:`~rayft.train.model.ShardedModel`.
         rows: :func:`eval_rows`. loss_fn: ``(model, batch) → 0-d`` sum of token losses over the
-            batch's trainable targets (``loop.micro_batch_loss``).
+            batch's trainable targets (:func:`rayft.train.step.micro_batch_loss`).
     Returns:
         ``{"eval_loss": mean nats per trainable token (float), "eval_tokens": trainable targets (float)}``.
     Raises:
@@ -44,8 +45,9 @@ def evaluate(model, val_ds, rows: list[list[int]], cfg, pad_id: int, device: tor
     mbs = cfg.train.micro_batch_size
     mine = rows[rank::world]
     n_micro = math.ceil(len(rows) / (world * mbs))  # the same on every rank
-    was_training = model.training
-    model.eval()
+    module = model.module
+    was_training = module.training
+    module.eval()
     totals = torch.zeros(2, dtype=torch.float64, device=device)  # [sum of token losses, trainable targets]
     with torch.no_grad():
         for k in range(n_micro):
@@ -53,7 +55,7 @@ def evaluate(model, val_ds, rows: list[list[int]], cfg, pad_id: int, device: tor
             batch = {key: v.to(device, non_blocking=True) for key, v in b.items()}
             totals[0] += loss_fn(model, batch).double()
             totals[1] += batch["num_trainable"].double()
-    model.train(was_training)
+    module.train(was_training)
     dist.all_reduce(totals)
     loss_sum, count = totals.tolist()
     loss = loss_sum / count
@@ -76,13 +78,13 @@ class Evaluator:
     def __call__(self, model) -> dict[str, float]:
         return evaluate(model, self.val, self.rows, self.cfg, self.pad_id, self.device, self.loss_fn)
 
-    def before_training(self, model, start_step: int, rank: int, progress) -> None:
+    def before_training(self, model, start_step: int, progress) -> None:
         """With ``train.eval_every``, a fresh run (not a resumed one) evaluates the initial model
-        and rank 0 sends ``{"eval_initial": {"eval_loss", "eval_tokens"}}`` to the driver."""
+        and sends an :class:`~rayft.train.events.InitialEvalEvent` to the driver (``progress``:
+        a :class:`~rayft.train.events.ProgressChannel`, silent on every rank but 0)."""
+        from rayft.train.events import InitialEvalEvent
+
         if self.val is None or not self.cfg.train.eval_every or start_step != 0:
             return
         result = self(model)
-        if rank == 0 and progress is not None:
-            import ray
-
-            ray.get(progress.actor.put_nowait.remote({"eval_initial": result}))
+        progress.send(InitialEvalEvent(result["eval_loss"], result["eval_tokens"]), wait=True)

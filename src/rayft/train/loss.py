@@ -5,14 +5,15 @@ in fp32 before the backward pass doubles it. The ``fused`` implementation (liger
 linear cross-entropy) computes the LM head and the loss chunk by chunk and never holds them all;
 ``torch`` is the plain reference (one matmul, fp32 log-softmax) and the CPU path.
 
-The loss runs as a method of the FSDP2 root module registered with
-``register_fsdp_forward_method``, so the root's parameters (embedding, final norm, LM head) are
-gathered around it exactly as around ``forward``.
+:class:`TokenLoss` is the loss as a typed value; on the FSDP2 root it runs as a method registered
+with ``register_fsdp_forward_method`` (:func:`enable_sharded_token_loss`), so the root's
+parameters (embedding, final norm, LM head) are gathered around it exactly as around ``forward``.
 """
 
 from __future__ import annotations
 
 import types
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -85,37 +86,71 @@ def fused_options(chunk_mem: int) -> dict:
     return {}
 
 
-def attach_token_loss(model: torch.nn.Module, impl: str, chunk_mem: int = 1) -> None:
-    """Give the (FSDP2-sharded) causal LM a ``token_loss_sum(input_ids, position_ids, labels, **kw)``
-    method: the fp32 sum of cross-entropies over targets ≠ −100 (a 0-d tensor). ``impl``: ``fused``
-    (liger, chunked by ``chunk_mem``: :func:`fused_options`), ``torch`` (head matmul + fp32
-    cross-entropy) or ``hf`` (the model's own logits).
+@dataclass(frozen=True)
+class TokenLoss:
+    """The training loss as a value: which implementation runs and liger's options.
 
-    Shapes: ``input_ids``, ``position_ids``, ``labels`` int64 [B, L], labels already shifted;
-    extra keyword arguments (e.g. ``cu_seq_lens``) reach the attention layers.
+    ``impl``: ``fused`` (liger's fused linear cross-entropy, chunked by ``fused_options``:
+    :func:`fused_options`), ``torch`` (head matmul + fp32 cross-entropy) or ``hf`` (the model's own
+    logits, for models with a logit transform). ``fused_options``: extra keyword arguments for
+    liger's function (``{"chunk_mem_const": n}`` or empty).
     """
-    from torch.distributed.fsdp import register_fsdp_forward_method
 
-    # extra keyword arguments for liger's fused loss, read at each call (bench/gpu/step_anatomy.py varies them)
-    model.rayft_fused_ce_options = fused_options(chunk_mem) if impl == "fused" else {}
+    impl: str
+    fused_options: dict = field(default_factory=dict)
 
-    def token_loss_sum(self, input_ids, position_ids, labels, **kwargs):
+    @classmethod
+    def create(cls, impl: str, chunk_mem: int = 1) -> TokenLoss:
+        """``impl`` with liger's chunking ``chunk_mem`` (used by ``fused`` only; warns as
+        :func:`fused_options` does)."""
+        return cls(impl, fused_options(chunk_mem) if impl == "fused" else {})
+
+    @property
+    def chunk_mem(self) -> int | None:
+        """liger's ``chunk_mem_const`` as passed (None: not the fused loss, or a liger without it)."""
+        return self.fused_options.get("chunk_mem_const")
+
+    def compute(self, model: torch.nn.Module, input_ids, position_ids, labels, **attn_kwargs) -> torch.Tensor:
+        """The fp32 sum of cross-entropies over targets ≠ −100 (a 0-d tensor) of the causal LM
+        ``model`` (an unsharded one, or called through :func:`enable_sharded_token_loss`'s method).
+
+        Shapes: ``input_ids``, ``position_ids``, ``labels`` int64 [B, L], labels already shifted;
+        ``attn_kwargs`` (e.g. ``cu_seq_lens``) reach the attention layers.
+        """
         target = labels.flatten()
-        if impl == "hf":  # the model's forward applies its own logit transform
-            logits = self.forward(input_ids=input_ids, position_ids=position_ids, **kwargs).logits
+        if self.impl == "hf":  # the model's forward applies its own logit transform
+            logits = model.forward(input_ids=input_ids, position_ids=position_ids, **attn_kwargs).logits
             return F.cross_entropy(logits.flatten(0, 1).float(), target, ignore_index=IGNORE_INDEX, reduction="sum")
-        hidden = self.model(input_ids=input_ids, position_ids=position_ids, **kwargs).last_hidden_state.flatten(0, 1)
-        weight = self.get_output_embeddings().weight
-        if impl == "fused" and torch.is_grad_enabled():  # (under no_grad liger would still build gradients)
+        hidden = model.model(input_ids=input_ids, position_ids=position_ids, **attn_kwargs).last_hidden_state.flatten(0, 1)
+        weight = model.get_output_embeddings().weight
+        if self.impl == "fused" and torch.is_grad_enabled():  # (under no_grad liger would still build gradients)
             from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
 
             return liger_fused_linear_cross_entropy(
-                hidden, weight, target, ignore_index=IGNORE_INDEX, reduction="sum", accum_dtype=torch.float32,
-                **self.rayft_fused_ce_options,
+                hidden, weight, target, ignore_index=IGNORE_INDEX, reduction="sum", accum_dtype=torch.float32, **self.fused_options
             ).float()
         logits = F.linear(hidden, weight).float()
         return F.cross_entropy(logits, target, ignore_index=IGNORE_INDEX, reduction="sum")
 
-    model.token_loss_sum = types.MethodType(token_loss_sum, model)
-    if hasattr(model, "_get_fsdp_state"):  # sharded: gather the root's parameters around the call
-        register_fsdp_forward_method(model, "token_loss_sum")
+
+SHARDED_LOSS_METHOD = "token_loss_sum"
+
+
+def _token_loss_sum(self, loss: TokenLoss, input_ids, position_ids, labels, **attn_kwargs):
+    return loss.compute(self, input_ids, position_ids, labels, **attn_kwargs)
+
+
+def enable_sharded_token_loss(model: torch.nn.Module) -> None:
+    """Make ``model.token_loss_sum(loss, input_ids, position_ids, labels, **kw)`` run ``loss`` on the
+    FSDP2 root ``model`` with its parameters gathered.
+
+    Why a method on the module: FSDP2 gathers the root's parameters (embedding, final norm, LM head)
+    only around ``forward`` and around methods registered with ``register_fsdp_forward_method``,
+    and the loss reads the LM head outside ``forward`` (the fused loss never materialises the
+    logits). The method holds no state: the :class:`TokenLoss` is passed in at each call (see
+    :class:`rayft.train.model.ShardedModel`, which does that).
+    """
+    from torch.distributed.fsdp import register_fsdp_forward_method
+
+    setattr(model, SHARDED_LOSS_METHOD, types.MethodType(_token_loss_sum, model))
+    register_fsdp_forward_method(model, SHARDED_LOSS_METHOD)

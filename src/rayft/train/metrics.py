@@ -1,4 +1,4 @@
-"""Throughput, MFU and memory, counted one way everywhere (ARCHITECTURE.md, "MFU").
+"""Throughput, MFU and memory, counted one way everywhere (this docstring holds the MFU formula).
 
 FLOPs per trained token = 6 × N_matmul + 12 × layers × hidden × S, where N_matmul counts every
 parameter in a matrix product (the LM head included even when tied to the embedding) and S is the
@@ -15,7 +15,7 @@ import re
 
 import torch
 
-# Dense bf16 tensor-core peaks, FLOP/s (NVIDIA datasheets; ARCHITECTURE.md).
+# Dense bf16 tensor-core peaks, FLOP/s (NVIDIA datasheets).
 PEAK_BF16_FLOPS = {
     "H200": 989e12,
     "H100": 989e12,

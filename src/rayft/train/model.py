@@ -11,6 +11,7 @@ allocates its shards, and receives its part of rank 0's weights through
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,6 +21,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 from rayft.config import ModelConfig, ParallelConfig
+from rayft.train.loss import SHARDED_LOSS_METHOD, TokenLoss, enable_sharded_token_loss
 
 # Published configurations (config.json of Qwen/Qwen2.5-*B on the Hugging Face hub).
 _QWEN2_5_COMMON = dict(
@@ -151,6 +153,39 @@ def _reset_rotary_buffers(model: torch.nn.Module, device: torch.device) -> None:
             )
 
 
+@dataclass
+class ShardedModel:
+    """The FSDP2-sharded causal LM and the features it was built with.
+
+    ``module``: the FSDP2 root (a transformers causal LM; its state dict keys are the model's own).
+    ``loss``: the training loss (:class:`~rayft.train.loss.TokenLoss`); ``float8``: the decoder
+    layers' linear layers train in float8 (:func:`apply_float8`).
+    """
+
+    module: torch.nn.Module
+    loss: TokenLoss
+    float8: bool = False
+
+    @property
+    def attn_implementation(self) -> str:
+        """The transformers attention implementation that runs (e.g. ``rayft_varlen``, ``sdpa``)."""
+        return self.module.config._attn_implementation
+
+    def token_loss_sum(self, input_ids, position_ids, labels, **attn_kwargs) -> torch.Tensor:
+        """Sum of token cross-entropies (fp32, 0-d) over ``labels`` ≠ −100, the root's parameters
+        gathered by FSDP2 around it. Shapes: int64 [B, L] each; ``attn_kwargs`` reach attention."""
+        return getattr(self.module, SHARDED_LOSS_METHOD)(self.loss, input_ids, position_ids, labels, **attn_kwargs)
+
+    def after_optimizer_step(self) -> None:
+        """Work due after each ``optimizer.step()``: with float8 weights all-gathered by FSDP2,
+        compute every weight's float8 scale for the next step in one all-reduce (torchao's
+        ``precompute_float8_dynamic_scale_for_fsdp``) instead of one per weight at all-gather time."""
+        if self.float8:
+            from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+            precompute_float8_dynamic_scale_for_fsdp(self.module)
+
+
 def build_sharded_model(
     model_cfg: ModelConfig,
     par: ParallelConfig,
@@ -163,13 +198,14 @@ def build_sharded_model(
     cross_entropy: str = "auto",
     float8: bool = False,
     fused_loss_chunk_mem: int = 8,
-) -> torch.nn.Module:
-    """The FSDP2-sharded causal LM with fp32 master weights, ready to train.
+) -> ShardedModel:
+    """The FSDP2-sharded causal LM with fp32 master weights, ready to train, with its features.
 
     Compute runs in ``par.param_dtype`` on GPU and fp32 on CPU; gradients reduce in
-    ``par.reduce_dtype``. Call on every rank of an initialised process group. The model gets a
-    ``token_loss_sum`` method (:func:`rayft.train.loss.attach_token_loss`, ``cross_entropy``:
-    auto|fused|torch; ``fused_loss_chunk_mem``: the fused loss's chunk size, liger's ``chunk_mem_const``);
+    ``par.reduce_dtype``. Call on every rank of an initialised process group. The loss
+    (:class:`~rayft.train.loss.TokenLoss`; ``cross_entropy``: auto|fused|torch;
+    ``fused_loss_chunk_mem``: the fused loss's chunk size, liger's ``chunk_mem_const``) runs through
+    :meth:`ShardedModel.token_loss_sum`;
     ``liger_kernels`` swaps in liger-kernel's RMSNorm, SwiGLU and RoPE (Qwen2);
     ``float8`` converts the decoder layers' linear layers to float8 training (:func:`apply_float8`).
 
@@ -178,7 +214,7 @@ def build_sharded_model(
         ValueError: an attention, loss or float8 mode that cannot run on ``device``.
     """
     from rayft.train.attention import resolve_attn_implementation
-    from rayft.train.loss import attach_token_loss, resolve_cross_entropy
+    from rayft.train.loss import resolve_cross_entropy
 
     conf = load_model_config(model_cfg)
     conf._attn_implementation = resolve_attn_implementation(model_cfg.attn_implementation, device, conf)
@@ -221,10 +257,9 @@ def build_sharded_model(
         torch.cuda.empty_cache()  # the full fp32 copy (6 GiB for 1.5B) goes back to the device
     _reset_rotary_buffers(model, device)
     assert tied_embeddings(model) == tied, "tied input/output embeddings must stay one tensor after sharding"
-    attach_token_loss(model, ce_impl, chunk_mem=fused_loss_chunk_mem)
-    model.rayft_cross_entropy = ce_impl  # what ran, for the metrics
+    enable_sharded_token_loss(model)
     model.train()
-    return model
+    return ShardedModel(model, TokenLoss.create(ce_impl, chunk_mem=fused_loss_chunk_mem), float8=float8)
 
 
 def _apply_liger(model: torch.nn.Module, device: torch.device) -> None:
@@ -287,23 +322,12 @@ def apply_float8(model: torch.nn.Module, device: torch.device) -> int:
     n = sum(type(m).__name__ == "Float8Linear" for m in model.modules())
     if n == 0:
         raise ValueError("train.float8: no linear layer of the decoder layers has both dimensions a multiple of 16; nothing to run in float8")
-    model.rayft_float8 = True
     return n
-
-
-def after_optimizer_step(model: torch.nn.Module) -> None:
-    """Work due after each ``optimizer.step()``: with float8 weights all-gathered by FSDP2, compute
-    every weight's float8 scale for the next step in one all-reduce (torchao's
-    ``precompute_float8_dynamic_scale_for_fsdp``) instead of one per weight at all-gather time."""
-    if getattr(model, "rayft_float8", False):
-        from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
-
-        precompute_float8_dynamic_scale_for_fsdp(model)
 
 
 def matmul_params(model: torch.nn.Module) -> int:
     """Parameters that take part in matrix products: all unique parameters, minus the input
-    embedding (a lookup), plus the LM head (counted even when tied). See ARCHITECTURE.md (MFU)."""
+    embedding (a lookup), plus the LM head (counted even when tied). See :mod:`rayft.train.metrics` (MFU)."""
     total = sum(p.numel() for p in model.parameters())
     emb = model.get_input_embeddings().weight
     head = model.get_output_embeddings().weight

@@ -1,0 +1,133 @@
+"""What workers tell the driver during a run: typed progress events over one channel.
+
+Rank 0 sends; the driver drains the channel into its live display and the run's summary. Why not
+``ray.train.report`` for this: it waits for the Ray Train controller to consume each result (a
+queue of one), which costs ~1.5 s per call — a whole step at 1.5B scale — so live metrics travel
+through a ``ray.util.queue.Queue`` of our own, and ``ray.train.report`` is not used per step.
+
+An event that is not one of the types below is an error on both sides, never taken for a step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Union
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """One finished step. ``metrics``: the step's record as written to ``rayft_metrics.jsonl``
+    (``step``, ``loss``, ``tokens_per_s_per_gpu``, ...: :func:`rayft.train.loop.step_record`)."""
+
+    metrics: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class CheckpointEvent:
+    """A checkpoint finished writing. ``timing``: its step, path and seconds
+    (:meth:`rayft.train.checkpoint.CheckpointWriter.save`)."""
+
+    timing: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ResumedEvent:
+    """The workers loaded a checkpoint: its ``step``, the world size it was saved at and the
+    current one, and the load time ``load_s`` (seconds)."""
+
+    step: int
+    from_world_size: int
+    world_size: int
+    load_s: float
+
+
+@dataclass(frozen=True)
+class InitialEvalEvent:
+    """The validation loss before the first step: ``eval_loss`` (nats per trainable token) and
+    ``eval_tokens`` (trainable validation targets)."""
+
+    eval_loss: float
+    eval_tokens: float
+
+
+@dataclass(frozen=True)
+class ExportEvent:
+    """The Hugging Face export was written and checked: ``export_dir``,
+    ``export_max_abs_logit_diff``, ``export_tied``, ``trained_float8``."""
+
+    info: dict[str, Any]
+
+
+ProgressEvent = Union[StepEvent, CheckpointEvent, ResumedEvent, InitialEvalEvent, ExportEvent]
+EVENT_TYPES = (StepEvent, CheckpointEvent, ResumedEvent, InitialEvalEvent, ExportEvent)
+
+
+class UnknownEventError(TypeError):
+    """Something other than a :data:`ProgressEvent` was sent or received."""
+
+
+def check_event(event: object) -> ProgressEvent:
+    """``event`` itself when it is a progress event.
+
+    Raises:
+        UnknownEventError: any other object (a dict included: the old untyped messages).
+    """
+    if not isinstance(event, EVENT_TYPES):
+        raise UnknownEventError(f"not a progress event: {type(event).__name__} {event!r:.200}")
+    return event
+
+
+class ProgressChannel:
+    """The driver↔rank-0 channel. Created on the driver (``ProgressChannel.open()``), pickled into
+    the workers' arguments; a channel without a queue (:meth:`silent`, and every rank but 0 through
+    :meth:`for_rank`) drops what it is sent."""
+
+    def __init__(self, queue=None):
+        self.queue = queue  # ray.util.queue.Queue, or None
+
+    @classmethod
+    def open(cls) -> ProgressChannel:
+        """A channel over a new Ray queue (needs a connected Ray)."""
+        from ray.util.queue import Queue
+
+        return cls(Queue())
+
+    @classmethod
+    def silent(cls) -> ProgressChannel:
+        return cls(None)
+
+    def for_rank(self, rank: int) -> ProgressChannel:
+        """This channel on rank 0, a silent one elsewhere (only rank 0 reports)."""
+        return self if rank == 0 else ProgressChannel.silent()
+
+    def send(self, event: ProgressEvent, wait: bool = False) -> None:
+        """Queue ``event`` without blocking; ``wait``: until it is in the queue (the last messages
+        before a worker exits, which would otherwise be lost with it).
+
+        Raises:
+            UnknownEventError: ``event`` is not a progress event.
+        """
+        check_event(event)
+        if self.queue is None:
+            return
+        sent = self.queue.actor.put_nowait.remote(event)
+        if wait:
+            import ray
+
+            ray.get(sent)
+
+    def drain(self) -> list[ProgressEvent]:
+        """Every event queued so far, oldest first (driver side; never blocks).
+
+        Raises:
+            UnknownEventError: the queue held something that is not a progress event.
+        """
+        from ray.util.queue import Empty
+
+        events: list[ProgressEvent] = []
+        while self.queue is not None:
+            try:
+                events.append(check_event(self.queue.get_nowait()))
+            except Empty:
+                break
+        return events

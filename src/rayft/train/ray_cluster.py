@@ -1,0 +1,150 @@
+"""Reaching Ray and checking what it has: the connection, workers against resources, shared
+checkpoint storage across nodes, and the workers' environment."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from rayft.config import RayftConfig
+from rayft.train.errors import TrainError
+
+
+def connect_ray(cfg: RayftConfig) -> str:
+    """Join the cluster at ray.address / RAY_ADDRESS, else start an embedded local Ray. Returns which."""
+    import ray
+
+    address = cfg.ray.address or os.environ.get("RAY_ADDRESS")
+    os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
+    kwargs: dict[str, Any] = dict(
+        logging_level="ERROR", log_to_driver=cfg.ray.log_to_driver, include_dashboard=False,
+        configure_logging=True,
+    )  # fmt: skip
+    if ray.is_initialized():
+        return "existing"
+    if address:
+        if address.startswith(("http://", "https://")):
+            raise TrainError(
+                f"Ray address {address} is a dashboard (job submission) URL: use `rayft submit` with it, or give "
+                "the cluster's GCS address (host:6379, or `auto` on a cluster node) to `rayft train`"
+            )
+        ray.init(address=address, **kwargs)
+        return address
+    ray.init(address="local", num_cpus=cfg.ray.num_cpus, **kwargs)  # never attach to a `ray start` cluster by accident
+    return "embedded local Ray"
+
+
+def resolve_workers(cfg: RayftConfig) -> tuple[int, bool]:
+    """(number of workers, use GPUs) from the config and the cluster's resources.
+
+    ``num_workers: auto`` is every GPU in the cluster, or one CPU worker when there is none.
+
+    Raises:
+        TrainError: more GPUs (or CPUs) requested than the cluster has — at once, never a silent wait.
+    """
+    import ray
+
+    res = ray.cluster_resources()
+    gpus, cpus = int(res.get("GPU", 0)), res.get("CPU", 0)
+    use_gpu = gpus > 0 if cfg.train.use_gpu == "auto" else bool(cfg.train.use_gpu)
+    n = cfg.train.num_workers
+    if n == "auto":
+        n = gpus if use_gpu else 1
+    if use_gpu and n > gpus:
+        raise TrainError(
+            f"train.num_workers={n} needs {n} GPUs but the Ray cluster has {gpus}; "
+            f"lower train.num_workers or add GPU nodes"
+        )
+    free_gpus = int(ray.available_resources().get("GPU", 0))
+    if use_gpu and n > free_gpus:
+        print(f"warning: {n} GPUs needed, {free_gpus} free now (others are in use): the run waits until they are released")
+    need_cpu = n * cfg.train.cpus_per_worker
+    if need_cpu > cpus:
+        raise TrainError(
+            f"{n} workers × train.cpus_per_worker={cfg.train.cpus_per_worker} need {need_cpu:g} CPUs "
+            f"but the Ray cluster has {cpus:g}"
+        )
+    return n, use_gpu
+
+
+def nodes_missing_storage(storage_path: str) -> list[str]:
+    """Addresses of live Ray nodes that cannot see ``storage_path`` (a local path).
+
+    A marker with a random token is written from one node and read back on every other node, so a
+    node-local directory that merely exists everywhere is told apart from a shared file system.
+    Returns ``[]`` for URIs (``s3://``) and single-node clusters.
+    """
+    import uuid
+
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    if "://" in storage_path or len(nodes) <= 1:
+        return []
+    token = uuid.uuid4().hex
+    marker = os.path.join(os.path.abspath(storage_path), f".rayft-shared-{token}")
+
+    @ray.remote(num_cpus=0)
+    def probe(path: str, action: str) -> bool:
+        if action == "write":
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                f.write(token)
+            return True
+        if action == "remove":
+            os.remove(path)
+            return True
+        try:
+            with open(path) as f:
+                return f.read() == token
+        except OSError:
+            return False
+
+    def on(node):
+        return probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False))
+
+    first, rest = nodes[0], nodes[1:]
+    ray.get(on(first).remote(marker, "write"))
+    try:
+        seen = ray.get([on(n).remote(marker, "read") for n in rest])
+    finally:
+        ray.get(on(first).remote(marker, "remove"))
+    return [n["NodeManagerAddress"] for n, ok in zip(rest, seen) if not ok]
+
+
+def worker_env_vars() -> dict[str, str]:
+    """Environment variables the Ray Train workers get on top of their node's.
+
+    ``TOKENIZERS_PARALLELISM=false``, plus every ``NCCL_*`` variable set in the driver's
+    environment: on an embedded local Ray the workers inherit them anyway, on a remote cluster
+    this is how ``NCCL_DEBUG=INFO rayft train ...`` (or ``NCCL_NET=Socket``) reaches the workers.
+    """
+    env = {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}
+    env["TOKENIZERS_PARALLELISM"] = "false"
+    return env
+
+
+def check_worker_environment(cfg: RayftConfig, use_gpu: bool) -> None:
+    """What the workers will need, checked from the driver before they start: a GPU memory cap
+    only for GPU workers, torchao for ``train.float8`` (the driver's environment stands for the
+    workers': embedded Ray, or the same image), and checkpoint storage every node can see.
+
+    Raises:
+        TrainError: naming the setting and what to do.
+    """
+    if cfg.train.gpu_memory_limit_gib is not None and not use_gpu:
+        raise TrainError(f"train.gpu_memory_limit_gib={cfg.train.gpu_memory_limit_gib:g} caps GPU workers' memory, "
+                         "but this run's workers are CPU workers (no GPU in the Ray cluster, or train.use_gpu: false)")  # fmt: skip
+    if cfg.train.float8:  # the driver's environment stands for the workers' (embedded Ray, or the same image)
+        try:
+            import torchao.float8  # noqa: F401
+        except ImportError:
+            raise TrainError("train.float8 needs the torchao package (in a clone: pip install -e '.[fp8]')") from None
+    blind = nodes_missing_storage(cfg.checkpoint.storage_path)
+    if blind:
+        raise TrainError(
+            f"checkpoint.storage_path={cfg.checkpoint.storage_path} is node-local: Ray nodes {', '.join(blind)} cannot "
+            "see it, so checkpoints could not be resumed there. Use a file system mounted on every node "
+            "(e.g. FSx for Lustre at /fsx) or an s3://bucket/prefix URI."
+        )

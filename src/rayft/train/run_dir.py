@@ -1,0 +1,58 @@
+"""The run directory on the driver: where it is, creating or checking it, and the records the
+driver writes there (``rayft.yaml``, ``rayft_metrics.jsonl``, ``rayft_summary.json``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.text import Text
+
+from rayft.config import RayftConfig, dump_config
+from rayft.train.errors import TrainError
+
+
+def run_dir_of(cfg: RayftConfig, name: str) -> str:
+    """``checkpoint.storage_path/name``: an absolute local path, or a URI under an ``s3://`` storage path."""
+    sp = cfg.checkpoint.storage_path
+    return f"{sp.rstrip('/')}/{name}" if "://" in sp else str(Path(sp).resolve() / name)
+
+
+def prepare_run_dir(run_dir: str, resume: str | None, cfg: RayftConfig, console: Console) -> str | None:
+    """Create a new run directory, or check a resumed one; returns the checkpoint to resume from.
+
+    Raises:
+        TrainError: a new run whose directory already holds a run (Ray Train would silently
+            continue it), or ``--resume`` of a directory without a complete checkpoint.
+    """
+    from rayft.train.checkpoint import find_checkpoints, is_complete
+
+    d = Path(run_dir)
+    if not resume:
+        if d.is_dir() and (any(d.glob("checkpoint_*")) or (d / "checkpoint_manager_snapshot.json").exists()):
+            raise TrainError(f"{run_dir} already holds a run: continue it with --resume {run_dir}, or pick another checkpoint.name")
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "rayft.yaml").write_text(dump_config(cfg))
+        return None
+    if not d.is_dir():
+        raise TrainError(f"--resume {resume}: no run directory at {run_dir}")
+    for c in sorted(d.glob("checkpoint_*")):
+        if not is_complete(c):
+            console.print(Text.assemble(("warning", "yellow"), f": skipping incomplete checkpoint {c} (interrupted save?)"))
+    done = find_checkpoints(d)
+    if not done:
+        raise TrainError(f"--resume {resume}: no complete checkpoint in {run_dir}")
+    console.print(f"resuming {run_dir} from its checkpoint of step {done[-1][0]}", highlight=False)
+    return str(done[-1][1])
+
+
+def write_run_records(run_dir: str, history: list[dict], summary: dict, resumed: bool) -> None:
+    """Write ``rayft_metrics.jsonl`` (one line per reported step; a resumed run keeps the original
+    run's lines before its first step) and ``rayft_summary.json`` into a local ``run_dir``."""
+    metrics_file = Path(run_dir) / "rayft_metrics.jsonl"
+    earlier = [json.loads(x) for x in metrics_file.read_text().splitlines()] if resumed and metrics_file.exists() else []
+    first = history[0]["step"] if history else float("inf")
+    merged = [h for h in earlier if h["step"] < first] + history  # a resumed run keeps the original curve
+    metrics_file.write_text("".join(json.dumps(h) + "\n" for h in merged))
+    (Path(run_dir) / "rayft_summary.json").write_text(json.dumps(summary, indent=2))

@@ -1,0 +1,164 @@
+"""One optimizer step: micro-batches in, the step's loss, gradient norm and phase timings out.
+
+The loss is the mean cross-entropy over every trainable token of the *global* batch (all ranks,
+all accumulation micro-batches): each micro-batch contributes ``sum(token losses) / N_global``
+where ``N_global`` (:func:`global_counts`) is all-reduced before the first backward. FSDP2 averages
+gradients over ranks, so the backward loss is multiplied by the world size to undo that average.
+Uneven shards (a rank with fewer rows at the end of an epoch) are therefore weighted correctly.
+
+The training loop (:mod:`rayft.train.loop`) and every benchmark under ``bench/gpu/`` call
+:func:`train_step`; none keeps a copy of it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from rayft.train.attention import VARLEN
+from rayft.train.model import ShardedModel
+
+
+def micro_batch_loss(model: ShardedModel, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Sum of token cross-entropies (fp32, 0-d) over the micro-batch's trainable targets.
+
+    ``batch``: :func:`rayft.data.packing.collate`'s tensors on the model's device.
+    Variable-length attention gets the document boundaries only when some row holds more than one
+    document (more boundaries than rows); rows of one document each (random full-length rows, or a
+    row per long example) need no boundaries and run plain causal attention.
+    """
+    multi_doc = batch["cu_seq_lens"].numel() - 1 > batch["input_ids"].shape[0]  # shapes only: no device sync
+    extra = {}
+    if model.attn_implementation == VARLEN and multi_doc:
+        # the document count varies between micro-batches: compile its dimension as dynamic from the
+        # first call instead of recompiling when the second micro-batch brings another count
+        torch._dynamo.maybe_mark_dynamic(batch["cu_seq_lens"], 0)
+        extra = {"cu_seq_lens": batch["cu_seq_lens"]}
+    return model.token_loss_sum(batch["input_ids"], batch["position_ids"], batch["labels"], **extra)
+
+
+@dataclass(frozen=True)
+class GlobalCounts:
+    """The step's sums over every rank (one all-reduce): ``trainable`` targets (the loss's
+    denominator), non-padding ``tokens``, ``attn_tokens_sq`` (Σ document length², for MFU's
+    attention span), and the two checkpoint votes: ``time_vote`` > 0 when rank 0's clock says a
+    save is due, ``writes_done`` = ranks whose background save finished."""
+
+    trainable: float
+    tokens: float
+    attn_tokens_sq: float
+    time_vote: float
+    writes_done: float
+
+
+def global_counts(batches: list[dict[str, torch.Tensor]], time_vote: bool, write_done: bool, device: torch.device) -> GlobalCounts:
+    """Collective: the step's token counts and checkpoint votes summed over ranks.
+
+    Reading the result synchronises with the device: the step's data phase ends here.
+    """
+    counts = [sum(b[k] for b in batches).to(torch.float64) for k in ("num_trainable", "num_tokens", "attn_tokens_sq")]
+    counts += [torch.tensor(float(v), dtype=torch.float64, device=device) for v in (time_vote, write_done)]
+    stacked = torch.stack(counts)
+    dist.all_reduce(stacked)
+    return GlobalCounts(*stacked.tolist())
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one optimizer step did: ``loss`` (mean nats per trainable token of the global batch),
+    ``grad_norm`` (the total gradient norm before clipping), ``fwd_bwd_s`` and ``optim_s`` (GPU
+    seconds from CUDA events on a GPU, CPU wall seconds on the CPU)."""
+
+    loss: float
+    grad_norm: float
+    fwd_bwd_s: float
+    optim_s: float
+
+
+def forward_backward(model: ShardedModel, batches: list[dict[str, torch.Tensor]], n_trainable: float, world: int) -> torch.Tensor:
+    """Forward and backward over the micro-batches, gradients reduced after the last one.
+
+    Returns the rank's sum of token losses (float64, 0-d, detached; not yet all-reduced).
+    """
+    loss_sum = torch.zeros((), device=batches[0]["input_ids"].device, dtype=torch.float64)
+    for i, batch in enumerate(batches):
+        model.module.set_requires_gradient_sync(i == len(batches) - 1)
+        ce = micro_batch_loss(model, batch)
+        (ce * (world / n_trainable)).backward()
+        loss_sum += ce.detach().double()
+    return loss_sum
+
+
+def optimizer_step(model: ShardedModel, optimizer: torch.optim.Optimizer, max_grad_norm: float | None) -> torch.Tensor:
+    """Clip (when ``max_grad_norm``), step, zero the gradients; returns the total gradient norm
+    before clipping (0-d, on the device)."""
+    params = model.module.parameters
+    if max_grad_norm:
+        grad_norm = torch.nn.utils.clip_grad_norm_(params(), max_grad_norm)
+    else:
+        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params() if p.grad is not None])
+    grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    model.after_optimizer_step()
+    return grad_norm
+
+
+def train_step(
+    model: ShardedModel, optimizer: torch.optim.Optimizer, batches: list[dict[str, torch.Tensor]], n_trainable: float, max_grad_norm: float | None
+) -> StepResult:
+    """Collective: one optimizer step over this rank's ``batches``.
+
+    Args:
+        batches: the rank's micro-batches (:func:`rayft.data.packing.collate`, on the device).
+        n_trainable: the global batch's trainable targets (:func:`global_counts`), > 0.
+        max_grad_norm: clip the total gradient norm to this (None or 0: no clipping).
+
+    The phase times come from CUDA events read after the step's one sync (the loss): nothing
+    synchronises between backward and the optimizer, so the CPU launches the clipping and
+    optimizer kernels while the backward still runs. A non-finite loss is returned as it is (the
+    caller decides: the training loop stops with an error).
+    """
+    world = dist.get_world_size()
+    on_gpu = batches[0]["input_ids"].device.type == "cuda"
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(3)] if on_gpu else None
+    t0 = time.perf_counter()
+    if events:
+        events[0].record()
+    loss_sum = forward_backward(model, batches, n_trainable, world)
+    if events:
+        events[1].record()
+    t1 = time.perf_counter()
+    grad_norm = optimizer_step(model, optimizer, max_grad_norm)
+    if events:
+        events[2].record()
+    dist.all_reduce(loss_sum)
+    loss = loss_sum.item() / n_trainable  # the step's sync point
+    if events:
+        fwd_bwd_s, optim_s = events[0].elapsed_time(events[1]) / 1e3, events[1].elapsed_time(events[2]) / 1e3
+    else:
+        fwd_bwd_s, optim_s = t1 - t0, time.perf_counter() - t1
+    return StepResult(loss, float(grad_norm), fwd_bwd_s, optim_s)
+
+
+class StepClock:
+    """Wall time per step, with pauses: :meth:`lap` returns the seconds since the previous lap (or
+    :meth:`skip`), :meth:`skip` restarts the count so that what ran since (a checkpoint, an
+    evaluation, a one-off staging) is not step time."""
+
+    def __init__(self) -> None:
+        self.mark = time.perf_counter()
+
+    def since_mark(self) -> float:
+        return time.perf_counter() - self.mark
+
+    def lap(self) -> float:
+        now = time.perf_counter()
+        dt, self.mark = now - self.mark, now
+        return dt
+
+    def skip(self) -> None:
+        self.mark = time.perf_counter()

@@ -1,0 +1,88 @@
+"""The run's summary on the driver: the figures of the last and median steps, where the wall
+time went, and the table printed at the end."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from rayft.train.errors import TrainError
+
+
+def wall_timeline(marks: dict[str, float], history: list[dict]) -> dict[str, float] | None:
+    """Where a run's wall time went, in seconds, from the driver's clock marks (unix seconds:
+    ``start``, ``data_ready``, ``ray_ready``, ``fit_called``, ``fit_returned``) and the first and
+    last step's metrics (``worker_entry_unix``, ``time_setup_s``, ``step_time_s``, ``unix_time``).
+
+    Returns:
+        ``data`` (read + tokenize, or the cache), ``ray`` (connect / start Ray), ``workers_start``
+        (fit called → rank 0 enters the training function: the Ray Train controller, worker
+        processes, process group), ``worker_setup`` (model build, weight load, optimizer, resume),
+        ``first_step`` (with compilation), ``steps`` (the other steps, with checkpoint saves and
+        evaluations), ``end`` (last step's end → fit returns: the final save, export, shutdown),
+        ``total``; None when the metrics lack the marks (a run of an older rayft). Clocks of other
+        nodes are compared as they are: on a cluster, differences carry their clock offset.
+    """
+    if not history or "worker_entry_unix" not in history[0] or "unix_time" not in history[-1]:
+        return None
+    first, last = history[0], history[-1]
+    return {
+        "data": marks["data_ready"] - marks["start"],
+        "ray": marks["ray_ready"] - marks["data_ready"],
+        "workers_start": first["worker_entry_unix"] - marks["fit_called"],
+        "worker_setup": first["time_setup_s"],
+        "first_step": first["step_time_s"],
+        "steps": last["unix_time"] - first["unix_time"],
+        "end": marks["fit_returned"] - last["unix_time"],
+        "total": marks["fit_returned"] - marks["start"],
+    }
+
+
+def build_summary(history: list[dict], extra: dict, run_dir: str, total: int, console: Console, wall: dict | None = None) -> dict:
+    if not history:
+        raise TrainError("training finished without reporting a step")
+    last = history[-1]
+    steady = history[min(3, len(history) - 1) :]
+    tps = sorted(h["tokens_per_s_per_gpu"] for h in steady)
+    evals = [h for h in history if "eval_loss" in h]
+    med = tps[len(tps) // 2]
+    summary = {
+        "run_dir": run_dir,
+        "steps": last["step"],
+        "total_steps": total,
+        "first_loss": history[0]["loss"],
+        "final_loss": last["loss"],
+        "median_tokens_per_s_per_gpu": med,
+        "median_mfu": sorted(h["mfu"] for h in steady)[len(steady) // 2] if last.get("mfu") is not None else None,
+        "peak_mem_gib": max((h["peak_mem_gib"] or 0) for h in history) if last.get("peak_mem_gib") else None,
+        "gpu": last["gpu"],
+        "world_size": last["world_size"],
+        "export": extra["export"],
+        "checkpoints": extra["checkpoints"],
+        "resumes": extra["resumes"],
+        "eval_loss_initial": extra.get("eval_initial", {}).get("eval_loss"),
+        "eval_loss": evals[-1]["eval_loss"] if evals else None,
+        "eval_step": evals[-1]["step"] if evals else None,
+        "wall_s": wall,
+    }
+    export = extra["export"]
+    t = Table(title="rayft run summary", show_header=False)
+    t.add_row("run", run_dir)
+    t.add_row("steps", f"{last['step']}/{total}")
+    t.add_row("loss", f"{history[0]['loss']:.4f} → {last['loss']:.4f}")
+    if evals:
+        before = f"{summary['eval_loss_initial']:.4f} → " if summary["eval_loss_initial"] is not None else ""
+        t.add_row("eval loss", f"{before}{evals[-1]['eval_loss']:.4f} (step {evals[-1]['step']})")
+    t.add_row(f"tokens/s/{'GPU' if last['gpu'] != 'cpu' else 'worker'} (median)", f"{med:,.0f}")
+    if summary["median_mfu"] is not None:
+        t.add_row("MFU (median)", f"{100 * summary['median_mfu']:.1f}% of {last['peak_flops'] / 1e12:.0f} TFLOP/s")
+    if summary["peak_mem_gib"]:
+        t.add_row("peak GPU memory", f"{summary['peak_mem_gib']:.1f} GiB")
+    t.add_row("workers", f"{last['world_size']} × {last['gpu']}")
+    if wall:
+        t.add_row("wall time", f"{wall['total']:.0f} s: " + ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in wall.items() if k != "total"))
+    if export:
+        vs = ", float8-trained model vs the export" if export.get("trained_float8") else ""
+        t.add_row("HF export", f"{export['export_dir']} (max |Δlogit| {export['export_max_abs_logit_diff']:.2e}{vs})")
+    console.print(t)
+    return summary

@@ -1,0 +1,63 @@
+"""What every Ray Train worker receives from the driver: one picklable, typed object.
+
+Ray Train hands ``train_loop_config`` (a dict) to the training function; rayft puts a single
+:class:`WorkerArgs` in it under ``"args"`` so that the fields are named and typed on both sides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rayft.config import RayftConfig
+from rayft.train.events import ProgressChannel
+
+LOOP_CONFIG_KEY = "args"
+
+
+@dataclass(frozen=True)
+class WorkerArgs:
+    """Everything a worker needs besides Ray Train's context.
+
+    Fields:
+        config: the resolved :class:`RayftConfig` as JSON-compatible data (validated again on the
+            worker, so a worker never runs an unvalidated config).
+        dataset: ``ray.ObjectRef`` of the training :class:`~rayft.data.tokenize.TokenizedDataset`.
+        validation: ``ray.ObjectRef`` of the validation TokenizedDataset, or None.
+        pad_id: the tokenizer's padding token id.
+        data_fingerprint: :func:`rayft.data.tokenize.fingerprint` of the training data (a resume
+            refuses a checkpoint of other data).
+        tokenizer: the tokenizer's name or directory (written into checkpoints and the export).
+        run_dir: the run directory (a local path or an ``s3://`` URI).
+        progress: the channel to the driver's display (:class:`ProgressChannel`).
+        resume_from: the checkpoint ``--resume`` chose, or None.
+    """
+
+    config: dict[str, Any]
+    dataset: Any
+    validation: Any
+    pad_id: int
+    data_fingerprint: str
+    tokenizer: str
+    run_dir: str
+    progress: ProgressChannel
+    resume_from: str | None = None
+
+    def rayft_config(self) -> RayftConfig:
+        return RayftConfig.model_validate(self.config)
+
+    def loop_config(self) -> dict[str, WorkerArgs]:
+        """Ray Train's ``train_loop_config`` carrying these arguments."""
+        return {LOOP_CONFIG_KEY: self}
+
+    @staticmethod
+    def from_loop_config(loop_config: dict[str, Any]) -> WorkerArgs:
+        """The arguments inside ``train_loop_config``.
+
+        Raises:
+            TypeError: ``loop_config`` does not carry a :class:`WorkerArgs`.
+        """
+        args = loop_config.get(LOOP_CONFIG_KEY)
+        if not isinstance(args, WorkerArgs):
+            raise TypeError(f"train_loop_config[{LOOP_CONFIG_KEY!r}] must be a WorkerArgs, got {type(args).__name__}")
+        return args
