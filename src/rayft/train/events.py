@@ -77,13 +77,13 @@ def check_event(event: object) -> ProgressEvent:
     return event
 
 
+@dataclass(frozen=True)
 class ProgressChannel:
     """The driver↔rank-0 channel. Created on the driver (``ProgressChannel.open()``), pickled into
     the workers' arguments; a channel without a queue (:meth:`silent`, and every rank but 0 through
     :meth:`for_rank`) drops what it is sent."""
 
-    def __init__(self, queue=None):
-        self.queue = queue  # ray.util.queue.Queue, or None
+    queue: Any = None  # ray.util.queue.Queue, or None
 
     @classmethod
     def open(cls) -> ProgressChannel:
