@@ -92,7 +92,7 @@ def _register_optional() -> None:
 
     for mod in (
         "rayft.cluster.manifest_cli", "rayft.cluster.aws_cli", "rayft.cluster.local_cli", "rayft.nccl.commands",
-        "rayft.bench.cli",
+        "rayft.benchmarks.cli",
     ):
         try:
             m = importlib.import_module(mod)

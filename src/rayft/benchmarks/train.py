@@ -3,7 +3,7 @@
 Recipes (docs/bench-train.md says what each one is):
 
 * ``sample-recipe``: the AWS sample's training function (FSDP1, bf16 weights and AdamW, padded rows),
-  :mod:`rayft.bench.recipes`;
+  :mod:`rayft.benchmarks.recipes`;
 * ``trl-default``: TRL ``SFTTrainer`` + FSDP with its defaults (padding per batch), under ``torchrun``;
 * ``trl-best``: the same with TRL's packing (padding-free) and liger-kernel;
 * ``rayft``: ``python -m rayft.cli train`` with ``train.compile=true``, ``train.cross_entropy=auto``,
@@ -51,7 +51,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from rayft.bench.fabric import _tail, gpu_label, run_logged
+from rayft.benchmarks.fabric import _tail, gpu_label, run_logged
 
 RECIPES = ("sample-recipe", "trl-default", "trl-best", "rayft", "rayft-fp8")
 #: What ``--recipes`` defaults to (``rayft-fp8`` is asked for by name).
@@ -566,7 +566,7 @@ def _prepare_model_and_data(cfg, plan: Plan, world: int, console: Console) -> di
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rayft.bench.recipes import save_dataset
+    from rayft.benchmarks.recipes import save_dataset
     from rayft.data.synthetic import random_dataset
     from rayft.train.driver import prepare_data
     from rayft.train.model import is_preset, load_full_model, load_model_config, matmul_params, preset_init_device
@@ -644,8 +644,8 @@ def recipe_command(recipe: str, workload: str, plan: Plan, cfg, world: int, use_
     spec_file = run_dir / "spec.json"
     spec_file.write_text(json.dumps(spec, indent=2))
     if recipe == "sample-recipe":
-        return [py, "-m", "rayft.bench.recipes", "sample", str(spec_file)]
-    return [py, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}", "-m", "rayft.bench.recipes", "trl", str(spec_file)]
+        return [py, "-m", "rayft.benchmarks.recipes", "sample", str(spec_file)]
+    return [py, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}", "-m", "rayft.benchmarks.recipes", "trl", str(spec_file)]
 
 
 #: What ``sample-recipe`` runs (fixed by the AWS sample's code).
@@ -677,7 +677,7 @@ def recipe_settings(recipe: str, run_dir: Path, cmd: list[str], config: Path) ->
         except (OSError, IndexError, KeyError, ValueError):
             pass
         return out
-    from rayft.bench.recipes import SETTINGS_FILE, trl_planned_settings
+    from rayft.benchmarks.recipes import SETTINGS_FILE, trl_planned_settings
 
     try:
         return json.loads((run_dir / SETTINGS_FILE).read_text())  # with "label" when trl-best fell back to sdpa
@@ -736,7 +736,7 @@ def run_bench(
     t0 = _clock()
     import torch
 
-    from rayft.bench.record import environment, write_result
+    from rayft.benchmarks.record import environment, write_result
     from rayft.config import ConfigError, load_config
     from rayft.train.metrics import flops_per_token, peak_for_name
 

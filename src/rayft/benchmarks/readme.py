@@ -12,7 +12,7 @@ when the README is not what the results files say (the tests run it), so the tab
 
 Results files understood (by their ``figures``):
 
-* a run record (:mod:`rayft.bench.record`): ``median_tokens_per_s_per_gpu``, ``median_mfu``,
+* a run record (:mod:`rayft.benchmarks.record`): ``median_tokens_per_s_per_gpu``, ``median_mfu``,
   ``peak_mem_gib``, ``world_size``;
 * the speed matrix (``rows``, each with ``name``): ``select`` is the row's name;
 * ``rayft bench train`` (``runs``): ``select`` is ``recipe/workload``; a run that did not finish
@@ -28,7 +28,7 @@ from typing import Annotated, Any
 
 import typer
 
-from rayft.bench.train import finite_number, md_cell, status_text
+from rayft.benchmarks.train import finite_number, md_cell, status_text
 from rayft.config import load_yaml
 
 import yaml

@@ -5,7 +5,7 @@ joins the cluster) with its own environment:
 
 1. ``python -m rayft.cli train CONFIG --set ...`` with ``NCCL_DEBUG=INFO`` and
    ``ray.log_to_driver=true``, its whole output (workers included) saved to a log file;
-2. ``python -m rayft.bench.collectives CONFIG --set ...`` (the bus-bandwidth sweep) under the
+2. ``python -m rayft.benchmarks.collectives CONFIG --set ...`` (the bus-bandwidth sweep) under the
    same environment, its output saved too.
 
 Then ``rayft doctor``'s verdicts (:mod:`rayft.nccl.doctor`) are read from both logs, and a run
@@ -306,7 +306,7 @@ def run_fabric(
         FabricError: a bad config, a failed run (with the tail of its log), or a run whose
             NCCL transport was not the expected one (the run is rejected; nothing is written).
     """
-    from rayft.bench.record import write_result
+    from rayft.benchmarks.record import write_result
     from rayft.config import ConfigError, load_config
     from rayft.train.driver import run_dir_of
 
@@ -354,7 +354,7 @@ def run_fabric(
 
         sweep_log, sweep_json = logs / f"{v.name}-sweep.log", logs / f"{v.name}-sweep.json"
         console.print(f"[{v.name}] collectives sweep → {sweep_log}", highlight=False, markup=False)
-        cmd = [py, "-m", "rayft.bench.collectives", str(config), *set_args, "--out", str(sweep_json)]
+        cmd = [py, "-m", "rayft.benchmarks.collectives", str(config), *set_args, "--out", str(sweep_json)]
         if sweep_max_bytes:
             cmd += ["--max-bytes", str(sweep_max_bytes)]
         rc = runner(cmd, env, sweep_log, timeout_s)

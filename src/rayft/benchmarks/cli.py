@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from rayft.bench import fabric, readme, train
+from rayft.benchmarks import fabric, readme, train
 
 
 def register(app: typer.Typer) -> None:
