@@ -37,11 +37,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-import typer
 from rich.console import Console
-from rich.text import Text
 
 from rayft.nccl.doctor import Expect, RankVerdict, check, verdicts_from_text
 
@@ -413,51 +411,3 @@ def markdown_table(figures: dict[str, Any]) -> str:
     lines.append(f"fast / sockets tokens/s/GPU: {figures['tokens_per_s_ratio_fast_over_sockets']:.2f}x "
                  f"(median of steps {figures['skip_steps'] + 1}..{figures['steps']}; busbw: peak over message sizes)")
     return "\n".join(lines)
-
-
-def register(bench_app: typer.Typer) -> None:
-    """Add the ``fabric`` command to the ``rayft bench`` group."""
-
-    @bench_app.command("fabric")
-    def fabric(
-        config: Annotated[Path, typer.Argument(help="The training job's YAML config file.")],
-        set_: Annotated[
-            list[str] | None, typer.Option("--set", "-s", help="Override a key in both runs (repeatable).")
-        ] = None,
-        mode: Annotated[
-            Mode, typer.Option(help="onehost: NVLink vs NCCL_P2P_DISABLE+NCCL_SHM_DISABLE; efa: EFA vs NCCL_NET=Socket.",
-                               case_sensitive=False)
-        ] = Mode.ONEHOST,
-        steps: Annotated[
-            int | None, typer.Option(min=2, help="Optimizer steps per run (default: train.max_steps, else 30).")
-        ] = None,
-        skip_steps: Annotated[int, typer.Option(min=0, help="Leading steps left out of the tokens/s median.")] = 3,
-        out: Annotated[
-            Path | None, typer.Option(help="Results file (default bench/results/<date>-fabric-<N>x<gpu>.json).")
-        ] = None,
-        logs_dir: Annotated[
-            Path | None, typer.Option(help="Where the runs' logs go (default <storage_path>/fabric-<time>-logs).")
-        ] = None,
-        sweep_max_mib: Annotated[
-            int | None, typer.Option(min=1, help="Largest collective message in MiB (default 1024 on GPUs).")
-        ] = None,
-        timeout_s: Annotated[int | None, typer.Option(min=1, help="Time limit per run, in seconds.")] = None,
-    ) -> None:
-        """Train CONFIG twice, over the fast interconnect and over TCP sockets, and compare.
-
-        Each run's NCCL log is checked with the doctor (fast: NVLink or EFA; sockets: NET/Socket);
-        a run that used another transport is rejected (exit 1). Writes a results file and prints a
-        Markdown table: tokens/s/GPU of each run, their ratio, and the collectives' bus bandwidth.
-        """
-        console = Console(stderr=True)
-        try:
-            path, figures = run_fabric(
-                config, set_, mode=mode, steps=steps, out=out, logs_dir=logs_dir, skip_steps=skip_steps,
-                sweep_max_bytes=sweep_max_mib * 2**20 if sweep_max_mib else None, timeout_s=timeout_s,
-                console=console,
-            )  # fmt: skip
-        except FabricError as e:
-            console.print(Text.assemble(("error", "bold red"), ": ", str(e)), highlight=False)
-            raise typer.Exit(1) from None
-        sys.stdout.write(markdown_table(figures) + "\n")
-        console.print(f"results: {path}", highlight=False, markup=False)

@@ -44,10 +44,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Callable
+from typing import Any, Callable
 
 import numpy as np
-import typer
 from rich.console import Console
 from rich.text import Text
 
@@ -909,69 +908,3 @@ def _one_run(r: str, w: str, plan: Plan, cfg, world: int, use_gpu: bool, shared:
     figs["usd_per_1m_tokens"] = usd_per_million_tokens(price.get("usd_per_gpu_hour"), figs["tokens_per_s_per_gpu"])
     console.print(f"[{r} × {w}] {figs['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU", highlight=False, markup=False)
     return {**entry, "status": "ok", **figs, "steps": recs}
-
-
-def _split(values: list[str] | None) -> list[str] | None:
-    if not values:
-        return None
-    return [x.strip() for v in values for x in v.split(",") if x.strip()]
-
-
-def register(bench_app: typer.Typer) -> None:
-    """Add ``train`` and ``table`` to the ``rayft bench`` group."""
-
-    @bench_app.command("train")
-    def train(
-        config: Annotated[Path, typer.Argument(help="The training job's YAML config (model, data, seq_len, micro-batch, workers).")],
-        recipes: Annotated[str, typer.Option(help=f"Comma-separated, from {','.join(RECIPES)}.")] = ",".join(DEFAULT_RECIPES),
-        workload: Annotated[str, typer.Option(help="random, real or both.")] = "both",
-        steps: Annotated[int, typer.Option(min=2, help="Optimizer steps per run.")] = DEFAULT_STEPS,
-        warmup_steps: Annotated[int, typer.Option(min=0, help="Leading steps left out of every figure.")] = DEFAULT_WARMUP,
-        set_: Annotated[list[str] | None, typer.Option("--set", "-s", help="Override a config key (repeatable).")] = None,
-        rayft_set: Annotated[list[str] | None, typer.Option("--rayft-set", help="Override a config key for the rayft recipes only, e.g. train.micro_batch_size=16 (repeatable).")] = None,
-        out: Annotated[Path | None, typer.Option(help="Results JSON (default bench/results/<date>-train-<model>-<N>x<gpu>.json).")] = None,
-        work_dir: Annotated[Path | None, typer.Option(help="Shared inputs, runs and logs (default <storage_path>/bench-train-<time>).")] = None,
-        timeout_s: Annotated[str | None, typer.Option(help="Time limit per run, seconds: one number for all runs, or per recipe as rayft=200,trl-default=120,...")] = None,
-        deadline_s: Annotated[float | None, typer.Option(min=1, help="Time budget of the whole benchmark, seconds: each run is cut to what is left (less 10 s); runs that cannot fit are skipped.")] = None,
-        usd_per_gpu_hour: Annotated[float | None, typer.Option(min=0, help="Price per GPU-hour instead of the catalog's.")] = None,
-        instance: Annotated[str | None, typer.Option(help="EC2 instance type whose catalog price is used.")] = None,
-    ) -> None:
-        """Train CONFIG with several recipes on identical data, model and GPUs; write results, table and chart."""
-        console = Console(stderr=True)
-        if workload not in ("random", "real", "both"):
-            console.print(Text.assemble(("error", "bold red"), f": --workload {workload}: choose random, real or both"))
-            raise typer.Exit(2)
-        try:
-            path, figures = run_bench(config, set_, _split([recipes]), list(WORKLOADS) if workload == "both" else [workload],
-                                      steps, warmup_steps, out, work_dir, parse_timeouts(timeout_s), usd_per_gpu_hour, instance, console,
-                                      deadline_s=deadline_s, rayft_overrides=rayft_set)  # fmt: skip
-        except BenchInterrupted as e:
-            console.print(Text.assemble(("interrupted", "bold red"), ": ", str(e)), highlight=False)
-            raise typer.Exit(130) from None
-        except BenchTrainError as e:
-            console.print(Text.assemble(("error", "bold red"), ": ", str(e)), highlight=False)
-            raise typer.Exit(1) from None
-        sys.stdout.write(path.with_suffix(".md").read_text())
-        console.print(f"results: {path}", highlight=False, markup=False)
-        if any(r["status"] != "ok" for r in figures["runs"]):
-            raise typer.Exit(1)
-
-    @bench_app.command("table")
-    def table(results: Annotated[list[Path], typer.Argument(help="Results JSON files of `rayft bench train`.")]) -> None:
-        """Regenerate the Markdown table (and PNG chart) beside each results file; print the tables.
-        A file that cannot be read is reported and skipped; the others are still written (exit 1)."""
-        console = Console(stderr=True)
-        failed = []
-        for r in results:
-            try:
-                md, png = write_table_files(r, console)
-            except (OSError, KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError, RecursionError) as e:
-                console.print(Text.assemble(("error", "bold red"), f": {r}: not a `rayft bench train` results file "
-                                            f"({type(e).__name__}: {str(e)[:300]})"), highlight=False)  # fmt: skip
-                failed.append(r)
-                continue
-            sys.stdout.write(md.read_text() + "\n")
-            console.print(f"wrote {md}" + (f" and {png}" if png else ""), highlight=False, markup=False)
-        if failed:
-            console.print(f"{len(failed)} of {len(results)} results files not tabulated: {', '.join(map(str, failed))}", highlight=False, markup=False)
-            raise typer.Exit(1)
