@@ -375,7 +375,7 @@ def _alive(pid: int) -> bool:
 def test_run_logged_timeout_stops_a_grandchild_in_the_childs_process_group(tmp_path, ignore_term):
     import os
 
-    from rayft.benchmarks.fabric import run_logged
+    from rayft.benchmarks.logged_run import run_logged
 
     pidfile = tmp_path / "grandchild.pid"
     trap = "trap '' TERM; " if ignore_term else ""  # the grandchild inherits the ignored SIGTERM: only SIGKILL stops it
@@ -399,7 +399,7 @@ def test_run_logged_timeout_stops_a_grandchild_in_the_childs_process_group(tmp_p
 def test_run_logged_stops_a_process_that_lingers_after_its_done_file(tmp_path):
     import os
 
-    from rayft.benchmarks.fabric import run_logged
+    from rayft.benchmarks.logged_run import run_logged
 
     done = tmp_path / "rayft_summary.json"
     cmd = ["sh", "-c", f"echo working; sleep 0.5; echo '{{}}' > {done}; sleep 100"]  # finished, then hangs on exit

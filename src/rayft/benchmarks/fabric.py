@@ -28,12 +28,10 @@ import json
 import os
 import re
 import shlex
-import signal
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -41,6 +39,7 @@ from typing import Any
 
 from rich.console import Console
 
+from rayft.benchmarks.logged_run import LoggedCommandWithDoneFile, log_tail, run_logged
 from rayft.nccl.doctor import Expect, RankVerdict, check, verdicts_from_text
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
@@ -173,100 +172,6 @@ def gpu_label(gpu: str | None, world_size: int | None) -> str:
     return f"{world_size or '?'}x{name}"
 
 
-# ------------------------------------------------------------------------------------ running
-
-
-#: Seconds between SIGTERM and SIGKILL to a timed-out run's process group.
-KILL_GRACE_S = 30.0
-#: The same when this process itself is interrupted.
-INTERRUPT_GRACE_S = 5.0
-#: Seconds a run may keep running after writing its done file (a sockets run was once seen hanging
-#: on exit after its summary, until the time limit).
-LINGER_S = 30.0
-
-
-def _signal_group(pgid: int, sig: int) -> bool:
-    """Send ``sig`` to process group ``pgid``; False when the group has no process left."""
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
-
-
-def _kill_group(proc: subprocess.Popen, grace_s: float) -> None:
-    """Stop the process group of ``proc`` (the leader of its own session): SIGTERM, wait up to
-    ``grace_s`` s for every process of the group to exit, then SIGKILL what is left."""
-    _signal_group(proc.pid, signal.SIGTERM)
-    end = time.monotonic() + grace_s
-    while time.monotonic() < end:
-        proc.poll()  # reap the leader: a zombie still counts as a member of the group
-        if proc.returncode is not None and not _signal_group(proc.pid, 0):
-            return
-        time.sleep(0.1)
-    _signal_group(proc.pid, signal.SIGKILL)
-    proc.wait()
-
-
-def run_logged(cmd: list[str], env: dict[str, str], log: Path, timeout_s: float | None, kill_grace_s: float = KILL_GRACE_S,
-               done_file: Path | None = None, linger_s: float = LINGER_S) -> int:
-    """Run ``cmd`` with stdout and stderr into ``log``; its exit status (124 on timeout).
-
-    The child starts in a new session (its own process group), so that on timeout (or when this
-    process is interrupted) the whole group is stopped: SIGTERM, up to ``kill_grace_s`` s, SIGKILL.
-    torchrun's and Ray's workers would otherwise outlive a killed leader and keep the GPUs.
-    With ``done_file`` (a file the command writes once its work is done, e.g. a run summary), a
-    process still running ``linger_s`` s after that file appeared is stopped the same way and the
-    call returns 124 at once instead of waiting out ``timeout_s``.
-    """
-    log.parent.mkdir(parents=True, exist_ok=True)
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    started = time.time()  # a done file older than this is a leftover, not this run's
-    with log.open("w") as f:
-        proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-        done_at = None
-        try:
-            while proc.poll() is None:
-                now = time.monotonic()
-                if done_file is not None and done_at is None and _written_since(done_file, started):
-                    done_at = now
-                if deadline is not None and now >= deadline:
-                    _kill_group(proc, kill_grace_s)
-                    f.write(f"\n[rayft bench] killed after {timeout_s} s\n")
-                    return 124
-                if done_at is not None and now - done_at >= linger_s:
-                    _kill_group(proc, kill_grace_s)
-                    f.write(f"\n[rayft bench] {done_file.name} written, but the process was still running "
-                            f"{linger_s:.0f} s later: stopped\n")
-                    return 124
-                time.sleep(0.2)
-        except BaseException:  # interrupted (SIGTERM handler, Ctrl-C): leave no process behind, quickly
-            # (a short grace: `timeout -k 10` SIGKILLs this process 10 s after its SIGTERM)
-            _kill_group(proc, min(kill_grace_s, INTERRUPT_GRACE_S))
-            raise
-        # the leader exited by itself; anything it left running in its group goes too
-        _signal_group(proc.pid, signal.SIGKILL)
-        return proc.returncode
-
-
-def _written_since(path: Path, t: float) -> bool:
-    try:
-        return path.stat().st_mtime >= t
-    except OSError:
-        return False
-
-
-def _tail(path: Path, n: int = 15) -> str:
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return ""
-    return "\n".join("    " + ln for ln in lines[-n:])
-
-
-Runner = Callable[..., int]  # (cmd, env, log, timeout_s, done_file=None) -> exit status
-
-
 def run_fabric(
     config: str | os.PathLike,
     overrides: list[str] | None = None,
@@ -278,7 +183,7 @@ def run_fabric(
     sweep_max_bytes: int | None = None,
     timeout_s: float | None = None,
     console: Console | None = None,
-    runner: Runner = run_logged,
+    runner: LoggedCommandWithDoneFile = run_logged,
 ) -> tuple[Path, dict[str, Any]]:
     """Run both variants (training + collectives sweep each), verify their transports, write the
     results file.
@@ -346,7 +251,7 @@ def run_fabric(
             console.print(f"[{v.name}] warning: training finished (its summary is written) but its process did not exit; "
                           "stopped it and using the finished run", highlight=False, markup=False)  # fmt: skip
         elif rc != 0:
-            raise FabricError(f"{v.name} training failed (exit {rc}); end of {train_log}:\n{_tail(train_log)}")
+            raise FabricError(f"{v.name} training failed (exit {rc}); end of {train_log}:\n{log_tail(train_log)}")
         train_transport = check_log(train_log.read_text(errors="replace"), v.expect, f"{v.name} training ({train_log})")
         tps = median_tokens_per_s(run_dir / "rayft_metrics.jsonl", skip_steps)
 
@@ -357,7 +262,7 @@ def run_fabric(
             cmd += ["--max-bytes", str(sweep_max_bytes)]
         rc = runner(cmd, env, sweep_log, timeout_s)
         if rc != 0:
-            raise FabricError(f"{v.name} collectives sweep failed (exit {rc}); end of {sweep_log}:\n{_tail(sweep_log)}")
+            raise FabricError(f"{v.name} collectives sweep failed (exit {rc}); end of {sweep_log}:\n{log_tail(sweep_log)}")
         sweep_transport = check_log(sweep_log.read_text(errors="replace"), v.expect, f"{v.name} sweep ({sweep_log})")
         try:
             sweep = json.loads(sweep_json.read_text())

@@ -50,7 +50,8 @@ import numpy as np
 from rich.console import Console
 from rich.text import Text
 
-from rayft.benchmarks.fabric import _tail, gpu_label, run_logged
+from rayft.benchmarks.fabric import gpu_label
+from rayft.benchmarks.logged_run import LoggedCommand, log_tail, run_logged
 
 RECIPES = ("sample-recipe", "trl-default", "trl-best", "rayft", "rayft-fp8")
 #: What ``--recipes`` defaults to (``rayft-fp8`` is asked for by name).
@@ -554,9 +555,6 @@ class Plan:
     rayft_overrides: list[str] = field(default_factory=list)  # --rayft-set: the rayft recipes only
 
 
-Runner = Callable[[list[str], dict[str, str], Path, float | None], int]
-
-
 def _prepare_model_and_data(cfg, plan: Plan, world: int, console: Console) -> dict[str, Any]:
     """Write the shared inputs under ``work_dir``: the initial model (an HF directory that every
     recipe, rayft included, loads: one seeded init, on the GPU where there is one), the tokenizer,
@@ -702,7 +700,7 @@ def run_bench(
     usd_per_gpu_hour: float | None = None,
     instance: str | None = None,
     console: Console | None = None,
-    runner: Runner = run_logged,
+    runner: LoggedCommand = run_logged,
     deadline_s: float | None = None,
     rayft_overrides: list[str] | None = None,
 ) -> tuple[Path, dict[str, Any]]:
@@ -855,7 +853,7 @@ def run_bench(
     return write(True)
 
 
-def _one_run(r: str, w: str, plan: Plan, cfg, world: int, use_gpu: bool, shared: dict, runner: Runner, console: Console,
+def _one_run(r: str, w: str, plan: Plan, cfg, world: int, use_gpu: bool, shared: dict, runner: LoggedCommand, console: Console,
              t0: float, flops_fn, peak, price) -> dict[str, Any]:  # fmt: skip
     """Run one recipe × workload; its results entry (a failure of any kind is recorded, not raised)."""
     wd = plan.work_dir
@@ -885,7 +883,7 @@ def _one_run(r: str, w: str, plan: Plan, cfg, world: int, use_gpu: bool, shared:
         rc = runner(cmd, env, log, limit)
     except Exception as e:  # noqa: BLE001 - the runner itself failed: this run's failure
         console.print(Text.assemble((f"[{r} × {w}] failed", "bold red"), f": runner error {e!r}"), highlight=False)
-        return {**entry, "status": "failed", "error": f"runner error: {e!r}\n{_tail(log, 25)}"}
+        return {**entry, "status": "failed", "error": f"runner error: {e!r}\n{log_tail(log, 25)}"}
     entry["wall_s"] = round(time.monotonic() - t_run, 1)
     entry["settings"] = recipe_settings(r, run_dir, cmd, plan.config)  # what the run reported it used
     if entry["settings"].get("label"):
@@ -904,7 +902,7 @@ def _one_run(r: str, w: str, plan: Plan, cfg, world: int, use_gpu: bool, shared:
                 figs["wall_breakdown_s"] = None
     except (BenchTrainError, OSError, KeyError, ValueError) as e:
         console.print(Text.assemble((f"[{r} × {w}] failed", "bold red"), f": {e}"), highlight=False)
-        return {**entry, "status": "failed", "exit_code": rc, "error": f"{e}\n{_tail(log, 25)}"}
+        return {**entry, "status": "failed", "exit_code": rc, "error": f"{e}\n{log_tail(log, 25)}"}
     figs["usd_per_1m_tokens"] = usd_per_million_tokens(price.get("usd_per_gpu_hour"), figs["tokens_per_s_per_gpu"])
     console.print(f"[{r} × {w}] {figs['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU", highlight=False, markup=False)
     return {**entry, "status": "ok", **figs, "steps": recs}
