@@ -18,7 +18,7 @@ Paths timed, each from the JSONL file to a TokenizedDataset (the Qwen2.5 tokeniz
 * ``cache_hit``: ``rayft.train.driver.load_run_data`` finding the entry written from the local result
   (hash the input file, load and verify the arrays).
 
-Writes one results JSON (:func:`rayft.bench.record.write_result`): command, commit, CPU model and
+Writes one results JSON (:func:`rayft.benchmarks.record.write_result`): command, commit, CPU model and
 count, versions, records/s for each path and the Ray speedup over local.
 """
 
@@ -96,7 +96,7 @@ def main() -> None:
     import ray
     from rich.console import Console
 
-    from rayft.bench.record import write_result
+    from rayft.benchmarks.record import write_result
     from rayft.config import DataConfig, RayftConfig
     from rayft.data import cache as cache_lib
     from rayft.data.formats import load_conversations

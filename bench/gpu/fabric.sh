@@ -5,7 +5,7 @@
 # default) and over TCP sockets (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1), each with a collectives
 # bus-bandwidth sweep; `rayft doctor` must confirm each run's transport or the bench fails.
 # Writes under $OUT (6 files):
-#   fabric-<N>xh200.json                         results file (rayft.bench.record)
+#   fabric-<N>xh200.json                         results file (rayft.benchmarks.record)
 #   bench.log                                    the bench's own output, last 200 lines
 #   {fast,sockets}-{train,sweep}.log.gz           the four runs' full logs (NCCL_DEBUG=INFO)
 set -uo pipefail

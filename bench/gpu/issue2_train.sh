@@ -13,5 +13,5 @@ STEPS=${STEPS:-200}; MB=${MB:-8}
 CMD="rayft train examples/qwen2.5-1.5b.yaml --set model.name_or_path=qwen2.5-1.5b --set train.num_workers=$NG --set train.micro_batch_size=$MB --set train.max_steps=$STEPS --set train.lr=3e-4 --set train.warmup_steps=20 --set train.activation_checkpointing=false --set data.train_files=[$SH/data/alpaca_en_demo.json,$SH/data/alpaca_zh_demo.json] --set checkpoint.storage_path=/tmp/runs --set checkpoint.name=issue2 --set checkpoint.every_steps=null"
 echo "$CMD"
 timeout ${TRAIN_TIMEOUT:-480} python3 -m rayft.cli ${CMD#rayft } 2>&1 | tee "$OUT/train.log" | grep -v -E "^\s*$" | tail -40
-python3 -m rayft.bench.record /tmp/runs/issue2 "$OUT/issue2-train-qwen2.5-1.5b-${NG}xgpu.json" --command "$CMD"
+python3 -m rayft.benchmarks.record /tmp/runs/issue2 "$OUT/issue2-train-qwen2.5-1.5b-${NG}xgpu.json" --command "$CMD"
 ls -la /tmp/runs/issue2 /tmp/runs/issue2/hf

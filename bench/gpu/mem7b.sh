@@ -6,7 +6,7 @@
 # the 7B run's 91 GB of DCP state would take minutes of the 10-minute call to write.
 #   RAYFT_GIT_COMMIT=<sha> bash bench/gpu/mem7b.sh     (env: STEPS=12 MB=4 COMPILE=true RUN_TIMEOUT=420)
 # Writes $OUT/mem7b-run.tar.gz (rayft_summary.json, rayft_metrics.jsonl with time_setup_*, log) and
-# $OUT/mem7b-summary.json (the run record, rayft.bench.record).
+# $OUT/mem7b-summary.json (the run record, rayft.benchmarks.record).
 set -uo pipefail
 [ -n "${PYTHONPATH:-}" ] && python3 -c "import ray" 2>/dev/null || source .gpu/setup.sh
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -20,7 +20,7 @@ timeout -k 10 "${RUN_TIMEOUT:-420}" python3 -m rayft.cli train examples/qwen2.5-
   --set "checkpoint.storage_path=$STORE" --set checkpoint.name=mem7b --set checkpoint.every_steps=null \
   --set checkpoint.export_hf=false --set checkpoint.save_final=false ${EXTRA_SETS:-} > "$STORE/mem7b.log" 2>&1
 rc=$?; echo "exit $rc"; grep -v "NCCL INFO\|PlacementGroupCleaner\|Reporting training" "$STORE/mem7b.log" | tail -15
-[ $rc -eq 0 ] && python3 -m rayft.bench.record "$STORE/mem7b" "$OUT/mem7b-summary.json" \
+[ $rc -eq 0 ] && python3 -m rayft.benchmarks.record "$STORE/mem7b" "$OUT/mem7b-summary.json" \
   --command "bash bench/gpu/mem7b.sh (STEPS=$STEPS MB=$MB COMPILE=${COMPILE:-true} NG=$NG)" 2>&1 | tail -2
 (cd "$STORE" && find . -maxdepth 2 \( -name '*.log' -o -name 'rayft_summary.json' -o -name rayft_metrics.jsonl \) -printf '%P\n' | tar -czf "$OUT/mem7b-run.tar.gz" -T -)
 ls -la "$OUT"

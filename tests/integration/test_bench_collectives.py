@@ -2,7 +2,7 @@
 
 import pytest
 
-from rayft.bench.collectives import OPS, bus_factor, run_sweep
+from rayft.benchmarks.collectives import OPS, bus_factor, run_sweep
 
 pytestmark = pytest.mark.integration
 

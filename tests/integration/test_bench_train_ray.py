@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from rayft.bench import train as bt
-from rayft.bench.recipes import load_dataset, padded_batch, run_sample, step_rows
+from rayft.benchmarks import train as bt
+from rayft.benchmarks.recipes import load_dataset, padded_batch, run_sample, step_rows
 from rayft.config import load_config
 
 pytestmark = pytest.mark.integration

@@ -12,8 +12,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from rayft.bench import collectives as coll
-from rayft.bench.fabric import (
+from rayft.benchmarks import collectives as coll
+from rayft.benchmarks.fabric import (
     FabricError,
     Mode,
     check_log,
@@ -233,7 +233,7 @@ def test_two_runs_with_their_own_environments_names_and_figures(job, tmp_path, m
 
     assert path == out
     (fast_train, fast_env, _), (fast_sweep, _, _), (slow_train, slow_env, _), (slow_sweep, _, _) = runner.calls
-    assert fast_train[1:4] == ["-m", "rayft.cli", "train"] and fast_sweep[1:3] == ["-m", "rayft.bench.collectives"]
+    assert fast_train[1:4] == ["-m", "rayft.cli", "train"] and fast_sweep[1:3] == ["-m", "rayft.benchmarks.collectives"]
     for cmd in (fast_train, fast_sweep, slow_train, slow_sweep):
         i = cmd.index("--set")
         assert cmd[i - 1] == str(job)
@@ -261,7 +261,7 @@ def test_two_runs_with_their_own_environments_names_and_figures(job, tmp_path, m
 
 @real_logs
 def test_a_fast_run_that_fell_back_to_sockets_is_rejected_through_the_cli(job, tmp_path, monkeypatch):
-    from rayft.bench import fabric
+    from rayft.benchmarks import fabric
 
     runner = FakeRunner({"fast": SOCKET_LOG.read_text(), "sockets": SOCKET_LOG.read_text()},
                         {"fast": [1.0] * 6, "sockets": [1.0] * 6}, tmp_path / "runs")
@@ -375,7 +375,7 @@ def _alive(pid: int) -> bool:
 def test_run_logged_timeout_stops_a_grandchild_in_the_childs_process_group(tmp_path, ignore_term):
     import os
 
-    from rayft.bench.fabric import run_logged
+    from rayft.benchmarks.logged_run import run_logged
 
     pidfile = tmp_path / "grandchild.pid"
     trap = "trap '' TERM; " if ignore_term else ""  # the grandchild inherits the ignored SIGTERM: only SIGKILL stops it
@@ -399,7 +399,7 @@ def test_run_logged_timeout_stops_a_grandchild_in_the_childs_process_group(tmp_p
 def test_run_logged_stops_a_process_that_lingers_after_its_done_file(tmp_path):
     import os
 
-    from rayft.bench.fabric import run_logged
+    from rayft.benchmarks.logged_run import run_logged
 
     done = tmp_path / "rayft_summary.json"
     cmd = ["sh", "-c", f"echo working; sleep 0.5; echo '{{}}' > {done}; sleep 100"]  # finished, then hangs on exit

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rayft.bench.readme import BEGIN, END, ReadmeTableError, render_table, row_figures, update_readme
+from rayft.benchmarks.readme import BEGIN, END, ReadmeTableError, render_table, row_figures, update_readme
 from rayft.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,8 +11,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from rayft.bench import train as bt
-from rayft.bench.recipes import batch_token_stats, padded_batch, step_rows
+from rayft.benchmarks import train as bt
+from rayft.benchmarks.recipes import batch_token_stats, padded_batch, step_rows
 from rayft.cli import app
 from rayft.config import ConfigError, load_config
 from rayft.data.synthetic import random_dataset
@@ -373,7 +373,7 @@ def trl_spec(tmp_path, recipe="trl-best", workload="real", ac=False):
 
 
 def test_trl_settings_gradient_checkpointing_completion_only_and_attention(tmp_path):
-    from rayft.bench.recipes import trl_attention, trl_config_kwargs, trl_planned_settings
+    from rayft.benchmarks.recipes import trl_attention, trl_config_kwargs, trl_planned_settings
 
     trl = pytest.importorskip("trl")
     assert trl.SFTConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False).gradient_checkpointing is True  # TRL's default: why it is set explicitly

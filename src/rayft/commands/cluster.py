@@ -1,22 +1,20 @@
 """`rayft capacity` and `rayft cluster plan|up|status|down`: thin commands over capacity.py and eks.py.
 
-The console, the CONFIG argument, ``--set`` and the config loader are rayft.cli's, imported at the
-bottom of this file. rayft.cli imports this module at its very end (``_register_optional``) and
-calls :func:`register`; importing rayft.cli last means that works whichever of the two modules is
-imported first (everything :func:`register` touches already exists; the imported names are only
-used when a command runs).
+The `cluster` group also holds `rayft cluster local ...` (:mod:`rayft.commands.cluster_local`).
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, NoReturn, Optional
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+
+from rayft.commands.cluster_local import local_app
+from rayft.commands.common import ConfigArg, SetOpt, console, fail, load_config_or_exit, say
 
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Answer yes to every confirmation.")]
 WorkdirOpt = Annotated[
@@ -25,7 +23,7 @@ WorkdirOpt = Annotated[
 
 
 def _cluster(path: Path, overrides: list[str] | None):
-    cfg = _load(path, overrides)  # exit 2 on a config error
+    cfg = load_config_or_exit(path, overrides)  # exit 2 on a config error
     if cfg.cluster is None:
         console.print(f"[bold red]config error[/]: {path}: no `cluster:` section; add one to use EKS", highlight=False)
         raise typer.Exit(2)
@@ -45,9 +43,6 @@ def _context(cluster, workdir: Path, yes: bool):
     from rayft.cluster.eks import Context
     from rayft.cluster.runner import SubprocessRunner
 
-    def say(msg: str) -> None:
-        console.print(msg, highlight=False, markup=False)
-
     return Context(
         cfg=cluster, runner=SubprocessRunner(echo=lambda s: console.print(s, style="dim", highlight=False, markup=False)),
         clients=boto3_clients(), say=say, confirm=_confirm(yes), workdir=workdir,
@@ -59,11 +54,10 @@ def _notes(e: BaseException) -> str:
     return "".join(f"\n{n}" for n in getattr(e, "__notes__", ()))
 
 
-def _fail(e: BaseException, code: int = 1) -> None:
+def _fail_with(e: BaseException, code: int = 1) -> NoReturn:
+    """Print ``e`` (and its notes) as the command's error and exit with ``code``."""
     text = str(e) or ("interrupted" if isinstance(e, KeyboardInterrupt) else type(e).__name__)
-    # soft_wrap: never break a line, so printed commands stay copy-pasteable
-    console.print(f"[bold red]error[/]: {escape(text + _notes(e))}", highlight=False, soft_wrap=True)
-    raise typer.Exit(code) from None
+    fail(text + _notes(e), code)  # never wrapped, so printed commands stay copy-pasteable
 
 
 def _errors() -> tuple[type[BaseException], ...]:
@@ -102,12 +96,12 @@ def capacity(
         report = find_capacity(
             boto3_clients(), c.instance_type, c.num_nodes, regions,
             availability_zones=c.aws.availability_zones, capacity_type=c.aws.capacity_type, probe=probe,
-            tags={"rayft.io/cluster": c.name}, say=lambda s: console.print(s, highlight=False, markup=False),
+            tags={"rayft.io/cluster": c.name}, say=say,
         )  # fmt: skip
     except _errors() as e:
-        _fail(e)
+        _fail_with(e)
     except KeyboardInterrupt as e:  # the probe cancelled its reservation first; its notes say if it could not
-        _fail(e, 130)
+        _fail_with(e, 130)
     shape = report.shape
     title = f"{c.num_nodes} × {c.instance_type} ({c.aws.capacity_type})"
     if shape:
@@ -173,7 +167,7 @@ def cluster_up(config: ConfigArg, set_: SetOpt = None, yes: YesOpt = False, work
     try:
         up(_context(c, _workdir(config, c.name, workdir), yes))
     except _errors() as e:
-        _fail(e)
+        _fail_with(e)
 
 
 @cluster_app.command("status")
@@ -187,7 +181,7 @@ def cluster_status(config: ConfigArg, set_: SetOpt = None) -> None:
         preflight(ctx, tools=("eksctl", "kubectl"))
         st = status(ctx)
     except _errors() as e:
-        _fail(e)
+        _fail_with(e)
     out = Console()
     out.print(f"cluster {c.name} ({c.aws.region}): {st.cluster}", highlight=False)
     for ng, s in st.nodegroups.items():
@@ -232,7 +226,7 @@ def cluster_down(
     try:
         left, errors = down(_context(c, _workdir(config, c.name, None), yes), allow_untagged=delete_untagged)
     except _errors() as e:
-        _fail(e)
+        _fail_with(e)
     for e in errors:
         console.print(f"[yellow]could not check[/] {e}", highlight=False)
     if left:
@@ -243,11 +237,4 @@ def cluster_down(
     console.print(f"cluster {c.name} removed; no billable leftovers found by tag")
 
 
-def register(app: typer.Typer) -> None:
-    """Attach `capacity` and the `cluster` sub-app to the rayft CLI."""
-    app.command("capacity")(capacity)
-    app.add_typer(cluster_app, name="cluster")
-
-
-# Last, on purpose: see the module docstring (rayft.cli imports this module and calls register()).
-from rayft.cli import ConfigArg, SetOpt, _load, console  # noqa: E402
+cluster_app.add_typer(local_app, name="local")

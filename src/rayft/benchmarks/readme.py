@@ -12,7 +12,7 @@ when the README is not what the results files say (the tests run it), so the tab
 
 Results files understood (by their ``figures``):
 
-* a run record (:mod:`rayft.bench.record`): ``median_tokens_per_s_per_gpu``, ``median_mfu``,
+* a run record (:mod:`rayft.benchmarks.record`): ``median_tokens_per_s_per_gpu``, ``median_mfu``,
   ``peak_mem_gib``, ``world_size``;
 * the speed matrix (``rows``, each with ``name``): ``select`` is the row's name;
 * ``rayft bench train`` (``runs``): ``select`` is ``recipe/workload``; a run that did not finish
@@ -24,14 +24,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
-
-import typer
-
-from rayft.bench.train import finite_number, md_cell, status_text
-from rayft.config import load_yaml
+from typing import Any
 
 import yaml
+
+from rayft.benchmarks.train import finite_number, md_cell, status_text
+from rayft.config import load_yaml
 
 BEGIN = "<!-- rayft bench readme: begin -->"
 END = "<!-- rayft bench readme: end -->"
@@ -190,30 +188,3 @@ def update_readme(readme: str | Path, rows_file: str | Path, check: bool = False
         except OSError as err:
             raise ReadmeTableError(f"{readme}: {err}") from None
     return False
-
-
-def register(bench_app: typer.Typer) -> None:
-    """Add ``rayft bench readme`` to the bench command group."""
-    from rich.console import Console
-    from rich.text import Text
-
-    @bench_app.command("readme")
-    def readme_cmd(
-        readme: Annotated[Path, typer.Option(help="The README holding the table markers.")] = Path("README.md"),
-        rows: Annotated[Path, typer.Option(help="YAML list of rows: job, file, select, label.")] = Path("bench/readme_table.yaml"),
-        check: Annotated[bool, typer.Option("--check", help="Write nothing; exit 1 when the README's table is out of date.")] = False,
-    ) -> None:
-        """Regenerate the README's performance table from the results files in bench/results."""
-        console = Console(stderr=True)
-        try:
-            same = update_readme(readme, rows, check=check)
-        except ReadmeTableError as e:
-            console.print(Text.assemble(("error", "bold red"), f": {e}"), highlight=False)
-            raise typer.Exit(1) from None
-        if same:
-            console.print(f"{readme}: the table is up to date", highlight=False, markup=False)
-        elif check:
-            console.print(f"{readme}: the table differs from the results files; run `rayft bench readme`", highlight=False, markup=False)
-            raise typer.Exit(1)
-        else:
-            console.print(f"{readme}: table rewritten from {rows}", highlight=False, markup=False)

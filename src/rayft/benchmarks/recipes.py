@@ -8,7 +8,7 @@ after a device synchronise); ``tokens`` (this rank's non-padding tokens in the s
 :func:`rayft.train.metrics.flops_per_token`); ``peak_mem_gib`` (``torch.cuda.max_memory_allocated``,
 GiB, None on CPU); ``loss``.
 
-* ``sample-recipe`` (``python -m rayft.bench.recipes sample SPEC``): the training function of the
+* ``sample-recipe`` (``python -m rayft.benchmarks.recipes sample SPEC``): the training function of the
   AWS sample (aws-samples/sample-aws-deep-learning-containers, training/ray-train/code/train.py)
   rewritten here as a Ray Train ``TorchTrainer`` function: the model loaded in bf16, wrapped in FSDP1
   (``FullyShardedDataParallel``, ``size_based_auto_wrap_policy`` at ``min_num_params=1e7``, what the
@@ -18,7 +18,7 @@ GiB, None on CPU); ``loss``.
   attention mask 0 and label -100 (the sample itself never pads: its rows are random full-length ids).
   FSDP1 gets ``device_id`` so that it also runs on CPU workers (gloo) for tests; on a GPU this is
   what ``prepare_model`` does with the model already on the device.
-* ``trl-default`` / ``trl-best`` (``torchrun ... -m rayft.bench.recipes trl SPEC``): TRL's
+* ``trl-default`` / ``trl-best`` (``torchrun ... -m rayft.benchmarks.recipes trl SPEC``): TRL's
   ``SFTTrainer`` with FSDP (full_shard, auto-wrap on the decoder layer class, bf16), the same
   tokenized rows (TRL skips its own tokenization for a dataset with ``input_ids``), ``max_steps``, no
   evaluation or saving; a ``TrainerCallback`` writes the records. ``trl-best`` adds TRL's packing
@@ -328,7 +328,7 @@ def run_trl(spec: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2 or argv[0] not in ("sample", "trl"):
-        sys.exit("usage: python -m rayft.bench.recipes {sample|trl} SPEC.json")
+        sys.exit("usage: python -m rayft.benchmarks.recipes {sample|trl} SPEC.json")
     spec = json.loads(Path(argv[1]).read_text())
     (run_sample if argv[0] == "sample" else run_trl)(spec)
 

@@ -1,7 +1,7 @@
 """Results files under bench/results/: one JSON per measurement, with everything needed to trust it.
 
 Each file records the command, the git commit, the GPU model and count, library versions, and the
-figures. ``python -m rayft.bench.record RUN_DIR OUT.json --command "..."`` turns a finished training
+figures. ``python -m rayft.benchmarks.record RUN_DIR OUT.json --command "..."`` turns a finished training
 run (its ``rayft_summary.json`` and ``rayft_metrics.jsonl``) into such a file.
 """
 

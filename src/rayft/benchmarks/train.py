@@ -3,7 +3,7 @@
 Recipes (docs/bench-train.md says what each one is):
 
 * ``sample-recipe``: the AWS sample's training function (FSDP1, bf16 weights and AdamW, padded rows),
-  :mod:`rayft.bench.recipes`;
+  :mod:`rayft.benchmarks.recipes`;
 * ``trl-default``: TRL ``SFTTrainer`` + FSDP with its defaults (padding per batch), under ``torchrun``;
 * ``trl-best``: the same with TRL's packing (padding-free) and liger-kernel;
 * ``rayft``: ``python -m rayft.cli train`` with ``train.compile=true``, ``train.cross_entropy=auto``,
@@ -44,14 +44,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Callable
+from typing import Any, Callable
 
 import numpy as np
-import typer
 from rich.console import Console
 from rich.text import Text
 
-from rayft.bench.fabric import _tail, gpu_label, run_logged
+from rayft.benchmarks.fabric import gpu_label
+from rayft.benchmarks.logged_run import LoggedCommand, log_tail, run_logged
 
 RECIPES = ("sample-recipe", "trl-default", "trl-best", "rayft", "rayft-fp8")
 #: What ``--recipes`` defaults to (``rayft-fp8`` is asked for by name).
@@ -555,9 +555,6 @@ class Plan:
     rayft_overrides: list[str] = field(default_factory=list)  # --rayft-set: the rayft recipes only
 
 
-Runner = Callable[[list[str], dict[str, str], Path, float | None], int]
-
-
 def _prepare_model_and_data(cfg, plan: Plan, world: int, console: Console) -> dict[str, Any]:
     """Write the shared inputs under ``work_dir``: the initial model (an HF directory that every
     recipe, rayft included, loads: one seeded init, on the GPU where there is one), the tokenizer,
@@ -566,7 +563,7 @@ def _prepare_model_and_data(cfg, plan: Plan, world: int, console: Console) -> di
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rayft.bench.recipes import save_dataset
+    from rayft.benchmarks.recipes import save_dataset
     from rayft.data.synthetic import random_dataset
     from rayft.train.driver import prepare_data
     from rayft.train.model import is_preset, load_full_model, load_model_config, matmul_params, preset_init_device
@@ -644,8 +641,8 @@ def recipe_command(recipe: str, workload: str, plan: Plan, cfg, world: int, use_
     spec_file = run_dir / "spec.json"
     spec_file.write_text(json.dumps(spec, indent=2))
     if recipe == "sample-recipe":
-        return [py, "-m", "rayft.bench.recipes", "sample", str(spec_file)]
-    return [py, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}", "-m", "rayft.bench.recipes", "trl", str(spec_file)]
+        return [py, "-m", "rayft.benchmarks.recipes", "sample", str(spec_file)]
+    return [py, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}", "-m", "rayft.benchmarks.recipes", "trl", str(spec_file)]
 
 
 #: What ``sample-recipe`` runs (fixed by the AWS sample's code).
@@ -677,7 +674,7 @@ def recipe_settings(recipe: str, run_dir: Path, cmd: list[str], config: Path) ->
         except (OSError, IndexError, KeyError, ValueError):
             pass
         return out
-    from rayft.bench.recipes import SETTINGS_FILE, trl_planned_settings
+    from rayft.benchmarks.recipes import SETTINGS_FILE, trl_planned_settings
 
     try:
         return json.loads((run_dir / SETTINGS_FILE).read_text())  # with "label" when trl-best fell back to sdpa
@@ -703,7 +700,7 @@ def run_bench(
     usd_per_gpu_hour: float | None = None,
     instance: str | None = None,
     console: Console | None = None,
-    runner: Runner = run_logged,
+    runner: LoggedCommand = run_logged,
     deadline_s: float | None = None,
     rayft_overrides: list[str] | None = None,
 ) -> tuple[Path, dict[str, Any]]:
@@ -736,7 +733,7 @@ def run_bench(
     t0 = _clock()
     import torch
 
-    from rayft.bench.record import environment, write_result
+    from rayft.benchmarks.record import environment, write_result
     from rayft.config import ConfigError, load_config
     from rayft.train.metrics import flops_per_token, peak_for_name
 
@@ -856,7 +853,7 @@ def run_bench(
     return write(True)
 
 
-def _one_run(r: str, w: str, plan: Plan, cfg, world: int, use_gpu: bool, shared: dict, runner: Runner, console: Console,
+def _one_run(r: str, w: str, plan: Plan, cfg, world: int, use_gpu: bool, shared: dict, runner: LoggedCommand, console: Console,
              t0: float, flops_fn, peak, price) -> dict[str, Any]:  # fmt: skip
     """Run one recipe × workload; its results entry (a failure of any kind is recorded, not raised)."""
     wd = plan.work_dir
@@ -886,7 +883,7 @@ def _one_run(r: str, w: str, plan: Plan, cfg, world: int, use_gpu: bool, shared:
         rc = runner(cmd, env, log, limit)
     except Exception as e:  # noqa: BLE001 - the runner itself failed: this run's failure
         console.print(Text.assemble((f"[{r} × {w}] failed", "bold red"), f": runner error {e!r}"), highlight=False)
-        return {**entry, "status": "failed", "error": f"runner error: {e!r}\n{_tail(log, 25)}"}
+        return {**entry, "status": "failed", "error": f"runner error: {e!r}\n{log_tail(log, 25)}"}
     entry["wall_s"] = round(time.monotonic() - t_run, 1)
     entry["settings"] = recipe_settings(r, run_dir, cmd, plan.config)  # what the run reported it used
     if entry["settings"].get("label"):
@@ -905,73 +902,7 @@ def _one_run(r: str, w: str, plan: Plan, cfg, world: int, use_gpu: bool, shared:
                 figs["wall_breakdown_s"] = None
     except (BenchTrainError, OSError, KeyError, ValueError) as e:
         console.print(Text.assemble((f"[{r} × {w}] failed", "bold red"), f": {e}"), highlight=False)
-        return {**entry, "status": "failed", "exit_code": rc, "error": f"{e}\n{_tail(log, 25)}"}
+        return {**entry, "status": "failed", "exit_code": rc, "error": f"{e}\n{log_tail(log, 25)}"}
     figs["usd_per_1m_tokens"] = usd_per_million_tokens(price.get("usd_per_gpu_hour"), figs["tokens_per_s_per_gpu"])
     console.print(f"[{r} × {w}] {figs['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU", highlight=False, markup=False)
     return {**entry, "status": "ok", **figs, "steps": recs}
-
-
-def _split(values: list[str] | None) -> list[str] | None:
-    if not values:
-        return None
-    return [x.strip() for v in values for x in v.split(",") if x.strip()]
-
-
-def register(bench_app: typer.Typer) -> None:
-    """Add ``train`` and ``table`` to the ``rayft bench`` group."""
-
-    @bench_app.command("train")
-    def train(
-        config: Annotated[Path, typer.Argument(help="The training job's YAML config (model, data, seq_len, micro-batch, workers).")],
-        recipes: Annotated[str, typer.Option(help=f"Comma-separated, from {','.join(RECIPES)}.")] = ",".join(DEFAULT_RECIPES),
-        workload: Annotated[str, typer.Option(help="random, real or both.")] = "both",
-        steps: Annotated[int, typer.Option(min=2, help="Optimizer steps per run.")] = DEFAULT_STEPS,
-        warmup_steps: Annotated[int, typer.Option(min=0, help="Leading steps left out of every figure.")] = DEFAULT_WARMUP,
-        set_: Annotated[list[str] | None, typer.Option("--set", "-s", help="Override a config key (repeatable).")] = None,
-        rayft_set: Annotated[list[str] | None, typer.Option("--rayft-set", help="Override a config key for the rayft recipes only, e.g. train.micro_batch_size=16 (repeatable).")] = None,
-        out: Annotated[Path | None, typer.Option(help="Results JSON (default bench/results/<date>-train-<model>-<N>x<gpu>.json).")] = None,
-        work_dir: Annotated[Path | None, typer.Option(help="Shared inputs, runs and logs (default <storage_path>/bench-train-<time>).")] = None,
-        timeout_s: Annotated[str | None, typer.Option(help="Time limit per run, seconds: one number for all runs, or per recipe as rayft=200,trl-default=120,...")] = None,
-        deadline_s: Annotated[float | None, typer.Option(min=1, help="Time budget of the whole benchmark, seconds: each run is cut to what is left (less 10 s); runs that cannot fit are skipped.")] = None,
-        usd_per_gpu_hour: Annotated[float | None, typer.Option(min=0, help="Price per GPU-hour instead of the catalog's.")] = None,
-        instance: Annotated[str | None, typer.Option(help="EC2 instance type whose catalog price is used.")] = None,
-    ) -> None:
-        """Train CONFIG with several recipes on identical data, model and GPUs; write results, table and chart."""
-        console = Console(stderr=True)
-        if workload not in ("random", "real", "both"):
-            console.print(Text.assemble(("error", "bold red"), f": --workload {workload}: choose random, real or both"))
-            raise typer.Exit(2)
-        try:
-            path, figures = run_bench(config, set_, _split([recipes]), list(WORKLOADS) if workload == "both" else [workload],
-                                      steps, warmup_steps, out, work_dir, parse_timeouts(timeout_s), usd_per_gpu_hour, instance, console,
-                                      deadline_s=deadline_s, rayft_overrides=rayft_set)  # fmt: skip
-        except BenchInterrupted as e:
-            console.print(Text.assemble(("interrupted", "bold red"), ": ", str(e)), highlight=False)
-            raise typer.Exit(130) from None
-        except BenchTrainError as e:
-            console.print(Text.assemble(("error", "bold red"), ": ", str(e)), highlight=False)
-            raise typer.Exit(1) from None
-        sys.stdout.write(path.with_suffix(".md").read_text())
-        console.print(f"results: {path}", highlight=False, markup=False)
-        if any(r["status"] != "ok" for r in figures["runs"]):
-            raise typer.Exit(1)
-
-    @bench_app.command("table")
-    def table(results: Annotated[list[Path], typer.Argument(help="Results JSON files of `rayft bench train`.")]) -> None:
-        """Regenerate the Markdown table (and PNG chart) beside each results file; print the tables.
-        A file that cannot be read is reported and skipped; the others are still written (exit 1)."""
-        console = Console(stderr=True)
-        failed = []
-        for r in results:
-            try:
-                md, png = write_table_files(r, console)
-            except (OSError, KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError, RecursionError) as e:
-                console.print(Text.assemble(("error", "bold red"), f": {r}: not a `rayft bench train` results file "
-                                            f"({type(e).__name__}: {str(e)[:300]})"), highlight=False)  # fmt: skip
-                failed.append(r)
-                continue
-            sys.stdout.write(md.read_text() + "\n")
-            console.print(f"wrote {md}" + (f" and {png}" if png else ""), highlight=False, markup=False)
-        if failed:
-            console.print(f"{len(failed)} of {len(results)} results files not tabulated: {', '.join(map(str, failed))}", highlight=False, markup=False)
-            raise typer.Exit(1)

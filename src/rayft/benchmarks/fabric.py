@@ -5,7 +5,7 @@ joins the cluster) with its own environment:
 
 1. ``python -m rayft.cli train CONFIG --set ...`` with ``NCCL_DEBUG=INFO`` and
    ``ray.log_to_driver=true``, its whole output (workers included) saved to a log file;
-2. ``python -m rayft.bench.collectives CONFIG --set ...`` (the bus-bandwidth sweep) under the
+2. ``python -m rayft.benchmarks.collectives CONFIG --set ...`` (the bus-bandwidth sweep) under the
    same environment, its output saved too.
 
 Then ``rayft doctor``'s verdicts (:mod:`rayft.nccl.doctor`) are read from both logs, and a run
@@ -28,21 +28,18 @@ import json
 import os
 import re
 import shlex
-import signal
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-import typer
 from rich.console import Console
-from rich.text import Text
 
+from rayft.benchmarks.logged_run import LoggedCommandWithDoneFile, log_tail, run_logged
 from rayft.nccl.doctor import Expect, RankVerdict, check, verdicts_from_text
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
@@ -175,100 +172,6 @@ def gpu_label(gpu: str | None, world_size: int | None) -> str:
     return f"{world_size or '?'}x{name}"
 
 
-# ------------------------------------------------------------------------------------ running
-
-
-#: Seconds between SIGTERM and SIGKILL to a timed-out run's process group.
-KILL_GRACE_S = 30.0
-#: The same when this process itself is interrupted.
-INTERRUPT_GRACE_S = 5.0
-#: Seconds a run may keep running after writing its done file (a sockets run was once seen hanging
-#: on exit after its summary, until the time limit).
-LINGER_S = 30.0
-
-
-def _signal_group(pgid: int, sig: int) -> bool:
-    """Send ``sig`` to process group ``pgid``; False when the group has no process left."""
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
-
-
-def _kill_group(proc: subprocess.Popen, grace_s: float) -> None:
-    """Stop the process group of ``proc`` (the leader of its own session): SIGTERM, wait up to
-    ``grace_s`` s for every process of the group to exit, then SIGKILL what is left."""
-    _signal_group(proc.pid, signal.SIGTERM)
-    end = time.monotonic() + grace_s
-    while time.monotonic() < end:
-        proc.poll()  # reap the leader: a zombie still counts as a member of the group
-        if proc.returncode is not None and not _signal_group(proc.pid, 0):
-            return
-        time.sleep(0.1)
-    _signal_group(proc.pid, signal.SIGKILL)
-    proc.wait()
-
-
-def run_logged(cmd: list[str], env: dict[str, str], log: Path, timeout_s: float | None, kill_grace_s: float = KILL_GRACE_S,
-               done_file: Path | None = None, linger_s: float = LINGER_S) -> int:
-    """Run ``cmd`` with stdout and stderr into ``log``; its exit status (124 on timeout).
-
-    The child starts in a new session (its own process group), so that on timeout (or when this
-    process is interrupted) the whole group is stopped: SIGTERM, up to ``kill_grace_s`` s, SIGKILL.
-    torchrun's and Ray's workers would otherwise outlive a killed leader and keep the GPUs.
-    With ``done_file`` (a file the command writes once its work is done, e.g. a run summary), a
-    process still running ``linger_s`` s after that file appeared is stopped the same way and the
-    call returns 124 at once instead of waiting out ``timeout_s``.
-    """
-    log.parent.mkdir(parents=True, exist_ok=True)
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    started = time.time()  # a done file older than this is a leftover, not this run's
-    with log.open("w") as f:
-        proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-        done_at = None
-        try:
-            while proc.poll() is None:
-                now = time.monotonic()
-                if done_file is not None and done_at is None and _written_since(done_file, started):
-                    done_at = now
-                if deadline is not None and now >= deadline:
-                    _kill_group(proc, kill_grace_s)
-                    f.write(f"\n[rayft bench] killed after {timeout_s} s\n")
-                    return 124
-                if done_at is not None and now - done_at >= linger_s:
-                    _kill_group(proc, kill_grace_s)
-                    f.write(f"\n[rayft bench] {done_file.name} written, but the process was still running "
-                            f"{linger_s:.0f} s later: stopped\n")
-                    return 124
-                time.sleep(0.2)
-        except BaseException:  # interrupted (SIGTERM handler, Ctrl-C): leave no process behind, quickly
-            # (a short grace: `timeout -k 10` SIGKILLs this process 10 s after its SIGTERM)
-            _kill_group(proc, min(kill_grace_s, INTERRUPT_GRACE_S))
-            raise
-        # the leader exited by itself; anything it left running in its group goes too
-        _signal_group(proc.pid, signal.SIGKILL)
-        return proc.returncode
-
-
-def _written_since(path: Path, t: float) -> bool:
-    try:
-        return path.stat().st_mtime >= t
-    except OSError:
-        return False
-
-
-def _tail(path: Path, n: int = 15) -> str:
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return ""
-    return "\n".join("    " + ln for ln in lines[-n:])
-
-
-Runner = Callable[..., int]  # (cmd, env, log, timeout_s, done_file=None) -> exit status
-
-
 def run_fabric(
     config: str | os.PathLike,
     overrides: list[str] | None = None,
@@ -280,7 +183,7 @@ def run_fabric(
     sweep_max_bytes: int | None = None,
     timeout_s: float | None = None,
     console: Console | None = None,
-    runner: Runner = run_logged,
+    runner: LoggedCommandWithDoneFile = run_logged,
 ) -> tuple[Path, dict[str, Any]]:
     """Run both variants (training + collectives sweep each), verify their transports, write the
     results file.
@@ -306,7 +209,7 @@ def run_fabric(
         FabricError: a bad config, a failed run (with the tail of its log), or a run whose
             NCCL transport was not the expected one (the run is rejected; nothing is written).
     """
-    from rayft.bench.record import write_result
+    from rayft.benchmarks.record import write_result
     from rayft.config import ConfigError, load_config
     from rayft.train.driver import run_dir_of
 
@@ -348,18 +251,18 @@ def run_fabric(
             console.print(f"[{v.name}] warning: training finished (its summary is written) but its process did not exit; "
                           "stopped it and using the finished run", highlight=False, markup=False)  # fmt: skip
         elif rc != 0:
-            raise FabricError(f"{v.name} training failed (exit {rc}); end of {train_log}:\n{_tail(train_log)}")
+            raise FabricError(f"{v.name} training failed (exit {rc}); end of {train_log}:\n{log_tail(train_log)}")
         train_transport = check_log(train_log.read_text(errors="replace"), v.expect, f"{v.name} training ({train_log})")
         tps = median_tokens_per_s(run_dir / "rayft_metrics.jsonl", skip_steps)
 
         sweep_log, sweep_json = logs / f"{v.name}-sweep.log", logs / f"{v.name}-sweep.json"
         console.print(f"[{v.name}] collectives sweep → {sweep_log}", highlight=False, markup=False)
-        cmd = [py, "-m", "rayft.bench.collectives", str(config), *set_args, "--out", str(sweep_json)]
+        cmd = [py, "-m", "rayft.benchmarks.collectives", str(config), *set_args, "--out", str(sweep_json)]
         if sweep_max_bytes:
             cmd += ["--max-bytes", str(sweep_max_bytes)]
         rc = runner(cmd, env, sweep_log, timeout_s)
         if rc != 0:
-            raise FabricError(f"{v.name} collectives sweep failed (exit {rc}); end of {sweep_log}:\n{_tail(sweep_log)}")
+            raise FabricError(f"{v.name} collectives sweep failed (exit {rc}); end of {sweep_log}:\n{log_tail(sweep_log)}")
         sweep_transport = check_log(sweep_log.read_text(errors="replace"), v.expect, f"{v.name} sweep ({sweep_log})")
         try:
             sweep = json.loads(sweep_json.read_text())
@@ -413,51 +316,3 @@ def markdown_table(figures: dict[str, Any]) -> str:
     lines.append(f"fast / sockets tokens/s/GPU: {figures['tokens_per_s_ratio_fast_over_sockets']:.2f}x "
                  f"(median of steps {figures['skip_steps'] + 1}..{figures['steps']}; busbw: peak over message sizes)")
     return "\n".join(lines)
-
-
-def register(bench_app: typer.Typer) -> None:
-    """Add the ``fabric`` command to the ``rayft bench`` group."""
-
-    @bench_app.command("fabric")
-    def fabric(
-        config: Annotated[Path, typer.Argument(help="The training job's YAML config file.")],
-        set_: Annotated[
-            list[str] | None, typer.Option("--set", "-s", help="Override a key in both runs (repeatable).")
-        ] = None,
-        mode: Annotated[
-            Mode, typer.Option(help="onehost: NVLink vs NCCL_P2P_DISABLE+NCCL_SHM_DISABLE; efa: EFA vs NCCL_NET=Socket.",
-                               case_sensitive=False)
-        ] = Mode.ONEHOST,
-        steps: Annotated[
-            int | None, typer.Option(min=2, help="Optimizer steps per run (default: train.max_steps, else 30).")
-        ] = None,
-        skip_steps: Annotated[int, typer.Option(min=0, help="Leading steps left out of the tokens/s median.")] = 3,
-        out: Annotated[
-            Path | None, typer.Option(help="Results file (default bench/results/<date>-fabric-<N>x<gpu>.json).")
-        ] = None,
-        logs_dir: Annotated[
-            Path | None, typer.Option(help="Where the runs' logs go (default <storage_path>/fabric-<time>-logs).")
-        ] = None,
-        sweep_max_mib: Annotated[
-            int | None, typer.Option(min=1, help="Largest collective message in MiB (default 1024 on GPUs).")
-        ] = None,
-        timeout_s: Annotated[int | None, typer.Option(min=1, help="Time limit per run, in seconds.")] = None,
-    ) -> None:
-        """Train CONFIG twice, over the fast interconnect and over TCP sockets, and compare.
-
-        Each run's NCCL log is checked with the doctor (fast: NVLink or EFA; sockets: NET/Socket);
-        a run that used another transport is rejected (exit 1). Writes a results file and prints a
-        Markdown table: tokens/s/GPU of each run, their ratio, and the collectives' bus bandwidth.
-        """
-        console = Console(stderr=True)
-        try:
-            path, figures = run_fabric(
-                config, set_, mode=mode, steps=steps, out=out, logs_dir=logs_dir, skip_steps=skip_steps,
-                sweep_max_bytes=sweep_max_mib * 2**20 if sweep_max_mib else None, timeout_s=timeout_s,
-                console=console,
-            )  # fmt: skip
-        except FabricError as e:
-            console.print(Text.assemble(("error", "bold red"), ": ", str(e)), highlight=False)
-            raise typer.Exit(1) from None
-        sys.stdout.write(markdown_table(figures) + "\n")
-        console.print(f"results: {path}", highlight=False, markup=False)

@@ -20,7 +20,7 @@ Bandwidths are in GB/s with GB = 1e9 bytes (as nccl-tests prints them); times in
 The time of one iteration is the mean over the timed iterations on the slowest rank (a
 collective is done when its last rank is).
 
-``python -m rayft.bench.collectives CONFIG [--set ...] --out sweep.json`` runs the sweep with
+``python -m rayft.benchmarks.collectives CONFIG [--set ...] --out sweep.json`` runs the sweep with
 the workers a training run of CONFIG would get (``train.num_workers``, ``train.use_gpu``,
 ``parallel.backend``, ``ray.address``), starting an embedded local Ray when no cluster is given.
 """
@@ -277,7 +277,7 @@ def run_sweep(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m rayft.bench.collectives CONFIG [--set K=V ...] --out FILE``; exit 1 on failure."""
+    """``python -m rayft.benchmarks.collectives CONFIG [--set K=V ...] --out FILE``; exit 1 on failure."""
     from rich.console import Console
 
     from rayft.config import ConfigError, load_config
@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         worker_env_vars,
     )
 
-    ap = argparse.ArgumentParser(prog="python -m rayft.bench.collectives", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m rayft.benchmarks.collectives", description=__doc__.split("\n\n")[0])
     ap.add_argument("config")
     ap.add_argument("--set", "-s", dest="overrides", action="append", default=[])
     ap.add_argument("--out", required=True, help="where to write the figures (JSON)")
