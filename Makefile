@@ -18,4 +18,6 @@ quickstart: $(VENV)/.installed
 	$(VENV)/bin/rayft train examples/quickstart.yaml
 
 test: $(VENV)/.installed
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m pytest -q

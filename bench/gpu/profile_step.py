@@ -11,6 +11,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.profiler import ProfilerActivity, profile
 
 from rayft.config import ModelConfig, ParallelConfig
 from rayft.data.formats import load_conversations
@@ -45,10 +46,13 @@ def timed(name, make_batch, n=8, warm=3):
     ts = []
     for i in range(n + warm):
         b = make_batch(i)
-        torch.cuda.synchronize(); t = time.perf_counter()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
         step(b)
-        torch.cuda.synchronize(); ts.append(time.perf_counter() - t)
-    ts = sorted(ts[warm:]); med = ts[len(ts) // 2]
+        torch.cuda.synchronize()
+        ts.append(time.perf_counter() - t)
+    ts = sorted(ts[warm:])
+    med = ts[len(ts) // 2]
     print(f"{name}: {1000 * med:.1f} ms/step, {a.mb * a.seq / med:,.0f} tokens/s (row tokens), peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB", flush=True)
 
 
@@ -75,7 +79,6 @@ timed("random tokens, causal", rnd)
 timed("packed rows, restarting position ids", packed)
 if a.no_profile:
     raise SystemExit(0)
-from torch.profiler import ProfilerActivity, profile
 
 with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
     for i in range(2):

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from rayft.cluster.spec import ClusterConfig
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_serializer, model_validator
 
+from rayft.cluster.spec import ClusterConfig
 from rayft.config_base import ConfigModel
 
 

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 from rayft.cluster import local
-
 from rayft.cluster import submit as sub
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -4,8 +4,8 @@ extraction, the two-run orchestration (with a fake subprocess runner) and the CL
 from __future__ import annotations
 
 import json
-import time
 import re
+import time
 from pathlib import Path
 
 import pytest

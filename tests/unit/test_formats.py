@@ -3,8 +3,8 @@
 import gzip
 
 import pytest
-
 from conftest import shared_path
+
 from rayft.data.formats import DataError, expand_files, load_conversations, read_records
 
 

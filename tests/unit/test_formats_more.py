@@ -5,8 +5,8 @@ import json
 
 import numpy as np
 import pytest
-
 from conftest import shared_path
+
 from rayft.data.formats import (
     Conversation,
     DataError,

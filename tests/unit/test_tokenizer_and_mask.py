@@ -4,8 +4,8 @@ import json
 
 import numpy as np
 import pytest
-
 from conftest import shared_path
+
 from rayft.data.formats import Conversation, to_conversation
 from rayft.data.tokenize import tokenize_conversation, tokenize_dataset
 

@@ -281,12 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
     from rayft.config import ConfigError, load_config
-    from rayft.train.driver import (
-        TrainError,
-        connect_ray,
-        resolve_workers,
-        worker_env_vars,
-    )
+    from rayft.train.errors import TrainError
+    from rayft.train.ray_cluster import connect_ray, resolve_workers, worker_env_vars
 
     ap = argparse.ArgumentParser(prog="python -m rayft.benchmarks.collectives", description=__doc__.split("\n\n")[0])
     ap.add_argument("config")

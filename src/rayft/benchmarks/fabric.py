@@ -29,9 +29,7 @@ import os
 import re
 import shlex
 import statistics
-import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -211,7 +209,7 @@ def run_fabric(
     """
     from rayft.benchmarks.record import write_result
     from rayft.config import ConfigError, load_config
-    from rayft.train.driver import run_dir_of
+    from rayft.train.run_dir import run_dir_of
 
     console = console or Console(stderr=True)
     mode = Mode(mode)

@@ -565,7 +565,7 @@ def _prepare_model_and_data(cfg, plan: Plan, world: int, console: Console) -> di
 
     from rayft.benchmarks.recipes import save_dataset
     from rayft.data.synthetic import random_dataset
-    from rayft.train.driver import prepare_data
+    from rayft.train.driver import load_run_data
     from rayft.train.model import is_preset, load_full_model, load_model_config, matmul_params, preset_init_device
 
     conf = load_model_config(cfg.model, "sdpa")
@@ -594,7 +594,7 @@ def _prepare_model_and_data(cfg, plan: Plan, world: int, console: Console) -> di
         else:
             if cfg.data.synthetic is not None:
                 raise BenchTrainError("workload real needs data.train_files in the config (it has data.synthetic)")
-            d = prepare_data(cfg, console)
+            d = load_run_data(cfg, console)
             ds = d.train
             d.tokenizer.save_pretrained(shared["tokenizer_dir"])
         path = plan.work_dir / f"{w}-data.npz"
@@ -895,7 +895,7 @@ def _one_run(r: str, w: str, plan: Plan, cfg, world: int, use_gpu: bool, shared:
         figs = summarize(recs, plan.warmup_steps, world, flops_fn, peak)
         if recs and "setup_s" in recs[0]:  # rayft: worker start to the first step (model build and weight load within)
             figs["setup_s"], figs["setup_model_build_s"] = recs[0]["setup_s"], recs[0].get("setup_model_build_s")
-        if r in RAYFT_RECIPES:  # where the run's wall time went (rayft.train.driver.wall_timeline)
+        if r in RAYFT_RECIPES:  # where the run's wall time went (rayft.train.summary.wall_timeline)
             try:
                 figs["wall_breakdown_s"] = json.loads((run_dir / "rayft" / "rayft_summary.json").read_text()).get("wall_s")
             except (OSError, ValueError):

@@ -26,6 +26,7 @@ from rayft.nccl.doctor import (
     verdicts_from_text,
 )
 
+
 def _read(logs: list[str]) -> list[tuple[str, str]]:
     """``(name, text)`` of each given file (``-`` is stdin), each one run's log, never joined:
     rank numbers only name a process within one job. Exit 2 when one cannot be read."""

@@ -29,7 +29,8 @@ def submit(
 
     Exit status is the job's: 0 SUCCEEDED, 1 FAILED or STOPPED. Ctrl-C asks whether to stop the job.
     """
-    from rayft.cluster.submit import SubmitError, run, submit as do_submit
+    from rayft.cluster.submit import SubmitError, run
+    from rayft.cluster.submit import submit as do_submit
 
     cfg = load_config_or_exit(config, set_)  # validate locally first: exit 2 on a config error
     try:
