@@ -111,7 +111,10 @@ def main() -> None:
     src = tmp / "synthetic.jsonl"
     src.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
     n_msgs = sum("messages" in r for r in records)
-    print(f"{a.n:,} records ({n_msgs:,} messages, {a.n - n_msgs:,} alpaca) from {len(pool):,} source records, {src.stat().st_size / 2**20:.1f} MiB", flush=True)
+    print(
+        f"{a.n:,} records ({n_msgs:,} messages, {a.n - n_msgs:,} alpaca) from {len(pool):,} source records, {src.stat().st_size / 2**20:.1f} MiB",
+        flush=True,
+    )
     tok = load_tokenizer("qwen2.5")
 
     t0 = time.perf_counter()
@@ -119,7 +122,10 @@ def main() -> None:
     t_load = time.perf_counter() - t0
     local = tokenize_dataset(tok, ex, a.seq_len)
     t_local = time.perf_counter() - t0
-    print(f"local: {t_local:.1f} s (read {t_load:.1f} s), {a.n / t_local:,.0f} records/s; {len(local):,} examples, {len(local.tokens):,} tokens", flush=True)
+    print(
+        f"local: {t_local:.1f} s (read {t_load:.1f} s), {a.n / t_local:,.0f} records/s; {len(local):,} examples, {len(local.tokens):,} tokens",
+        flush=True,
+    )
 
     t0 = time.perf_counter()
     ray.init(address="local", num_cpus=a.cpus, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
@@ -129,8 +135,14 @@ def main() -> None:
     via_ray = tokenize_dataset_ray(tok, ex, a.seq_len)
     t_ray = time.perf_counter() - t0
     ray.shutdown()
-    identical = fingerprint(via_ray) == fingerprint(local) and (via_ray.truncated, via_ray.dropped_no_trainable) == (local.truncated, local.dropped_no_trainable)
-    print(f"ray ({a.cpus} CPUs): {t_ray:.1f} s (+ ray.init {t_init:.1f} s), {a.n / t_ray:,.0f} records/s; identical to local: {identical}", flush=True)
+    identical = fingerprint(via_ray) == fingerprint(local) and (via_ray.truncated, via_ray.dropped_no_trainable) == (
+        local.truncated,
+        local.dropped_no_trainable,
+    )
+    print(
+        f"ray ({a.cpus} CPUs): {t_ray:.1f} s (+ ray.init {t_init:.1f} s), {a.n / t_ray:,.0f} records/s; identical to local: {identical}",
+        flush=True,
+    )
 
     cfg = RayftConfig(data=DataConfig(train_files=[str(src)], seq_len=a.seq_len, preprocess="local", cache_dir=str(tmp / "cache")))
     key, hashed = cache_lib.cache_key(cfg.data, tok, "qwen2.5")
@@ -141,20 +153,36 @@ def main() -> None:
     hit = load_run_data(cfg, Console(quiet=True))
     t_hit = time.perf_counter() - t0
     assert hit.cache == "hit" and np.array_equal(hit.train.tokens, local.tokens)
-    print(f"cache hit: {t_hit:.2f} s (tokenizer load + file hash + verified load), {a.n / t_hit:,.0f} records/s; write {t_write:.2f} s", flush=True)
+    print(
+        f"cache hit: {t_hit:.2f} s (tokenizer load + file hash + verified load), {a.n / t_hit:,.0f} records/s; write {t_write:.2f} s",
+        flush=True,
+    )
 
     ncpu = os.cpu_count()
     out = a.out or f"bench/results/{dt.date.today():%Y-%m-%d}-preprocess-{ncpu}cpu.json"
     figures = {
-        "records": a.n, "examples": len(local), "tokens": int(len(local.tokens)), "seq_len": a.seq_len,
-        "input_mib": round(src.stat().st_size / 2**20, 2), "ray_cpus": a.cpus,
-        "local_s": round(t_local, 3), "local_read_s": round(t_load, 3), "local_records_per_s": round(a.n / t_local, 1),
-        "ray_s": round(t_ray, 3), "ray_init_s": round(t_init, 3), "ray_records_per_s": round(a.n / t_ray, 1),
-        "ray_speedup": round(t_local / t_ray, 3), "ray_identical_to_local": identical,
-        "cache_hit_s": round(t_hit, 3), "cache_hit_records_per_s": round(a.n / t_hit, 1), "cache_write_s": round(t_write, 3),
-    }  # fmt: skip
+        "records": a.n,
+        "examples": len(local),
+        "tokens": int(len(local.tokens)),
+        "seq_len": a.seq_len,
+        "input_mib": round(src.stat().st_size / 2**20, 2),
+        "ray_cpus": a.cpus,
+        "local_s": round(t_local, 3),
+        "local_read_s": round(t_load, 3),
+        "local_records_per_s": round(a.n / t_local, 1),
+        "ray_s": round(t_ray, 3),
+        "ray_init_s": round(t_init, 3),
+        "ray_records_per_s": round(a.n / t_ray, 1),
+        "ray_speedup": round(t_local / t_ray, 3),
+        "ray_identical_to_local": identical,
+        "cache_hit_s": round(t_hit, 3),
+        "cache_hit_records_per_s": round(a.n / t_hit, 1),
+        "cache_write_s": round(t_write, 3),
+    }
     cmd = "python3 bench/preprocess.py " + " ".join(sys.argv[1:])
-    path = write_result(out, cmd, figures, cpu={"model": cpu_model(), "count": ncpu}, source_files=[os.path.basename(f) for f in files], label=a.label)
+    path = write_result(
+        out, cmd, figures, cpu={"model": cpu_model(), "count": ncpu}, source_files=[os.path.basename(f) for f in files], label=a.label
+    )
     print(json.dumps(figures, indent=1))
     print(f"wrote {path}")
     if not identical:

@@ -52,14 +52,29 @@ def main() -> None:
 
     dev = torch.device("cuda:0") if torch.cuda.is_available() else torch.device("cpu")
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=a.world)
-    res = {"model": a.model, "world": a.world, "seq": a.seq, "activation_checkpointing": a.ac, "limit_gib": a.limit_gib,
-           "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "torch": torch.__version__, "tries": []}  # fmt: skip
+    res = {
+        "model": a.model,
+        "world": a.world,
+        "seq": a.seq,
+        "activation_checkpointing": a.ac,
+        "limit_gib": a.limit_gib,
+        "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "tries": [],
+    }
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
         res["memory_fraction"] = cap_gpu_memory(dev, a.limit_gib)
     t = time.perf_counter()
-    model = build_sharded_model(ModelConfig(name_or_path=a.model, attn_implementation="auto", init_device="gpu"), ParallelConfig(),
-                                device=dev, activation_checkpointing=a.ac, compile_layers=True, seed=0, cross_entropy="auto")  # fmt: skip
+    model = build_sharded_model(
+        ModelConfig(name_or_path=a.model, attn_implementation="auto", init_device="gpu"),
+        ParallelConfig(),
+        device=dev,
+        activation_checkpointing=a.ac,
+        compile_layers=True,
+        seed=0,
+        cross_entropy="auto",
+    )
     opt = build_optimizer(model.module, TrainConfig(lr=1e-5), dev)
     res["build_s"] = round(time.perf_counter() - t, 1)
     gib = (lambda f: round(f() / 2**30, 2)) if dev.type == "cuda" else (lambda f: None)
@@ -72,8 +87,12 @@ def main() -> None:
         try:
             for i in range(a.warm + a.steps):
                 ids = torch.randint(0, vocab - 1000, (mb, a.seq), device=dev)
-                batch = {"input_ids": ids, "position_ids": torch.arange(a.seq, device=dev).expand(mb, -1), "labels": ids,
-                         "cu_seq_lens": torch.arange(0, mb * a.seq + 1, a.seq, device=dev, dtype=torch.int32)}  # fmt: skip
+                batch = {
+                    "input_ids": ids,
+                    "position_ids": torch.arange(a.seq, device=dev).expand(mb, -1),
+                    "labels": ids,
+                    "cu_seq_lens": torch.arange(0, mb * a.seq + 1, a.seq, device=dev, dtype=torch.int32),
+                }
                 if dev.type == "cuda":
                     torch.cuda.synchronize()
                 t0 = time.perf_counter()
@@ -84,12 +103,23 @@ def main() -> None:
                 if i >= a.warm:
                     times.append(time.perf_counter() - t0)
             step = statistics.median(times)
-            row = {"micro_batch": mb, "fits": True, "step_s": round(step, 4), "tokens_per_s": round(mb * a.seq / step),
-                   "peak_allocated_gib": gib(torch.cuda.max_memory_allocated), "peak_reserved_gib": gib(torch.cuda.max_memory_reserved),
-                   "try_s": round(time.perf_counter() - t_try, 1)}  # fmt: skip
+            row = {
+                "micro_batch": mb,
+                "fits": True,
+                "step_s": round(step, 4),
+                "tokens_per_s": round(mb * a.seq / step),
+                "peak_allocated_gib": gib(torch.cuda.max_memory_allocated),
+                "peak_reserved_gib": gib(torch.cuda.max_memory_reserved),
+                "try_s": round(time.perf_counter() - t_try, 1),
+            }
         except torch.OutOfMemoryError as e:
-            row = {"micro_batch": mb, "fits": False, "error": str(e).split("\n")[0][:300], "peak_allocated_gib": gib(torch.cuda.max_memory_allocated),
-                   "peak_reserved_gib": gib(torch.cuda.max_memory_reserved)}  # fmt: skip
+            row = {
+                "micro_batch": mb,
+                "fits": False,
+                "error": str(e).split("\n")[0][:300],
+                "peak_allocated_gib": gib(torch.cuda.max_memory_allocated),
+                "peak_reserved_gib": gib(torch.cuda.max_memory_reserved),
+            }
         res["tries"].append(row)
         print(f"[l4fit] seq {a.seq} ac {a.ac} {row}", flush=True)
         with open(a.out, "w") as f:

@@ -31,8 +31,16 @@ HIDDEN, INTER, KV, VOCAB = 1536, 8960, 256, 151936  # Qwen2.5-1.5B: hidden, MLP,
 
 def products(tokens: int, dev: torch.device) -> list[tuple[str, float, object]]:
     """(name, FLOPs, callable) for each matrix product of one layer and one LM-head chunk."""
-    linears = {"q": (HIDDEN, HIDDEN), "k": (HIDDEN, KV), "v": (HIDDEN, KV), "o": (HIDDEN, HIDDEN),
-               "gate": (HIDDEN, INTER), "up": (HIDDEN, INTER), "down": (INTER, HIDDEN), "lm_head_chunk": (HIDDEN, VOCAB)}  # fmt: skip
+    linears = {
+        "q": (HIDDEN, HIDDEN),
+        "k": (HIDDEN, KV),
+        "v": (HIDDEN, KV),
+        "o": (HIDDEN, HIDDEN),
+        "gate": (HIDDEN, INTER),
+        "up": (HIDDEN, INTER),
+        "down": (INTER, HIDDEN),
+        "lm_head_chunk": (HIDDEN, VOCAB),
+    }
     out = []
     for name, (k, n) in linears.items():
         m = 4096 if name == "lm_head_chunk" else tokens
@@ -40,8 +48,11 @@ def products(tokens: int, dev: torch.device) -> list[tuple[str, float, object]]:
         w = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
         dy = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
         flops = 2.0 * m * n * k
-        out += [(f"{name}.fwd", flops, lambda x=x, w=w: x @ w.t()), (f"{name}.dgrad", flops, lambda dy=dy, w=w: dy @ w),
-                (f"{name}.wgrad", flops, lambda dy=dy, x=x: dy.t() @ x)]  # fmt: skip
+        out += [
+            (f"{name}.fwd", flops, lambda x=x, w=w: x @ w.t()),
+            (f"{name}.dgrad", flops, lambda dy=dy, w=w: dy @ w),
+            (f"{name}.wgrad", flops, lambda dy=dy, x=x: dy.t() @ x),
+        ]
     return out
 
 
@@ -71,7 +82,10 @@ def median_tflops(fn, flops: float, n: int = 20) -> float:
     ts = []
     for _ in range(n):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); fn(); b.record(); torch.cuda.synchronize()  # noqa: E702
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()  # noqa: E702
         ts.append(a.elapsed_time(b))
     return round(flops / statistics.median(ts) / 1e9, 1)
 
@@ -84,9 +98,25 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     dev = torch.device("cuda:0")
-    smi = subprocess.Popen(["nvidia-smi", "-i", "0", "--query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,power.limit,temperature.gpu,clocks_throttle_reasons.active",
-                            "--format=csv,nounits", "-lms", "100"], stdout=open(a.out + ".smi.csv", "w"))  # fmt: skip
-    res = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda, "tokens": a.tokens, "t_start": time.time()}
+    smi = subprocess.Popen(
+        [
+            "nvidia-smi",
+            "-i",
+            "0",
+            "--query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,power.limit,temperature.gpu,clocks_throttle_reasons.active",
+            "--format=csv,nounits",
+            "-lms",
+            "100",
+        ],
+        stdout=open(a.out + ".smi.csv", "w"),
+    )
+    res = {
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "tokens": a.tokens,
+        "t_start": time.time(),
+    }
     time.sleep(3)  # idle clocks first
     for n in (int(v) for v in a.squares.split(",")):
         x, y = (torch.randn(n, n, device=dev, dtype=torch.bfloat16) for _ in range(2))

@@ -34,8 +34,14 @@ os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29555", RANK="0", WORLD_
 dist.init_process_group("nccl")
 dev = torch.device("cuda:0")
 torch.cuda.set_device(dev)
-model = build_sharded_model(ModelConfig(name_or_path=a.model, attn_implementation=a.attn), ParallelConfig(), device=dev,
-                            activation_checkpointing=False, compile_layers=False, seed=0)
+model = build_sharded_model(
+    ModelConfig(name_or_path=a.model, attn_implementation=a.attn),
+    ParallelConfig(),
+    device=dev,
+    activation_checkpointing=False,
+    compile_layers=False,
+    seed=0,
+)
 opt = torch.optim.AdamW(model.module.parameters(), lr=1e-5, fused=True)
 tok = load_tokenizer("qwen2.5")
 ds = tokenize_dataset(tok, load_conversations(a.data), a.seq)
@@ -53,7 +59,10 @@ def timed(name, make_batch, n=8, warm=3):
         ts.append(time.perf_counter() - t)
     ts = sorted(ts[warm:])
     med = ts[len(ts) // 2]
-    print(f"{name}: {1000 * med:.1f} ms/step, {a.mb * a.seq / med:,.0f} tokens/s (row tokens), peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB", flush=True)
+    print(
+        f"{name}: {1000 * med:.1f} ms/step, {a.mb * a.seq / med:,.0f} tokens/s (row tokens), peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB",
+        flush=True,
+    )
 
 
 def step(b):

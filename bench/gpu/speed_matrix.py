@@ -50,9 +50,15 @@ def worker(rank: int, a) -> None:
 
     mcfg = ModelConfig(name_or_path=a.model, attn_implementation=a.attn)
     model = build_sharded_model(
-        mcfg, ParallelConfig(reshard_after_forward=not a.no_reshard), device=dev, activation_checkpointing=a.ac,
-        compile_layers=a.compile, seed=0, liger_kernels=a.liger, cross_entropy=a.ce,
-    )  # fmt: skip
+        mcfg,
+        ParallelConfig(reshard_after_forward=not a.no_reshard),
+        device=dev,
+        activation_checkpointing=a.ac,
+        compile_layers=a.compile,
+        seed=0,
+        liger_kernels=a.liger,
+        cross_entropy=a.ce,
+    )
     opt = torch.optim.AdamW(model.module.parameters(), lr=1e-5, fused=True)
     conf = load_model_config(mcfg)
     n_mm = matmul_params(model.module)
@@ -70,9 +76,15 @@ def worker(rank: int, a) -> None:
         if a.data == "random":
             g = torch.Generator().manual_seed(i * 100 + rank)
             ids = torch.randint(0, 151000, (a.mb, a.seq), generator=g)
-            b = {"input_ids": ids, "position_ids": torch.arange(a.seq).expand(a.mb, -1).contiguous(),
-                 "labels": torch.roll(ids, -1, 1), "cu_seq_lens": torch.arange(0, (a.mb + 1) * a.seq, a.seq, dtype=torch.int32),
-                 "num_tokens": torch.tensor(a.mb * a.seq), "num_trainable": torch.tensor(a.mb * a.seq), "attn_tokens_sq": torch.tensor(float(a.mb * a.seq * a.seq))}  # fmt: skip
+            b = {
+                "input_ids": ids,
+                "position_ids": torch.arange(a.seq).expand(a.mb, -1).contiguous(),
+                "labels": torch.roll(ids, -1, 1),
+                "cu_seq_lens": torch.arange(0, (a.mb + 1) * a.seq, a.seq, dtype=torch.int32),
+                "num_tokens": torch.tensor(a.mb * a.seq),
+                "num_trainable": torch.tensor(a.mb * a.seq),
+                "attn_tokens_sq": torch.tensor(float(a.mb * a.seq * a.seq)),
+            }
         else:
             b = collate(ds, plan.rows[i % len(plan)][rank :: a.gpus], a.seq, 151643, fixed_len=packing)
         return {k: v.to(dev, non_blocking=True) for k, v in b.items()}
@@ -94,12 +106,25 @@ def worker(rank: int, a) -> None:
     span = sum(sqs) / sum(toks)
     fpt = flops_per_token(n_mm, conf.num_hidden_layers, conf.hidden_size, span)
     res = {
-        "name": a.name, "gpus": a.gpus, "mb": a.mb, "seq": a.seq, "data": a.data, "attn": model.attn_implementation,
-        "ce": a.ce, "compile": a.compile, "liger": a.liger, "ac": a.ac, "reshard_after_forward": not a.no_reshard,
-        "step_s_median": round(med, 4), "step_s_min": round(min(times), 4), "step_s_max": round(max(times), 4),
-        "tokens_per_s_per_gpu": round(tps), "mfu": round(mfu(tps, fpt, peak), 4),
-        "peak_mem_gib": round(torch.cuda.max_memory_allocated(dev) / 2**30, 1), "loss_last": round(loss, 4),
-    }  # fmt: skip
+        "name": a.name,
+        "gpus": a.gpus,
+        "mb": a.mb,
+        "seq": a.seq,
+        "data": a.data,
+        "attn": model.attn_implementation,
+        "ce": a.ce,
+        "compile": a.compile,
+        "liger": a.liger,
+        "ac": a.ac,
+        "reshard_after_forward": not a.no_reshard,
+        "step_s_median": round(med, 4),
+        "step_s_min": round(min(times), 4),
+        "step_s_max": round(max(times), 4),
+        "tokens_per_s_per_gpu": round(tps),
+        "mfu": round(mfu(tps, fpt, peak), 4),
+        "peak_mem_gib": round(torch.cuda.max_memory_allocated(dev) / 2**30, 1),
+        "loss_last": round(loss, 4),
+    }
     if rank == 0:
         print("RESULT " + json.dumps(res), flush=True)
         if a.out:

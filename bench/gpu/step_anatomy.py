@@ -39,7 +39,10 @@ def cuda_ms(fn, n=10, warm=3):
     ts = []
     for _ in range(n):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); fn(); b.record(); torch.cuda.synchronize()  # noqa: E702
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()  # noqa: E702
         ts.append(a.elapsed_time(b))
     return statistics.median(ts)
 
@@ -47,8 +50,13 @@ def cuda_ms(fn, n=10, warm=3):
 def kernels_alone(tokens: int, seq: int) -> dict:
     dev = torch.device("cuda:0")
     out = {"matmul_tflops": {}, "attention_ms": {}, "fused_ce_ms": {}}
-    shapes = {"qkv": (HIDDEN, HIDDEN + 2 * KV_HEADS * HEAD_DIM), "o": (HIDDEN, HIDDEN), "gate_up": (HIDDEN, 2 * INTER),
-              "down": (INTER, HIDDEN), "lm_head": (HIDDEN, VOCAB)}  # fmt: skip
+    shapes = {
+        "qkv": (HIDDEN, HIDDEN + 2 * KV_HEADS * HEAD_DIM),
+        "o": (HIDDEN, HIDDEN),
+        "gate_up": (HIDDEN, 2 * INTER),
+        "down": (INTER, HIDDEN),
+        "lm_head": (HIDDEN, VOCAB),
+    }
     for name, (k, n) in shapes.items():
         x = torch.randn(tokens, k, device=dev, dtype=torch.bfloat16)
         w = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
@@ -61,7 +69,11 @@ def kernels_alone(tokens: int, seq: int) -> dict:
     v = torch.randn_like(k, requires_grad=True)
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    for name, backend in [("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION), ("efficient", SDPBackend.EFFICIENT_ATTENTION)]:
+    for name, backend in [
+        ("flash", SDPBackend.FLASH_ATTENTION),
+        ("cudnn", SDPBackend.CUDNN_ATTENTION),
+        ("efficient", SDPBackend.EFFICIENT_ATTENTION),
+    ]:
         for gqa in (True, False):
             kk, vv = (k, v) if gqa else (k.repeat_interleave(HEADS // KV_HEADS, 1), v.repeat_interleave(HEADS // KV_HEADS, 1))
 
@@ -69,6 +81,7 @@ def kernels_alone(tokens: int, seq: int) -> dict:
                 with sdpa_kernel([backend]):
                     o = F.scaled_dot_product_attention(q, kk, vv, is_causal=True, enable_gqa=gqa)
                 o.sum().backward()
+
             try:
                 out["attention_ms"][f"{name}{'' if gqa else '_expanded_kv'}"] = round(cuda_ms(fb), 3)
             except Exception as e:  # noqa: BLE001 (a backend that cannot take this shape)
@@ -82,6 +95,7 @@ def kernels_alone(tokens: int, seq: int) -> dict:
         def fbv():
             o = varlen_attn(qv, kv_, vv_, cu, cu, seq, seq, window_size=(-1, 0), enable_gqa=True)
             o.sum().backward()
+
         out["attention_ms"]["varlen_flash"] = round(cuda_ms(fbv), 3)
     except Exception as e:  # noqa: BLE001
         out["attention_ms"]["varlen_flash"] = f"{type(e).__name__}: {str(e)[:160]}"
@@ -98,9 +112,13 @@ def kernels_alone(tokens: int, seq: int) -> dict:
         def ce():
             liger_fused_linear_cross_entropy(h, w, tgt, reduction="sum", accum_dtype=torch.float32, chunk_mem_const=c).backward()
             h.grad = w.grad = None
+
         ms = cuda_ms(ce)
-        out["fused_ce_ms"][str(c)] = {"ms": round(ms, 2), "extra_peak_gib": round((torch.cuda.max_memory_allocated() - base) / 2**30, 2),
-                                      "tflops_of_3_matmuls": round(6 * tokens * HIDDEN * VOCAB / ms / 1e9, 1)}  # fmt: skip
+        out["fused_ce_ms"][str(c)] = {
+            "ms": round(ms, 2),
+            "extra_peak_gib": round((torch.cuda.max_memory_allocated() - base) / 2**30, 2),
+            "tflops_of_3_matmuls": round(6 * tokens * HIDDEN * VOCAB / ms / 1e9, 1),
+        }
     return out
 
 
@@ -129,17 +147,27 @@ def worker(rank: int, a) -> None:
     from rayft.train.optim import build_optimizer
     from rayft.train.step import train_step
 
-    model = build_sharded_model(ModelConfig(name_or_path="qwen2.5-1.5b", attn_implementation="auto", init_device="gpu"),
-                                ParallelConfig(reshard_after_forward=False, reduce_dtype=a.reduce_dtype), device=dev, activation_checkpointing=False,
-                                compile_layers=True, seed=0, cross_entropy="fused")  # fmt: skip
+    model = build_sharded_model(
+        ModelConfig(name_or_path="qwen2.5-1.5b", attn_implementation="auto", init_device="gpu"),
+        ParallelConfig(reshard_after_forward=False, reduce_dtype=a.reduce_dtype),
+        device=dev,
+        activation_checkpointing=False,
+        compile_layers=True,
+        seed=0,
+        cross_entropy="fused",
+    )
     opt = build_optimizer(model.module, TrainConfig(lr=1e-5), dev)
     B, L = a.mb, a.seq
     gen = torch.Generator(device=dev).manual_seed(rank)
 
     def batch():
         ids = torch.randint(0, VOCAB - 1000, (B, L), device=dev, generator=gen)
-        return {"input_ids": ids, "position_ids": torch.arange(L, device=dev).expand(B, -1), "labels": ids,
-                "cu_seq_lens": torch.arange(0, B * L + 1, L, device=dev, dtype=torch.int32)}  # fmt: skip
+        return {
+            "input_ids": ids,
+            "position_ids": torch.arange(L, device=dev).expand(B, -1),
+            "labels": ids,
+            "cu_seq_lens": torch.arange(0, B * L + 1, L, device=dev, dtype=torch.int32),
+        }
 
     def step(accum: int = 1):
         """rayft's own step (rayft.train.step.train_step) over ``accum`` micro-batches; every token is a target."""
@@ -169,10 +197,17 @@ def worker(rank: int, a) -> None:
                         fb.append(r.fwd_bwd_s)
                         op.append(r.optim_s)
             med = statistics.median(times)
-            results[name] = {"step_s": round(med, 4), "step_s_min": round(min(times), 4), "step_s_max": round(max(times), 4),
-                             "fwd_bwd_s": round(statistics.median(fb), 4), "clip_optim_s": round(statistics.median(op), 4),
-                             "tokens_per_s_per_gpu": round(a.accum * B * L / med), "first_step_s": round(first, 1),
-                             "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1), "last_loss": loss}  # fmt: skip
+            results[name] = {
+                "step_s": round(med, 4),
+                "step_s_min": round(min(times), 4),
+                "step_s_max": round(max(times), 4),
+                "fwd_bwd_s": round(statistics.median(fb), 4),
+                "clip_optim_s": round(statistics.median(op), 4),
+                "tokens_per_s_per_gpu": round(a.accum * B * L / med),
+                "first_step_s": round(first, 1),
+                "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1),
+                "last_loss": loss,
+            }
         except Exception as e:  # noqa: BLE001
             results[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
         torch.cuda.reset_peak_memory_stats()
@@ -200,9 +235,14 @@ def worker(rank: int, a) -> None:
     dist.destroy_process_group()
 
 
-KINDS = [("collective", ("nccl",)), ("attention", ("flash", "fmha", "cudnn", "attn")), ("loss", ("cross_entropy", "liger", "element_mul")),
-         ("optimizer", ("adam", "multi_tensor", "foreach")), ("matmul", ("gemm", "nvjet", "sm90", "cutlass", "xmma", "cublas", "splitk")),
-         ("fused_elementwise", ("triton",))]  # fmt: skip
+KINDS = [
+    ("collective", ("nccl",)),
+    ("attention", ("flash", "fmha", "cudnn", "attn")),
+    ("loss", ("cross_entropy", "liger", "element_mul")),
+    ("optimizer", ("adam", "multi_tensor", "foreach")),
+    ("matmul", ("gemm", "nvjet", "sm90", "cutlass", "xmma", "cublas", "splitk")),
+    ("fused_elementwise", ("triton",)),
+]
 
 
 def kind_of(name: str) -> str:
@@ -226,14 +266,20 @@ def summarise_trace(path: str) -> dict:
     busy, end = 0.0, None
     for s, t in comp:
         if end is None or s > end:
-            busy += t - s; end = t  # noqa: E702
+            busy += t - s
+            end = t  # noqa: E702
         elif t > end:
-            busy += t - end; end = t  # noqa: E702
+            busy += t - end
+            end = t  # noqa: E702
     span = comp[-1][1] - comp[0][0] if comp else 0
-    return {"steps": 2, "gpu_ms_by_kind": {k: round(v, 1) for k, v in sorted(by_kind.items(), key=lambda x: -x[1])},
-            "compute_span_ms": round(span / 1e3, 1), "compute_busy_ms": round(busy / 1e3, 1),
-            "compute_idle_share": round(1 - busy / span, 3) if span else None,
-            "top_kernels_ms": {k: round(v, 1) for k, v in sorted(by_name.items(), key=lambda x: -x[1])[:25]}}  # fmt: skip
+    return {
+        "steps": 2,
+        "gpu_ms_by_kind": {k: round(v, 1) for k, v in sorted(by_kind.items(), key=lambda x: -x[1])},
+        "compute_span_ms": round(span / 1e3, 1),
+        "compute_busy_ms": round(busy / 1e3, 1),
+        "compute_idle_share": round(1 - busy / span, 3) if span else None,
+        "top_kernels_ms": {k: round(v, 1) for k, v in sorted(by_name.items(), key=lambda x: -x[1])[:25]},
+    }
 
 
 if __name__ == "__main__":
@@ -250,8 +296,16 @@ if __name__ == "__main__":
     ap.add_argument("--trace", default=None)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
-    res = {"gpu": torch.cuda.get_device_name(0), "ng": a.ng, "mb": a.mb, "seq": a.seq, "torch": torch.__version__,
-           "reduce_dtype": a.reduce_dtype, "accum": a.accum, "nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}}
+    res = {
+        "gpu": torch.cuda.get_device_name(0),
+        "ng": a.ng,
+        "mb": a.mb,
+        "seq": a.seq,
+        "torch": torch.__version__,
+        "reduce_dtype": a.reduce_dtype,
+        "accum": a.accum,
+        "nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")},
+    }
     if not a.skip_kernels:
         t = time.perf_counter()
         res["kernels_alone"] = kernels_alone(a.mb * a.seq, a.seq)

@@ -133,11 +133,15 @@ class DataConfig(_Section):
     """
 
     train_files: list[str] = Field(default_factory=list, description="Required unless data.synthetic is set.")
-    synthetic: SyntheticConfig | None = Field(default=None, description="Random full-length token rows instead of train_files (benchmarks).")
+    synthetic: SyntheticConfig | None = Field(
+        default=None, description="Random full-length token rows instead of train_files (benchmarks)."
+    )
     format: Literal["auto", "messages", "sharegpt", "alpaca", "text"] = "auto"
     on_bad_record: Literal["error", "skip"] = "error"
     columns: ColumnsConfig = Field(default_factory=ColumnsConfig)
-    seq_len: int = Field(default=2048, ge=8, description="Maximum tokens per example (longer conversations are truncated, longer text documents split).")
+    seq_len: int = Field(
+        default=2048, ge=8, description="Maximum tokens per example (longer conversations are truncated, longer text documents split)."
+    )
     packing: bool = Field(default=True, description="Pack several examples per row (no cross-document attention); else one per row.")
     shuffle: bool = True
     seed: int = 0
@@ -190,7 +194,8 @@ class TrainConfig(_Section):
         description="fused: liger-kernel fused linear cross-entropy (no full fp32 logits; CUDA); torch: plain; auto: fused where it runs.",
     )
     fused_loss_chunk_mem: int = Field(
-        default=8, ge=1,
+        default=8,
+        ge=1,
         description="fused loss only: liger-kernel's chunk_mem_const. Each chunk of the LM head's logits holds about this "
         "many × (micro-batch tokens × hidden size) values: larger chunks, fewer passes over the fp32 weight gradient. "
         "1 is liger's default and the least memory; 8 was the fastest of 1, 4 and 8 in the step on H200 (bench/NOTES.md §8).",
@@ -202,7 +207,8 @@ class TrainConfig(_Section):
         "all-gather); needs torchao, and on CUDA compute capability >= 8.9 (L4, H100, H200). The LM head stays bf16.",
     )
     gpu_memory_limit_gib: float | None = Field(
-        default=None, ge=1,
+        default=None,
+        ge=1,
         description="Cap each GPU worker's PyTorch allocations at this many GiB "
         "(torch.cuda.set_per_process_memory_fraction): emulates a smaller card on a larger one, e.g. 22.5 for an "
         "L4's usable memory. A step that needs more fails with CUDA out-of-memory, as on that card (the CUDA context "
@@ -211,7 +217,8 @@ class TrainConfig(_Section):
     seed: int = 0
     log_every: int = Field(default=1, ge=1)
     eval_every: int | None = Field(
-        default=None, ge=1,
+        default=None,
+        ge=1,
         description="Validation loss every N steps (and before the first and after the last); default: after the last step only.",
     )
 
@@ -241,9 +248,16 @@ class CheckpointConfig(_Section):
     every_steps: int | None = Field(default=None, ge=1, description="Checkpoint every N optimizer steps.")
     every_minutes: float | None = Field(default=None, gt=0, description="Checkpoint when M minutes passed since the last one.")
     keep_last: int = Field(default=2, ge=1)
-    async_save: bool = Field(default=True, description="Write shards in the background; the step loop waits only for the copy to CPU memory.")
-    write_threads: int = Field(default=8, ge=1, le=64, description="Threads (and files) per rank writing a checkpoint (DCP FileSystemWriter thread_count).")
-    save_final: bool = Field(default=True, description="Checkpoint at the last step; off only for benchmarks (the run can then be neither resumed nor exported later).")
+    async_save: bool = Field(
+        default=True, description="Write shards in the background; the step loop waits only for the copy to CPU memory."
+    )
+    write_threads: int = Field(
+        default=8, ge=1, le=64, description="Threads (and files) per rank writing a checkpoint (DCP FileSystemWriter thread_count)."
+    )
+    save_final: bool = Field(
+        default=True,
+        description="Checkpoint at the last step; off only for benchmarks (the run can then be neither resumed nor exported later).",
+    )
     export_hf: bool = True
 
 
@@ -276,14 +290,13 @@ class RayftConfig(_Section):
                 "use sdpa or flex_attention for larger micro-batches"
             )
         if self.train.warmup_steps and self.train.max_steps and self.train.warmup_steps > self.train.max_steps:
-            raise ValueError(
-                f"train.warmup_steps ({self.train.warmup_steps}) exceeds train.max_steps ({self.train.max_steps})"
-            )
+            raise ValueError(f"train.warmup_steps ({self.train.warmup_steps}) exceeds train.max_steps ({self.train.max_steps})")
         if self.train.eval_every and not (self.data.validation_files or self.data.validation_fraction):
             raise ValueError("train.eval_every needs a validation set: data.validation_files or data.validation_fraction")
         if self.train.gpu_memory_limit_gib is not None and self.train.use_gpu is False:
-            raise ValueError(f"train.gpu_memory_limit_gib={self.train.gpu_memory_limit_gib:g} caps GPU workers' memory, "
-                             "but train.use_gpu is false")  # fmt: skip
+            raise ValueError(
+                f"train.gpu_memory_limit_gib={self.train.gpu_memory_limit_gib:g} caps GPU workers' memory, but train.use_gpu is false"
+            )
         if self.train.float8 and self.data.seq_len % 16:
             raise ValueError(
                 f"train.float8 needs data.seq_len to be a multiple of 16 (the float8 matmul's dimensions; a micro-batch "
@@ -328,11 +341,16 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             key = self.construct_object(key_node, deep=deep)
             line = key_node.start_mark.line + 1
             if not isinstance(key_node, yaml.ScalarNode):
-                raise yaml.constructor.ConstructorError(None, None, f"a key must be a plain value, not a {type(key).__name__} (line {line})",
-                                                        key_node.start_mark)  # fmt: skip
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"a key must be a plain value, not a {type(key).__name__} (line {line})", key_node.start_mark
+                )
             if not isinstance(key, str):  # on/off/yes/no, numbers, ~: every config key is text
-                raise yaml.constructor.ConstructorError(None, None, f"the key {key_node.value!r} reads as {type(key).__name__} {key!r} in YAML "
-                                                        f"(line {line}); keys are text: quote it", key_node.start_mark)  # fmt: skip
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"the key {key_node.value!r} reads as {type(key).__name__} {key!r} in YAML (line {line}); keys are text: quote it",
+                    key_node.start_mark,
+                )
             if key in seen:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"duplicate key {key!r} (lines {seen[key]} and {line})", key_node.start_mark
@@ -363,13 +381,19 @@ def _check_node_graph(root: yaml.Node) -> None:
             kids = _children(node)
             size[id(node)] = 1 + sum(size[id(k)] for k in kids)
             if size[id(node)] > MAX_YAML_VALUES:
-                raise yaml.constructor.ConstructorError(None, None, f"the document expands to more than {MAX_YAML_VALUES:,} values "
-                                                        "(YAML aliases repeating one another?)", node.start_mark)  # fmt: skip
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"the document expands to more than {MAX_YAML_VALUES:,} values (YAML aliases repeating one another?)",
+                    node.start_mark,
+                )
             continue
         if id(node) in size:
             continue
         if id(node) in on_path:
-            raise yaml.constructor.ConstructorError(None, None, "an alias refers to the anchor it is inside (a recursive value)", node.start_mark)
+            raise yaml.constructor.ConstructorError(
+                None, None, "an alias refers to the anchor it is inside (a recursive value)", node.start_mark
+            )
         if depth > MAX_YAML_DEPTH:
             raise yaml.constructor.ConstructorError(None, None, f"nested more than {MAX_YAML_DEPTH} levels deep", node.start_mark)
         on_path.add(id(node))

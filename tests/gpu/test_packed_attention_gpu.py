@@ -26,9 +26,14 @@ def _model(attn: str, ce: str):
 
     cfg = ModelConfig(name_or_path="qwen2.5-0.5b", attn_implementation=attn, config_overrides={"num_hidden_layers": 4})
     return build_sharded_model(
-        cfg, ParallelConfig(), device=torch.device("cuda:0"), activation_checkpointing=False, compile_layers=False,
-        seed=3, cross_entropy=ce,
-    )  # fmt: skip
+        cfg,
+        ParallelConfig(),
+        device=torch.device("cuda:0"),
+        activation_checkpointing=False,
+        compile_layers=False,
+        seed=3,
+        cross_entropy=ce,
+    )
 
 
 def _dataset():
@@ -51,7 +56,10 @@ def test_each_document_in_a_packed_row_has_its_alone_loss(pg, attn, ce):
     with torch.no_grad():
         packed = {k: v.to(dev) for k, v in collate(ds, [[0, 1, 2, 3]], 2048, 0).items()}
         together = float(micro_batch_loss(model, packed))
-        alone = [float(micro_batch_loss(model, {k: v.to(dev) for k, v in collate(ds, [[i]], 2048, 0, fixed_len=False).items()})) for i in range(4)]
+        alone = [
+            float(micro_batch_loss(model, {k: v.to(dev) for k, v in collate(ds, [[i]], 2048, 0, fixed_len=False).items()}))
+            for i in range(4)
+        ]
     n = int(packed["num_trainable"])
     # sums of bf16-computed token losses: compare the means to bf16 tolerance
     assert together / n == pytest.approx(sum(alone) / n, rel=2e-2)

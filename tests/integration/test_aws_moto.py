@@ -109,8 +109,11 @@ def _quota_factory(value: float | None, code: str = "L-DB2E81BA"):
     sq = boto3.client("service-quotas", region_name=REGION, endpoint_url="http://127.0.0.1:9")
     stub = Stubber(sq)
     for _ in range(10):
-        stub.add_response("get_service_quota", {"Quota": {"ServiceCode": "ec2", "QuotaCode": code, "Value": value}},
-                          {"ServiceCode": "ec2", "QuotaCode": code})  # fmt: skip
+        stub.add_response(
+            "get_service_quota",
+            {"Quota": {"ServiceCode": "ec2", "QuotaCode": code, "Value": value}},
+            {"ServiceCode": "ec2", "QuotaCode": code},
+        )
     stub.activate()
     return lambda service, region: sq if service == "service-quotas" else real(service, region)
 
@@ -234,7 +237,9 @@ class World:
         if a[:3] == ["kubectl", "get", "nodes"]:
             return self._ok(a, json.dumps({"items": self._nodes(a)}))
         if a[:3] == ["kubectl", "get", "rayclusters.ray.io"]:
-            return self._ok(a, json.dumps({"items": [{"metadata": {"namespace": "default", "name": "rayft"}, "status": {"state": "ready"}}]}))
+            return self._ok(
+                a, json.dumps({"items": [{"metadata": {"namespace": "default", "name": "rayft"}, "status": {"state": "ready"}}]})
+            )
         if a[:2] == ["kubectl", "wait"]:
             return self._ok(a)
         raise AssertionError(f"unexpected command: {shlex.join(a)}")
@@ -258,10 +263,16 @@ class World:
             self.ec2.create_tags(Resources=[prv], Tags=[{"Key": "kubernetes.io/role/internal-elb", "Value": "1"}])
             ids += [pub, prv]
         tags = doc["metadata"].get("tags") or {}  # eksctl puts metadata.tags on the cluster and its stacks
-        self.eks.create_cluster(name=name, version=doc["metadata"]["version"], roleArn=f"arn:aws:iam::{ACCOUNT}:role/eks",
-                                resourcesVpcConfig={"subnetIds": ids}, tags=tags)  # fmt: skip
-        self.cfn.create_stack(StackName=f"eksctl-{name}-cluster", TemplateBody=TRIVIAL_TEMPLATE,
-                              Tags=[{"Key": k, "Value": v} for k, v in tags.items()])  # fmt: skip
+        self.eks.create_cluster(
+            name=name,
+            version=doc["metadata"]["version"],
+            roleArn=f"arn:aws:iam::{ACCOUNT}:role/eks",
+            resourcesVpcConfig={"subnetIds": ids},
+            tags=tags,
+        )
+        self.cfn.create_stack(
+            StackName=f"eksctl-{name}-cluster", TemplateBody=TRIVIAL_TEMPLATE, Tags=[{"Key": k, "Value": v} for k, v in tags.items()]
+        )
         for ng in doc.get("managedNodeGroups", []):
             self._make_nodegroup(name, ng)
         return self._ok(a)
@@ -273,19 +284,29 @@ class World:
         if "subnets" in ng:
             subnets = ng["subnets"]
         else:
-            subnets = [self._private_subnet(cluster, z) for z in ng.get("availabilityZones") or sorted(eks.cluster_private_subnets(self.eks, self.ec2, cluster))]
+            subnets = [
+                self._private_subnet(cluster, z)
+                for z in ng.get("availabilityZones") or sorted(eks.cluster_private_subnets(self.eks, self.ec2, cluster))
+            ]
         az = self.ec2.describe_subnets(SubnetIds=subnets)["Subnets"][0]["AvailabilityZone"]
         stack = f"eksctl-{cluster}-nodegroup-{ng['name']}"
         self.cfn.create_stack(StackName=stack, TemplateBody=TRIVIAL_TEMPLATE)
         if az in self.no_capacity_azs and ng["name"] == "gpu-workers":
-            _set_stack(stack, "ROLLBACK_COMPLETE",
-                       f"Resource handler returned message: \"InsufficientInstanceCapacity: We currently do not have sufficient {ng['instanceType']} capacity in {az}\"")  # fmt: skip
+            _set_stack(
+                stack,
+                "ROLLBACK_COMPLETE",
+                f'Resource handler returned message: "InsufficientInstanceCapacity: We currently do not have sufficient {ng["instanceType"]} capacity in {az}"',
+            )
             return False
         self.eks.create_nodegroup(
-            clusterName=cluster, nodegroupName=ng["name"], nodeRole=f"arn:aws:iam::{ACCOUNT}:role/ng",
-            subnets=subnets, instanceTypes=[ng["instanceType"]], labels=ng.get("labels", {}),
+            clusterName=cluster,
+            nodegroupName=ng["name"],
+            nodeRole=f"arn:aws:iam::{ACCOUNT}:role/ng",
+            subnets=subnets,
+            instanceTypes=[ng["instanceType"]],
+            labels=ng.get("labels", {}),
             scalingConfig={"minSize": ng["minSize"], "maxSize": ng["maxSize"], "desiredSize": ng["desiredCapacity"]},
-        )  # fmt: skip
+        )
         if ng.get("efaEnabled"):
             self.eksctl_efa_plugin = True  # eksctl installs its own EFA device plugin
         if ng["name"] == "gpu-workers":
@@ -305,17 +326,38 @@ class World:
         ready = {"status": {"numberReady": self.gpu_nodes}}
         out = []
         if self.eksctl_efa_plugin:  # eksctl-io/eksctl pkg/addons/assets/efa-device-plugin.yaml
-            out.append({
-                "metadata": {"name": "aws-efa-k8s-device-plugin-daemonset", "namespace": "kube-system"},
-                "spec": {"template": {"metadata": {"labels": {"name": "aws-efa-k8s-device-plugin"}}, "spec": {"containers": [
-                    {"name": "aws-efa-k8s-device-plugin", "image": "602401143452.dkr.ecr.us-west-2.amazonaws.com/eks/aws-efa-k8s-device-plugin:v0.3.3"},
-                ]}}},
-                **ready,
-            })  # fmt: skip
+            out.append(
+                {
+                    "metadata": {"name": "aws-efa-k8s-device-plugin-daemonset", "namespace": "kube-system"},
+                    "spec": {
+                        "template": {
+                            "metadata": {"labels": {"name": "aws-efa-k8s-device-plugin"}},
+                            "spec": {
+                                "containers": [
+                                    {
+                                        "name": "aws-efa-k8s-device-plugin",
+                                        "image": "602401143452.dkr.ecr.us-west-2.amazonaws.com/eks/aws-efa-k8s-device-plugin:v0.3.3",
+                                    },
+                                ]
+                            },
+                        }
+                    },
+                    **ready,
+                }
+            )
         for rel in ("nvidia-device-plugin", "aws-efa-k8s-device-plugin"):
             if rel in self.releases:
-                out.append({"metadata": {"name": rel, "namespace": "kube-system", "labels": {"app.kubernetes.io/managed-by": "Helm"},
-                                         "annotations": {"meta.helm.sh/release-name": rel}}, **ready})  # fmt: skip
+                out.append(
+                    {
+                        "metadata": {
+                            "name": rel,
+                            "namespace": "kube-system",
+                            "labels": {"app.kubernetes.io/managed-by": "Helm"},
+                            "annotations": {"meta.helm.sh/release-name": rel},
+                        },
+                        **ready,
+                    }
+                )
         return out
 
     def _daemonset(self, a):
@@ -327,14 +369,18 @@ class World:
 
     def _nodes(self, a):
         gpu = [
-            {"metadata": {"name": f"gpu-{i}", "labels": {"role": "gpu-worker", "node.kubernetes.io/instance-type": "g6.12xlarge"}},
-             "status": {"allocatable": {"nvidia.com/gpu": str(self.gpus), "vpc.amazonaws.com/efa": str(self.efa)}}}
+            {
+                "metadata": {"name": f"gpu-{i}", "labels": {"role": "gpu-worker", "node.kubernetes.io/instance-type": "g6.12xlarge"}},
+                "status": {"allocatable": {"nvidia.com/gpu": str(self.gpus), "vpc.amazonaws.com/efa": str(self.efa)}},
+            }
             for i in range(self.gpu_nodes)
-        ]  # fmt: skip
+        ]
         if "--selector" in a:
             return gpu
-        system = {"metadata": {"name": "sys-0", "labels": {"role": "system", "node.kubernetes.io/instance-type": "m7i.xlarge"}},
-                  "status": {"allocatable": {}}}  # fmt: skip
+        system = {
+            "metadata": {"name": "sys-0", "labels": {"role": "system", "node.kubernetes.io/instance-type": "m7i.xlarge"}},
+            "status": {"allocatable": {}},
+        }
         return [system, *gpu]
 
 
@@ -349,10 +395,15 @@ def _cfg(**aws) -> ClusterConfig:
 def _ctx(cfg, world, tmp_path, clients=None, confirm=None, sleep=None, messages=None):
     msgs = messages if messages is not None else []
     return eks.Context(
-        cfg=cfg, runner=world, clients=clients or _quota_factory(192.0), say=msgs.append,
-        confirm=confirm or (lambda q: msgs.append(f"? {q}") or True), sleep=sleep or (lambda s: None),
-        workdir=tmp_path / "work", poll_s=1,
-    )  # fmt: skip
+        cfg=cfg,
+        runner=world,
+        clients=clients or _quota_factory(192.0),
+        say=msgs.append,
+        confirm=confirm or (lambda q: msgs.append(f"? {q}") or True),
+        sleep=sleep or (lambda s: None),
+        workdir=tmp_path / "work",
+        poll_s=1,
+    )
 
 
 @pytest.fixture
@@ -378,7 +429,9 @@ def test_offerings_and_running_usage_from_moto(aws):
     assert cap.vcpus_in_use(ec2, cap.quota_family("p5.48xlarge"), spot=False) == 96
     rep = cap.find_capacity(_quota_factory(200.0), "g6.12xlarge", 2, [REGION], availability_zones=["us-west-2b", "us-west-2a"])
     assert [(x.az, x.used_vcpus, x.headroom, x.quota_ok) for x in rep.ranked()] == [
-        ("us-west-2b", 96, 104.0, True), ("us-west-2a", 96, 104.0, True)]  # fmt: skip
+        ("us-west-2b", 96, 104.0, True),
+        ("us-west-2a", 96, 104.0, True),
+    ]
 
 
 def test_configured_az_that_does_not_offer_the_type(aws):
@@ -518,11 +571,13 @@ def test_up_from_nothing_runs_exactly_the_plan_and_a_second_up_is_a_no_op(aws, t
         f"eksctl create nodegroup --config-file {work}/eksctl-gpu-nodegroup.yaml --include=gpu-workers --install-nvidia-plugin=false",
         "helm upgrade --install nvidia-device-plugin nvidia-device-plugin --repo https://nvidia.github.io/k8s-device-plugin "
         "--version 0.20.0 --namespace kube-system --set nodeSelector.role=gpu-worker --set-json "
-        "'tolerations=[{\"key\":\"nvidia.com/gpu\",\"operator\":\"Exists\",\"effect\":\"NoSchedule\"},{\"key\":\"CriticalAddonsOnly\",\"operator\":\"Exists\"}]'",
+        '\'tolerations=[{"key":"nvidia.com/gpu","operator":"Exists","effect":"NoSchedule"},{"key":"CriticalAddonsOnly","operator":"Exists"}]\'',
         "helm upgrade --install kuberay-operator kuberay-operator --repo https://ray-project.github.io/kuberay-helm/ "
         "--version 1.7.0 --namespace kuberay-operator --create-namespace --set nodeSelector.role=system",
     ]
-    for line in world.mutating + ["kubectl wait --for=condition=Available deployment/kuberay-operator --namespace kuberay-operator --timeout=300s"]:
+    for line in world.mutating + [
+        "kubectl wait --for=condition=Available deployment/kuberay-operator --namespace kuberay-operator --timeout=300s"
+    ]:
         assert f"  run     {line}" in plan_text
     for line in world.lines:  # the read-only commands too
         assert line in plan_text, line
@@ -619,8 +674,7 @@ def test_quota_of_zero_stops_up_before_anything_is_created(aws, tmp_path, tools_
     with pytest.raises(eks.LifecycleError) as ei:
         eks.up(_ctx(_cfg(), world, tmp_path, clients=_quota_factory(0.0)))
     assert (
-        "aws service-quotas request-service-quota-increase --service-code ec2 --quota-code L-DB2E81BA "
-        "--desired-value 96 --region us-west-2"
+        "aws service-quotas request-service-quota-increase --service-code ec2 --quota-code L-DB2E81BA --desired-value 96 --region us-west-2"
     ) in str(ei.value)
     assert world.calls == []
     assert eks.cluster_status(_clients()("eks", REGION), "rayft") == eks.NOT_FOUND
@@ -647,8 +701,13 @@ def test_down_reverses_up_and_reports_tagged_leftovers(aws, tmp_path, tools_pres
     eks.up(_ctx(cfg, world, tmp_path))
     c = _clients()
     ec2 = c("ec2", REGION)
-    stray = ec2.run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1, InstanceType="g6.12xlarge",
-                              TagSpecifications=[{"ResourceType": "instance", "Tags": [{"Key": "rayft.io/cluster", "Value": "rayft"}]}])  # fmt: skip
+    stray = ec2.run_instances(
+        ImageId="ami-12c6146b",
+        MinCount=1,
+        MaxCount=1,
+        InstanceType="g6.12xlarge",
+        TagSpecifications=[{"ResourceType": "instance", "Tags": [{"Key": "rayft.io/cluster", "Value": "rayft"}]}],
+    )
     stray_id = stray["Instances"][0]["InstanceId"]
     ec2.run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1, InstanceType="g6.12xlarge")  # someone else's
     world.calls.clear()
@@ -663,20 +722,27 @@ def test_down_reverses_up_and_reports_tagged_leftovers(aws, tmp_path, tools_pres
         "eksctl delete nodegroup --cluster rayft --region us-west-2 --name system --wait",
         "eksctl delete cluster --name rayft --region us-west-2 --wait",
     ]
-    assert [t for k, t in eks.plan_down(cfg) if k == "run" and t.startswith(("helm uninstall", "eksctl delete"))] == [
-        "helm uninstall kuberay-operator --namespace kuberay-operator --wait",
-        "helm uninstall aws-efa-k8s-device-plugin --namespace kube-system --wait",  # only when Helm has it
-        *world.mutating[1:],
-    ]
+    assert (
+        [t for k, t in eks.plan_down(cfg) if k == "run" and t.startswith(("helm uninstall", "eksctl delete"))]
+        == [
+            "helm uninstall kuberay-operator --namespace kuberay-operator --wait",
+            "helm uninstall aws-efa-k8s-device-plugin --namespace kube-system --wait",  # only when Helm has it
+            *world.mutating[1:],
+        ]
+    )
     assert eks.cluster_status(c("eks", REGION), "rayft") == eks.NOT_FOUND
     for stack in ("eksctl-rayft-cluster", "eksctl-rayft-nodegroup-system", "eksctl-rayft-nodegroup-gpu-workers"):
         assert eks.stack_status(c("cloudformation", REGION), stack) == eks.NOT_FOUND
     assert [(x.kind, x.id, x.detail) for x in left] == [
-        ("instance", stray_id, "g6.12xlarge"), ("capacity-reservation", "cr-0tagged", "g6.12xlarge")]  # fmt: skip
+        ("instance", stray_id, "g6.12xlarge"),
+        ("capacity-reservation", "cr-0tagged", "g6.12xlarge"),
+    ]
     assert errors == []
     # asked by each ownership tag, only for reservations that bill
-    assert cr_calls[0]["Filters"] == [{"Name": "tag:rayft.io/cluster", "Values": ["rayft"]},
-                                      {"Name": "state", "Values": ["active", "pending"]}]  # fmt: skip
+    assert cr_calls[0]["Filters"] == [
+        {"Name": "tag:rayft.io/cluster", "Values": ["rayft"]},
+        {"Name": "state", "Values": ["active", "pending"]},
+    ]
     assert len(cr_calls) == 4
 
 
@@ -690,8 +756,10 @@ def test_a_leftover_check_that_cannot_run_is_reported_not_skipped(aws, tmp_path,
     base = _quota_factory(192.0)
     left, errors = eks.leftovers(_ctx(_cfg(), World(), tmp_path, clients=lambda s, r: ec2 if s == "ec2" else base(s, r)))
     assert left == []
-    assert errors == ["capacity-reservation: ClientError: An error occurred (UnauthorizedOperation) when calling "
-                      "the DescribeCapacityReservations operation: no"]  # fmt: skip
+    assert errors == [
+        "capacity-reservation: ClientError: An error occurred (UnauthorizedOperation) when calling "
+        "the DescribeCapacityReservations operation: no"
+    ]
 
 
 def test_placement_group_created_once_and_deleted(tmp_path, monkeypatch):
@@ -702,11 +770,18 @@ def test_placement_group_created_once_and_deleted(tmp_path, monkeypatch):
     stub = Stubber(ec2)
     flt = {"Filters": [{"Name": "group-name", "Values": ["rayft-rayft-gpu-workers"]}]}
     stub.add_response("describe_placement_groups", {"PlacementGroups": []}, flt)
-    stub.add_response("create_placement_group", {}, {
-        "GroupName": "rayft-rayft-gpu-workers", "Strategy": "cluster",
-        "TagSpecifications": [{"ResourceType": "placement-group", "Tags": [{"Key": "rayft.io/cluster", "Value": "rayft"}]}],
-    })  # fmt: skip
-    stub.add_response("describe_placement_groups", {"PlacementGroups": [{"GroupName": "rayft-rayft-gpu-workers", "State": "available"}]}, flt)
+    stub.add_response(
+        "create_placement_group",
+        {},
+        {
+            "GroupName": "rayft-rayft-gpu-workers",
+            "Strategy": "cluster",
+            "TagSpecifications": [{"ResourceType": "placement-group", "Tags": [{"Key": "rayft.io/cluster", "Value": "rayft"}]}],
+        },
+    )
+    stub.add_response(
+        "describe_placement_groups", {"PlacementGroups": [{"GroupName": "rayft-rayft-gpu-workers", "State": "available"}]}, flt
+    )
     stub.add_response("delete_placement_group", {}, {"GroupName": "rayft-rayft-gpu-workers"})
     stub.activate()
     cfg = _cfg(placement_group=True)
@@ -717,7 +792,9 @@ def test_placement_group_created_once_and_deleted(tmp_path, monkeypatch):
     eks._delete_placement_group(ctx)
     stub.assert_no_pending_responses()
     assert first.created == ["placement-group/rayft-rayft-gpu-workers"] and second.reused == ["placement-group/rayft-rayft-gpu-workers"]
-    gpu = eks.render_gpu_nodegroup_config(cfg.model_copy(update={"aws": cfg.aws.model_copy(update={"capacity_reservation_id": "cr-0abc"})}), "us-west-2a", "subnet-1")
+    gpu = eks.render_gpu_nodegroup_config(
+        cfg.model_copy(update={"aws": cfg.aws.model_copy(update={"capacity_reservation_id": "cr-0abc"})}), "us-west-2a", "subnet-1"
+    )
     ng = gpu["managedNodeGroups"][0]
     assert ng["placement"] == {"groupName": "rayft-rayft-gpu-workers"}
     assert ng["capacityReservation"] == {"capacityReservationTarget": {"capacityReservationID": "cr-0abc"}}
@@ -749,11 +826,20 @@ def test_plan_cli_prints_the_sample_sequence_without_side_effects(aws, tmp_path)
     from rayft.cli import app
 
     f = tmp_path / "job.yaml"
-    f.write_text(yaml.safe_dump({
-        "data": {"train_files": ["x.jsonl"]},
-        "cluster": {"name": "eks-cluster", "instance_type": "g6.12xlarge", "num_nodes": 2, "efa": True,
-                    "aws": {"region": "us-east-2", "availability_zones": ["us-east-2a", "us-east-2b"]}},
-    }))  # fmt: skip
+    f.write_text(
+        yaml.safe_dump(
+            {
+                "data": {"train_files": ["x.jsonl"]},
+                "cluster": {
+                    "name": "eks-cluster",
+                    "instance_type": "g6.12xlarge",
+                    "num_nodes": 2,
+                    "efa": True,
+                    "aws": {"region": "us-east-2", "availability_zones": ["us-east-2a", "us-east-2b"]},
+                },
+            }
+        )
+    )
     res = CliRunner().invoke(app, ["cluster", "plan", str(f), "--workdir", str(tmp_path / "w")])
     assert res.exit_code == 0, res.output
     out = res.stdout
@@ -784,8 +870,14 @@ def test_plan_cli_prints_the_sample_sequence_without_side_effects(aws, tmp_path)
 
 
 def test_instance_type_without_efa_stops_up_in_preflight_before_anything_is_created(aws, tmp_path, tools_present):
-    cfg = ClusterConfig.model_validate({"name": "rayft", "instance_type": "g6.4xlarge", "num_nodes": 2,
-                                        "aws": {"region": REGION, "availability_zones": ["us-west-2a", "us-west-2b"]}})  # fmt: skip
+    cfg = ClusterConfig.model_validate(
+        {
+            "name": "rayft",
+            "instance_type": "g6.4xlarge",
+            "num_nodes": 2,
+            "aws": {"region": REGION, "availability_zones": ["us-west-2a", "us-west-2b"]},
+        }
+    )
     world, aws_calls = World(), []
     with pytest.raises(eks.LifecycleError) as ei:
         eks.up(_ctx(cfg, world, tmp_path, clients=_recording(_quota_factory(192.0), aws_calls)))
@@ -795,7 +887,9 @@ def test_instance_type_without_efa_stops_up_in_preflight_before_anything_is_crea
     assert eks.cluster_status(_clients()("eks", REGION), "rayft") == eks.NOT_FOUND
     # and the plan shows that check in the preflight step
     plan_text = eks.render_plan(eks.plan(cfg))
-    assert plan_text.index("ec2:DescribeInstanceTypes(InstanceTypes=[g6.4xlarge])  # exists, has GPUs, supports EFA") < plan_text.index("## 2.")
+    assert plan_text.index("ec2:DescribeInstanceTypes(InstanceTypes=[g6.4xlarge])  # exists, has GPUs, supports EFA") < plan_text.index(
+        "## 2."
+    )
 
 
 def test_preflight_reports_every_problem_at_once(aws, tmp_path, monkeypatch):
@@ -812,8 +906,9 @@ def test_preflight_reports_every_problem_at_once(aws, tmp_path, monkeypatch):
 
 def _foreign_cluster(tags=None):
     """A cluster made outside rayft (no rayft.io/cluster tag), as `up` would find and reuse it."""
-    _clients()("eks", REGION).create_cluster(name="rayft", roleArn=f"arn:aws:iam::{ACCOUNT}:role/r",
-                                             resourcesVpcConfig={"subnetIds": []}, tags=tags or {"team": "ml"})  # fmt: skip
+    _clients()("eks", REGION).create_cluster(
+        name="rayft", roleArn=f"arn:aws:iam::{ACCOUNT}:role/r", resourcesVpcConfig={"subnetIds": []}, tags=tags or {"team": "ml"}
+    )
 
 
 def test_down_refuses_a_cluster_rayft_did_not_create(aws, tmp_path, tools_present):
@@ -859,8 +954,9 @@ def test_a_tagged_cluster_is_recognised_by_its_stack_tags_too(aws):
     c = _clients()
     c("eks", REGION).create_cluster(name="c2", roleArn=f"arn:aws:iam::{ACCOUNT}:role/r", resourcesVpcConfig={"subnetIds": []})
     assert eks.cluster_owner(c("eks", REGION), c("cloudformation", REGION), "c2") is None
-    c("cloudformation", REGION).create_stack(StackName="eksctl-c2-cluster", TemplateBody=TRIVIAL_TEMPLATE,
-                                             Tags=[{"Key": "rayft.io/cluster", "Value": "c2"}])  # fmt: skip
+    c("cloudformation", REGION).create_stack(
+        StackName="eksctl-c2-cluster", TemplateBody=TRIVIAL_TEMPLATE, Tags=[{"Key": "rayft.io/cluster", "Value": "c2"}]
+    )
     assert eks.cluster_owner(c("eks", REGION), c("cloudformation", REGION), "c2") == "c2"
 
 
@@ -873,8 +969,11 @@ def test_device_plugins_outside_helm_are_recognised_by_name_label_or_image():
     from rayft.cluster import addons
 
     efa, nvidia = addons.EKSCTL_EFA, addons.EKSCTL_NVIDIA
-    eksctl_efa = _ds("aws-efa-k8s-device-plugin-daemonset", pod_label="aws-efa-k8s-device-plugin",
-                     image="602401143452.dkr.ecr.us-west-2.amazonaws.com/eks/aws-efa-k8s-device-plugin:v0.3.3")  # fmt: skip
+    eksctl_efa = _ds(
+        "aws-efa-k8s-device-plugin-daemonset",
+        pod_label="aws-efa-k8s-device-plugin",
+        image="602401143452.dkr.ecr.us-west-2.amazonaws.com/eks/aws-efa-k8s-device-plugin:v0.3.3",
+    )
     assert addons.foreign_daemonset([eksctl_efa], efa) is eksctl_efa
     assert addons.foreign_daemonset([eksctl_efa], nvidia) is None
     assert efa.matches(_ds("aws-efa-k8s-device-plugin-daemonset"))  # by eksctl's name alone
@@ -882,7 +981,9 @@ def test_device_plugins_outside_helm_are_recognised_by_name_label_or_image():
     assert efa.matches(_ds("efa-device-plugin-daemonset", pod_label="aws-efa-k8s-device-plugin"))  # renamed, same pods
     assert efa.matches(_ds("my-efa", image="602401143452.dkr.ecr.us-west-2.amazonaws.com/eks/aws-efa-k8s-device-plugin@sha256:ab"))
     assert not efa.matches(_ds("aws-node", image="602401143452.dkr.ecr.us-west-2.amazonaws.com/amazon-k8s-cni:v1.19.0"))
-    assert nvidia.matches(_ds("nvidia-device-plugin-daemonset", pod_label="nvidia-device-plugin-ds", image="nvcr.io/nvidia/k8s-device-plugin:v0.19.0"))
+    assert nvidia.matches(
+        _ds("nvidia-device-plugin-daemonset", pod_label="nvidia-device-plugin-ds", image="nvcr.io/nvidia/k8s-device-plugin:v0.19.0")
+    )
     assert nvidia.matches(_ds("gpu-operator-device-plugin", image="nvcr.io/nvidia/k8s-device-plugin:v0.17.1"))
     helm = _ds("aws-efa-k8s-device-plugin", labels={"app.kubernetes.io/managed-by": "Helm"})
     assert addons.foreign_daemonset([helm], efa) is None  # ours, from an earlier `up`
@@ -905,8 +1006,7 @@ def test_eksctls_efa_plugin_is_found_and_waited_for_by_its_real_name(aws):
 def test_aws_cli_imports_in_either_order():
     """rayft.cli imports the cluster commands; importing them first must work too (no circular-import error)."""
     for first in ("rayft.commands.cluster", "rayft.cli"):
-        code = (f"import {first}; from rayft.cli import app; import typer.main; "
-                "print(sorted(typer.main.get_command(app).commands))")  # fmt: skip
+        code = f"import {first}; from rayft.cli import app; import typer.main; print(sorted(typer.main.get_command(app).commands))"
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
         assert "'capacity'" in out.stdout and "'cluster'" in out.stdout
@@ -917,8 +1017,10 @@ def test_capacity_cli_reports_a_cleanup_failure_noted_on_ctrl_c(aws, monkeypatch
 
     def interrupted(*a, **kw):
         e = KeyboardInterrupt()
-        e.add_note("and then: could not cancel probe capacity reservation cr-1 (x); it is billed until cancelled:\n"
-                   "  aws ec2 cancel-capacity-reservation --capacity-reservation-id cr-1 --region us-west-2")  # fmt: skip
+        e.add_note(
+            "and then: could not cancel probe capacity reservation cr-1 (x); it is billed until cancelled:\n"
+            "  aws ec2 cancel-capacity-reservation --capacity-reservation-id cr-1 --region us-west-2"
+        )
         raise e
 
     monkeypatch.setattr(cap, "find_capacity", interrupted)

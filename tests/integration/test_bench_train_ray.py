@@ -36,7 +36,8 @@ def inputs(tmp_path, workloads, recipes=("sample-recipe",), seq_len=64):
     cfg_file.write_text(
         "model: {name_or_path: qwen2-tiny}\n"
         f"data: {{train_files: [{SHARED}/alpaca_en_demo.json, {SHARED}/alpaca_zh_demo.json], format: alpaca, seq_len: {seq_len}, max_examples: 12, cache_dir: null}}\n"
-        f"train: {{num_workers: 2, use_gpu: false, micro_batch_size: 2, lr: 1.0e-4}}\ncheckpoint: {{storage_path: {tmp_path}}}\n")
+        f"train: {{num_workers: 2, use_gpu: false, micro_batch_size: 2, lr: 1.0e-4}}\ncheckpoint: {{storage_path: {tmp_path}}}\n"
+    )
     cfg = load_config(cfg_file)
     plan = bt.Plan(cfg_file, [], list(recipes), list(workloads), 3, 1, tmp_path / "wd", None)
     plan.work_dir.mkdir()

@@ -1,7 +1,6 @@
 """Tokenization with Ray Data (embedded local Ray, 2 CPUs) gives the local path's arrays, byte for
 byte, on the real sample files (English and Chinese alpaca, raw web text split into chunks)."""
 
-
 import pytest
 from conftest import shared_path
 from rich.console import Console

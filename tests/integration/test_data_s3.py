@@ -60,7 +60,12 @@ def test_prefix_lists_and_reads_data_objects(s3):
     assert files == [S3Object("data", "train/a.jsonl"), S3Object("data", "train/b.json.gz"), S3Object("data", "train/c.jsonl.zst")]
     assert expand_files(["s3://data/train/"]) == files
     report = load_conversations(["s3://data/train"])
-    assert [x.source for x in report] == ["s3://data/train/a.jsonl:1", "s3://data/train/a.jsonl:3", "s3://data/train/b.json.gz:2", "s3://data/train/c.jsonl.zst:1"]
+    assert [x.source for x in report] == [
+        "s3://data/train/a.jsonl:1",
+        "s3://data/train/a.jsonl:3",
+        "s3://data/train/b.json.gz:2",
+        "s3://data/train/c.jsonl.zst:1",
+    ]
     assert report[2].messages == ({"role": "user", "content": "i"}, {"role": "assistant", "content": "o"})
     assert report[3].text == "doc"
     assert report.notes == ["s3://data/train/a.jsonl: tolerated: 1 blank line"]
@@ -85,10 +90,22 @@ def test_bad_records_name_the_s3_uri_and_line(s3):
     "uri,message",
     [
         ("s3://data/none", "s3://data/none: no such object, and no object under s3://data/none/ (data.train_files)"),
-        ("s3://nobucket/x", "s3://nobucket/x: cannot list: An error occurred (NoSuchBucket) when calling the ListObjectsV2 operation: The specified bucket does not exist"),
-        ("s3://data/mixed", "s3://data/mixed: holds ['b.csv']: these files are not supported yet (supported: .json, .jsonl, .json.gz, .jsonl.gz, .json.zst, .jsonl.zst, .parquet; decompress or convert to JSONL)"),
-        ("s3://data/mixed/b.csv", "s3://data/mixed/b.csv: this kind of file is not supported yet (supported: .json, .jsonl, .json.gz, .jsonl.gz, .json.zst, .jsonl.zst, .parquet; decompress or convert to JSONL)"),
-        ("s3://data/notes", "s3://data/notes: directory has no data file (.json, .jsonl, .json.gz, .jsonl.gz, .json.zst, .jsonl.zst, .parquet) (data.train_files)"),
+        (
+            "s3://nobucket/x",
+            "s3://nobucket/x: cannot list: An error occurred (NoSuchBucket) when calling the ListObjectsV2 operation: The specified bucket does not exist",
+        ),
+        (
+            "s3://data/mixed",
+            "s3://data/mixed: holds ['b.csv']: these files are not supported yet (supported: .json, .jsonl, .json.gz, .jsonl.gz, .json.zst, .jsonl.zst, .parquet; decompress or convert to JSONL)",
+        ),
+        (
+            "s3://data/mixed/b.csv",
+            "s3://data/mixed/b.csv: this kind of file is not supported yet (supported: .json, .jsonl, .json.gz, .jsonl.gz, .json.zst, .jsonl.zst, .parquet; decompress or convert to JSONL)",
+        ),
+        (
+            "s3://data/notes",
+            "s3://data/notes: directory has no data file (.json, .jsonl, .json.gz, .jsonl.gz, .json.zst, .jsonl.zst, .parquet) (data.train_files)",
+        ),
         ("s3:///x.jsonl", "s3:///x.jsonl: no bucket named (expected s3://bucket/prefix)"),
     ],
 )

@@ -59,7 +59,9 @@ def single_process_loss(model, ds) -> tuple[float, int]:
         for i in range(len(ds)):
             b = collate(ds, [[i]], 64, 151643, fixed_len=False)
             logits = model(input_ids=b["input_ids"], position_ids=b["position_ids"]).logits
-            total += F.cross_entropy(logits.flatten(0, 1).double(), b["labels"].flatten(), ignore_index=IGNORE_INDEX, reduction="sum").item()
+            total += F.cross_entropy(
+                logits.flatten(0, 1).double(), b["labels"].flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
+            ).item()
             count += int(b["num_trainable"])
     return total / count, count
 

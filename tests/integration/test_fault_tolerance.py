@@ -19,7 +19,8 @@ pytestmark = pytest.mark.integration
 
 RECORDS = [
     {"messages": [{"role": "user", "content": f"What is {a} times {b}?"}, {"role": "assistant", "content": f"{a} times {b} is {a * b}."}]}
-    for a in range(2, 5) for b in range(3, 7)
+    for a in range(2, 5)
+    for b in range(3, 7)
 ]  # 12 conversations: with 8 rows a step, each epoch is one full step and one short (uneven) step
 
 

@@ -35,7 +35,9 @@ def test_node_local_storage_is_refused_before_any_worker(two_node_ray, tmp_path,
 
     from rayft.config import load_config
 
-    (tmp_path / "d.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}) + "\n")
+    (tmp_path / "d.jsonl").write_text(
+        json.dumps({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}) + "\n"
+    )
     (tmp_path / "job.yaml").write_text("data: {train_files: [d.jsonl]}\ntrain: {num_workers: 1, use_gpu: false}\n")
     cfg = load_config(tmp_path / "job.yaml")
     # on one host every node shares the disk; stand in for a second host that cannot see the path

@@ -23,16 +23,31 @@ from rayft.cluster import submit as sub
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = [
-    "--set", "train.max_steps=2", "--set", "train.warmup_steps=1", "--set", "checkpoint.every_steps=null",
-    "--set", "checkpoint.export_hf=false", "--set", "train.num_workers=2", "--set", "train.cpus_per_worker=0.5",
-]  # fmt: skip
+    "--set",
+    "train.max_steps=2",
+    "--set",
+    "train.warmup_steps=1",
+    "--set",
+    "checkpoint.every_steps=null",
+    "--set",
+    "checkpoint.export_hf=false",
+    "--set",
+    "train.num_workers=2",
+    "--set",
+    "train.cpus_per_worker=0.5",
+]
 
 
 def rayft(env, *args, timeout=240, input=None):
     return subprocess.run(
-        [sys.executable, "-m", "rayft.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True,
-        timeout=timeout, input=input,
-    )  # fmt: skip
+        [sys.executable, "-m", "rayft.cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        input=input,
+    )
 
 
 def http_status(url, token=None):
@@ -116,7 +131,9 @@ class FakeClient:
         return I()
 
 
-@pytest.mark.parametrize(("interrupt", "answer", "code", "stopped"), [(False, None, 1, False), (True, True, 1, True), (True, False, 130, False)])
+@pytest.mark.parametrize(
+    ("interrupt", "answer", "code", "stopped"), [(False, None, 1, False), (True, True, 1, True), (True, False, 130, False)]
+)
 def test_follow_ctrl_c_and_exit_status(interrupt, answer, code, stopped, capsys):
     import io
 
@@ -195,7 +212,9 @@ def test_request_without_token_is_refused(cluster):
     r = rayft(bare, "submit", "examples/quickstart.yaml", "--address", c.dashboard_url, *QUICK, timeout=60)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "Missing authentication token" in r.stderr
-    r = rayft({**bare, "RAY_AUTH_TOKEN": "not-the-token"}, "submit", "examples/quickstart.yaml", "--address", c.dashboard_url, *QUICK, timeout=60)
+    r = rayft(
+        {**bare, "RAY_AUTH_TOKEN": "not-the-token"}, "submit", "examples/quickstart.yaml", "--address", c.dashboard_url, *QUICK, timeout=60
+    )
     assert r.returncode == 1 and "Invalid authentication token" in r.stderr, r.stderr
 
 
@@ -205,9 +224,16 @@ def test_submit_quickstart_with_token(cluster):
 
     c, env = cluster
     r = rayft(
-        env, "submit", "examples/quickstart.yaml", "--address", c.dashboard_url, "--token-file", c.token_file, *QUICK,
+        env,
+        "submit",
+        "examples/quickstart.yaml",
+        "--address",
+        c.dashboard_url,
+        "--token-file",
+        c.token_file,
+        *QUICK,
         timeout=240,
-    )  # fmt: skip
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "rayft run summary" in r.stdout  # the job's logs, streamed
     assert "2/2" in r.stdout

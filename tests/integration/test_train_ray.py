@@ -156,7 +156,9 @@ def test_too_many_gpus_fails_fast_with_a_clear_message(ray_local, tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a Ray cluster without GPUs (use_gpu: auto must pick CPU workers)")
 def test_a_gpu_memory_cap_on_cpu_workers_fails_fast(ray_local, tmp_path):
-    with pytest.raises(TrainError, match=r"train.gpu_memory_limit_gib=22.5 caps GPU workers' memory, but this run's workers are CPU workers"):
+    with pytest.raises(
+        TrainError, match=r"train.gpu_memory_limit_gib=22.5 caps GPU workers' memory, but this run's workers are CPU workers"
+    ):
         run_training(job(tmp_path, "train.use_gpu=auto", "train.gpu_memory_limit_gib=22.5"))  # auto: no GPU here
 
 

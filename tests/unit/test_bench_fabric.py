@@ -92,7 +92,9 @@ def test_correctness_check_catches_a_collective_that_did_not_communicate():
         coll._check("all_reduce", lambda o, i: None, out, inp, rank=0, n=2)
     out, inp = coll._buffers("all_reduce", 64, 2, "cpu", torch.float32)
     assert coll._check("all_reduce", lambda o, i: o.add_(2), out, inp, rank=0, n=2) == {
-        "expected_sum": 3.0, "min": 3.0, "max": 3.0,
+        "expected_sum": 3.0,
+        "min": 3.0,
+        "max": 3.0,
     }
 
 
@@ -123,7 +125,9 @@ def test_sockets_check_accepts_the_socket_log_and_rejects_the_nvlink_log():
     _, sockets = variants(Mode.ONEHOST)
     assert sockets.expect == Expect.SOCKET
     assert check_log(SOCKET_LOG.read_text(), sockets.expect, "sockets") == "intra-node NET/Socket"
-    with pytest.raises(FabricError, match=r"sockets rejected: expected socket, but ranks 0-1 \(on vm\) used intra-node P2P/CUMEM over NVLink"):
+    with pytest.raises(
+        FabricError, match=r"sockets rejected: expected socket, but ranks 0-1 \(on vm\) used intra-node P2P/CUMEM over NVLink"
+    ):
         check_log(NVLINK_LOG.read_text(), sockets.expect, "sockets")
 
 
@@ -162,7 +166,10 @@ def test_median_tokens_per_s_skips_the_start_up_steps(tmp_path):
     m = tmp_path / "rayft_metrics.jsonl"
     write_metrics(m, [1e9, 1e9, 1e9, 5, 1, 4, 2, 3, 7, 6])
     assert median_tokens_per_s(m, skip_steps=3) == {
-        "median_tokens_per_s_per_gpu": 4, "steps_measured": 7, "world_size": 2, "gpu": "NVIDIA H200",
+        "median_tokens_per_s_per_gpu": 4,
+        "steps_measured": 7,
+        "world_size": 2,
+        "gpu": "NVIDIA H200",
     }
     write_metrics(m, [100, 10, 20, 30, 40])  # even count: mean of the middle two of 10, 20, 30, 40
     assert median_tokens_per_s(m, skip_steps=1)["median_tokens_per_s_per_gpu"] == 25
@@ -188,8 +195,12 @@ def test_gpu_label():
 
 
 def sweep_figures(peak: float) -> dict:
-    return {"backend": "nccl", "world_size": 2, "results": [],
-            "peak_busbw_GB_s": {"all_reduce": peak, "all_gather": peak / 2, "reduce_scatter": peak / 4}}
+    return {
+        "backend": "nccl",
+        "world_size": 2,
+        "results": [],
+        "peak_busbw_GB_s": {"all_reduce": peak, "all_gather": peak / 2, "reduce_scatter": peak / 4},
+    }
 
 
 class FakeRunner:
@@ -225,9 +236,11 @@ def job(tmp_path):
 @real_logs
 def test_two_runs_with_their_own_environments_names_and_figures(job, tmp_path, monkeypatch):
     monkeypatch.setenv("NCCL_P2P_DISABLE", "1")  # left over in the shell: must not reach the fast run
-    runner = FakeRunner({"fast": NVLINK_LOG.read_text(), "sockets": SOCKET_LOG.read_text()},
-                        {"fast": [1.0] * 3 + [36000.0, 37000.0, 38000.0], "sockets": [1.0] * 3 + [7000.0, 7500.0, 8000.0]},
-                        tmp_path / "runs")
+    runner = FakeRunner(
+        {"fast": NVLINK_LOG.read_text(), "sockets": SOCKET_LOG.read_text()},
+        {"fast": [1.0] * 3 + [36000.0, 37000.0, 38000.0], "sockets": [1.0] * 3 + [7000.0, 7500.0, 8000.0]},
+        tmp_path / "runs",
+    )
     out = tmp_path / "res.json"
     path, figures = run_fabric(job, ["train.lr=1e-4"], steps=6, out=out, logs_dir=tmp_path / "logs", runner=runner)
 
@@ -237,7 +250,7 @@ def test_two_runs_with_their_own_environments_names_and_figures(job, tmp_path, m
     for cmd in (fast_train, fast_sweep, slow_train, slow_sweep):
         i = cmd.index("--set")
         assert cmd[i - 1] == str(job)
-        assert cmd[i:i + 6] == ["--set", "train.lr=1e-4", "--set", "train.max_steps=6", "--set", "ray.log_to_driver=true"]
+        assert cmd[i : i + 6] == ["--set", "train.lr=1e-4", "--set", "train.max_steps=6", "--set", "ray.log_to_driver=true"]
     fast_name = fast_train[fast_train.index("--set", 11) + 1]
     slow_name = slow_train[slow_train.index("--set", 11) + 1]
     assert re.fullmatch(r"checkpoint.name=fabric-\d{8}-\d{6}-fast", fast_name)
@@ -263,13 +276,13 @@ def test_two_runs_with_their_own_environments_names_and_figures(job, tmp_path, m
 def test_a_fast_run_that_fell_back_to_sockets_is_rejected_through_the_cli(job, tmp_path, monkeypatch):
     from rayft.benchmarks import fabric
 
-    runner = FakeRunner({"fast": SOCKET_LOG.read_text(), "sockets": SOCKET_LOG.read_text()},
-                        {"fast": [1.0] * 6, "sockets": [1.0] * 6}, tmp_path / "runs")
+    runner = FakeRunner(
+        {"fast": SOCKET_LOG.read_text(), "sockets": SOCKET_LOG.read_text()}, {"fast": [1.0] * 6, "sockets": [1.0] * 6}, tmp_path / "runs"
+    )
     out = tmp_path / "res.json"
     real = fabric.run_fabric
     monkeypatch.setattr(fabric, "run_fabric", lambda *a, **k: real(*a, **{**k, "runner": runner}))
-    res = CliRunner().invoke(app, ["bench", "fabric", str(job), "--steps", "6", "--out", str(out),
-                                   "--logs-dir", str(tmp_path / "logs")])
+    res = CliRunner().invoke(app, ["bench", "fabric", str(job), "--steps", "6", "--out", str(out), "--logs-dir", str(tmp_path / "logs")])
     assert res.exit_code == 1
     said = " ".join(res.output.split())
     assert "fast training (" in said and "rejected: expected nvlink, but ranks 0-1 (on vm) used NET/Socket" in said
@@ -279,8 +292,11 @@ def test_a_fast_run_that_fell_back_to_sockets_is_rejected_through_the_cli(job, t
 
 @real_logs
 def test_a_run_that_finished_but_outlived_the_limit_is_used_and_flagged(job, tmp_path):
-    inner = FakeRunner({"fast": NVLINK_LOG.read_text(), "sockets": SOCKET_LOG.read_text()},
-                       {"fast": [1.0] * 3 + [36000.0] * 3, "sockets": [1.0] * 3 + [7200.0] * 3}, tmp_path / "runs")
+    inner = FakeRunner(
+        {"fast": NVLINK_LOG.read_text(), "sockets": SOCKET_LOG.read_text()},
+        {"fast": [1.0] * 3 + [36000.0] * 3, "sockets": [1.0] * 3 + [7200.0] * 3},
+        tmp_path / "runs",
+    )
 
     done_files = []
 

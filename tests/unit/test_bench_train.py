@@ -57,7 +57,9 @@ def test_batch_token_stats_padded_and_padding_free():
 
 def test_merge_ranks_and_summarize():
     r0 = [{"step": s, "step_time_s": 1.0, "tokens": 100, "attn_tokens_sq": 10000.0, "peak_mem_gib": 2.0} for s in (1, 2, 3)]
-    r1 = [{"step": s, "step_time_s": 2.0 if s == 3 else 0.5, "tokens": 100, "attn_tokens_sq": 10000.0, "peak_mem_gib": 3.0} for s in (1, 2, 3)]
+    r1 = [
+        {"step": s, "step_time_s": 2.0 if s == 3 else 0.5, "tokens": 100, "attn_tokens_sq": 10000.0, "peak_mem_gib": 3.0} for s in (1, 2, 3)
+    ]
     merged = bt.merge_ranks([r0, r1])
     assert [m["step_time_s"] for m in merged] == [1.0, 1.0, 2.0] and merged[0]["tokens"] == 200 and merged[0]["peak_mem_gib"] == 3.0
     figs = bt.summarize(merged, 1, 2, lambda span: 1000.0 + span, 1e6)
@@ -85,8 +87,14 @@ def test_merge_ranks_and_summarize():
     for bad in ("123", float("nan"), -5, 0, True):
         with pytest.raises(ValueError, match=r"tokens_per_s_per_gpu_window must be a positive number"):
             bt.run_window_rate({**run, "tokens_per_s_per_gpu_window": bad}, 1, 2)
-    bad_figures = ((-3, 2, "warmup_steps"), (4.5, 2, "warmup_steps"), (True, 2, "warmup_steps"),
-                   (1, 0, "world_size"), (1, 0.5, "world_size"), (1, True, "world_size"))
+    bad_figures = (
+        (-3, 2, "warmup_steps"),
+        (4.5, 2, "warmup_steps"),
+        (True, 2, "warmup_steps"),
+        (1, 0, "world_size"),
+        (1, 0.5, "world_size"),
+        (1, True, "world_size"),
+    )
     for warm, world, what in bad_figures:
         with pytest.raises(ValueError, match=rf"figures.{what} must be an integer"):
             bt.run_window_rate(run, warm, world)
@@ -97,11 +105,16 @@ def test_merge_ranks_and_summarize():
 
 def test_the_sample_recipes_report_time_is_measured_apart():
     """sample-recipe logs report_s (its per-step ray.train.report): a second figure leaves it out."""
-    def rank(times, reports, losses):
-        return [{"step": s + 1, "step_time_s": t, "report_s": r, "tokens": 100, "attn_tokens_sq": 1e4, "peak_mem_gib": None, "loss": l}
-                for s, (t, r, l) in enumerate(zip(times, reports, losses))]  # fmt: skip
 
-    merged = bt.merge_ranks([rank([2.0, 2.0, 2.0], [1.5, 1.5, 1.0], [4.0, 3.0, 2.0]), rank([1.9, 2.0, 2.5], [1.0, 1.6, 1.6], [2.0, 1.0, 1.0])])
+    def rank(times, reports, losses):
+        return [
+            {"step": s + 1, "step_time_s": t, "report_s": r, "tokens": 100, "attn_tokens_sq": 1e4, "peak_mem_gib": None, "loss": l}
+            for s, (t, r, l) in enumerate(zip(times, reports, losses))
+        ]
+
+    merged = bt.merge_ranks(
+        [rank([2.0, 2.0, 2.0], [1.5, 1.5, 1.0], [4.0, 3.0, 2.0]), rank([1.9, 2.0, 2.5], [1.0, 1.6, 1.6], [2.0, 1.0, 1.0])]
+    )
     assert [m["step_time_excl_report_s"] for m in merged] == pytest.approx([0.9, 0.5, 1.0])  # max over ranks of (step - report)
     assert [m["report_s"] for m in merged] == [1.5, 1.6, 1.6] and [m["loss"] for m in merged] == [3.0, 2.0, 1.5]
     figs = bt.summarize(merged, 1, 2, lambda span: 1000.0, 1e6)
@@ -110,17 +123,40 @@ def test_the_sample_recipes_report_time_is_measured_apart():
     assert ex["tokens_per_s_per_gpu"] == pytest.approx(150.0) and ex["report_s_median"] == pytest.approx(1.6)  # (200 + 100) / 2
     assert ex["mfu"] == pytest.approx(150.0 * 1000.0 / 1e6)
     doc = {"figures": {"runs": [{"recipe": "sample-recipe", "workload": "random", "status": "ok", **figs}], "price": {}}}
-    assert "sample-recipe × random without its per-step `ray.train.report` (median 1.60 s a call, part of every step above): 150 tokens/s/GPU, MFU 15.0%." in bt.markdown_table(doc)
+    assert (
+        "sample-recipe × random without its per-step `ray.train.report` (median 1.60 s a call, part of every step above): 150 tokens/s/GPU, MFU 15.0%."
+        in bt.markdown_table(doc)
+    )
 
 
 def synthetic_results(path: Path) -> Path:
-    ok = {"recipe": "rayft", "workload": "random", "status": "ok", "tokens_per_s_per_gpu": 43272.4, "mfu": 0.411,
-          "peak_mem_gib": 54.62, "step_time_s": {"p10": 0.37, "p50": 0.38, "p90": 0.4, "min": 0.3, "max": 0.5},
-          "usd_per_1m_tokens": 0.0123, "micro_batch_size": 16}
+    ok = {
+        "recipe": "rayft",
+        "workload": "random",
+        "status": "ok",
+        "tokens_per_s_per_gpu": 43272.4,
+        "mfu": 0.411,
+        "peak_mem_gib": 54.62,
+        "step_time_s": {"p10": 0.37, "p50": 0.38, "p90": 0.4, "min": 0.3, "max": 0.5},
+        "usd_per_1m_tokens": 0.0123,
+        "micro_batch_size": 16,
+    }
     bad = {"recipe": "trl-best", "workload": "real", "status": "failed", "error": "exit 1\n  Traceback ..."}
-    doc = {"command": "rayft bench train x.yaml", "git_commit": "abcdef1234567890", "environment": {"gpu_model": "NVIDIA H200"},
-           "figures": {"model": "qwen2.5-1.5b", "seq_len": 2048, "micro_batch_size": 8, "world_size": 2, "steps": 30, "warmup_steps": 5,
-                       "price": {"usd_per_gpu_hour": None, "note": "the catalog has no On-Demand price for p5en.48xlarge"}, "runs": [ok, bad]}}
+    doc = {
+        "command": "rayft bench train x.yaml",
+        "git_commit": "abcdef1234567890",
+        "environment": {"gpu_model": "NVIDIA H200"},
+        "figures": {
+            "model": "qwen2.5-1.5b",
+            "seq_len": 2048,
+            "micro_batch_size": 8,
+            "world_size": 2,
+            "steps": 30,
+            "warmup_steps": 5,
+            "price": {"usd_per_gpu_hour": None, "note": "the catalog has no On-Demand price for p5en.48xlarge"},
+            "runs": [ok, bad],
+        },
+    }
     path.write_text(json.dumps(doc))
     return path
 
@@ -139,22 +175,35 @@ def test_table_command_regenerates_markdown_from_a_results_file(tmp_path):
 
 def test_a_failed_recipe_keeps_the_others_results(tmp_path):
     cfg = tmp_path / "job.yaml"
-    cfg.write_text("model: {name_or_path: qwen2-tiny}\ndata: {synthetic: {rows: 4}, seq_len: 16}\n"
-                   f"train: {{num_workers: 2, use_gpu: false, micro_batch_size: 1}}\ncheckpoint: {{storage_path: {tmp_path}}}\n")
+    cfg.write_text(
+        "model: {name_or_path: qwen2-tiny}\ndata: {synthetic: {rows: 4}, seq_len: 16}\n"
+        f"train: {{num_workers: 2, use_gpu: false, micro_batch_size: 1}}\ncheckpoint: {{storage_path: {tmp_path}}}\n"
+    )
 
     def runner(cmd, env, log, timeout_s):
         log.write_text("line 1\nboom: the recipe crashed\n")
         if "sample" in cmd:  # sample-recipe: write two ranks' step records as the real recipe does
             run_dir = Path(json.loads(Path(cmd[-1]).read_text())["out_dir"])
             for rank in (0, 1):
-                (run_dir / f"steps.rank{rank}.jsonl").write_text("".join(
-                    json.dumps({"step": s, "step_time_s": 0.5, "tokens": 16, "attn_tokens_sq": 256.0, "peak_mem_gib": None}) + "\n"
-                    for s in (1, 2, 3)))
+                (run_dir / f"steps.rank{rank}.jsonl").write_text(
+                    "".join(
+                        json.dumps({"step": s, "step_time_s": 0.5, "tokens": 16, "attn_tokens_sq": 256.0, "peak_mem_gib": None}) + "\n"
+                        for s in (1, 2, 3)
+                    )
+                )
             return 0
         return 1
 
-    path, figs = bt.run_bench(cfg, recipes=["sample-recipe", "trl-default"], workloads=["random"], steps=3, warmup_steps=1,
-                              out=tmp_path / "res.json", work_dir=tmp_path / "wd", runner=runner)
+    path, figs = bt.run_bench(
+        cfg,
+        recipes=["sample-recipe", "trl-default"],
+        workloads=["random"],
+        steps=3,
+        warmup_steps=1,
+        out=tmp_path / "res.json",
+        work_dir=tmp_path / "wd",
+        runner=runner,
+    )
     ok, bad = figs["runs"]
     assert ok["status"] == "ok" and ok["tokens_per_s_per_gpu"] == 32.0  # 2 ranks × 16 tokens / 0.5 s / 2 GPUs
     assert ok["mfu"] is None and ok["attn_span_tokens"] == 16.0
@@ -184,8 +233,10 @@ def test_random_dataset_and_the_synthetic_config(tmp_path):
 def test_rayft_random_workload_wins_over_a_user_train_files_override(tmp_path):
     """bench_train.sh passes --set data.train_files=[...]; the random workload must still load."""
     cfg_file = tmp_path / "job.yaml"
-    cfg_file.write_text("model: {name_or_path: qwen2-tiny}\ndata: {train_files: [a.json], seq_len: 16}\n"
-                        f"train: {{num_workers: 2, use_gpu: false, micro_batch_size: 3}}\ncheckpoint: {{storage_path: {tmp_path}}}\n")
+    cfg_file.write_text(
+        "model: {name_or_path: qwen2-tiny}\ndata: {train_files: [a.json], seq_len: 16}\n"
+        f"train: {{num_workers: 2, use_gpu: false, micro_batch_size: 3}}\ncheckpoint: {{storage_path: {tmp_path}}}\n"
+    )
     user = ["data.train_files=[x.json,y.json]", "train.lr=0.5"]
     cfg = load_config(cfg_file, user)
     plan = bt.Plan(cfg_file, user, ["rayft"], ["random", "real"], 4, 1, tmp_path / "wd", None)
@@ -202,14 +253,30 @@ def test_rayft_random_workload_wins_over_a_user_train_files_override(tmp_path):
 
 def test_rayft_set_and_the_fp8_recipe_reach_only_the_rayft_runs(tmp_path):
     cfg_file = tmp_path / "job.yaml"
-    cfg_file.write_text("model: {name_or_path: qwen2-tiny}\ndata: {train_files: [a.json], seq_len: 16}\n"
-                        f"train: {{num_workers: 2, use_gpu: false, micro_batch_size: 3}}\ncheckpoint: {{storage_path: {tmp_path}}}\n")
+    cfg_file.write_text(
+        "model: {name_or_path: qwen2-tiny}\ndata: {train_files: [a.json], seq_len: 16}\n"
+        f"train: {{num_workers: 2, use_gpu: false, micro_batch_size: 3}}\ncheckpoint: {{storage_path: {tmp_path}}}\n"
+    )
     cfg = load_config(cfg_file)
-    plan = bt.Plan(cfg_file, [], ["rayft", "rayft-fp8"], ["random"], 4, 1, tmp_path / "wd", None,
-                   rayft_overrides=["train.micro_batch_size=5", "train.fused_loss_chunk_mem=2"])
+    plan = bt.Plan(
+        cfg_file,
+        [],
+        ["rayft", "rayft-fp8"],
+        ["random"],
+        4,
+        1,
+        tmp_path / "wd",
+        None,
+        rayft_overrides=["train.micro_batch_size=5", "train.fused_loss_chunk_mem=2"],
+    )
     model_dir, tok_dir = tmp_path / "wd" / "model", tmp_path / "wd" / "tokenizer"
-    shared = {"model_dir": str(model_dir), "tokenizer_dir": str(tok_dir), "data": {"random": {"file": "x.npz"}}, "pad_id": 0,
-              "decoder_layer_cls": "Qwen2DecoderLayer"}
+    shared = {
+        "model_dir": str(model_dir),
+        "tokenizer_dir": str(tok_dir),
+        "data": {"random": {"file": "x.npz"}},
+        "pad_id": 0,
+        "decoder_layer_cls": "Qwen2DecoderLayer",
+    }
     for recipe, fp8 in (("rayft", False), ("rayft-fp8", True)):
         cmd = bt.recipe_command(recipe, "random", plan, cfg, 2, False, shared, tmp_path / recipe)
         got = load_config(cfg_file, [cmd[i + 1] for i, a in enumerate(cmd) if a == "--set"])
@@ -231,39 +298,87 @@ def test_rayft_set_and_the_fp8_recipe_reach_only_the_rayft_runs(tmp_path):
 
 def test_float8_check_compares_the_two_rayft_runs_step_by_step():
     def run(recipe, losses, workload="real", status="ok"):
-        return {"recipe": recipe, "workload": workload, "status": status, "steps": [{"step": i + 1, "loss": v} for i, v in enumerate(losses)]}
+        return {
+            "recipe": recipe,
+            "workload": workload,
+            "status": status,
+            "steps": [{"step": i + 1, "loss": v} for i, v in enumerate(losses)],
+        }
 
-    runs = [run("rayft", [10.0, 8.0, 6.0]), run("rayft-fp8", [10.1, 8.0, 6.3]), run("rayft", [11.0], "random"),
-            run("rayft-fp8", [11.0], "random", status="failed")]
+    runs = [
+        run("rayft", [10.0, 8.0, 6.0]),
+        run("rayft-fp8", [10.1, 8.0, 6.3]),
+        run("rayft", [11.0], "random"),
+        run("rayft-fp8", [11.0], "random", status="failed"),
+    ]
     chk = bt.float8_check(runs)
     assert list(chk) == ["real"]  # random: the float8 run failed
     c = chk["real"]
     assert c["steps"] == [1, 2, 3] and c["loss_fp8"] == [10.1, 8.0, 6.3]
-    assert c["max_abs_diff"] == pytest.approx(0.3) and c["max_rel_diff"] == pytest.approx(0.05) and c["final_rel_diff"] == pytest.approx(0.05)
+    assert (
+        c["max_abs_diff"] == pytest.approx(0.3) and c["max_rel_diff"] == pytest.approx(0.05) and c["final_rel_diff"] == pytest.approx(0.05)
+    )
     md = bt.markdown_table({"figures": {"runs": [], "price": {}, "float8_check": chk}})
-    assert "Float8 check (real): rayft-fp8's loss vs rayft's over 3 steps: max relative difference 5.00%, at the last step 5.00% (6.0000 bf16, 6.3000 float8)." in md
+    assert (
+        "Float8 check (real): rayft-fp8's loss vs rayft's over 3 steps: max relative difference 5.00%, at the last step 5.00% (6.0000 bf16, 6.3000 float8)."
+        in md
+    )
 
 
 def test_a_bad_rayft_set_is_an_error_before_anything_runs(tmp_path):
     with pytest.raises(bt.BenchTrainError, match=r"(?s)--rayft-set: .*train.micro_batch_size .*greater than or equal to 1"):
-        bt.run_bench(tiny_job(tmp_path), recipes=["rayft"], workloads=["random"], steps=3, warmup_steps=1,
-                     work_dir=tmp_path / "wd", rayft_overrides=["train.micro_batch_size=0"])
+        bt.run_bench(
+            tiny_job(tmp_path),
+            recipes=["rayft"],
+            workloads=["random"],
+            steps=3,
+            warmup_steps=1,
+            work_dir=tmp_path / "wd",
+            rayft_overrides=["train.micro_batch_size=0"],
+        )
     with pytest.raises(bt.BenchTrainError, match=r"--rayft-set is for the rayft recipes \(rayft, rayft-fp8\), and none runs"):
-        bt.run_bench(tiny_job(tmp_path), recipes=["sample-recipe"], workloads=["random"], steps=3, warmup_steps=1,
-                     work_dir=tmp_path / "wd", rayft_overrides=["train.micro_batch_size=2"])
-    for bad, why in [("train.max_steps=9", "the benchmark sets train.max_steps itself"), ("train.float8=true", "sets train.float8 itself"),
-                     ("checkpoint.storage_path=/x", "sets checkpoint.storage_path itself"), ("train={num_workers: 1}", "sets train itself")]:
+        bt.run_bench(
+            tiny_job(tmp_path),
+            recipes=["sample-recipe"],
+            workloads=["random"],
+            steps=3,
+            warmup_steps=1,
+            work_dir=tmp_path / "wd",
+            rayft_overrides=["train.micro_batch_size=2"],
+        )
+    for bad, why in [
+        ("train.max_steps=9", "the benchmark sets train.max_steps itself"),
+        ("train.float8=true", "sets train.float8 itself"),
+        ("checkpoint.storage_path=/x", "sets checkpoint.storage_path itself"),
+        ("train={num_workers: 1}", "sets train itself"),
+    ]:
         with pytest.raises(bt.BenchTrainError, match=why):
-            bt.run_bench(tiny_job(tmp_path), recipes=["rayft"], workloads=["random"], steps=3, warmup_steps=1, work_dir=tmp_path / "wd",
-                         rayft_overrides=[bad])  # fmt: skip
+            bt.run_bench(
+                tiny_job(tmp_path),
+                recipes=["rayft"],
+                workloads=["random"],
+                steps=3,
+                warmup_steps=1,
+                work_dir=tmp_path / "wd",
+                rayft_overrides=[bad],
+            )
     # valid alone, invalid with the rayft recipes' own data.packing=true: refused before anything runs
     with pytest.raises(bt.BenchTrainError, match=r"(?s)--rayft-set: .*flash_attention_2 with data.packing needs train.micro_batch_size: 1"):
-        bt.run_bench(tiny_job(tmp_path), recipes=["rayft"], workloads=["random"], steps=3, warmup_steps=1, work_dir=tmp_path / "wd",
-                     rayft_overrides=["model.attn_implementation=flash_attention_2", "train.micro_batch_size=2"])  # fmt: skip
+        bt.run_bench(
+            tiny_job(tmp_path),
+            recipes=["rayft"],
+            workloads=["random"],
+            steps=3,
+            warmup_steps=1,
+            work_dir=tmp_path / "wd",
+            rayft_overrides=["model.attn_implementation=flash_attention_2", "train.micro_batch_size=2"],
+        )
     with pytest.raises(bt.BenchTrainError, match="rayft recipe is the bf16 baseline; run float8 as the rayft-fp8 recipe"):
         bt.run_bench(tiny_job(tmp_path), ["train.float8=true"], ["rayft", "rayft-fp8"], ["random"], 3, 1, work_dir=tmp_path / "wd")
     with pytest.raises(bt.BenchTrainError, match="names a recipe twice"):
-        bt.run_bench(tiny_job(tmp_path), recipes=["rayft", "rayft"], workloads=["random"], steps=3, warmup_steps=1, work_dir=tmp_path / "wd")
+        bt.run_bench(
+            tiny_job(tmp_path), recipes=["rayft", "rayft"], workloads=["random"], steps=3, warmup_steps=1, work_dir=tmp_path / "wd"
+        )
     with pytest.raises(bt.BenchTrainError, match="--recipes is empty"):
         bt.run_bench(tiny_job(tmp_path), recipes=[], workloads=["random"], steps=3, warmup_steps=1, work_dir=tmp_path / "wd")
     for nan in ("nan", "rayft-fp8=nan", "rayft=inf"):
@@ -275,8 +390,10 @@ def test_a_bad_rayft_set_is_an_error_before_anything_runs(tmp_path):
 
 def tiny_job(tmp_path) -> Path:
     cfg = tmp_path / "job.yaml"
-    cfg.write_text("model: {name_or_path: qwen2-tiny}\ndata: {synthetic: {rows: 4}, seq_len: 16}\n"
-                   f"train: {{num_workers: 2, use_gpu: false, micro_batch_size: 1}}\ncheckpoint: {{storage_path: {tmp_path}}}\n")
+    cfg.write_text(
+        "model: {name_or_path: qwen2-tiny}\ndata: {synthetic: {rows: 4}, seq_len: 16}\n"
+        f"train: {{num_workers: 2, use_gpu: false, micro_batch_size: 1}}\ncheckpoint: {{storage_path: {tmp_path}}}\n"
+    )
     return cfg
 
 
@@ -284,9 +401,12 @@ def write_steps(cmd, n=3):
     """What the sample / TRL recipes write: two ranks' step records into the spec's out_dir."""
     run_dir = Path(json.loads(Path(cmd[-1]).read_text())["out_dir"])
     for rank in (0, 1):
-        (run_dir / f"steps.rank{rank}.jsonl").write_text("".join(
-            json.dumps({"step": s, "step_time_s": 0.5, "tokens": 16, "attn_tokens_sq": 256.0, "peak_mem_gib": None}) + "\n"
-            for s in range(1, n + 1)))
+        (run_dir / f"steps.rank{rank}.jsonl").write_text(
+            "".join(
+                json.dumps({"step": s, "step_time_s": 0.5, "tokens": 16, "attn_tokens_sq": 256.0, "peak_mem_gib": None}) + "\n"
+                for s in range(1, n + 1)
+            )
+        )
 
 
 def test_results_are_written_after_every_run_and_a_runner_exception_is_one_runs_failure(tmp_path):
@@ -300,8 +420,16 @@ def test_results_are_written_after_every_run_and_a_runner_exception_is_one_runs_
         write_steps(cmd)
         return 0
 
-    path, figs = bt.run_bench(tiny_job(tmp_path), recipes=["trl-default", "sample-recipe"], workloads=["random"], steps=3, warmup_steps=1,
-                              out=out, work_dir=tmp_path / "wd", runner=runner)
+    path, figs = bt.run_bench(
+        tiny_job(tmp_path),
+        recipes=["trl-default", "sample-recipe"],
+        workloads=["random"],
+        steps=3,
+        warmup_steps=1,
+        out=out,
+        work_dir=tmp_path / "wd",
+        runner=runner,
+    )
     # before run 1 nothing has run; before run 2 run 1's failure is on disk already
     assert seen == [[("trl-default", "not run"), ("sample-recipe", "not run")], [("trl-default", "failed"), ("sample-recipe", "not run")]]
     bad, ok = figs["runs"]
@@ -323,9 +451,18 @@ def test_deadline_cuts_each_runs_limit_and_skips_runs_that_cannot_fit(tmp_path, 
         write_steps(cmd)
         return 0
 
-    path, figs = bt.run_bench(tiny_job(tmp_path), recipes=["sample-recipe", "trl-default", "trl-best"], workloads=["random"], steps=3,
-                              warmup_steps=1, out=tmp_path / "res.json", work_dir=tmp_path / "wd", runner=runner,
-                              timeout_s=bt.parse_timeouts("sample-recipe=150,trl-default=120,trl-best=120"), deadline_s=200)
+    path, figs = bt.run_bench(
+        tiny_job(tmp_path),
+        recipes=["sample-recipe", "trl-default", "trl-best"],
+        workloads=["random"],
+        steps=3,
+        warmup_steps=1,
+        out=tmp_path / "res.json",
+        work_dir=tmp_path / "wd",
+        runner=runner,
+        timeout_s=bt.parse_timeouts("sample-recipe=150,trl-default=120,trl-best=120"),
+        deadline_s=200,
+    )
     # sample: min(150, 200 - 0 - 10) = 150; trl-default: min(120, 200 - 100 - 10) = 90; trl-best: 200 - 170 - 10 = 20 s < 30: skipped
     assert limits == {"sample-recipe": 150.0, "trl-default": 90.0}
     s, d, b = figs["runs"]
@@ -357,8 +494,16 @@ def test_sigterm_writes_the_runs_done_and_marks_the_rest_not_run(tmp_path):
         return 0
 
     with pytest.raises(bt.BenchInterrupted, match=r"after 1 of 3 runs"):
-        bt.run_bench(tiny_job(tmp_path), recipes=["sample-recipe", "trl-default", "trl-best"], workloads=["random"], steps=3,
-                     warmup_steps=1, out=out, work_dir=tmp_path / "wd", runner=runner)
+        bt.run_bench(
+            tiny_job(tmp_path),
+            recipes=["sample-recipe", "trl-default", "trl-best"],
+            workloads=["random"],
+            steps=3,
+            warmup_steps=1,
+            out=out,
+            work_dir=tmp_path / "wd",
+            runner=runner,
+        )
     runs = json.loads(out.read_text())["figures"]["runs"]
     assert [(r["recipe"], r["status"]) for r in runs] == [("sample-recipe", "ok"), ("trl-default", "not run"), ("trl-best", "not run")]
     assert runs[0]["tokens_per_s_per_gpu"] == 32.0
@@ -367,16 +512,29 @@ def test_sigterm_writes_the_runs_done_and_marks_the_rest_not_run(tmp_path):
 
 
 def trl_spec(tmp_path, recipe="trl-best", workload="real", ac=False):
-    return {"recipe": recipe, "workload": workload, "steps": 3, "micro_batch_size": 2, "lr": 1e-4, "seq_len": 64, "seed": 0,
-            "use_gpu": False, "num_workers": 2, "decoder_layer_cls": "Qwen2DecoderLayer", "out_dir": str(tmp_path),
-            "activation_checkpointing": ac}
+    return {
+        "recipe": recipe,
+        "workload": workload,
+        "steps": 3,
+        "micro_batch_size": 2,
+        "lr": 1e-4,
+        "seq_len": 64,
+        "seed": 0,
+        "use_gpu": False,
+        "num_workers": 2,
+        "decoder_layer_cls": "Qwen2DecoderLayer",
+        "out_dir": str(tmp_path),
+        "activation_checkpointing": ac,
+    }
 
 
 def test_trl_settings_gradient_checkpointing_completion_only_and_attention(tmp_path):
     from rayft.benchmarks.recipes import trl_attention, trl_config_kwargs, trl_planned_settings
 
     trl = pytest.importorskip("trl")
-    assert trl.SFTConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False).gradient_checkpointing is True  # TRL's default: why it is set explicitly
+    assert (
+        trl.SFTConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False).gradient_checkpointing is True
+    )  # TRL's default: why it is set explicitly
     kw = trl_config_kwargs(trl_spec(tmp_path))
     assert kw["gradient_checkpointing"] is False and kw["completion_only_loss"] is True and kw["packing"] is True
     assert trl.SFTConfig(**kw).gradient_checkpointing is False
@@ -441,14 +599,21 @@ def test_shared_model_is_rayfts_seeded_init_built_once(tmp_path, monkeypatch):
     assert torch.equal(saved[name].float(), want[name])
 
 
-@pytest.mark.parametrize("mutate", [
-    lambda f: f.update(float8_check={"real": {"steps": [], "loss_bf16": [], "loss_fp8": [], "max_rel_diff": 0.1, "final_rel_diff": 0.1}}),
-    lambda f: f.update(float8_check=[1, 2]),
-    lambda f: f.update(float8_check={"real": None}),
-    lambda f: f.update(float8_check={"real": {"steps": [1], "loss_bf16": [1.0], "loss_fp8": [1.0], "max_rel_diff": "0.1", "final_rel_diff": 0.1}}),
-    lambda f: f["runs"][0].update(excluding_report=[1]),
-    lambda f: f["runs"][0].update(excluding_report={"tokens_per_s_per_gpu": "x", "report_s_median": 1.0}),
-])
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda f: f.update(
+            float8_check={"real": {"steps": [], "loss_bf16": [], "loss_fp8": [], "max_rel_diff": 0.1, "final_rel_diff": 0.1}}
+        ),
+        lambda f: f.update(float8_check=[1, 2]),
+        lambda f: f.update(float8_check={"real": None}),
+        lambda f: f.update(
+            float8_check={"real": {"steps": [1], "loss_bf16": [1.0], "loss_fp8": [1.0], "max_rel_diff": "0.1", "final_rel_diff": 0.1}}
+        ),
+        lambda f: f["runs"][0].update(excluding_report=[1]),
+        lambda f: f["runs"][0].update(excluding_report={"tokens_per_s_per_gpu": "x", "report_s_median": 1.0}),
+    ],
+)
 def test_table_names_the_file_for_malformed_new_fields(tmp_path, mutate):
     res = synthetic_results(tmp_path / "r.json")
     doc = json.loads(res.read_text())
@@ -459,20 +624,41 @@ def test_table_names_the_file_for_malformed_new_fields(tmp_path, mutate):
     assert f"{res}: not a `rayft bench train` results file" in " ".join(out.output.split()) and "Traceback" not in out.output
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda runs: runs[1].pop("status"), r"figures.runs\[1\]: no 'status' field"),
-    (lambda runs: runs[0].update(step_time_s=[0.3]), r"figures.runs\[0\]: TypeError: list indices"),
-    (lambda runs: runs[0].update(tokens_per_s_per_gpu="fast"), r"figures.runs\[0\]: tokens_per_s_per_gpu must be a positive finite number, got 'fast'"),
-    (lambda runs: runs[0].update(tokens_per_s_per_gpu_window=-1.0), r"figures.runs\[0\]: tokens_per_s_per_gpu_window must be a positive number, got -1.0"),
-    (lambda runs: runs[0].update(steps=[{"step": 9, "step_time_s": 0, "tokens": 5}]), r"figures.runs\[0\]: step 9: step_time_s must be a positive"),
-    (lambda runs: runs.append(["not", "a", "run"]), r"figures.runs\[2\]: TypeError: list indices"),
-    (lambda runs: runs[0].update(tokens_per_s_per_gpu=10**400), r"figures.runs\[0\]: tokens_per_s_per_gpu must be a positive finite number, got 1000"),
-    (lambda runs: runs[0].update(tokens_per_s_per_gpu=float("nan")), r"figures.runs\[0\]: tokens_per_s_per_gpu must be a positive finite number, got nan"),
-    (lambda runs: runs[0].update(mfu=-3), r"figures.runs\[0\]: mfu must be a non-negative finite number or null, got -3"),
-    (lambda runs: runs[0]["step_time_s"].update(p50=float("inf")), r"figures.runs\[0\]: step_time_s.p50 must be a positive finite number, got inf"),
-    (lambda runs: runs[0].update(recipe=["a"], label=None), r"figures.runs\[0\]: recipe must be a string, got \['a'\]"),
-    (lambda runs: runs[1].update(status=1), r"figures.runs\[1\]: status must be a string, got 1"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda runs: runs[1].pop("status"), r"figures.runs\[1\]: no 'status' field"),
+        (lambda runs: runs[0].update(step_time_s=[0.3]), r"figures.runs\[0\]: TypeError: list indices"),
+        (
+            lambda runs: runs[0].update(tokens_per_s_per_gpu="fast"),
+            r"figures.runs\[0\]: tokens_per_s_per_gpu must be a positive finite number, got 'fast'",
+        ),
+        (
+            lambda runs: runs[0].update(tokens_per_s_per_gpu_window=-1.0),
+            r"figures.runs\[0\]: tokens_per_s_per_gpu_window must be a positive number, got -1.0",
+        ),
+        (
+            lambda runs: runs[0].update(steps=[{"step": 9, "step_time_s": 0, "tokens": 5}]),
+            r"figures.runs\[0\]: step 9: step_time_s must be a positive",
+        ),
+        (lambda runs: runs.append(["not", "a", "run"]), r"figures.runs\[2\]: TypeError: list indices"),
+        (
+            lambda runs: runs[0].update(tokens_per_s_per_gpu=10**400),
+            r"figures.runs\[0\]: tokens_per_s_per_gpu must be a positive finite number, got 1000",
+        ),
+        (
+            lambda runs: runs[0].update(tokens_per_s_per_gpu=float("nan")),
+            r"figures.runs\[0\]: tokens_per_s_per_gpu must be a positive finite number, got nan",
+        ),
+        (lambda runs: runs[0].update(mfu=-3), r"figures.runs\[0\]: mfu must be a non-negative finite number or null, got -3"),
+        (
+            lambda runs: runs[0]["step_time_s"].update(p50=float("inf")),
+            r"figures.runs\[0\]: step_time_s.p50 must be a positive finite number, got inf",
+        ),
+        (lambda runs: runs[0].update(recipe=["a"], label=None), r"figures.runs\[0\]: recipe must be a string, got \['a'\]"),
+        (lambda runs: runs[1].update(status=1), r"figures.runs\[1\]: status must be a string, got 1"),
+    ],
+)
 def test_table_errors_name_the_run(tmp_path, mutate, message):
     doc = json.loads(synthetic_results(tmp_path / "r.json").read_text())
     mutate(doc["figures"]["runs"])
@@ -497,36 +683,85 @@ def test_markdown_table_whole_output():
     """Every part of a table at once, pinned (it was byte-identical before and after the per-run
     refactor). By hand: rayft's whole window is 3 × 65,536 tokens ÷ (0.6 + 0.7 + 0.6) s ÷ 2 GPUs = 51,739."""
     st = {"p10": 0.37, "p50": 0.38, "p90": 0.4, "min": 0.3, "max": 0.5}
-    doc = {"git_commit": "abcdef1234567890", "environment": {"gpu_model": "NVIDIA H200"},
-           "figures": {"model": "qwen2.5-1.5b", "seq_len": 2048, "micro_batch_size": 8, "world_size": 2, "steps": 4, "warmup_steps": 1,
-                       "price": {"usd_per_gpu_hour": 4.9, "instance": "p5en.48xlarge", "instance_usd_per_hour": 39.2, "gpus_per_instance": 8,
-                                 "source": "catalog", "date": "2026-11-30"},
-                       "float8_check": {"random": {"steps": [1, 2], "loss_bf16": [2.0, 1.5], "loss_fp8": [2.0, 1.501], "max_rel_diff": 0.000667,
-                                                   "final_rel_diff": 0.000667}},
-                       "runs": [
-        {"recipe": "rayft", "label": "rayft (mb 16)", "workload": "random", "status": "ok", "tokens_per_s_per_gpu": 53009.4, "mfu": 0.553,
-         "peak_mem_gib": 76.8, "step_time_s": st, "usd_per_1m_tokens": 0.0257, "micro_batch_size": 16, "settings": {"compile": True, "chunk": 8},
-         "steps": [{"step": s, "step_time_s": t, "tokens": 65536} for s, t in ((1, 9.0), (2, 0.6), (3, 0.7), (4, 0.6))]},
-        {"recipe": "sample-recipe", "workload": "random", "status": "ok", "tokens_per_s_per_gpu": 8143.0, "mfu": None, "peak_mem_gib": None,
-         "step_time_s": st, "usd_per_1m_tokens": None, "tokens_per_s_per_gpu_window": 8000.5,
-         "excluding_report": {"tokens_per_s_per_gpu": 37323.0, "report_s_median": 1.57, "mfu": 0.39}},
-        {"recipe": "trl-best", "workload": "real", "status": "failed", "error": "exit 124 (time limit 130 s)\nTraceback", "settings": {"packing": True}},
-    ]}}  # fmt: skip
+    doc = {
+        "git_commit": "abcdef1234567890",
+        "environment": {"gpu_model": "NVIDIA H200"},
+        "figures": {
+            "model": "qwen2.5-1.5b",
+            "seq_len": 2048,
+            "micro_batch_size": 8,
+            "world_size": 2,
+            "steps": 4,
+            "warmup_steps": 1,
+            "price": {
+                "usd_per_gpu_hour": 4.9,
+                "instance": "p5en.48xlarge",
+                "instance_usd_per_hour": 39.2,
+                "gpus_per_instance": 8,
+                "source": "catalog",
+                "date": "2026-11-30",
+            },
+            "float8_check": {
+                "random": {
+                    "steps": [1, 2],
+                    "loss_bf16": [2.0, 1.5],
+                    "loss_fp8": [2.0, 1.501],
+                    "max_rel_diff": 0.000667,
+                    "final_rel_diff": 0.000667,
+                }
+            },
+            "runs": [
+                {
+                    "recipe": "rayft",
+                    "label": "rayft (mb 16)",
+                    "workload": "random",
+                    "status": "ok",
+                    "tokens_per_s_per_gpu": 53009.4,
+                    "mfu": 0.553,
+                    "peak_mem_gib": 76.8,
+                    "step_time_s": st,
+                    "usd_per_1m_tokens": 0.0257,
+                    "micro_batch_size": 16,
+                    "settings": {"compile": True, "chunk": 8},
+                    "steps": [{"step": s, "step_time_s": t, "tokens": 65536} for s, t in ((1, 9.0), (2, 0.6), (3, 0.7), (4, 0.6))],
+                },
+                {
+                    "recipe": "sample-recipe",
+                    "workload": "random",
+                    "status": "ok",
+                    "tokens_per_s_per_gpu": 8143.0,
+                    "mfu": None,
+                    "peak_mem_gib": None,
+                    "step_time_s": st,
+                    "usd_per_1m_tokens": None,
+                    "tokens_per_s_per_gpu_window": 8000.5,
+                    "excluding_report": {"tokens_per_s_per_gpu": 37323.0, "report_s_median": 1.57, "mfu": 0.39},
+                },
+                {
+                    "recipe": "trl-best",
+                    "workload": "real",
+                    "status": "failed",
+                    "error": "exit 124 (time limit 130 s)\nTraceback",
+                    "settings": {"packing": True},
+                },
+            ],
+        },
+    }
     assert bt.markdown_table(doc).split("\n") == [
-        '| recipe | workload | micro-batch | tokens/s/GPU | MFU | peak GiB | step s p10 / p50 / p90 | USD / 1M tokens | status |',
-        '| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | --- |',
-        '| rayft (mb 16) | random | 16 | 53,009 | 55.3% | 76.8 | 0.370 / 0.380 / 0.400 | 0.0257 | ok |',
-        '| sample-recipe | random | 8 | 8,143 | — | — | 0.370 / 0.380 / 0.400 | — | ok |',
-        '| trl-best | real | 8 | — | — | — | — | — | failed: exit 124 (time limit 130 s) |',
-        '',
-        '- rayft (mb 16) × random: compile True, chunk 8',
-        '- trl-best × real: packing True',
-        '',
-        '2 × NVIDIA H200, model qwen2.5-1.5b, seq 2048, micro-batch 8 rows/GPU unless the table says otherwise, 4 steps (median over steps after 1); tokens = non-padding tokens; commit abcdef123456.',
-        'The measured steps as a whole (their tokens ÷ their summed time; slow steps count in full): rayft (mb 16) × random 51,739, sample-recipe × random 8,000 tokens/s/GPU.',
-        'sample-recipe × random without its per-step `ray.train.report` (median 1.57 s a call, part of every step above): 37,323 tokens/s/GPU, MFU 39.0%.',
+        "| recipe | workload | micro-batch | tokens/s/GPU | MFU | peak GiB | step s p10 / p50 / p90 | USD / 1M tokens | status |",
+        "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | --- |",
+        "| rayft (mb 16) | random | 16 | 53,009 | 55.3% | 76.8 | 0.370 / 0.380 / 0.400 | 0.0257 | ok |",
+        "| sample-recipe | random | 8 | 8,143 | — | — | 0.370 / 0.380 / 0.400 | — | ok |",
+        "| trl-best | real | 8 | — | — | — | — | — | failed: exit 124 (time limit 130 s) |",
+        "",
+        "- rayft (mb 16) × random: compile True, chunk 8",
+        "- trl-best × real: packing True",
+        "",
+        "2 × NVIDIA H200, model qwen2.5-1.5b, seq 2048, micro-batch 8 rows/GPU unless the table says otherwise, 4 steps (median over steps after 1); tokens = non-padding tokens; commit abcdef123456.",
+        "The measured steps as a whole (their tokens ÷ their summed time; slow steps count in full): rayft (mb 16) × random 51,739, sample-recipe × random 8,000 tokens/s/GPU.",
+        "sample-recipe × random without its per-step `ray.train.report` (median 1.57 s a call, part of every step above): 37,323 tokens/s/GPU, MFU 39.0%.",
         "Float8 check (random): rayft-fp8's loss vs rayft's over 2 steps: max relative difference 0.07%, at the last step 0.07% (1.5000 bf16, 1.5010 float8).",
-        'Cost: p5en.48xlarge $39.2/h ÷ 8 GPUs = $4.9 per GPU-hour (catalog, 2026-11-30).',
+        "Cost: p5en.48xlarge $39.2/h ÷ 8 GPUs = $4.9 per GPU-hour (catalog, 2026-11-30).",
     ]
 
 
@@ -546,7 +781,10 @@ def test_table_command_survives_overflow_and_deep_nesting(tmp_path):
     out = CliRunner().invoke(app, ["bench", "table", str(over), str(deep), str(good)])
     text = " ".join(out.output.split())
     assert out.exit_code == 1 and "Traceback" not in out.output
-    assert f"{over}: not a `rayft bench train` results file (ValueError: figures.runs[0]: tokens_per_s_per_gpu must be a positive finite" in text
+    assert (
+        f"{over}: not a `rayft bench train` results file (ValueError: figures.runs[0]: tokens_per_s_per_gpu must be a positive finite"
+        in text
+    )
     assert f"{deep}: not a `rayft bench train` results file (RecursionError" in text
     assert (tmp_path / "good.md").exists() and not (tmp_path / "over.md").exists() and not (tmp_path / "deep.md").exists()
     assert f"2 of 3 results files not tabulated: {over}, {deep}" in text

@@ -43,11 +43,16 @@ def _offerings(stub, azs, itype="g6.12xlarge"):
 def _shape(stub, itype="g6.12xlarge", vcpus=48):
     stub.add_response(
         "describe_instance_types",
-        {"InstanceTypes": [{
-            "InstanceType": itype, "VCpuInfo": {"DefaultVCpus": vcpus},
-            "GpuInfo": {"Gpus": [{"Name": "L4", "Manufacturer": "NVIDIA", "Count": 4}]},
-            "NetworkInfo": {"EfaSupported": True, "EfaInfo": {"MaximumEfaInterfaces": 1}},
-        }]},  # fmt: skip
+        {
+            "InstanceTypes": [
+                {
+                    "InstanceType": itype,
+                    "VCpuInfo": {"DefaultVCpus": vcpus},
+                    "GpuInfo": {"Gpus": [{"Name": "L4", "Manufacturer": "NVIDIA", "Count": 4}]},
+                    "NetworkInfo": {"EfaSupported": True, "EfaInfo": {"MaximumEfaInterfaces": 1}},
+                }
+            ]
+        },
         {"InstanceTypes": [itype]},
     )
 
@@ -91,8 +96,7 @@ def test_quota_families_and_codes():
 
 def test_quota_increase_command_is_exact():
     assert cap.quota_increase_command("us-east-2", "L-DB2E81BA", 96) == (
-        "aws service-quotas request-service-quota-increase --service-code ec2 "
-        "--quota-code L-DB2E81BA --desired-value 96 --region us-east-2"
+        "aws service-quotas request-service-quota-increase --service-code ec2 --quota-code L-DB2E81BA --desired-value 96 --region us-east-2"
     )
 
 
@@ -103,8 +107,16 @@ def test_vcpu_arithmetic_counts_only_the_family_and_lifecycle(clients):
     _shape(ec2)
     _quota(stubs["service-quotas"], "L-DB2E81BA", 200.0)
     # counted: g5.12xlarge (24 cores × 2) + vt1.3xlarge (6 × 2); not: p4d, m5, a spot g5
-    _instances(ec2, [_inst("g5.12xlarge", 24), _inst("vt1.3xlarge", 6), _inst("p4d.24xlarge", 48),
-                     _inst("m5.large", 1), _inst("g5.xlarge", 2, spot=True)])  # fmt: skip
+    _instances(
+        ec2,
+        [
+            _inst("g5.12xlarge", 24),
+            _inst("vt1.3xlarge", 6),
+            _inst("p4d.24xlarge", 48),
+            _inst("m5.large", 1),
+            _inst("g5.xlarge", 2, spot=True),
+        ],
+    )
     rep = cap.find_capacity(factory, "g6.12xlarge", 2, ["us-west-2"])
     assert rep.need_vcpus == 96
     c = rep.ranked()[0]
@@ -142,8 +154,7 @@ def test_quota_of_zero(clients):
     assert [c.verdict for c in rep.ranked()] == ["quota short", "quota short"]
     assert rep.usable() == []
     assert rep.quota_commands == [
-        "aws service-quotas request-service-quota-increase --service-code ec2 --quota-code L-DB2E81BA "
-        "--desired-value 96 --region us-west-2"
+        "aws service-quotas request-service-quota-increase --service-code ec2 --quota-code L-DB2E81BA --desired-value 96 --region us-west-2"
     ]
 
 
@@ -173,9 +184,15 @@ def test_applied_quota_missing_falls_back_to_the_aws_default(clients):
 
 def _create(stub, az, rid=None, error=None):
     params = {
-        "InstanceType": "g6.12xlarge", "InstancePlatform": "Linux/UNIX", "AvailabilityZone": az, "InstanceCount": 2,
-        "InstanceMatchCriteria": "targeted", "EndDateType": "unlimited", "ClientToken": ANY, "TagSpecifications": ANY,
-    }  # fmt: skip
+        "InstanceType": "g6.12xlarge",
+        "InstancePlatform": "Linux/UNIX",
+        "AvailabilityZone": az,
+        "InstanceCount": 2,
+        "InstanceMatchCriteria": "targeted",
+        "EndDateType": "unlimited",
+        "ClientToken": ANY,
+        "TagSpecifications": ANY,
+    }
     if error:
         stub.add_client_error("create_capacity_reservation", error, "no", expected_params=params)
     else:
@@ -213,7 +230,10 @@ def test_probe_tags_the_reservation_with_a_unique_token(clients):
     factory("ec2", "us-west-2").meta.events.register("provide-client-params.ec2.CreateCapacityReservation", grab)
     _create(ec2, "us-west-2a", rid="cr-1")
     ec2.add_response("cancel_capacity_reservation", {"Return": True}, {"CapacityReservationId": "cr-1"})
-    assert cap.probe_capacity(factory("ec2", "us-west-2"), "us-west-2", "g6.12xlarge", "us-west-2a", 2, {"rayft.io/cluster": "c"}) == "AVAILABLE"
+    assert (
+        cap.probe_capacity(factory("ec2", "us-west-2"), "us-west-2", "g6.12xlarge", "us-west-2a", 2, {"rayft.io/cluster": "c"})
+        == "AVAILABLE"
+    )
     tags = {t["Key"]: t["Value"] for t in seen["TagSpecifications"][0]["Tags"]}
     assert tags["rayft.io/cluster"] == "c" and tags[cap.TAG_PROBE] == seen["ClientToken"] and len(seen["ClientToken"]) == 32
 

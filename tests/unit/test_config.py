@@ -21,13 +21,16 @@ def test_minimal_config_fills_defaults_and_resolves_relative_data(tmp_path):
 
 
 def test_unknown_key_names_file_key_path_and_line(tmp_path):
-    p = write(tmp_path, """\
+    p = write(
+        tmp_path,
+        """\
         data:
           train_files: [x.json]
         train:
           micro_batch_size: 4
           lerning_rate: 0.1
-        """)
+        """,
+    )
     with pytest.raises(ConfigError) as e:
         load_config(p)
     msg = str(e.value)
@@ -178,10 +181,20 @@ def test_resume_of_a_missing_run_fails_before_any_data_or_ray_work(tmp_path):
     assert not ray.is_initialized()
 
 
-
-@pytest.mark.parametrize("key, line", [("train.micro_batch_size", 4), ("train.num_workers", 4), ("train.lr", 4), ("train.max_steps", 4),
-                                       ("checkpoint.every_minutes", 4), ("ray.max_failures", 4), ("cluster.num_nodes", 4),
-                                       ("cluster.aws.volume_size_gib", 5), ("cluster.kube.job_backoff_limit", 5)])
+@pytest.mark.parametrize(
+    "key, line",
+    [
+        ("train.micro_batch_size", 4),
+        ("train.num_workers", 4),
+        ("train.lr", 4),
+        ("train.max_steps", 4),
+        ("checkpoint.every_minutes", 4),
+        ("ray.max_failures", 4),
+        ("cluster.num_nodes", 4),
+        ("cluster.aws.volume_size_gib", 5),
+        ("cluster.kube.job_backoff_limit", 5),
+    ],
+)
 def test_a_boolean_is_not_taken_for_a_number(tmp_path, key, line):
     # pydantic alone reads `true` as 1 (or 1.0): micro_batch_size: true would train at micro-batch 1
     *sections, field = key.split(".")
@@ -209,7 +222,11 @@ def test_takes_number_not_bool_reads_unions_literals_and_annotated():
 
     from rayft.config_base import takes_number_not_bool
 
-    assert takes_number_not_bool(int) and takes_number_not_bool(Optional[float]) and takes_number_not_bool(Annotated[int, Field(ge=1)] | Literal["auto"])
+    assert (
+        takes_number_not_bool(int)
+        and takes_number_not_bool(Optional[float])
+        and takes_number_not_bool(Annotated[int, Field(ge=1)] | Literal["auto"])
+    )
     assert not takes_number_not_bool(bool | Literal["auto"]) and not takes_number_not_bool(str) and not takes_number_not_bool(int | bool)
     assert not takes_number_not_bool(Literal["a", "b"]) and takes_number_not_bool(Literal[1, 2])
 
@@ -218,7 +235,9 @@ def test_a_boolean_element_is_not_taken_for_a_number(tmp_path):
     p = write(tmp_path, "data:\n  train_files: [x.json]\ntrain:\n  betas: [true, 0.95]\n")
     with pytest.raises(ConfigError) as e:
         load_config(p)
-    assert str(e.value).splitlines()[1:] == ["  train.betas (line 4): Value error, expected a number at [0], not a boolean (got [True, 0.95])"]
+    assert str(e.value).splitlines()[1:] == [
+        "  train.betas (line 4): Value error, expected a number at [0], not a boolean (got [True, 0.95])"
+    ]
     with pytest.raises(ConfigError, match=r"train.betas \(from --set\): Value error, expected a number at \[1\], not a boolean"):
         load_config(p, ["train.betas=[0.9, false]"])
     assert load_config(p, ["train.betas=[0.9, 0.99]"]).train.betas == (0.9, 0.99)
@@ -230,21 +249,39 @@ def test_a_boolean_element_is_not_taken_for_a_number(tmp_path):
     assert boolean_for_number({"x": True}, dict[str, object]) is None and boolean_for_number(True, bool | None) is None
 
 
-@pytest.mark.parametrize("body, message", [
-    ("data:\n  synthetic: {rows: 0x_}\n", r"line 2, column 21: YAML syntax error: cannot read '0x_' as int"),
-    ("data:\n  train_files: [x.json]\ncheckpoint: {every_steps: !!int abc}\n", r"line 3, .*cannot read 'abc' as int"),
-    ("data:\n  train_files: [x.json]\ntrain:\n  lr: !!float true\n", r"line 4, .*cannot read 'true' as float"),
-    ("data:\n  train_files: [x.json]\n? [a, b]\n: 1\n", r"line 3, .*a key must be a plain value, not a list"),
-    ("data:\n  train_files: [x.json]\ntrain:\n  on: 5\n", r"line 4, .*the key 'on' reads as bool True in YAML \(line 4\); keys are text: quote it"),
-    ("data:\n  train_files: [x.json]\nmodel:\n  config_overrides: {~: 3}\n", r"line 4, .*the key '~' reads as NoneType None"),
-    ("data:\n  train_files: [x.json]\nmodel: {config_overrides: &a {x: *a}}\n", r"line 3, .*an alias refers to the anchor it is inside"),
-    ("data:\n  train_files: [x.json]\nmodel:\n  config_overrides:\n    x: " + "[" * 70 + "]" * 70 + "\n", r"nested more than 64 levels deep"),
-    ("a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n"
-                                                      for p, c in zip("abcdefg", "bcdefgh")), r"expands to more than 1,000,000 values"),
-    ("data:\n  train_files: [x.json]\ntrain:\n  lr: .inf\n", r"train.lr \(line 4\): Input should be a finite number \(got inf\)"),
-    ("data:\n  train_files: [x.json]\ntrain:\n  betas: [.nan, 0.9]\n", r"train.betas.0 \(line 4\): Input should be a finite number"),
-    ("data:\n  train_files: [x.json]\ntrain:\n  seed: 1000000000000000000000000000000\n", r"train.seed \(line 4\): Value error, a number beyond 64 bits"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ("data:\n  synthetic: {rows: 0x_}\n", r"line 2, column 21: YAML syntax error: cannot read '0x_' as int"),
+        ("data:\n  train_files: [x.json]\ncheckpoint: {every_steps: !!int abc}\n", r"line 3, .*cannot read 'abc' as int"),
+        ("data:\n  train_files: [x.json]\ntrain:\n  lr: !!float true\n", r"line 4, .*cannot read 'true' as float"),
+        ("data:\n  train_files: [x.json]\n? [a, b]\n: 1\n", r"line 3, .*a key must be a plain value, not a list"),
+        (
+            "data:\n  train_files: [x.json]\ntrain:\n  on: 5\n",
+            r"line 4, .*the key 'on' reads as bool True in YAML \(line 4\); keys are text: quote it",
+        ),
+        ("data:\n  train_files: [x.json]\nmodel:\n  config_overrides: {~: 3}\n", r"line 4, .*the key '~' reads as NoneType None"),
+        (
+            "data:\n  train_files: [x.json]\nmodel: {config_overrides: &a {x: *a}}\n",
+            r"line 3, .*an alias refers to the anchor it is inside",
+        ),
+        (
+            "data:\n  train_files: [x.json]\nmodel:\n  config_overrides:\n    x: " + "[" * 70 + "]" * 70 + "\n",
+            r"nested more than 64 levels deep",
+        ),
+        (
+            "a: &a [x, x, x, x, x, x, x, x, x, x]\n"
+            + "".join(f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n" for p, c in zip("abcdefg", "bcdefgh")),
+            r"expands to more than 1,000,000 values",
+        ),
+        ("data:\n  train_files: [x.json]\ntrain:\n  lr: .inf\n", r"train.lr \(line 4\): Input should be a finite number \(got inf\)"),
+        ("data:\n  train_files: [x.json]\ntrain:\n  betas: [.nan, 0.9]\n", r"train.betas.0 \(line 4\): Input should be a finite number"),
+        (
+            "data:\n  train_files: [x.json]\ntrain:\n  seed: 1000000000000000000000000000000\n",
+            r"train.seed \(line 4\): Value error, a number beyond 64 bits",
+        ),
+    ],
+)
 def test_hostile_yaml_is_a_config_error_with_its_line(tmp_path, body, message):
     with pytest.raises(ConfigError, match=message):
         load_config(write(tmp_path, body))
@@ -253,7 +290,10 @@ def test_hostile_yaml_is_a_config_error_with_its_line(tmp_path, body, message):
 def test_hostile_set_values(tmp_path):
     p = write(tmp_path, "data:\n  train_files: [x.json]\n")
     assert load_config(p, ["checkpoint.name=2024-02-30"]).checkpoint.name == "2024-02-30"  # date-like: the text itself
-    assert load_config(write(tmp_path, "data:\n  train_files: [x.json]\ncheckpoint: {name: 2024-02-03}\n", "d.yaml")).checkpoint.name == "2024-02-03"
+    assert (
+        load_config(write(tmp_path, "data:\n  train_files: [x.json]\ncheckpoint: {name: 2024-02-03}\n", "d.yaml")).checkpoint.name
+        == "2024-02-03"
+    )
     with pytest.raises(ConfigError, match=r"data.seq_len \(from --set\): Input should be a valid integer.*got '!!int 0x'"):
         load_config(p, ["data.seq_len=!!int 0x"])
     with pytest.raises(ConfigError, match=r"--set model.config_overrides.x: the value is nested too deeply"):

@@ -46,8 +46,10 @@ def run(cfg):
 
 
 def same(a, b) -> bool:
-    return all(np.array_equal(getattr(a, k), getattr(b, k)) and getattr(a, k).dtype == getattr(b, k).dtype for k in ("tokens", "trainable", "offsets")) and (
-        a.dropped_no_trainable, a.truncated, a.split_documents) == (b.dropped_no_trainable, b.truncated, b.split_documents)  # fmt: skip
+    return all(
+        np.array_equal(getattr(a, k), getattr(b, k)) and getattr(a, k).dtype == getattr(b, k).dtype
+        for k in ("tokens", "trainable", "offsets")
+    ) and (a.dropped_no_trainable, a.truncated, a.split_documents) == (b.dropped_no_trainable, b.truncated, b.split_documents)
 
 
 def test_second_run_uses_the_cache_without_reading_the_files(tmp_path, monkeypatch):
@@ -82,15 +84,25 @@ def test_every_input_that_changes_tokens_changes_the_key(tmp_path, qwen_tokenize
     base = job(tmp_path)
     key0, hashed = cache_lib.cache_key(base.data, qwen_tokenizer, "qwen2.5")
     assert hashed["train_files"] == [
-        {"path": str((tmp_path / "chat.jsonl").resolve()), "sha256": __import__("hashlib").sha256((tmp_path / "chat.jsonl").read_bytes()).hexdigest()}
+        {
+            "path": str((tmp_path / "chat.jsonl").resolve()),
+            "sha256": __import__("hashlib").sha256((tmp_path / "chat.jsonl").read_bytes()).hexdigest(),
+        }
     ]
     # the same bytes under another path are another entry: the cached report lines name the file
     moved = tmp_path / "elsewhere.jsonl"
     moved.write_bytes((tmp_path / "chat.jsonl").read_bytes())
     assert cache_lib.cache_key(job(tmp_path, f"data.train_files=[{moved}]").data, qwen_tokenizer, "qwen2.5")[0] != key0
     keys = {"base": key0}
-    for o in ["data.seq_len=65", "data.format=messages", "data.max_examples=7", "data.on_bad_record=skip",
-              "data.columns={content: text}", "data.validation_fraction=0.25", "data.validation_files=[chat.jsonl]"]:  # fmt: skip
+    for o in [
+        "data.seq_len=65",
+        "data.format=messages",
+        "data.max_examples=7",
+        "data.on_bad_record=skip",
+        "data.columns={content: text}",
+        "data.validation_fraction=0.25",
+        "data.validation_files=[chat.jsonl]",
+    ]:
         keys[o] = cache_lib.cache_key(job(tmp_path, o).data, qwen_tokenizer, "qwen2.5")[0]
     # settings that do not change tokens keep the key
     for o in ["data.preprocess=ray", "data.shuffle=false", "data.packing=false", "train.lr=0.1"]:

@@ -68,9 +68,7 @@ def test_real_nvlink_log_is_p2p_cumem_over_nvlink_on_one_host():
     assert check(vs, "nvlink") == []
     assert check(vs, Expect.ANY) == []
     assert check(vs, "socket") == ["ranks 0-1 (on vm) used intra-node P2P/CUMEM over NVLink, not NET/Socket"]
-    assert check(vs, "efa") == [
-        "ranks 0-1 (on vm) had no peer on another host (single-node job), so EFA was never used"
-    ]
+    assert check(vs, "efa") == ["ranks 0-1 (on vm) had no peer on another host (single-node job), so EFA was never used"]
 
 
 @real_logs
@@ -84,8 +82,10 @@ def test_real_forced_socket_log_is_net_socket_between_local_gpus():
         assert v.intra_detail == "NET/Socket"
         assert v.n_nodes == 1  # NCCL says nNodes 2, but both ranks are on host "vm"
         assert any("NCCL counted 2 nodes" in n for n in v.notes)
-        assert causes(v) == ["NCCL_P2P_DISABLE=1 set by the environment (no GPU peer-to-peer)",
-                             "NCCL_SHM_DISABLE=1 set by the environment (no shared-memory transport)"]
+        assert causes(v) == [
+            "NCCL_P2P_DISABLE=1 set by the environment (no GPU peer-to-peer)",
+            "NCCL_SHM_DISABLE=1 set by the environment (no shared-memory transport)",
+        ]
     assert check(vs, "socket") == []
     assert check(vs, "nvlink") == [
         "ranks 0-1 (on vm) used NET/Socket between local GPUs, not P2P/NVLink. Likely cause: "
@@ -93,9 +93,7 @@ def test_real_forced_socket_log_is_net_socket_between_local_gpus():
         "NCCL_SHM_DISABLE=1 set by the environment (no shared-memory transport)"
     ]
     # P2P/SHM causes do not explain a missing EFA.
-    assert check(vs, "efa") == [
-        "ranks 0-1 (on vm) had no peer on another host (single-node job), so EFA was never used"
-    ]
+    assert check(vs, "efa") == ["ranks 0-1 (on vm) had no peer on another host (single-node job), so EFA was never used"]
 
 
 @real_logs
@@ -146,8 +144,7 @@ def test_efa_success_two_nodes_of_eight():
         assert (v.world_size, v.n_nodes, v.local_rank, v.cuda_dev) == (16, 2, v.rank % 8, v.rank % 8)
         assert v.ip == ("10.0.64.11" if v.rank < 8 else "10.0.80.27")
         assert v.causes == []
-    assert vs[5].notes == ["this rank logged no inter-node channel; inter-node transport taken from "
-                           "'Using network Libfabric'"]
+    assert vs[5].notes == ["this rank logged no inter-node channel; inter-node transport taken from 'Using network Libfabric'"]
     assert check(vs, "efa") == []
     assert check(vs, "nvlink") == []
     assert check(vs, "socket")[0].startswith("ranks 0-15 (on rayft-gpu-worker-7kq2m, rayft-gpu-worker-x9p4d) used inter-node EFA")
@@ -215,8 +212,7 @@ def test_tcp_libfabric_provider_is_not_efa():
         assert v.p2p_link is None  # 2 channels: no NVLink evidence
         assert v.intra_detail == "P2P/IPC"
         assert v.inter_detail == "aws-ofi-nccl 1.7.4-aws, provider tcp, 1 NICs"
-        assert causes(v) == ["libfabric provider is tcp, not efa (FI_PROVIDER set, or no EFA device so "
-                             "libfabric chose a TCP provider)"]
+        assert causes(v) == ["libfabric provider is tcp, not efa (FI_PROVIDER set, or no EFA device so libfabric chose a TCP provider)"]
     assert check(vs, "efa") == [
         "ranks 0-3 (on node-a, node-b) used aws-ofi-nccl with libfabric provider tcp, not efa. Likely cause: "
         "libfabric provider is tcp, not efa (FI_PROVIDER set, or no EFA device so libfabric chose a TCP provider)"
@@ -237,9 +233,7 @@ def test_missing_plugin_with_old_wording_and_log_cut_before_connect():
         "ranks 0-3 (on trainer-0, trainer-1) used Socket between hosts, not EFA. Likely cause: OFI plugin not "
         "found: NCCL could not load libnccl-net.so (aws-ofi-nccl not installed or not on LD_LIBRARY_PATH)"
     ]
-    assert check(vs, "nvlink") == [
-        "ranks 2-3 (on trainer-1) logged no intra-node channel, so NVLink cannot be verified"
-    ]
+    assert check(vs, "nvlink") == ["ranks 2-3 (on trainer-1) logged no intra-node channel, so NVLink cannot be verified"]
 
 
 def test_link_local_interface():
@@ -254,9 +248,7 @@ def test_link_local_interface():
     assert problems[0].startswith("rank 0 (on gpu-pod-a) used Socket between hosts, not EFA. Likely cause:")
     assert "link-local interface: eth1 169.254.10.2 cannot route between hosts" in problems[0]
     assert check(vs, "socket") == []
-    assert check(vs, "nvlink") == [
-        "ranks 0-1 (on gpu-pod-a, gpu-pod-b) had no other GPU on its host, so NVLink was never used"
-    ]
+    assert check(vs, "nvlink") == ["ranks 0-1 (on gpu-pod-a, gpu-pod-b) had no other GPU on its host, so NVLink was never used"]
 
 
 # ------------------------------------------------------------------------------------------ wordings
@@ -267,15 +259,17 @@ def _w(host: str, pid: int, dev: int, msg: str, level: str = "INFO") -> str:
 
 
 def test_infiniband_and_old_ring_wording():
-    text = "\n".join([
-        _w("ib-a", 10, 0, "NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB ; OOB ib0:10.9.0.1<0>"),
-        _w("ib-a", 10, 0, "Using network IB"),
-        _w("ib-a", 10, 0, "comm 0x7f0000001000 rank 0 nRanks 2 nNodes 2 localRanks 1 localRank 0 MNNVL 0"),
-        _w("ib-a", 10, 0, "Ring 00 : 1 -> 0 [receive] via NET/IB/0/GDRDMA"),
-        _w("ib-b", 10, 0, "NET/IB : Using [0]mlx5_0:1/IB ; OOB ib0:10.9.0.2<0>"),
-        _w("ib-b", 10, 0, "comm 0x7f0000002000 rank 1 nRanks 2 nNodes 2 localRanks 1 localRank 0 MNNVL 0"),
-        _w("ib-b", 10, 0, "Ring 00 : 1 -> 0 [send] via NET/IB/0"),
-    ])
+    text = "\n".join(
+        [
+            _w("ib-a", 10, 0, "NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB ; OOB ib0:10.9.0.1<0>"),
+            _w("ib-a", 10, 0, "Using network IB"),
+            _w("ib-a", 10, 0, "comm 0x7f0000001000 rank 0 nRanks 2 nNodes 2 localRanks 1 localRank 0 MNNVL 0"),
+            _w("ib-a", 10, 0, "Ring 00 : 1 -> 0 [receive] via NET/IB/0/GDRDMA"),
+            _w("ib-b", 10, 0, "NET/IB : Using [0]mlx5_0:1/IB ; OOB ib0:10.9.0.2<0>"),
+            _w("ib-b", 10, 0, "comm 0x7f0000002000 rank 1 nRanks 2 nNodes 2 localRanks 1 localRank 0 MNNVL 0"),
+            _w("ib-b", 10, 0, "Ring 00 : 1 -> 0 [send] via NET/IB/0"),
+        ]
+    )
     vs = verdicts_from_text(text)
     assert [summary(v) for v in vs] == [
         (0, "ib-a", 10, InterNode.IB, IntraNode.NONE, True, "mlx5_0:1/IB, mlx5_1:1/IB"),
@@ -285,13 +279,15 @@ def test_infiniband_and_old_ring_wording():
 
 
 def test_shm_between_local_gpus_and_shared_memory_too_small():
-    text = "\n".join([
-        _w("box", 1, 0, "comm 0x7f0000001000 rank 0 nRanks 2 nNodes 1 localRanks 2 localRank 0 MNNVL 0"),
-        _w("box", 1, 0, "Channel 00/0 : 0[0] -> 1[1] via SHM/direct/direct"),
-        _w("box", 2, 1, "comm 0x7f0000002000 rank 1 nRanks 2 nNodes 1 localRanks 2 localRank 1 MNNVL 0"),
-        _w("box", 2, 1, "Channel 00 : 1[1b000] -> 0[1a000] via direct shared memory"),
-        "box:2:3 [1] misc/shmutils.cc:88 NCCL WARN Error: failed to extend /dev/shm/nccl-AbCdEf to 9637892 bytes",
-    ])
+    text = "\n".join(
+        [
+            _w("box", 1, 0, "comm 0x7f0000001000 rank 0 nRanks 2 nNodes 1 localRanks 2 localRank 0 MNNVL 0"),
+            _w("box", 1, 0, "Channel 00/0 : 0[0] -> 1[1] via SHM/direct/direct"),
+            _w("box", 2, 1, "comm 0x7f0000002000 rank 1 nRanks 2 nNodes 1 localRanks 2 localRank 1 MNNVL 0"),
+            _w("box", 2, 1, "Channel 00 : 1[1b000] -> 0[1a000] via direct shared memory"),
+            "box:2:3 [1] misc/shmutils.cc:88 NCCL WARN Error: failed to extend /dev/shm/nccl-AbCdEf to 9637892 bytes",
+        ]
+    )
     vs = verdicts_from_text(text)
     assert [(v.rank, v.intra_node, v.intra_detail, v.inter_node) for v in vs] == [
         # each rank logged its own send and is credited with its peer's (old and new wording)
@@ -307,11 +303,13 @@ def test_shm_between_local_gpus_and_shared_memory_too_small():
 
 
 def test_pcie_topology_fails_nvlink_expectation():
-    text = "\n".join([
-        _w("pc", 1, 0, "comm 0x7f0000001000 rank 0 nRanks 2 nNodes 1 localRanks 2 localRank 0 MNNVL 0"),
-        _w("pc", 1, 0, "Pattern 4, crossNic 0, nChannels 2, bw 12.000000/12.000000, type PHB/PIX, sameChannels 1"),
-        _w("pc", 1, 0, "Channel 00/0 : 0[0] -> 1[1] via P2P/IPC"),
-    ])
+    text = "\n".join(
+        [
+            _w("pc", 1, 0, "comm 0x7f0000001000 rank 0 nRanks 2 nNodes 1 localRanks 2 localRank 0 MNNVL 0"),
+            _w("pc", 1, 0, "Pattern 4, crossNic 0, nChannels 2, bw 12.000000/12.000000, type PHB/PIX, sameChannels 1"),
+            _w("pc", 1, 0, "Channel 00/0 : 0[0] -> 1[1] via P2P/IPC"),
+        ]
+    )
     vs = verdicts_from_text(text)
     assert [(v.rank, v.intra_node, v.p2p_link) for v in vs] == [(0, IntraNode.P2P, "PCIe"), (1, IntraNode.UNKNOWN, None)]
     assert vs[1].evidence == "none"  # rank 1 is known from nRanks only
@@ -323,15 +321,20 @@ def test_pcie_topology_fails_nvlink_expectation():
 
 def test_nccl_net_socket_forced_and_ray_ip_prefix_and_repeated_suffix():
     p = "(RayTrainWorker pid=44, ip=10.0.0.9)"
-    text = "\n".join([
-        f"{p} h9:44:45 [0] NCCL INFO NCCL_NET set by environment to Socket",
-        f"{p} h9:44:45 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.9<0> [repeated 3x across cluster]",
-        f"{p} h9:44:45 [0] NCCL INFO comm 0x7f0000001000 rank 1 nRanks 4 nNodes 2 localRanks 2 localRank 1 MNNVL 0",
-        f"{p} NCCL INFO Channel 00/0 : 1[1] -> 2[0] [send] via NET/Socket/0",  # NCCL's own prefix cut off
-    ])
+    text = "\n".join(
+        [
+            f"{p} h9:44:45 [0] NCCL INFO NCCL_NET set by environment to Socket",
+            f"{p} h9:44:45 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.9<0> [repeated 3x across cluster]",
+            f"{p} h9:44:45 [0] NCCL INFO comm 0x7f0000001000 rank 1 nRanks 4 nNodes 2 localRanks 2 localRank 1 MNNVL 0",
+            f"{p} NCCL INFO Channel 00/0 : 1[1] -> 2[0] [send] via NET/Socket/0",  # NCCL's own prefix cut off
+        ]
+    )
     lines = parse_lines(text)
     assert [(ln.host, ln.pid, ln.ray_ip, ln.repeated) for ln in lines] == [
-        ("h9", 44, "10.0.0.9", 1), ("h9", 44, "10.0.0.9", 3), ("h9", 44, "10.0.0.9", 1), (None, 44, "10.0.0.9", 1),
+        ("h9", 44, "10.0.0.9", 1),
+        ("h9", 44, "10.0.0.9", 3),
+        ("h9", 44, "10.0.0.9", 1),
+        (None, 44, "10.0.0.9", 1),
     ]
     vs = verdicts_from_text(text)
     assert [v.rank for v in vs] == [0, 1, 2, 3]
@@ -346,14 +349,16 @@ def test_nccl_net_socket_forced_and_ray_ip_prefix_and_repeated_suffix():
 
 
 def test_loopback_interface_between_hosts_is_a_wrong_interface():
-    text = "\n".join([
-        _w("n1", 5, 0, "NET/Socket : Using [0]lo:127.0.0.1<0>"),
-        _w("n1", 5, 0, "Using network Socket"),
-        _w("n1", 5, 0, "comm 0x7f0000001000 rank 0 nRanks 2 nNodes 2 localRanks 1 localRank 0 MNNVL 0"),
-        _w("n2", 5, 0, "NET/Socket : Using [0]eth0:10.4.0.2<0>"),
-        _w("n2", 5, 0, "Using network Socket"),
-        _w("n2", 5, 0, "comm 0x7f0000002000 rank 1 nRanks 2 nNodes 2 localRanks 1 localRank 0 MNNVL 0"),
-    ])
+    text = "\n".join(
+        [
+            _w("n1", 5, 0, "NET/Socket : Using [0]lo:127.0.0.1<0>"),
+            _w("n1", 5, 0, "Using network Socket"),
+            _w("n1", 5, 0, "comm 0x7f0000001000 rank 0 nRanks 2 nNodes 2 localRanks 1 localRank 0 MNNVL 0"),
+            _w("n2", 5, 0, "NET/Socket : Using [0]eth0:10.4.0.2<0>"),
+            _w("n2", 5, 0, "Using network Socket"),
+            _w("n2", 5, 0, "comm 0x7f0000002000 rank 1 nRanks 2 nNodes 2 localRanks 1 localRank 0 MNNVL 0"),
+        ]
+    )
     vs = verdicts_from_text(text)
     assert [summary(v) for v in vs] == [
         (0, "n1", 5, InterNode.SOCKET, IntraNode.NONE, None, "lo 127.0.0.1"),
@@ -408,8 +413,10 @@ def test_cli_reads_stdin_and_writes_json():
     assert res.exit_code == 1
     data = json.loads(res.stdout)
     assert [(d["rank"], d["inter_node"], d["provider"], d["gdr"]) for d in data] == [
-        (0, "Libfabric", "tcp", False), (1, "Libfabric", "tcp", False),
-        (2, "Libfabric", "tcp", False), (3, "Libfabric", "tcp", False),
+        (0, "Libfabric", "tcp", False),
+        (1, "Libfabric", "tcp", False),
+        (2, "Libfabric", "tcp", False),
+        (3, "Libfabric", "tcp", False),
     ]
     assert "provider tcp, not efa" in res.stderr
 
@@ -421,17 +428,26 @@ REAL_DETAIL = {
         ("nccl-h200x2-nvlink-fsdp2.log", 1, 8197, "none", "P2P", "P2P/CUMEM over NVLink", "NVLink", None, None, 2, 1),
     ],
     "socket": [
-        ("nccl-h200x2-socketforced-fsdp2.log", 0, 10912, "none", "network", "NET/Socket", None, False,
-         "eth0 192.0.2.2", 2, 1),
-        ("nccl-h200x2-socketforced-fsdp2.log", 1, 10911, "none", "network", "NET/Socket", None, False,
-         "eth0 192.0.2.2", 2, 1),
+        ("nccl-h200x2-socketforced-fsdp2.log", 0, 10912, "none", "network", "NET/Socket", None, False, "eth0 192.0.2.2", 2, 1),
+        ("nccl-h200x2-socketforced-fsdp2.log", 1, 10911, "none", "network", "NET/Socket", None, False, "eth0 192.0.2.2", 2, 1),
     ],
 }
 
 
 def detail(d: dict) -> tuple:
-    return (d["log"], d["rank"], d["pid"], d["inter_node"], d["intra_node"], d["intra_detail"], d["p2p_link"],
-            d["gdr"], d["interface"], d["world_size"], d["n_nodes"])
+    return (
+        d["log"],
+        d["rank"],
+        d["pid"],
+        d["inter_node"],
+        d["intra_node"],
+        d["intra_detail"],
+        d["p2p_link"],
+        d["gdr"],
+        d["interface"],
+        d["world_size"],
+        d["n_nodes"],
+    )
 
 
 @real_logs
@@ -451,8 +467,9 @@ def test_cli_reads_each_real_log_as_its_own_run(order):
     # only the socket run fails --expect nvlink, and the message names its file
     expected = " ".join(res.stderr.split()).split("expected nvlink: ")[1:]
     assert len(expected) == 1
-    assert expected[0].startswith("nccl-h200x2-socketforced-fsdp2.log: ranks 0-1 (on vm) used NET/Socket between "
-                                  "local GPUs, not P2P/NVLink")
+    assert expected[0].startswith(
+        "nccl-h200x2-socketforced-fsdp2.log: ranks 0-1 (on vm) used NET/Socket between local GPUs, not P2P/NVLink"
+    )
     assert "more than one NCCL job" not in res.stderr
 
     # the other way round: only the NVLink run fails --expect socket
@@ -471,14 +488,10 @@ def test_cli_table_names_the_file_of_each_rank():
     assert res.exit_code == 1
     rows = [[c.strip() for c in ln.split("│")[1:-1]] for ln in res.stdout.splitlines() if ln.startswith("│")]
     assert [r[:6] + r[6:9] + [r[-1]] for r in rows] == [
-        ["nccl-h200x2-nvlink-fsdp2.log", "0", "vm", "8198", "0 (60)", "— (one host)", "P2P/CUMEM over NVLink",
-         "—", "—", "ok"],
-        ["nccl-h200x2-nvlink-fsdp2.log", "1", "vm", "8197", "1 (70)", "— (one host)", "P2P/CUMEM over NVLink",
-         "—", "—", "ok"],
-        ["nccl-h200x2-socketforced-fsdp2.log", "0", "vm", "10912", "0 (60)", "— (one host)", "NET/Socket",
-         "off", "eth0 192.0.2.2", "FAIL"],
-        ["nccl-h200x2-socketforced-fsdp2.log", "1", "vm", "10911", "1 (70)", "— (one host)", "NET/Socket",
-         "off", "eth0 192.0.2.2", "FAIL"],
+        ["nccl-h200x2-nvlink-fsdp2.log", "0", "vm", "8198", "0 (60)", "— (one host)", "P2P/CUMEM over NVLink", "—", "—", "ok"],
+        ["nccl-h200x2-nvlink-fsdp2.log", "1", "vm", "8197", "1 (70)", "— (one host)", "P2P/CUMEM over NVLink", "—", "—", "ok"],
+        ["nccl-h200x2-socketforced-fsdp2.log", "0", "vm", "10912", "0 (60)", "— (one host)", "NET/Socket", "off", "eth0 192.0.2.2", "FAIL"],
+        ["nccl-h200x2-socketforced-fsdp2.log", "1", "vm", "10911", "1 (70)", "— (one host)", "NET/Socket", "off", "eth0 192.0.2.2", "FAIL"],
     ]
 
 
@@ -489,9 +502,9 @@ def test_cli_exit_code_is_the_worst_over_all_files(tmp_path):
     both = runner.invoke(app, ["doctor", efa, mixed, "--expect", "efa", "--json"])
     assert both.exit_code == 1
     data = json.loads(both.stdout)
-    assert [(d["log"], d["rank"], d["world_size"], d["inter_node"]) for d in data] == [
-        ("efa_2x8.log", r, 16, "EFA") for r in range(16)
-    ] + [("mixed_efa_socket_2x4.log", r, 8, "EFA" if r < 4 else "Socket") for r in range(8)]
+    assert [(d["log"], d["rank"], d["world_size"], d["inter_node"]) for d in data] == [("efa_2x8.log", r, 16, "EFA") for r in range(16)] + [
+        ("mixed_efa_socket_2x4.log", r, 8, "EFA" if r < 4 else "Socket") for r in range(8)
+    ]
     assert "mixed_efa_socket_2x4.log: ranks 4-7" in " ".join(both.stderr.split())
     assert "efa_2x8.log: " not in both.stderr
     empty = tmp_path / "empty.log"
@@ -524,8 +537,9 @@ def test_one_text_holding_two_real_runs_is_flagged_and_split_by_comm_id():
     ]
     mixed = mixed_jobs(vs)
     assert mixed is not None and all(v.mixed == mixed for v in vs)
-    assert mixed.startswith("this log holds more than one NCCL job (rank 0 is vm pid 8198 and vm pid 10912; "
-                            "rank 1 is vm pid 8197 and vm pid 10911)")
+    assert mixed.startswith(
+        "this log holds more than one NCCL job (rank 0 is vm pid 8198 and vm pid 10912; rank 1 is vm pid 8197 and vm pid 10911)"
+    )
     assert "2 jobs, told apart by NCCL's commId" in mixed
     # a mixed text is a problem whatever was expected, listed first
     assert check(vs, "any") == [mixed]
@@ -552,10 +566,10 @@ def test_two_runs_without_comm_id_are_flagged_and_links_not_credited_by_rank():
 def test_concatenated_fixture_jobs_of_different_sizes(tmp_path):
     text = fixture("efa_2x8.log") + "\n" + fixture("mixed_efa_socket_2x4.log")
     vs = verdicts_from_text(text)
-    assert [(v.rank, v.world_size, v.host, v.inter_node) for v in vs] == [
-        (r, 16, EFA_HOSTS[r // 8], InterNode.EFA) for r in range(16)
-    ] + [(r, 8, "rayft-gpu-worker-q1w2e" if r < 4 else "rayft-gpu-worker-r5t6y",
-          InterNode.EFA if r < 4 else InterNode.SOCKET) for r in range(8)]
+    assert [(v.rank, v.world_size, v.host, v.inter_node) for v in vs] == [(r, 16, EFA_HOSTS[r // 8], InterNode.EFA) for r in range(16)] + [
+        (r, 8, "rayft-gpu-worker-q1w2e" if r < 4 else "rayft-gpu-worker-r5t6y", InterNode.EFA if r < 4 else InterNode.SOCKET)
+        for r in range(8)
+    ]
     mixed = mixed_jobs(vs)
     assert mixed and "rank 0 is rayft-gpu-worker-7kq2m pid 2101 and rayft-gpu-worker-q1w2e pid 512" in mixed
     assert "and so on for ranks 2-7" in mixed
@@ -571,4 +585,3 @@ def test_concatenated_fixture_jobs_of_different_sizes(tmp_path):
     assert "error: this log holds more than one NCCL job" in err
     assert "Pass each run's log as its own file." in err
     assert "0x5ab1e2d3c4f60718" in res.stdout and "0x77aa66bb55cc44dd" in res.stdout  # a job column
-

@@ -81,8 +81,16 @@ def test_the_driver_collects_each_kind_and_keeps_the_latest_of_a_rerun_step():
 
 
 def test_worker_args_travel_pickled_and_are_checked_on_arrival():
-    args = WorkerArgs(config={"data": {"train_files": ["x.jsonl"]}}, dataset=None, validation=None, pad_id=151643,
-                      data_fingerprint="abc", tokenizer="qwen2.5", run_dir="/runs/r", progress=ProgressChannel.silent())  # fmt: skip
+    args = WorkerArgs(
+        config={"data": {"train_files": ["x.jsonl"]}},
+        dataset=None,
+        validation=None,
+        pad_id=151643,
+        data_fingerprint="abc",
+        tokenizer="qwen2.5",
+        run_dir="/runs/r",
+        progress=ProgressChannel.silent(),
+    )
     back = WorkerArgs.from_loop_config(pickle.loads(pickle.dumps(args.loop_config())))
     assert back == args and back.rayft_config().data.train_files == ["x.jsonl"]
     with pytest.raises(TypeError, match=r"train_loop_config\['args'\] must be a WorkerArgs, got dict"):

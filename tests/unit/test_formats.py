@@ -52,18 +52,36 @@ def test_real_shared_files_load_every_record():
         ('{"messages": [{"content": "x"}]}\n', r":1: messages\[0\] has no 'role'"),
         ('{"messages": []}\n', r":1: empty conversation"),
         ('{"messages": [{"role": "user", "content": "x"}]}\n', r":1: no assistant turn"),
-        ('{"messages": [{"role": "user", "content": 5}, {"role": "assistant", "content": "x"}]}\n', r":1: messages\[0\]\.content must be a string or a list of text parts, got int"),
+        (
+            '{"messages": [{"role": "user", "content": 5}, {"role": "assistant", "content": "x"}]}\n',
+            r":1: messages\[0\]\.content must be a string or a list of text parts, got int",
+        ),
         ('{"instruction": "x"}\n', r":1: missing field 'output'"),
         ('{"instruction": 1, "output": "y"}\n', r":1: field 'instruction' must be a string, got int"),
         ('{"prompt": "x"}\n', r":1: unknown record format"),
         ('{"instruction": "a", "output": "b", "n": ' + "9" * 5000 + "}\n", r":1: invalid JSON value: Exceeds the limit"),
         ('{"instruction": "a", "output": "b", "x": ' + "[" * 100000 + "]" * 100000 + "}\n", r":1: invalid JSON value: nested too deeply"),
-        ('{"instruction": "a\\ud800", "output": "b"}\n', r":1: instruction holds invalid Unicode \(surrogates not allowed, e\.g\. a lone \\ud800"),
+        (
+            '{"instruction": "a\\ud800", "output": "b"}\n',
+            r":1: instruction holds invalid Unicode \(surrogates not allowed, e\.g\. a lone \\ud800",
+        ),
         ('{"instruction": "a", "output": "  \\n"}\n', r":1: assistant turn 1 is empty"),
-        ('{"messages": [{"role": "user", "content": "q", "tool_calls": []}, {"role": "assistant", "content": "a"}]}\n', r":1: messages\[0\] has unsupported key\(s\) \['tool_calls'\] for a user message"),
-        ('{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "weight": 0}]}\n', r":1: messages\[1\] has unsupported key\(s\) \['weight'\]"),
-        ('{"messages": [{"role": "user", "content": "q"}, {"role": "system", "content": "s"}, {"role": "assistant", "content": "a"}]}\n', r":1: messages\[1\] is a system turn after the first message"),
-        ('{"tools": [], "instruction": "a", "output": "b"}\n', r":1: 'tools' is read only in messages and sharegpt records \(alpaca has no tool turns\)"),
+        (
+            '{"messages": [{"role": "user", "content": "q", "tool_calls": []}, {"role": "assistant", "content": "a"}]}\n',
+            r":1: messages\[0\] has unsupported key\(s\) \['tool_calls'\] for a user message",
+        ),
+        (
+            '{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "weight": 0}]}\n',
+            r":1: messages\[1\] has unsupported key\(s\) \['weight'\]",
+        ),
+        (
+            '{"messages": [{"role": "user", "content": "q"}, {"role": "system", "content": "s"}, {"role": "assistant", "content": "a"}]}\n',
+            r":1: messages\[1\] is a system turn after the first message",
+        ),
+        (
+            '{"tools": [], "instruction": "a", "output": "b"}\n',
+            r":1: 'tools' is read only in messages and sharegpt records \(alpaca has no tool turns\)",
+        ),
         ('{"instruction": "a", "output": "b", "history": [["q"]]}\n', r":1: history\[0\] must be a \[user, assistant\] pair"),
     ],
 )
@@ -96,9 +114,10 @@ def test_missing_files_and_globs(tmp_path):
     assert len(load_conversations([str(tmp_path / "*.json*")])) == 2
 
 
-
 def test_alpaca_history_becomes_earlier_turns(tmp_path):
-    p = write(tmp_path, "h.jsonl", '{"instruction": "i", "input": "x", "output": "o", "system": "s", "history": [["q1", "a1"], ["q2", "a2"]]}\n')
+    p = write(
+        tmp_path, "h.jsonl", '{"instruction": "i", "input": "x", "output": "o", "system": "s", "history": [["q1", "a1"], ["q2", "a2"]]}\n'
+    )
     (conv,) = load_conversations([str(p)])
     assert [m["role"] for m in conv.messages] == ["system", "user", "assistant", "user", "assistant", "user", "assistant"]
     assert [m["content"] for m in conv.messages] == ["s", "q1", "a1", "q2", "a2", "i\nx", "o"]
@@ -120,7 +139,10 @@ def test_directories_compressed_and_duplicate_files(tmp_path):
     gz.write_bytes(gzip.compress((GOOD + "\n").encode()))
     assert [p.name for p in expand_files([str(d)])] == ["A.JSONL", "z.jsonl.gz"]
     bz2 = write(d, "y.jsonl.bz2", b"BZh9")
-    with pytest.raises(DataError, match=r"holds \['y\.jsonl\.bz2'\]: these files are not supported yet \(supported: \.json, \.jsonl, \.json\.gz, \.jsonl\.gz, \.json\.zst, \.jsonl\.zst, \.parquet; decompress or convert to JSONL\)$"):
+    with pytest.raises(
+        DataError,
+        match=r"holds \['y\.jsonl\.bz2'\]: these files are not supported yet \(supported: \.json, \.jsonl, \.json\.gz, \.jsonl\.gz, \.json\.zst, \.jsonl\.zst, \.parquet; decompress or convert to JSONL\)$",
+    ):
         expand_files([str(d)])
     with pytest.raises(DataError, match=r"y\.jsonl\.bz2: this kind of file is not supported yet"):
         expand_files([str(bz2)])
@@ -128,7 +150,10 @@ def test_directories_compressed_and_duplicate_files(tmp_path):
     with pytest.raises(DataError, match=r"A\.JSONL: listed more than once"):
         expand_files([str(d), str(d / "A.JSONL")])
     (tmp_path / "empty").mkdir()
-    with pytest.raises(DataError, match=r"empty: directory has no data file \(\.json, \.jsonl, \.json\.gz, \.jsonl\.gz, \.json\.zst, \.jsonl\.zst, \.parquet\)"):
+    with pytest.raises(
+        DataError,
+        match=r"empty: directory has no data file \(\.json, \.jsonl, \.json\.gz, \.jsonl\.gz, \.json\.zst, \.jsonl\.zst, \.parquet\)",
+    ):
         expand_files([str(tmp_path / "empty")])
     literal = write(tmp_path, "we[ir]d.jsonl", GOOD + "\n")
     assert expand_files([str(literal)]) == [literal]

@@ -39,23 +39,41 @@ def rx(path) -> str:
 
 def test_sharegpt_roles_map_to_messages(tmp_path):
     p = write(
-        tmp_path, "sg.jsonl",
-        SG + "\n"
-        + json.dumps({"conversations": [
-            {"from": "system", "value": "Be brief."}, {"from": "human", "value": "2+2?"}, {"from": "gpt", "value": "4"},
-            {"from": "user", "value": "3+3?"}, {"from": "assistant", "value": "6"},
-        ]}) + "\n"
-        + json.dumps({"system": "S", "conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}) + "\n",
-    )  # fmt: skip
+        tmp_path,
+        "sg.jsonl",
+        SG
+        + "\n"
+        + json.dumps(
+            {
+                "conversations": [
+                    {"from": "system", "value": "Be brief."},
+                    {"from": "human", "value": "2+2?"},
+                    {"from": "gpt", "value": "4"},
+                    {"from": "user", "value": "3+3?"},
+                    {"from": "assistant", "value": "6"},
+                ]
+            }
+        )
+        + "\n"
+        + json.dumps({"system": "S", "conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]})
+        + "\n",
+    )
     for fmt in ("auto", "sharegpt"):
         convs = load_conversations([str(p)], fmt)
         assert [c.source for c in convs] == [f"{p}:1", f"{p}:2", f"{p}:3"]
         assert convs[0].messages == ({"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"})
         assert convs[1].messages == (
-            {"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"},
-            {"role": "user", "content": "3+3?"}, {"role": "assistant", "content": "6"},
-        )  # fmt: skip
-        assert convs[2].messages == ({"role": "system", "content": "S"}, {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"})
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "2+2?"},
+            {"role": "assistant", "content": "4"},
+            {"role": "user", "content": "3+3?"},
+            {"role": "assistant", "content": "6"},
+        )
+        assert convs[2].messages == (
+            {"role": "system", "content": "S"},
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "a"},
+        )
 
 
 def test_sharegpt_tokenizes_exactly_like_the_same_messages(qwen_tokenizer):
@@ -76,20 +94,32 @@ H, G = {"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}
 @pytest.mark.parametrize(
     "content,message",
     [
-        (_sg(H, {"from": "bot", "value": "a"}), "conversations[1] has unknown 'from' 'bot' (expected one of system, human, user, gpt, assistant, function_call, observation)"),
+        (
+            _sg(H, {"from": "bot", "value": "a"}),
+            "conversations[1] has unknown 'from' 'bot' (expected one of system, human, user, gpt, assistant, function_call, observation)",
+        ),
         (_sg({"value": "q"}, G), "conversations[0] has no 'from'"),
         (_sg({"from": 1, "value": "q"}, G), "conversations[0].from must be a string, got int"),
         (_sg(H, {"from": "gpt", "value": None}), "conversations[1].value must be a string, got NoneType"),
-        (_sg(H, {"from": "gpt", "value": "a", "weight": 0}), "conversations[1] has unsupported key(s) ['weight'] (only 'from' and 'value' are read; per-turn weights are not supported yet)"),
+        (
+            _sg(H, {"from": "gpt", "value": "a", "weight": 0}),
+            "conversations[1] has unsupported key(s) ['weight'] (only 'from' and 'value' are read; per-turn weights are not supported yet)",
+        ),
         (_sg(), "empty conversation"),
         (_sg(H), "no assistant turn (nothing to train on)"),
         (_sg(H, {"from": "gpt", "value": " "}), "assistant turn conversations[1] is empty (training on it teaches empty replies)"),
         (_sg(H, {"from": "system", "value": "s"}, G), "conversations[1] is a system turn after the first message"),
-        (_sg(H, {"from": "system", "value": "s"}, G, system="S"), "conversations[1] is a system turn and the record also has a 'system' field"),
+        (
+            _sg(H, {"from": "system", "value": "s"}, G, system="S"),
+            "conversations[1] is a system turn and the record also has a 'system' field",
+        ),
         (_sg(H, G, system=3), "field 'system' must be a string, got int"),
         ('{"conversations": {"from": "human"}}\n', "field 'conversations' must be a list, got dict"),
         ('{"conversations": ["hi"]}\n', "conversations[0] must be an object, got str"),
-        ('{"conversations": [{"from": "human", "value": "q\\udc00"}, {"from": "gpt", "value": "a"}]}\n', "conversations[0].value holds invalid Unicode (surrogates not allowed, e.g. a lone \\udc00 escape)"),
+        (
+            '{"conversations": [{"from": "human", "value": "q\\udc00"}, {"from": "gpt", "value": "a"}]}\n',
+            "conversations[0].value holds invalid Unicode (surrogates not allowed, e.g. a lone \\udc00 escape)",
+        ),
     ],
 )
 def test_bad_sharegpt_records(tmp_path, content, message):
@@ -112,12 +142,12 @@ def test_explicit_sharegpt_format_wants_conversations(tmp_path):
 
 def test_text_records_are_detected_by_their_text_key(tmp_path):
     p = write(
-        tmp_path, "t.jsonl",
+        tmp_path,
+        "t.jsonl",
         '{"text": "Hello world"}\n'
         '{"text": "web page", "url": "https://example.com", "timestamp": "2019"}\n'
-        '{"text": "formatted prompt", "instruction": "i", "output": "o"}\n'
-        + GOOD + "\n",
-    )  # fmt: skip
+        '{"text": "formatted prompt", "instruction": "i", "output": "o"}\n' + GOOD + "\n",
+    )
     ex = load_conversations([str(p)])
     assert ex[0] == TextDocument("Hello world", f"{p}:1")
     assert ex[1] == TextDocument("web page", f"{p}:2")
@@ -135,7 +165,11 @@ def test_text_records_are_detected_by_their_text_key(tmp_path):
         ('{"text": 5}', "auto", "field 'text' must be a string, got int"),
         ('{"text": ["a"]}', "text", "field 'text' must be a string, got list"),
         ('{"content": "x"}', "text", "missing field 'text'"),
-        ('{"content": "x"}', "auto", "unknown record format (keys: ['content']); expected 'messages', sharegpt's 'conversations', alpaca's instruction/output or 'text'"),
+        (
+            '{"content": "x"}',
+            "auto",
+            "unknown record format (keys: ['content']); expected 'messages', sharegpt's 'conversations', alpaca's instruction/output or 'text'",
+        ),
         ('{"text": "a\\ud800"}', "text", "text holds invalid Unicode (surrogates not allowed, e.g. a lone \\ud800 escape)"),
         ('"just a string"', "text", "a record must be a JSON object, got str"),
     ],
@@ -270,15 +304,20 @@ def test_parquet_rows_are_reported_by_row(tmp_path):
 
 
 BAD_MIX = (
-    GOOD + "\n"  # 1
+    GOOD
+    + "\n"  # 1
     + '{"messages": [}\n'  # 2 invalid_json
     + "[1]\n"  # 3 not_an_object
     + '{"messages": [{"role": "user", "content": "x"}]}\n'  # 4 no_assistant_turn
-    + SG + "\n"  # 5
+    + SG
+    + "\n"  # 5
     + '{"text": "doc"}\n'  # 6
     + '{"messages": [{"role": "user", "content": "y"}]}\n'  # 7 no_assistant_turn
     + _sg(H, {"from": "function_call", "value": "{}"})  # 8 tool_use
-    + GOOD + " " + GOOD + "\n"  # 9 several_values
+    + GOOD
+    + " "
+    + GOOD
+    + "\n"  # 9 several_values
 )
 
 
@@ -385,6 +424,5 @@ def test_invalid_utf8_in_a_pretty_printed_object_names_its_line(tmp_path):
     with pytest.raises(DataError) as e:
         load_conversations([str(p)], on_bad_record="skip")
     assert str(e.value) == (
-        f"{p}:3: invalid UTF-8 (byte 0xff at offset 38) "
-        "(data.on_bad_record: skip skips single records; this problem stops the whole file)"
+        f"{p}:3: invalid UTF-8 (byte 0xff at offset 38) (data.on_bad_record: skip skips single records; this problem stops the whole file)"
     )

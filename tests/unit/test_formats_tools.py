@@ -52,13 +52,22 @@ def test_text_parts_are_joined(tmp_path):
 @pytest.mark.parametrize(
     "content,message",
     [
-        ([{"type": "image_url", "image_url": {"url": "http://x/y.png"}}], "messages[1].content[0] is a 'image_url' part: only text parts are supported"),
+        (
+            [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}],
+            "messages[1].content[0] is a 'image_url' part: only text parts are supported",
+        ),
         ([{"type": "text", "text": "a"}, {"text": "b"}], "messages[1].content[1] has no 'type': only text parts are supported"),
         (["a"], 'messages[1].content[0] must be an object {"type": "text", "text": ...}, got str'),
         ([{"type": "text", "text": 3}], "messages[1].content[0].text must be a string, got int"),
         ([{"type": "text"}], "messages[1].content[0].text must be a string, got NoneType"),
-        ([{"type": "text", "text": "a", "cache_control": {}}], "messages[1].content[0] has unsupported key(s) ['cache_control'] (a text part has 'type' and 'text')"),
-        ([{"type": "text", "text": "a\ud800"}], "messages[1].content[0].text holds invalid Unicode (surrogates not allowed, e.g. a lone \\ud800 escape)"),
+        (
+            [{"type": "text", "text": "a", "cache_control": {}}],
+            "messages[1].content[0] has unsupported key(s) ['cache_control'] (a text part has 'type' and 'text')",
+        ),
+        (
+            [{"type": "text", "text": "a\ud800"}],
+            "messages[1].content[0].text holds invalid Unicode (surrogates not allowed, e.g. a lone \\ud800 escape)",
+        ),
         ({"type": "text", "text": "a"}, "messages[1].content must be a string or a list of text parts, got dict"),
         ([], "assistant turn 1 is empty (training on it teaches empty replies)"),
     ],
@@ -69,27 +78,39 @@ def test_bad_content_parts(tmp_path, content, message):
 
 # ---------------------------------------------------------------- tool use
 
-WEATHER = {"name": "get_weather", "description": "Weather of a city", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
-SG_TOOLS = json.dumps({
-    "tools": json.dumps([WEATHER]),
-    "conversations": [
-        {"from": "human", "value": "Weather in Paris?"},
-        {"from": "function_call", "value": json.dumps({"name": "get_weather", "arguments": {"city": "Paris"}})},
-        {"from": "observation", "value": '{"temp": 22}'},
-        {"from": "gpt", "value": "22 °C."},
-    ],
-})  # fmt: skip
-OPENAI_TOOLS = json.dumps({
-    "tools": [{"type": "function", "function": WEATHER}],
-    "messages": [
-        {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
-        ]},
-        {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 22}'},
-        {"role": "assistant", "content": "22 °C."},
-    ],
-})  # fmt: skip
+WEATHER = {
+    "name": "get_weather",
+    "description": "Weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+SG_TOOLS = json.dumps(
+    {
+        "tools": json.dumps([WEATHER]),
+        "conversations": [
+            {"from": "human", "value": "Weather in Paris?"},
+            {"from": "function_call", "value": json.dumps({"name": "get_weather", "arguments": {"city": "Paris"}})},
+            {"from": "observation", "value": '{"temp": 22}'},
+            {"from": "gpt", "value": "22 °C."},
+        ],
+    }
+)
+OPENAI_TOOLS = json.dumps(
+    {
+        "tools": [{"type": "function", "function": WEATHER}],
+        "messages": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 22}'},
+            {"role": "assistant", "content": "22 °C."},
+        ],
+    }
+)
 CALL = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
 SYSTEM_WITH_TOOLS = (
     "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.\n\n# Tools\n\n"
@@ -102,7 +123,32 @@ SYSTEM_WITH_TOOLS = (
     '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
 )
 # the assistant's tool-call turn, token by token (published Qwen2.5 ids)
-CALL_TURN_IDS = [151644, 77091, 198, 151657, 198, 4913, 606, 788, 330, 455, 69364, 497, 330, 16370, 788, 5212, 8926, 788, 330, 59604, 95642, 151658, 151645, 198]  # fmt: skip
+CALL_TURN_IDS = [
+    151644,
+    77091,
+    198,
+    151657,
+    198,
+    4913,
+    606,
+    788,
+    330,
+    455,
+    69364,
+    497,
+    330,
+    16370,
+    788,
+    5212,
+    8926,
+    788,
+    330,
+    59604,
+    95642,
+    151658,
+    151645,
+    198,
+]
 # trained: from <tool_call> (151657) through <|im_end|> (151645); not the header, not the newline after
 CALL_TURN_MASK = [False] * 3 + [True] * 20 + [False]
 
@@ -134,9 +180,12 @@ def test_tool_use_renders_as_qwen2_5_and_trains_only_assistant_and_call_text(qwe
     call_turn = '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>\n'
     result_turn = '<|im_start|>user\n<tool_response>\n{"temp": 22}\n</tool_response><|im_end|>\n'
     assert text == (
-        SYSTEM_WITH_TOOLS + "<|im_start|>user\nWeather in Paris?<|im_end|>\n" + call_turn + result_turn
+        SYSTEM_WITH_TOOLS
+        + "<|im_start|>user\nWeather in Paris?<|im_end|>\n"
+        + call_turn
+        + result_turn
         + "<|im_start|>assistant\n22 °C.<|im_end|>\n"
-    )  # fmt: skip
+    )
     enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]
     head = enc(SYSTEM_WITH_TOOLS + "<|im_start|>user\nWeather in Paris?<|im_end|>\n")
     result = enc(result_turn)
@@ -157,13 +206,18 @@ def test_parallel_calls_content_before_calls_and_consecutive_results(qwen_tokeni
 
     msgs = (
         {"role": "user", "content": "Paris and Rome?"},
-        {"role": "assistant", "content": "Checking.", "tool_calls": [
-            {"name": "w", "arguments": {"c": "P"}}, {"name": "w", "arguments": {"c": "R"}},
-        ]},
+        {
+            "role": "assistant",
+            "content": "Checking.",
+            "tool_calls": [
+                {"name": "w", "arguments": {"c": "P"}},
+                {"name": "w", "arguments": {"c": "R"}},
+            ],
+        },
         {"role": "tool", "content": "20"},
         {"role": "tool", "content": "25"},
         {"role": "assistant", "content": "20 and 25."},
-    )  # fmt: skip
+    )
     conv = to_example({"messages": list(msgs)}, "m:1")
     text = qwen_tokenizer.apply_chat_template(list(conv.messages), tokenize=False)
     assert text.endswith(
@@ -179,11 +233,16 @@ def test_parallel_calls_content_before_calls_and_consecutive_results(qwen_tokeni
         '<tool_call>\n{"name": "w", "arguments": {"c": "R"}}\n</tool_call><|im_end|>20 and 25.<|im_end|>'
     )
     # without tools the system turn is the default one, as before
-    assert text.startswith("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n<|im_start|>user")
+    assert text.startswith(
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n<|im_start|>user"
+    )
 
 
 def test_tools_follow_a_given_system_prompt(qwen_tokenizer):
-    conv = to_example({"system": "Be terse.", "tools": [WEATHER], "conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}, "s:1")
+    conv = to_example(
+        {"system": "Be terse.", "tools": [WEATHER], "conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]},
+        "s:1",
+    )
     text = qwen_tokenizer.apply_chat_template(list(conv.messages), tools=list(conv.tools), tokenize=False)
     assert text.startswith("<|im_start|>system\nBe terse.\n\n# Tools\n\nYou may call")
     assert text.endswith("</tool_call><|im_end|>\n<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\na<|im_end|>\n")
@@ -200,30 +259,77 @@ A = {"role": "assistant", "content": "a"}
 @pytest.mark.parametrize(
     "line,message",
     [
-        (_sgt({"from": "function_call", "value": "f(x)"}), "conversations[1] is a function_call turn whose value is not valid JSON: Expecting value (column 1)"),
+        (
+            _sgt({"from": "function_call", "value": "f(x)"}),
+            "conversations[1] is a function_call turn whose value is not valid JSON: Expecting value (column 1)",
+        ),
         (_sgt({"from": "function_call", "value": '{"arguments": {}}'}), "conversations[1].value has no 'name' (a non-empty string)"),
-        (_sgt({"from": "function_call", "value": '{"name": "f", "arguments": "x"}'}), "conversations[1].value.arguments is not valid JSON: Expecting value (column 1)"),
-        (_sgt({"from": "function_call", "value": '{"name": "f", "arguments": [1]}'}), "conversations[1].value.arguments must be an object (or a JSON string of one), got list"),
-        (_sgt({"from": "function_call", "value": '{"name": "f"}'}), "conversations[1].value.arguments must be an object (or a JSON string of one), got NoneType"),
-        (_sgt({"from": "function_call", "value": '{"name": "f", "arguments": {}, "thought": "t"}'}), "conversations[1].value has unsupported key(s) ['thought'] (a function call has 'name' and 'arguments')"),
+        (
+            _sgt({"from": "function_call", "value": '{"name": "f", "arguments": "x"}'}),
+            "conversations[1].value.arguments is not valid JSON: Expecting value (column 1)",
+        ),
+        (
+            _sgt({"from": "function_call", "value": '{"name": "f", "arguments": [1]}'}),
+            "conversations[1].value.arguments must be an object (or a JSON string of one), got list",
+        ),
+        (
+            _sgt({"from": "function_call", "value": '{"name": "f"}'}),
+            "conversations[1].value.arguments must be an object (or a JSON string of one), got NoneType",
+        ),
+        (
+            _sgt({"from": "function_call", "value": '{"name": "f", "arguments": {}, "thought": "t"}'}),
+            "conversations[1].value has unsupported key(s) ['thought'] (a function call has 'name' and 'arguments')",
+        ),
         (_sgt({"from": "function_call", "value": "[]"}), "conversations[1].value is an empty list of function calls"),
-        (_sgt({"from": "function_call", "value": '[{"name": "f", "arguments": {}}, 3]'}), "conversations[1].value[1] must be an object, got int"),
+        (
+            _sgt({"from": "function_call", "value": '[{"name": "f", "arguments": {}}, 3]'}),
+            "conversations[1].value[1] must be an object, got int",
+        ),
         (_sgt({"from": "observation", "value": "42"}), "no assistant turn (nothing to train on)"),
         (_sgt(FC, tools="[{"), "field 'tools' is not valid JSON: Expecting property name enclosed in double quotes (column 3)"),
         (_sgt(FC, tools={"name": "f"}), "field 'tools' must be a list of function schemas (or a JSON string of one), got dict"),
         (_sgt(FC, tools=[{"description": "no name"}]), "tools[0] has no 'name' (a function schema needs a non-empty string name)"),
-        (_sgt(FC, tools=[{"type": "function", "function": {"description": "d"}}]), "tools[0].function has no 'name' (a function schema needs a non-empty string name)"),
-        (_sgt(FC, tools=[{"type": "retrieval", "function": {"name": "f"}}]), "tools[0] has type 'retrieval': only function tools are supported"),
+        (
+            _sgt(FC, tools=[{"type": "function", "function": {"description": "d"}}]),
+            "tools[0].function has no 'name' (a function schema needs a non-empty string name)",
+        ),
+        (
+            _sgt(FC, tools=[{"type": "retrieval", "function": {"name": "f"}}]),
+            "tools[0] has type 'retrieval': only function tools are supported",
+        ),
         (_sgt(FC, tools=["f"]), "tools[0] must be an object, got str"),
-        (_msgs(U, {"role": "assistant", "content": None, "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{"}}]}), "messages[1].tool_calls[0].function.arguments is not valid JSON: Expecting property name enclosed in double quotes (column 2)"),
-        (_msgs(U, {"role": "assistant", "content": None, "tool_calls": [{"type": "code", "function": {"name": "f", "arguments": {}}}]}), "messages[1].tool_calls[0] has type 'code': only function calls are supported"),
-        (_msgs(U, {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": {}}, "index": 0}]}), "messages[1].tool_calls[0] has unsupported key(s) ['index'] (a tool call has 'type', 'function', 'id')"),
+        (
+            _msgs(
+                U, {"role": "assistant", "content": None, "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{"}}]}
+            ),
+            "messages[1].tool_calls[0].function.arguments is not valid JSON: Expecting property name enclosed in double quotes (column 2)",
+        ),
+        (
+            _msgs(U, {"role": "assistant", "content": None, "tool_calls": [{"type": "code", "function": {"name": "f", "arguments": {}}}]}),
+            "messages[1].tool_calls[0] has type 'code': only function calls are supported",
+        ),
+        (
+            _msgs(U, {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": {}}, "index": 0}]}),
+            "messages[1].tool_calls[0] has unsupported key(s) ['index'] (a tool call has 'type', 'function', 'id')",
+        ),
         (_msgs(U, {"role": "assistant", "content": None, "tool_calls": {"name": "f"}}), "messages[1].tool_calls must be a list, got dict"),
-        (_msgs(U, {"role": "assistant", "content": None, "tool_calls": []}), "messages[1].content must be a string or a list of text parts, got NoneType"),
-        (_msgs(U, {"role": "assistant", "content": "", "tool_calls": []}), "assistant turn 1 is empty (training on it teaches empty replies)"),
-        (_msgs(U, {"role": "tool", "content": "r", "tool_calls": []}, A), "messages[1] has unsupported key(s) ['tool_calls'] for a tool message (names and per-turn weights are not supported yet; remove them or convert the record)"),
+        (
+            _msgs(U, {"role": "assistant", "content": None, "tool_calls": []}),
+            "messages[1].content must be a string or a list of text parts, got NoneType",
+        ),
+        (
+            _msgs(U, {"role": "assistant", "content": "", "tool_calls": []}),
+            "assistant turn 1 is empty (training on it teaches empty replies)",
+        ),
+        (
+            _msgs(U, {"role": "tool", "content": "r", "tool_calls": []}, A),
+            "messages[1] has unsupported key(s) ['tool_calls'] for a tool message (names and per-turn weights are not supported yet; remove them or convert the record)",
+        ),
         (_msgs(U, {"role": "tool", "content": "r", "tool_call_id": 7}, A), "messages[1].tool_call_id must be a string, got int"),
-        (_msgs(U, {"role": "function", "content": "r"}, A), "messages[1] has unknown role 'function' (expected one of system, user, assistant, tool)"),
+        (
+            _msgs(U, {"role": "function", "content": "r"}, A),
+            "messages[1] has unknown role 'function' (expected one of system, user, assistant, tool)",
+        ),
     ],
 )
 def test_bad_tool_records(tmp_path, line, message):
@@ -243,17 +349,39 @@ CHAT_COLS = {"messages": "conversation", "role": "speaker", "content": "text", "
 
 
 def test_columns_rename_fields_turn_keys_and_roles(tmp_path):
-    chat = json.dumps({"conversation": [{"speaker": "system", "text": "S"}, {"speaker": "USER", "text": "q"}, {"speaker": "BOT", "text": "a"}]})
+    chat = json.dumps(
+        {"conversation": [{"speaker": "system", "text": "S"}, {"speaker": "USER", "text": "q"}, {"speaker": "BOT", "text": "a"}]}
+    )
     (conv,) = load_conversations([str(write(tmp_path, "c.jsonl", chat + "\n"))], columns=CHAT_COLS)
     assert conv.messages == ({"role": "system", "content": "S"}, {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"})
     alpaca = json.dumps({"prompt": "i", "input": "x", "response": "o"})
     (conv,) = load_conversations([str(write(tmp_path, "a.jsonl", alpaca + "\n"))], columns={"instruction": "prompt", "output": "response"})
     assert conv.messages == ({"role": "user", "content": "i\nx"}, {"role": "assistant", "content": "o"})
-    (doc,) = load_conversations([str(write(tmp_path, "t.jsonl", '{"body": "doc", "text": "not this"}\n'))], "text", columns={"text": "body"})
+    (doc,) = load_conversations(
+        [str(write(tmp_path, "t.jsonl", '{"body": "doc", "text": "not this"}\n'))], "text", columns={"text": "body"}
+    )
     assert doc.text == "doc"
-    sg = json.dumps({"dialog": [{"who": "me", "says": "q"}, {"who": "call", "says": '{"name": "f", "arguments": {}}'},
-                                {"who": "result", "says": "r"}, {"who": "bot", "says": "a"}], "functions": [{"name": "f"}]})  # fmt: skip
-    cols = {"conversations": "dialog", "from": "who", "value": "says", "user": "me", "assistant": "bot", "function_call": "call", "tool": "result", "tools": "functions"}
+    sg = json.dumps(
+        {
+            "dialog": [
+                {"who": "me", "says": "q"},
+                {"who": "call", "says": '{"name": "f", "arguments": {}}'},
+                {"who": "result", "says": "r"},
+                {"who": "bot", "says": "a"},
+            ],
+            "functions": [{"name": "f"}],
+        }
+    )
+    cols = {
+        "conversations": "dialog",
+        "from": "who",
+        "value": "says",
+        "user": "me",
+        "assistant": "bot",
+        "function_call": "call",
+        "tool": "result",
+        "tools": "functions",
+    }
     (conv,) = load_conversations([str(write(tmp_path, "s.jsonl", sg + "\n"))], columns=cols)
     assert [m["role"] for m in conv.messages] == ["user", "assistant", "tool", "assistant"]
     assert conv.tools == ({"type": "function", "function": {"name": "f"}},)
@@ -263,16 +391,40 @@ def test_columns_rename_fields_turn_keys_and_roles(tmp_path):
     "line,columns,message",
     [
         ('{"prompt": "i"}', {"instruction": "prompt", "output": "response"}, "missing field 'response' (data.columns.output)"),
-        ('{"instruction": "i", "output": "o"}', {"instruction": "prompt", "output": "response"}, "unknown record format (keys: ['instruction', 'output']); expected 'messages', sharegpt's 'conversations', alpaca's prompt/response or 'text'"),
+        (
+            '{"instruction": "i", "output": "o"}',
+            {"instruction": "prompt", "output": "response"},
+            "unknown record format (keys: ['instruction', 'output']); expected 'messages', sharegpt's 'conversations', alpaca's prompt/response or 'text'",
+        ),
         ('{"body": 3}', {"text": "body"}, "field 'body' must be a string, got int"),
         ('{"conversation": [{"speaker": "USER"}]}', CHAT_COLS, "conversation[0] has no 'text' (data.columns.content)"),
-        ('{"conversation": [{"speaker": "USER", "content": "q"}]}', CHAT_COLS, "conversation[0] has unsupported key(s) ['content'] for a user message (names and per-turn weights are not supported yet; remove them or convert the record)"),
+        (
+            '{"conversation": [{"speaker": "USER", "content": "q"}]}',
+            CHAT_COLS,
+            "conversation[0] has unsupported key(s) ['content'] for a user message (names and per-turn weights are not supported yet; remove them or convert the record)",
+        ),
         ('{"conversation": [{"role": "USER", "text": "q"}]}', CHAT_COLS, "conversation[0] has no 'speaker' (data.columns.role)"),
-        ('{"conversation": [{"speaker": "user", "text": "q"}]}', CHAT_COLS, "conversation[0] has unknown speaker 'user' (expected one of system, tool, USER, BOT)"),
-        ('{"conversation": [{"speaker": "USER", "text": "q"}, {"speaker": "assistant", "text": "a"}]}', CHAT_COLS, "conversation[1] has unknown speaker 'assistant' (expected one of system, tool, USER, BOT)"),
+        (
+            '{"conversation": [{"speaker": "user", "text": "q"}]}',
+            CHAT_COLS,
+            "conversation[0] has unknown speaker 'user' (expected one of system, tool, USER, BOT)",
+        ),
+        (
+            '{"conversation": [{"speaker": "USER", "text": "q"}, {"speaker": "assistant", "text": "a"}]}',
+            CHAT_COLS,
+            "conversation[1] has unknown speaker 'assistant' (expected one of system, tool, USER, BOT)",
+        ),
         ('{"conversation": [{"speaker": "USER", "text": "q"}]}', CHAT_COLS, "no assistant turn (nothing to train on)"),
-        ('{"dialog": [{"who": "human", "value": "q"}]}', {"conversations": "dialog", "from": "who", "value": "says"}, "dialog[0] has unsupported key(s) ['value'] (only 'who' and 'says' are read; per-turn weights are not supported yet)"),
-        ('{"dialog": [{"who": "human"}]}', {"conversations": "dialog", "from": "who", "value": "says"}, "dialog[0] has no 'says' (data.columns.value)"),
+        (
+            '{"dialog": [{"who": "human", "value": "q"}]}',
+            {"conversations": "dialog", "from": "who", "value": "says"},
+            "dialog[0] has unsupported key(s) ['value'] (only 'who' and 'says' are read; per-turn weights are not supported yet)",
+        ),
+        (
+            '{"dialog": [{"who": "human"}]}',
+            {"conversations": "dialog", "from": "who", "value": "says"},
+            "dialog[0] has no 'says' (data.columns.value)",
+        ),
     ],
 )
 def test_bad_records_under_columns(tmp_path, line, columns, message):
@@ -373,11 +525,23 @@ def test_harmless_oddities_are_tolerated_and_noted_once_per_file(tmp_path):
         ("null", "not_an_object", "a record must be a JSON object, got NoneType"),
         (GOOD + GOOD, "several_values", "more than one JSON value on one line"),
         # a raw newline inside a string ends the JSON Lines record there
-        ('{"messages": [{"role": "user", "content": "a\nb"}]}', "invalid_json", "invalid JSON: Unterminated string starting at (column 43)"),
+        (
+            '{"messages": [{"role": "user", "content": "a\nb"}]}',
+            "invalid_json",
+            "invalid JSON: Unterminated string starting at (column 43)",
+        ),
         ('{"messages": [{"role": "user", "content": "a\x00b"}]}', "invalid_json", "invalid JSON: Invalid control character at (column 45)"),
         (_msgs({"content": "q"}, A), "missing_role", "messages[0] has no 'role'"),
-        (_msgs({"role": "human", "content": "q"}, A), "unknown_role", "messages[0] has unknown role 'human' (expected one of system, user, assistant, tool)"),
-        (_msgs({"role": ["user"], "content": "q"}, A), "unknown_role", "messages[0] has unknown role ['user'] (expected one of system, user, assistant, tool)"),
+        (
+            _msgs({"role": "human", "content": "q"}, A),
+            "unknown_role",
+            "messages[0] has unknown role 'human' (expected one of system, user, assistant, tool)",
+        ),
+        (
+            _msgs({"role": ["user"], "content": "q"}, A),
+            "unknown_role",
+            "messages[0] has unknown role ['user'] (expected one of system, user, assistant, tool)",
+        ),
         ('{"messages": []}', "empty_conversation", "empty conversation"),
         (_msgs({"role": "system", "content": "s"}, U), "no_assistant_turn", "no assistant turn (nothing to train on)"),
         ('{"messages": {"role": "user"}}', "wrong_type", "field 'messages' must be a list, got dict"),

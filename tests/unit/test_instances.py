@@ -20,13 +20,28 @@ from rayft.cluster.instances import (
 )
 
 REQUIRED = [
-    "g5.12xlarge", "g5.48xlarge", "g6.12xlarge", "g6e.12xlarge", "g6e.48xlarge",
-    "p4d.24xlarge", "p5.48xlarge", "p5e.48xlarge", "p5en.48xlarge", "p6-b200.48xlarge",
-]  # fmt: skip
+    "g5.12xlarge",
+    "g5.48xlarge",
+    "g6.12xlarge",
+    "g6e.12xlarge",
+    "g6e.48xlarge",
+    "p4d.24xlarge",
+    "p5.48xlarge",
+    "p5e.48xlarge",
+    "p5en.48xlarge",
+    "p6-b200.48xlarge",
+]
 FIGURES = [
-    "gpu_count", "gpu_model", "gpu_memory_mib", "vcpus", "memory_mib",
-    "max_efa_interfaces", "gpudirect_rdma", "nvlink", "on_demand_usd_per_hour",
-]  # fmt: skip
+    "gpu_count",
+    "gpu_model",
+    "gpu_memory_mib",
+    "vcpus",
+    "memory_mib",
+    "max_efa_interfaces",
+    "gpudirect_rdma",
+    "nvlink",
+    "on_demand_usd_per_hour",
+]
 
 
 @pytest.fixture
@@ -98,8 +113,17 @@ def test_unknown_type_is_a_clear_keyerror():
 
 def test_instance_model_rejects_bad_figures():
     with pytest.raises(ValueError):
-        InstanceType(name="x", gpu_count=0, gpu_model="L4", gpu_memory_mib=1, vcpus=1, memory_mib=1,
-                     max_efa_interfaces=0, gpudirect_rdma=False, nvlink=False)  # fmt: skip
+        InstanceType(
+            name="x",
+            gpu_count=0,
+            gpu_model="L4",
+            gpu_memory_mib=1,
+            vcpus=1,
+            memory_mib=1,
+            max_efa_interfaces=0,
+            gpudirect_rdma=False,
+            nvlink=False,
+        )
 
 
 def test_catalog_agrees_with_the_describe_instance_types_snapshot():
@@ -172,8 +196,11 @@ def test_one_describe_instance_types_parser_shared_with_capacity(ec2):
 def test_shape_reports_no_efa_interfaces_when_efa_is_unsupported():
     from rayft.cluster.instances import shape_from_ec2
 
-    item = {"InstanceType": "x1.large", "VCpuInfo": {"DefaultVCpus": 2},
-            "NetworkInfo": {"EfaSupported": False, "EfaInfo": {"MaximumEfaInterfaces": 1}}}  # fmt: skip
+    item = {
+        "InstanceType": "x1.large",
+        "VCpuInfo": {"DefaultVCpus": 2},
+        "NetworkInfo": {"EfaSupported": False, "EfaInfo": {"MaximumEfaInterfaces": 1}},
+    }
     s = shape_from_ec2(item)
     assert (s.efa_supported, s.max_efa_interfaces, s.gpus, s.memory_mib) == (False, 0, 0, 0)
 

@@ -89,7 +89,11 @@ def test_sample_job_matches_every_field_the_sample_sets():
     assert wc["image"] == SAMPLE_IMAGE and wc["imagePullPolicy"] == "Always"
     env = env_of(wc)
     assert {k: env[k] for k in ("NCCL_DEBUG", "NCCL_SOCKET_IFNAME", "FI_PROVIDER", "NCCL_NET_PLUGIN")} == {
-        "NCCL_DEBUG": "INFO", "NCCL_SOCKET_IFNAME": "eth0", "FI_PROVIDER": "efa", "NCCL_NET_PLUGIN": "ofi"}  # fmt: skip
+        "NCCL_DEBUG": "INFO",
+        "NCCL_SOCKET_IFNAME": "eth0",
+        "FI_PROVIDER": "efa",
+        "NCCL_NET_PLUGIN": "ofi",
+    }
     sample_res = {"nvidia.com/gpu": "4", "vpc.amazonaws.com/efa": "1", "cpu": "40", "memory": "160Gi"}
     assert wc["resources"]["limits"] == sample_res and wc["resources"]["requests"] == sample_res
     assert named(wc["volumeMounts"], "ray-logs")["mountPath"] == "/tmp/ray"
@@ -184,8 +188,12 @@ def test_auth_secret_and_network_policy():
 
 
 def test_tolerations_follow_the_gpu_node_group_taints():
-    cfg = cfg_from(["cluster.aws.gpu_taints=[{key: dedicated, value: training}, {key: efa, effect: NoExecute}]",
-                    "cluster.kube.worker_tolerations=[{key: spot, effect: NoSchedule}]"])  # fmt: skip
+    cfg = cfg_from(
+        [
+            "cluster.aws.gpu_taints=[{key: dedicated, value: training}, {key: efa, effect: NoExecute}]",
+            "cluster.kube.worker_tolerations=[{key: spot, effect: NoSchedule}]",
+        ]
+    )
     ws = worker(M.render(cfg).raycluster["spec"])["template"]["spec"]
     assert ws["tolerations"] == [
         {"key": "dedicated", "operator": "Equal", "value": "training", "effect": "NoSchedule"},
@@ -204,8 +212,10 @@ def test_pods_land_on_the_node_groups_rayft_creates():
     ws = worker(m.raycluster["spec"])["template"]["spec"]
     assert ws["nodeSelector"].items() <= node_labels.items()
     for taint in ng.get("taints", []):
-        assert any(t["key"] == taint["key"] and t["effect"] == taint["effect"]
-                   and (t["operator"] == "Exists" or t.get("value") == taint["value"]) for t in ws["tolerations"])  # fmt: skip
+        assert any(
+            t["key"] == taint["key"] and t["effect"] == taint["effect"] and (t["operator"] == "Exists" or t.get("value") == taint["value"])
+            for t in ws["tolerations"]
+        )
     system = eks.render_cluster_config(cfg.cluster, ["us-east-2a", "us-east-2b"])["managedNodeGroups"][0]
     hs = m.raycluster["spec"]["headGroupSpec"]["template"]["spec"]
     assert hs["nodeSelector"].items() <= system["labels"].items()
@@ -278,8 +288,7 @@ def test_contradiction_node_local_storage_on_many_nodes():
     p = problems_of(["cluster.kube.fsx_pvc=null", "checkpoint.storage_path=/fsx/runs"])
     assert "checkpoint.storage_path" in p  # /fsx without the PVC is node-local
     assert "checkpoint.storage_path" not in problems_of(["checkpoint.storage_path=s3://bucket/runs"])
-    assert "checkpoint.storage_path" not in problems_of(
-        ["checkpoint.storage_path=./runs", "cluster.num_nodes=1", "train.num_workers=4"])  # fmt: skip
+    assert "checkpoint.storage_path" not in problems_of(["checkpoint.storage_path=./runs", "cluster.num_nodes=1", "train.num_workers=4"])
 
 
 def test_contradiction_local_train_files_on_many_nodes():
@@ -336,10 +345,20 @@ def test_no_cluster_section_is_an_error():
 # --------------------------------------------------------------------------- helpers
 
 
-@pytest.mark.parametrize("q, v", [
-    ("4", 4), ("500m", Decimal("0.5")), ("160Gi", 160 * 2**30), ("1e3", 1000), ("2k", 2000),
-    ("1E3", 1000), ("1E", 10**18), ("+.5Ki", 512), ("3.", 3),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "q, v",
+    [
+        ("4", 4),
+        ("500m", Decimal("0.5")),
+        ("160Gi", 160 * 2**30),
+        ("1e3", 1000),
+        ("2k", 2000),
+        ("1E3", 1000),
+        ("1E", 10**18),
+        ("+.5Ki", 512),
+        ("3.", 3),
+    ],
+)
 def test_parse_quantity(q, v):
     assert M.parse_quantity(q) == v
 
@@ -363,7 +382,11 @@ def test_worker_resources_leave_a_sixth_for_the_system():
     cfg = cfg_from()
     assert cfg.cluster is not None
     assert M.worker_resources(get_instance("g6e.48xlarge"), cfg.cluster) == {
-        "nvidia.com/gpu": "8", "vpc.amazonaws.com/efa": "4", "cpu": "160", "memory": "1280Gi"}  # fmt: skip
+        "nvidia.com/gpu": "8",
+        "vpc.amazonaws.com/efa": "4",
+        "cpu": "160",
+        "memory": "1280Gi",
+    }
 
 
 def test_kubernetes_version_picks_a_shipped_one():
@@ -377,8 +400,7 @@ def test_cli_writes_the_files(tmp_path):
 
     from rayft.cli import app
 
-    r = CliRunner().invoke(app, ["manifest", str(EXAMPLE), "-o", str(tmp_path), "--no-ec2",
-                                 "--set", "cluster.kube.network_policy=true"])  # fmt: skip
+    r = CliRunner().invoke(app, ["manifest", str(EXAMPLE), "-o", str(tmp_path), "--no-ec2", "--set", "cluster.kube.network_policy=true"])
     assert r.exit_code == 0, r.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["configmap.yaml", "networkpolicy.yaml", "rayjob.yaml"]
     job = yaml.safe_load((tmp_path / "rayjob.yaml").read_text())
@@ -407,11 +429,14 @@ def test_default_image_without_rayft_is_a_warning_with_the_ways_to_provide_it():
     assert M.build(cfg, crd_dir=None).warnings == [w]  # build does not refuse it
 
 
-@pytest.mark.parametrize("overrides", [
-    ['cluster.kube.runtime_env={"pip": ["rayft @ s3://bucket/rayft-0.1.0-py3-none-any.whl"]}'],
-    ['cluster.kube.runtime_env={"uv": ["rayft==0.1.0"]}'],
-    ["cluster.kube.image=123456789012.dkr.ecr.us-west-2.amazonaws.com/rayft:0.1.0", "cluster.kube.ray_version=2.58.0"],
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ['cluster.kube.runtime_env={"pip": ["rayft @ s3://bucket/rayft-0.1.0-py3-none-any.whl"]}'],
+        ['cluster.kube.runtime_env={"uv": ["rayft==0.1.0"]}'],
+        ["cluster.kube.image=123456789012.dkr.ecr.us-west-2.amazonaws.com/rayft:0.1.0", "cluster.kube.ray_version=2.58.0"],
+    ],
+)
 def test_no_rayft_warning_when_runtime_env_or_image_provides_it(overrides):
     cfg = cfg_from(overrides)
     m = M.render(cfg)

@@ -30,7 +30,9 @@ def test_sharded_model_matches_the_reference_with_and_without_activation_checkpo
     ref_logits.sum().backward()
     grads = {}
     for ac in (False, True):
-        m = build_sharded_model(cfg, ParallelConfig(), device=torch.device("cpu"), activation_checkpointing=ac, compile_layers=False, seed=7).module
+        m = build_sharded_model(
+            cfg, ParallelConfig(), device=torch.device("cpu"), activation_checkpointing=ac, compile_layers=False, seed=7
+        ).module
         assert tied_embeddings(m)
         # 2 layers of hidden 64 plus the 151,936 × 64 embedding, which the LM head shares
         assert matmul_params(m) == sum(p.numel() for p in ref.parameters()) == 9_798_208
@@ -100,7 +102,9 @@ def test_float8_converts_only_decoder_linears_and_keeps_the_model_close(one_rank
     cfg = ModelConfig(name_or_path="qwen2-tiny")
     cpu = torch.device("cpu")
     ref = build_sharded_model(cfg, ParallelConfig(), device=cpu, activation_checkpointing=False, compile_layers=False, seed=7).module
-    sharded = build_sharded_model(cfg, ParallelConfig(), device=cpu, activation_checkpointing=False, compile_layers=False, seed=7, float8=True)
+    sharded = build_sharded_model(
+        cfg, ParallelConfig(), device=cpu, activation_checkpointing=False, compile_layers=False, seed=7, float8=True
+    )
     m = sharded.module
     kinds = {n: type(mod).__name__ for n, mod in m.named_modules() if isinstance(mod, torch.nn.Linear)}
     assert sum(k == "Float8Linear" for k in kinds.values()) == 2 * 7  # q, k, v, o, gate, up, down in each of 2 layers

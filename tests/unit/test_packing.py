@@ -112,7 +112,9 @@ def test_packed_loss_equals_each_document_alone():
 
     def token_losses(b):
         logits = model(input_ids=b["input_ids"], position_ids=b["position_ids"]).logits
-        return F.cross_entropy(logits.flatten(0, 1), b["labels"].flatten(), ignore_index=IGNORE_INDEX, reduction="none").view(b["labels"].shape)
+        return F.cross_entropy(logits.flatten(0, 1), b["labels"].flatten(), ignore_index=IGNORE_INDEX, reduction="none").view(
+            b["labels"].shape
+        )
 
     with torch.no_grad():
         packed = token_losses(collate(ds, [[0, 1, 2, 3]], 96, 0))

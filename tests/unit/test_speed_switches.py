@@ -51,7 +51,9 @@ def _tiny_model_and_batch(length: int):
 def test_loss_method_torch_and_hf_paths_give_the_same_sum():
     model, ids, pos, labels = _tiny_model_and_batch(16)
     labels[1, :5] = -100
-    ref = torch.nn.functional.cross_entropy(model(input_ids=ids, position_ids=pos).logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum")
+    ref = torch.nn.functional.cross_entropy(
+        model(input_ids=ids, position_ids=pos).logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum"
+    )
     got = {}
     for impl in ("torch", "hf"):
         got[impl] = float(TokenLoss.create(impl).compute(model, ids, pos, labels))
@@ -109,11 +111,14 @@ def _fake_liger(monkeypatch, with_chunk_param: bool):
         return torch.nn.functional.cross_entropy(hidden @ weight.t(), target, ignore_index=ignore_index, reduction=reduction)
 
     if with_chunk_param:
+
         def fused(hidden, weight, target, ignore_index=-100, reduction="mean", accum_dtype=None, chunk_mem_const=1):
             return plain(hidden, weight, target, ignore_index, reduction, accum_dtype, chunk_mem_const=chunk_mem_const)
     else:
+
         def fused(hidden, weight, target, ignore_index=-100, reduction="mean", accum_dtype=None):
             return plain(hidden, weight, target, ignore_index, reduction, accum_dtype)
+
     mods = {n: types.ModuleType(n) for n in ("liger_kernel", "liger_kernel.transformers", "liger_kernel.transformers.functional")}
     mods["liger_kernel.transformers.functional"].liger_fused_linear_cross_entropy = fused
     for n, m in mods.items():
@@ -173,6 +178,8 @@ def test_a_gpu_memory_limit_with_cpu_workers_is_a_config_error():
     from rayft.config import ConfigError, load_config
 
     quickstart = Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml"  # train.use_gpu: false
-    with pytest.raises(ConfigError, match=r"(?s)quickstart.yaml.*train.gpu_memory_limit_gib=22.5 caps GPU workers' memory, but train.use_gpu is false"):
+    with pytest.raises(
+        ConfigError, match=r"(?s)quickstart.yaml.*train.gpu_memory_limit_gib=22.5 caps GPU workers' memory, but train.use_gpu is false"
+    ):
         load_config(quickstart, ["train.gpu_memory_limit_gib=22.5"])
     assert load_config(quickstart, ["train.gpu_memory_limit_gib=22.5", "train.use_gpu=auto"]).train.gpu_memory_limit_gib == 22.5

@@ -48,7 +48,9 @@ def _expected(tok, messages):
     return ids, mask
 
 
-@pytest.mark.parametrize("fname,index", [("alpaca_en_demo.json", 0), ("alpaca_en_demo.json", 7), ("alpaca_zh_demo.json", 0), ("alpaca_zh_demo.json", 3)])
+@pytest.mark.parametrize(
+    "fname,index", [("alpaca_en_demo.json", 0), ("alpaca_en_demo.json", 7), ("alpaca_zh_demo.json", 0), ("alpaca_zh_demo.json", 3)]
+)
 def test_real_alpaca_records_exact_ids_and_mask(qwen_tokenizer, fname, index):
     rec = json.loads(shared_path("data", fname).read_text())[index]
     conv = to_conversation(rec, f"{fname}:{index}", "alpaca")

@@ -129,8 +129,10 @@ def _check(op: str, run, out, inp, rank: int, n: int) -> dict[str, float]:
         got_min, got_max = got.min().item(), got.max().item()
         ok = got_min == expected and got_max == expected
     if not ok:
-        raise SweepError(f"{op} on {n} ranks returned wrong values on rank {rank}: min {got_min}, max {got_max}, "
-                         f"expected {expected} (every rank contributed rank+1)")
+        raise SweepError(
+            f"{op} on {n} ranks returned wrong values on rank {rank}: min {got_min}, max {got_max}, "
+            f"expected {expected} (every rank contributed rank+1)"
+        )
     return {"expected_sum": expected, "min": got_min, "max": got_max}
 
 
@@ -180,13 +182,15 @@ def sweep_worker(loop_config: dict[str, Any]) -> None:
             elapsed = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64, device=device)
             dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
             sec = elapsed.item()
-            rows.append({
-                "op": op,
-                "size_bytes": real_size,
-                "time_ms": sec * 1e3,
-                "algbw_GB_s": algbw_gb_s(real_size, sec),
-                "busbw_GB_s": busbw_gb_s(op, real_size, sec, n),
-            })  # fmt: skip
+            rows.append(
+                {
+                    "op": op,
+                    "size_bytes": real_size,
+                    "time_ms": sec * 1e3,
+                    "algbw_GB_s": algbw_gb_s(real_size, sec),
+                    "busbw_GB_s": busbw_gb_s(op, real_size, sec, n),
+                }
+            )
             del out, inp
     peak = {op: max(r["busbw_GB_s"] for r in rows if r["op"] == op) for op in OPS}
     result = {
@@ -253,11 +257,14 @@ def run_sweep(
     results = Queue()
     trainer = TorchTrainer(
         sweep_worker,
-        train_loop_config={"sizes_bytes": sizes, "warmup_iters": warmup_iters, "timed_iters": timed_iters,
-                           "dtype": dtype, "results": results},
-        scaling_config=ray.train.ScalingConfig(
-            num_workers=num_workers, use_gpu=use_gpu, resources_per_worker={"CPU": cpus_per_worker}
-        ),
+        train_loop_config={
+            "sizes_bytes": sizes,
+            "warmup_iters": warmup_iters,
+            "timed_iters": timed_iters,
+            "dtype": dtype,
+            "results": results,
+        },
+        scaling_config=ray.train.ScalingConfig(num_workers=num_workers, use_gpu=use_gpu, resources_per_worker={"CPU": cpus_per_worker}),
         run_config=ray.train.RunConfig(
             name=f"rayft-collectives-{time.strftime('%Y%m%d-%H%M%S')}",
             worker_runtime_env={"env_vars": dict(env_vars or {})},
@@ -301,10 +308,10 @@ def main(argv: list[str] | None = None) -> int:
         if a.max_bytes:
             sizes = [s for s in sizes if s <= a.max_bytes] or [a.max_bytes]
         backend = cfg.parallel.backend if cfg.parallel.backend != "auto" else None
-        err.print(f"collectives sweep: {n} {'GPU' if use_gpu else 'CPU'} workers, sizes {sizes[0]}..{sizes[-1]} bytes",
-                  highlight=False)
-        figures = run_sweep(n, use_gpu, backend, sizes, a.warmup, a.iters, cpus_per_worker=cfg.train.cpus_per_worker,
-                            env_vars=worker_env_vars())
+        err.print(f"collectives sweep: {n} {'GPU' if use_gpu else 'CPU'} workers, sizes {sizes[0]}..{sizes[-1]} bytes", highlight=False)
+        figures = run_sweep(
+            n, use_gpu, backend, sizes, a.warmup, a.iters, cpus_per_worker=cfg.train.cpus_per_worker, env_vars=worker_env_vars()
+        )
     except (ConfigError, TrainError, SweepError) as e:
         err.print(f"error: {e}", markup=False, highlight=False)
         return 1

@@ -125,8 +125,10 @@ def check_log(text: str, expect: Expect | str, what: str) -> str:
     expect = Expect(expect)
     verdicts = verdicts_from_text(text)
     if not verdicts:
-        raise FabricError(f"{what}: no NCCL lines in the output, so its transport cannot be verified "
-                          "(NCCL_DEBUG=INFO not reaching the workers, or CPU workers with gloo)")
+        raise FabricError(
+            f"{what}: no NCCL lines in the output, so its transport cannot be verified "
+            "(NCCL_DEBUG=INFO not reaching the workers, or CPU workers with gloo)"
+        )
     problems = check(verdicts, expect)
     if problems:
         raise FabricError(f"{what} rejected: expected {expect.value}, but " + "; ".join(problems))
@@ -153,8 +155,9 @@ def median_tokens_per_s(metrics_file: str | os.PathLike, skip_steps: int = 3) ->
         raise FabricError(f"cannot read the run's metrics {path}: {e}") from None
     steady = [r for r in rows if r.get("step", 0) > skip_steps and "tokens_per_s_per_gpu" in r]
     if not steady:
-        raise FabricError(f"{path}: {len(rows)} steps logged, none after the first {skip_steps} (start-up); "
-                          f"run more steps (--steps) than {skip_steps}")
+        raise FabricError(
+            f"{path}: {len(rows)} steps logged, none after the first {skip_steps} (start-up); run more steps (--steps) than {skip_steps}"
+        )
     return {
         "median_tokens_per_s_per_gpu": statistics.median(r["tokens_per_s_per_gpu"] for r in steady),
         "steps_measured": len(steady),
@@ -225,8 +228,10 @@ def run_fabric(
         raise FabricError(f"config error: {e}") from None
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     if "://" in cfg.checkpoint.storage_path:
-        raise FabricError(f"checkpoint.storage_path={cfg.checkpoint.storage_path}: the benchmark reads each run's "
-                          "metrics file, so it needs a local or mounted path (--set checkpoint.storage_path=/tmp/runs)")
+        raise FabricError(
+            f"checkpoint.storage_path={cfg.checkpoint.storage_path}: the benchmark reads each run's "
+            "metrics file, so it needs a local or mounted path (--set checkpoint.storage_path=/tmp/runs)"
+        )
     logs = Path(logs_dir) if logs_dir else Path(cfg.checkpoint.storage_path) / f"fabric-{stamp}-logs"
     py = sys.executable
     runs: dict[str, dict[str, Any]] = {}
@@ -242,12 +247,17 @@ def run_fabric(
 
         train_log = logs / f"{v.name}-train.log"
         console.print(f"[{v.name}] training {steps} steps ({shown}) → {train_log}", highlight=False, markup=False)
-        rc = runner([py, "-m", "rayft.cli", "train", str(config), *set_args], env, train_log, timeout_s,
-                    done_file=run_dir / "rayft_summary.json")
+        rc = runner(
+            [py, "-m", "rayft.cli", "train", str(config), *set_args], env, train_log, timeout_s, done_file=run_dir / "rayft_summary.json"
+        )
         lingered = rc == 124 and (run_dir / "rayft_summary.json").is_file()
         if lingered:  # the run finished and wrote its summary; only its process outlived the limit
-            console.print(f"[{v.name}] warning: training finished (its summary is written) but its process did not exit; "
-                          "stopped it and using the finished run", highlight=False, markup=False)  # fmt: skip
+            console.print(
+                f"[{v.name}] warning: training finished (its summary is written) but its process did not exit; "
+                "stopped it and using the finished run",
+                highlight=False,
+                markup=False,
+            )
         elif rc != 0:
             raise FabricError(f"{v.name} training failed (exit {rc}); end of {train_log}:\n{log_tail(train_log)}")
         train_transport = check_log(train_log.read_text(errors="replace"), v.expect, f"{v.name} training ({train_log})")
@@ -279,8 +289,11 @@ def run_fabric(
             "sweep_log": str(sweep_log),
             "collectives": sweep,
         }
-        console.print(f"[{v.name}] {v.expect.value} verified: {train_transport}; "
-                      f"{tps['median_tokens_per_s_per_gpu']:,.0f} tokens/s/GPU", highlight=False, markup=False)
+        console.print(
+            f"[{v.name}] {v.expect.value} verified: {train_transport}; {tps['median_tokens_per_s_per_gpu']:,.0f} tokens/s/GPU",
+            highlight=False,
+            markup=False,
+        )
 
     fast, slow = runs["fast"], runs["sockets"]
     figures = {
@@ -296,8 +309,17 @@ def run_fabric(
     if out is None:
         label = gpu_label(fast.get("gpu"), fast.get("world_size"))
         out = Path("bench/results") / f"{dt.date.today():%Y-%m-%d}-fabric-{label}.json"
-    command = " ".join(["rayft bench fabric", shlex.quote(str(config)), "--mode", mode.value, "--steps", str(steps),
-                        *(a for s in overrides for a in ("--set", shlex.quote(s)))])
+    command = " ".join(
+        [
+            "rayft bench fabric",
+            shlex.quote(str(config)),
+            "--mode",
+            mode.value,
+            "--steps",
+            str(steps),
+            *(a for s in overrides for a in ("--set", shlex.quote(s))),
+        ]
+    )
     path = write_result(out, command, figures)
     return path, figures
 
@@ -308,9 +330,12 @@ def markdown_table(figures: dict[str, Any]) -> str:
     lines = [head, "|" + " --- |" * (3 + len(OPS))]
     for name, r in figures["runs"].items():
         bw = r["collectives"]["peak_busbw_GB_s"]
-        lines.append(f"| {name} | {r['transport']} | {r['median_tokens_per_s_per_gpu']:,.0f} | "
-                     + " | ".join(f"{bw[op]:.1f}" for op in OPS) + " |")
+        lines.append(
+            f"| {name} | {r['transport']} | {r['median_tokens_per_s_per_gpu']:,.0f} | " + " | ".join(f"{bw[op]:.1f}" for op in OPS) + " |"
+        )
     lines.append("")
-    lines.append(f"fast / sockets tokens/s/GPU: {figures['tokens_per_s_ratio_fast_over_sockets']:.2f}x "
-                 f"(median of steps {figures['skip_steps'] + 1}..{figures['steps']}; busbw: peak over message sizes)")
+    lines.append(
+        f"fast / sockets tokens/s/GPU: {figures['tokens_per_s_ratio_fast_over_sockets']:.2f}x "
+        f"(median of steps {figures['skip_steps'] + 1}..{figures['steps']}; busbw: peak over message sizes)"
+    )
     return "\n".join(lines)

@@ -46,8 +46,15 @@ def _kill_group(proc: subprocess.Popen, grace_s: float) -> None:
     proc.wait()
 
 
-def run_logged(cmd: list[str], env: dict[str, str], log: Path, timeout_s: float | None, kill_grace_s: float = KILL_GRACE_S,
-               done_file: Path | None = None, linger_s: float = LINGER_S) -> int:
+def run_logged(
+    cmd: list[str],
+    env: dict[str, str],
+    log: Path,
+    timeout_s: float | None,
+    kill_grace_s: float = KILL_GRACE_S,
+    done_file: Path | None = None,
+    linger_s: float = LINGER_S,
+) -> int:
     """Run ``cmd`` with stdout and stderr into ``log``; its exit status (124 on timeout).
 
     The child starts in a new session (its own process group), so that on timeout (or when this
@@ -74,8 +81,9 @@ def run_logged(cmd: list[str], env: dict[str, str], log: Path, timeout_s: float 
                     return 124
                 if done_at is not None and now - done_at >= linger_s:
                     _kill_group(proc, kill_grace_s)
-                    f.write(f"\n[rayft bench] {done_file.name} written, but the process was still running "
-                            f"{linger_s:.0f} s later: stopped\n")
+                    f.write(
+                        f"\n[rayft bench] {done_file.name} written, but the process was still running {linger_s:.0f} s later: stopped\n"
+                    )
                     return 124
                 time.sleep(0.2)
         except BaseException:  # interrupted (SIGTERM handler, Ctrl-C): leave no process behind, quickly

@@ -66,7 +66,6 @@ def _short(v: Any) -> str:
     return r if len(r) <= 40 else r[:37] + "..."
 
 
-
 def _fmt(v: float | None, spec: str, suffix: str = "") -> str:
     return "—" if v is None else format(v, spec) + suffix
 
@@ -86,16 +85,28 @@ def row_figures(doc: Any, select: str | None, where: str) -> dict[str, str]:
         if select not in rows:
             raise ReadmeTableError(f"{where}: select={select!r} is not a row of this speed matrix (rows: {', '.join(rows)})")
         r, w = rows[select], f"{where}: row {select!r}"
-        return {"gpus": f"{num(r, 'gpus', w)}×", "tps": f"{num(r, 'tokens_per_s_per_gpu', w):,.0f}",
-                "mfu": pct(num(r, "mfu", w, True)), "mem": _fmt(num(r, "peak_mem_gib", w, True), ".1f", " GiB")}  # fmt: skip
+        return {
+            "gpus": f"{num(r, 'gpus', w)}×",
+            "tps": f"{num(r, 'tokens_per_s_per_gpu', w):,.0f}",
+            "mfu": pct(num(r, "mfu", w, True)),
+            "mem": _fmt(num(r, "peak_mem_gib", w, True), ".1f", " GiB"),
+        }
     if "tokens_per_s_ratio_fast_over_sockets" in fig:  # rayft bench fabric
         if select is not None:
             raise ReadmeTableError(f"{where}: select={select!r} given, but a fabric results file has one row")
         runs = _field(fig, "runs", where, kind=dict)
         fast, sock = (_field(runs, k, f"{where}: figures.runs", kind=dict) for k in ("fast", "sockets"))
         ratio = num(fig, "tokens_per_s_ratio_fast_over_sockets", where)
-        tf, ts = num(fast, "median_tokens_per_s_per_gpu", f"{where}: runs.fast"), num(sock, "median_tokens_per_s_per_gpu", f"{where}: runs.sockets")
-        return {"gpus": f"{num(fast, 'world_size', f'{where}: runs.fast')}×", "tps": f"{tf:,.0f} vs {ts:,.0f} ({ratio:.2f}×)", "mfu": "—", "mem": "—"}
+        tf, ts = (
+            num(fast, "median_tokens_per_s_per_gpu", f"{where}: runs.fast"),
+            num(sock, "median_tokens_per_s_per_gpu", f"{where}: runs.sockets"),
+        )
+        return {
+            "gpus": f"{num(fast, 'world_size', f'{where}: runs.fast')}×",
+            "tps": f"{tf:,.0f} vs {ts:,.0f} ({ratio:.2f}×)",
+            "mfu": "—",
+            "mem": "—",
+        }
     if "runs" in fig:  # rayft bench train
         runs = {}
         for i, r in enumerate(_field(fig, "runs", where, kind=list)):
@@ -110,13 +121,21 @@ def row_figures(doc: Any, select: str | None, where: str) -> dict[str, str]:
             tps = status_text(status, error)
         else:
             tps = f"{num(r, 'tokens_per_s_per_gpu', w):,.0f}"
-        return {"gpus": f"{num(fig, 'world_size', where)}×", "tps": tps,
-                "mfu": pct(num(r, "mfu", w, True)), "mem": _fmt(num(r, "peak_mem_gib", w, True), ".1f", " GiB")}  # fmt: skip
+        return {
+            "gpus": f"{num(fig, 'world_size', where)}×",
+            "tps": tps,
+            "mfu": pct(num(r, "mfu", w, True)),
+            "mem": _fmt(num(r, "peak_mem_gib", w, True), ".1f", " GiB"),
+        }
     if "median_tokens_per_s_per_gpu" in fig:  # a run record
         if select is not None:
             raise ReadmeTableError(f"{where}: select={select!r} given, but a run record has one run")
-        return {"gpus": f"{num(fig, 'world_size', where)}×", "tps": f"{num(fig, 'median_tokens_per_s_per_gpu', where):,.0f}",
-                "mfu": pct(num(fig, "median_mfu", where, True)), "mem": _fmt(num(fig, "peak_mem_gib", where, True), ".1f", " GiB")}  # fmt: skip
+        return {
+            "gpus": f"{num(fig, 'world_size', where)}×",
+            "tps": f"{num(fig, 'median_tokens_per_s_per_gpu', where):,.0f}",
+            "mfu": pct(num(fig, "median_mfu", where, True)),
+            "mem": _fmt(num(fig, "peak_mem_gib", where, True), ".1f", " GiB"),
+        }
     raise ReadmeTableError(f"{where}: not a results file this table knows (figures: {', '.join(fig)})")
 
 
@@ -156,8 +175,10 @@ def render_table(rows_file: str | Path, root: str | Path | None = None) -> str:
             raise ReadmeTableError(f"{where}: {entry['file']}: not JSON this table can read: {type(e).__name__}: {str(e)[:120]}") from None
         cells = row_figures(doc, entry.get("select"), f"{where} ({entry['file']})")
         label = entry.get("label") or Path(entry["file"]).stem
-        lines.append(f"| {md_cell(entry['job'])} | {cells['gpus']} | {md_cell(cells['tps'])} | {cells['mfu']} | {cells['mem']} "
-                     f"| [{md_cell(label)}]({entry['file']}) |")  # fmt: skip
+        lines.append(
+            f"| {md_cell(entry['job'])} | {cells['gpus']} | {md_cell(cells['tps'])} | {cells['mfu']} | {cells['mem']} "
+            f"| [{md_cell(label)}]({entry['file']}) |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -176,8 +197,10 @@ def update_readme(readme: str | Path, rows_file: str | Path, check: bool = False
     at = {m: [i for i, ln in enumerate(lines) if ln.strip() == m] for m in (BEGIN, END)}
     stray = [i + 1 for i, ln in enumerate(lines) if (BEGIN in ln or END in ln) and ln.strip() not in (BEGIN, END)]
     if len(at[BEGIN]) != 1 or len(at[END]) != 1 or at[END][0] < at[BEGIN][0] or stray:
-        raise ReadmeTableError(f"{readme}: needs the lines {BEGIN} and {END} once each, alone on their lines and in that order"
-                               + (f" (marker text inside other lines: {stray})" if stray else ""))  # fmt: skip
+        raise ReadmeTableError(
+            f"{readme}: needs the lines {BEGIN} and {END} once each, alone on their lines and in that order"
+            + (f" (marker text inside other lines: {stray})" if stray else "")
+        )
     b, e = at[BEGIN][0], at[END][0]
     new = "".join(lines[: b + 1]) + render_table(rows_file, readme.resolve().parent) + "".join(lines[e:])
     if new == text:

@@ -154,8 +154,10 @@ def sample_train_func(spec: dict[str, Any]) -> None:
     model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.bfloat16)
     model.to(device)
     model = FullyShardedDataParallel(
-        model, auto_wrap_policy=partial(size_based_auto_wrap_policy, min_num_params=int(1e7)), device_id=device,
-    )  # fmt: skip
+        model,
+        auto_wrap_policy=partial(size_based_auto_wrap_policy, min_num_params=int(1e7)),
+        device_id=device,
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec["lr"])
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -165,8 +167,7 @@ def sample_train_func(spec: dict[str, Any]) -> None:
         rows = step_rows(len(ds), step, world * mb)[rank::world]
         b = padded_batch(ds, rows, seq_len, pad_id)
         optimizer.zero_grad()
-        loss = model(input_ids=b["input_ids"].to(device), attention_mask=b["attention_mask"].to(device),
-                     labels=b["labels"].to(device)).loss  # fmt: skip
+        loss = model(input_ids=b["input_ids"].to(device), attention_mask=b["attention_mask"].to(device), labels=b["labels"].to(device)).loss
         loss.backward()
         optimizer.step()
         loss_val = loss.item()  # synchronises the device, as the sample's logging does
@@ -174,8 +175,17 @@ def sample_train_func(spec: dict[str, Any]) -> None:
         t_report = time.perf_counter()
         ray.train.report({"step": step, "loss": loss_val, "peak_gpu_mem_gb": peak})
         now = time.perf_counter()
-        log.write({"step": step + 1, "step_time_s": now - t_last, "report_s": now - t_report, "tokens": b["tokens"],
-                   "attn_tokens_sq": b["attn_tokens_sq"], "peak_mem_gib": peak, "loss": loss_val})  # fmt: skip
+        log.write(
+            {
+                "step": step + 1,
+                "step_time_s": now - t_last,
+                "report_s": now - t_report,
+                "tokens": b["tokens"],
+                "attn_tokens_sq": b["attn_tokens_sq"],
+                "peak_mem_gib": peak,
+                "loss": loss_val,
+            }
+        )
         t_last = now
 
 
@@ -187,14 +197,16 @@ def run_sample(spec: dict[str, Any]) -> None:
 
     os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
     if not ray.is_initialized():
-        ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False, logging_level="ERROR",
-                 log_to_driver=True)  # fmt: skip
+        ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False, logging_level="ERROR", log_to_driver=True)
     trainer = TorchTrainer(
         sample_train_func,
         train_loop_config=spec,
         scaling_config=ray.train.ScalingConfig(num_workers=spec["num_workers"], use_gpu=spec["use_gpu"]),
-        run_config=ray.train.RunConfig(name=f"bench-sample-{os.getpid()}-{time.time_ns()}", storage_path=str(Path(spec["out_dir"]).resolve() / "ray"),
-                                       failure_config=ray.train.FailureConfig(max_failures=0)),  # fmt: skip
+        run_config=ray.train.RunConfig(
+            name=f"bench-sample-{os.getpid()}-{time.time_ns()}",
+            storage_path=str(Path(spec["out_dir"]).resolve() / "ray"),
+            failure_config=ray.train.FailureConfig(max_failures=0),
+        ),
         torch_config=TorchConfig(backend="nccl" if spec["use_gpu"] else "gloo"),
     )
     trainer.fit()
@@ -222,13 +234,23 @@ def trl_config_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
 
     best = spec["recipe"] == "trl-best"
     kw: dict[str, Any] = dict(
-        output_dir=str(Path(spec["out_dir"]) / "trl"), max_steps=spec["steps"], per_device_train_batch_size=spec["micro_batch_size"],
-        gradient_accumulation_steps=1, learning_rate=spec["lr"], max_length=spec["seq_len"], save_strategy="no",
-        eval_strategy="no", report_to=[], logging_steps=1, seed=spec["seed"], bf16=spec["use_gpu"],
-        use_cpu=not spec["use_gpu"], disable_tqdm=True,
+        output_dir=str(Path(spec["out_dir"]) / "trl"),
+        max_steps=spec["steps"],
+        per_device_train_batch_size=spec["micro_batch_size"],
+        gradient_accumulation_steps=1,
+        learning_rate=spec["lr"],
+        max_length=spec["seq_len"],
+        save_strategy="no",
+        eval_strategy="no",
+        report_to=[],
+        logging_steps=1,
+        seed=spec["seed"],
+        bf16=spec["use_gpu"],
+        use_cpu=not spec["use_gpu"],
+        disable_tqdm=True,
         # explicit: SFTConfig defaults it to True; the bench runs every recipe as the config says
         gradient_checkpointing=bool(spec.get("activation_checkpointing", False)),
-    )  # fmt: skip
+    )
     if spec["num_workers"] > 1:
         kw["fsdp"] = "full_shard auto_wrap"
         kw["fsdp_config"] = {"transformer_layer_cls_to_wrap": [spec["decoder_layer_cls"]]}
@@ -267,10 +289,16 @@ def trl_planned_settings(spec: dict[str, Any], attn: str = "sdpa") -> dict[str, 
     """The effective settings of a TRL run from its spec and attention (the run writes them into
     ``SETTINGS_FILE`` with the attention it used)."""
     kw = trl_config_kwargs(spec)
-    return {"label": trl_label(spec["recipe"], attn), "attention": attn, "padding_free": bool(kw.get("packing")),
-            "liger": bool(kw.get("use_liger_kernel")), "completion_only_loss": kw.get("completion_only_loss"),
-            "gradient_checkpointing": kw["gradient_checkpointing"], "fsdp": 1 if "fsdp" in kw else None,
-            "cross_entropy": "liger fused linear" if kw.get("use_liger_kernel") else "transformers (full logits)"}  # fmt: skip
+    return {
+        "label": trl_label(spec["recipe"], attn),
+        "attention": attn,
+        "padding_free": bool(kw.get("packing")),
+        "liger": bool(kw.get("use_liger_kernel")),
+        "completion_only_loss": kw.get("completion_only_loss"),
+        "gradient_checkpointing": kw["gradient_checkpointing"],
+        "fsdp": 1 if "fsdp" in kw else None,
+        "cross_entropy": "liger fused linear" if kw.get("use_liger_kernel") else "transformers (full logits)",
+    }
 
 
 def run_trl(spec: dict[str, Any]) -> None:
@@ -297,17 +325,31 @@ def run_trl(spec: dict[str, Any]) -> None:
                 self.t_last = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kw):
-            dev = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() and spec["use_gpu"] else torch.device("cpu")
+            dev = (
+                torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() and spec["use_gpu"] else torch.device("cpu")
+            )
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
             now = time.perf_counter()
             tokens, sq = counts.pop(0) if counts else (0, 0.0)
-            log.write({"step": state.global_step, "step_time_s": now - self.t_last, "tokens": tokens,
-                       "attn_tokens_sq": sq, "peak_mem_gib": _peak_gib(dev)})  # fmt: skip
+            log.write(
+                {
+                    "step": state.global_step,
+                    "step_time_s": now - self.t_last,
+                    "tokens": tokens,
+                    "attn_tokens_sq": sq,
+                    "peak_mem_gib": _peak_gib(dev),
+                }
+            )
             self.t_last = now
 
-    trainer = SFTTrainer(model=spec["model_dir"], args=cfg, train_dataset=trl_dataset(ds, spec["seq_len"]),
-                         processing_class=AutoTokenizer.from_pretrained(spec["tokenizer_dir"]), callbacks=[StepRecords()])  # fmt: skip
+    trainer = SFTTrainer(
+        model=spec["model_dir"],
+        args=cfg,
+        train_dataset=trl_dataset(ds, spec["seq_len"]),
+        processing_class=AutoTokenizer.from_pretrained(spec["tokenizer_dir"]),
+        callbacks=[StepRecords()],
+    )
     collate = trainer.data_collator
 
     def counting_collator(examples):
@@ -317,9 +359,13 @@ def run_trl(spec: dict[str, Any]) -> None:
 
     trainer.data_collator = counting_collator
     if rank == 0:
-        used = {**trl_planned_settings(spec, attn), "padding_free": bool(getattr(trainer, "padding_free", False)),
-                "liger": bool(cfg.use_liger_kernel), "gradient_checkpointing": bool(cfg.gradient_checkpointing),
-                "completion_only_loss": getattr(trainer, "completion_only_loss", None)}  # fmt: skip
+        used = {
+            **trl_planned_settings(spec, attn),
+            "padding_free": bool(getattr(trainer, "padding_free", False)),
+            "liger": bool(cfg.use_liger_kernel),
+            "gradient_checkpointing": bool(cfg.gradient_checkpointing),
+            "completion_only_loss": getattr(trainer, "completion_only_loss", None),
+        }
         (Path(spec["out_dir"]) / SETTINGS_FILE).write_text(json.dumps(used, indent=2))
         print(f"[trl] settings {json.dumps(used)}", flush=True)
     trainer.train()

@@ -63,15 +63,32 @@ DEFAULT_WARMUP = 5
 
 #: GPU model (as in ``torch.cuda.get_device_name``, whole word) → the EC2 instance whose price is used.
 GPU_INSTANCE = {
-    "H200": "p5en.48xlarge", "H100": "p5.48xlarge", "A100": "p4d.24xlarge", "L4": "g6.12xlarge",
-    "L40S": "g6e.12xlarge", "A10G": "g5.12xlarge", "T4": "g4dn.12xlarge", "B200": "p6-b200.48xlarge",
-}  # fmt: skip
+    "H200": "p5en.48xlarge",
+    "H100": "p5.48xlarge",
+    "A100": "p4d.24xlarge",
+    "L4": "g6.12xlarge",
+    "L40S": "g6e.12xlarge",
+    "A10G": "g5.12xlarge",
+    "T4": "g4dn.12xlarge",
+    "B200": "p6-b200.48xlarge",
+}
 
 #: Config keys the benchmark sets on the rayft recipes itself (after the user's): ``--rayft-set``
 #: refuses them rather than have them silently overridden.
-BENCH_FIXED = ("train.max_steps", "train.warmup_steps", "train.num_workers", "train.grad_accum_steps", "train.eval_every",
-               "train.float8", "data.synthetic", "data.train_files", "data.validation_files", "data.validation_fraction",
-               "checkpoint", "ray.max_failures")  # fmt: skip
+BENCH_FIXED = (
+    "train.max_steps",
+    "train.warmup_steps",
+    "train.num_workers",
+    "train.grad_accum_steps",
+    "train.eval_every",
+    "train.float8",
+    "data.synthetic",
+    "data.train_files",
+    "data.validation_files",
+    "data.validation_fraction",
+    "checkpoint",
+    "ray.max_failures",
+)
 
 # Settings each recipe adds to the user's config (before the user's --set, which win).
 RAYFT_BEST = ["train.compile=true", "train.cross_entropy=auto", "model.attn_implementation=auto", "data.packing=true"]
@@ -163,9 +180,12 @@ def merge_ranks(per_rank: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
             continue
         peaks = [r["peak_mem_gib"] for r in rs if r.get("peak_mem_gib") is not None]
         rec = {
-            "step": step, "step_time_s": max(r["step_time_s"] for r in rs), "tokens": sum(r["tokens"] for r in rs),
-            "attn_tokens_sq": sum(r["attn_tokens_sq"] for r in rs), "peak_mem_gib": max(peaks) if peaks else None,
-        }  # fmt: skip
+            "step": step,
+            "step_time_s": max(r["step_time_s"] for r in rs),
+            "tokens": sum(r["tokens"] for r in rs),
+            "attn_tokens_sq": sum(r["attn_tokens_sq"] for r in rs),
+            "peak_mem_gib": max(peaks) if peaks else None,
+        }
         if all(r.get("loss") is not None for r in rs):
             rec["loss"] = sum(r["loss"] for r in rs) / len(rs)
         if all(r.get("report_s") is not None for r in rs):
@@ -193,8 +213,14 @@ def rayft_records(metrics_file: Path) -> list[dict[str, Any]]:
     rows = [json.loads(x) for x in metrics_file.read_text().splitlines() if x.strip()]
     out = []
     for r in rows:
-        rec = {"step": r["step"], "step_time_s": r["step_time_s"], "tokens": r["tokens"], "attn_tokens_sq": r.get("attn_tokens_sq"),
-               "peak_mem_gib": r.get("peak_mem_gib"), "loss": r.get("loss")}  # fmt: skip
+        rec = {
+            "step": r["step"],
+            "step_time_s": r["step_time_s"],
+            "tokens": r["tokens"],
+            "attn_tokens_sq": r.get("attn_tokens_sq"),
+            "peak_mem_gib": r.get("peak_mem_gib"),
+            "loss": r.get("loss"),
+        }
         rec.update({k.removeprefix("time_"): r[k] for k in ("time_setup_s", "time_setup_model_build_s") if k in r})
         out.append(rec)
     return out
@@ -219,13 +245,20 @@ def float8_check(runs: list[dict[str, Any]]) -> dict[str, Any]:
         if not steps:
             continue
         rel = [abs(b[k] - a[k]) / abs(a[k]) for k in steps]
-        out[w] = {"steps": steps, "loss_bf16": [a[k] for k in steps], "loss_fp8": [b[k] for k in steps],
-                  "max_abs_diff": max(abs(b[k] - a[k]) for k in steps), "max_rel_diff": max(rel), "final_rel_diff": rel[-1]}  # fmt: skip
+        out[w] = {
+            "steps": steps,
+            "loss_bf16": [a[k] for k in steps],
+            "loss_fp8": [b[k] for k in steps],
+            "max_abs_diff": max(abs(b[k] - a[k]) for k in steps),
+            "max_rel_diff": max(rel),
+            "final_rel_diff": rel[-1],
+        }
     return out
 
 
-def summarize(records: list[dict[str, Any]], warmup_steps: int, world: int, flops_fn: Callable[[float], float] | None,
-              peak_flops: float | None) -> dict[str, Any]:  # fmt: skip
+def summarize(
+    records: list[dict[str, Any]], warmup_steps: int, world: int, flops_fn: Callable[[float], float] | None, peak_flops: float | None
+) -> dict[str, Any]:
     """Figures of one run from its global step records (``step`` counted from 1).
 
     Args:
@@ -261,17 +294,24 @@ def summarize(records: list[dict[str, Any]], warmup_steps: int, world: int, flop
     excl = None
     if all(r.get("step_time_excl_report_s") for r in steady):
         tps_ex = statistics.median(r["tokens"] / r["step_time_excl_report_s"] / world for r in steady)
-        excl = {"tokens_per_s_per_gpu": tps_ex, "mfu": mfu(tps_ex, fpt, peak_flops) if fpt else None,
-                "report_s_median": statistics.median(r["report_s"] for r in steady)}  # fmt: skip
+        excl = {
+            "tokens_per_s_per_gpu": tps_ex,
+            "mfu": mfu(tps_ex, fpt, peak_flops) if fpt else None,
+            "report_s_median": statistics.median(r["report_s"] for r in steady),
+        }
     return {
-        "steps_logged": len(records), "steps_measured": len(steady), "tokens_per_s_per_gpu": tps,
+        "steps_logged": len(records),
+        "steps_measured": len(steady),
+        "tokens_per_s_per_gpu": tps,
         "tokens_per_s_per_gpu_window": window_rate(steady, world),
-        "tokens_per_step_median": statistics.median(r["tokens"] for r in steady), "attn_span_tokens": span,
-        "flops_per_token": fpt, "mfu": mfu(tps, fpt, peak_flops) if fpt else None,
+        "tokens_per_step_median": statistics.median(r["tokens"] for r in steady),
+        "attn_span_tokens": span,
+        "flops_per_token": fpt,
+        "mfu": mfu(tps, fpt, peak_flops) if fpt else None,
         "peak_mem_gib": max(peaks) if peaks else None,
         "step_time_s": {"p10": float(p10), "p50": float(p50), "p90": float(p90), "min": min(times), "max": max(times)},
         **({"excluding_report": excl} if excl else {}),
-    }  # fmt: skip
+    }
 
 
 def window_rate(steps: list[dict[str, Any]], world: int) -> float:
@@ -337,11 +377,25 @@ def gpu_price(gpu_model: str | None, instance: str | None = None, usd_per_gpu_ho
     from rayft.cluster.instances import UnknownInstanceTypeError, get_instance
 
     if usd_per_gpu_hour is not None:
-        return {"instance": instance, "instance_usd_per_hour": None, "gpus_per_instance": None, "usd_per_gpu_hour": usd_per_gpu_hour,
-                "source": "given on the command line (--usd-per-gpu-hour)", "date": dt.date.today().isoformat(), "note": None}  # fmt: skip
+        return {
+            "instance": instance,
+            "instance_usd_per_hour": None,
+            "gpus_per_instance": None,
+            "usd_per_gpu_hour": usd_per_gpu_hour,
+            "source": "given on the command line (--usd-per-gpu-hour)",
+            "date": dt.date.today().isoformat(),
+            "note": None,
+        }
     if instance is None:
         instance = next((inst for key, inst in GPU_INSTANCE.items() if re.search(rf"\b{key}\b", gpu_model or "")), None)
-    none = {"instance": instance, "instance_usd_per_hour": None, "gpus_per_instance": None, "usd_per_gpu_hour": None, "source": None, "date": None}
+    none = {
+        "instance": instance,
+        "instance_usd_per_hour": None,
+        "gpus_per_instance": None,
+        "usd_per_gpu_hour": None,
+        "source": None,
+        "date": None,
+    }
     if instance is None:
         return {**none, "note": f"no instance mapped to GPU {gpu_model!r} (GPU_INSTANCE); give --instance or --usd-per-gpu-hour"}
     try:
@@ -352,7 +406,12 @@ def gpu_price(gpu_model: str | None, instance: str | None = None, usd_per_gpu_ho
     base = {**none, "gpus_per_instance": it.gpu_count, "source": src.source if src else None, "date": src.date if src else None}
     if it.on_demand_usd_per_hour is None:
         return {**base, "note": f"the catalog has no On-Demand price for {instance}; give --usd-per-gpu-hour"}
-    return {**base, "instance_usd_per_hour": it.on_demand_usd_per_hour, "usd_per_gpu_hour": it.on_demand_usd_per_hour / it.gpu_count, "note": None}
+    return {
+        **base,
+        "instance_usd_per_hour": it.on_demand_usd_per_hour,
+        "usd_per_gpu_hour": it.on_demand_usd_per_hour / it.gpu_count,
+        "note": None,
+    }
 
 
 def usd_per_million_tokens(usd_per_gpu_hour: float | None, tokens_per_s_per_gpu: float | None) -> float | None:
@@ -396,15 +455,19 @@ def _run_lines(r: dict[str, Any], fig: dict[str, Any]) -> tuple[str, str | None,
     for key in ("p10", "p50", "p90"):
         _number(st_s, key, positive=True, where="step_time_s.")
     mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "—"
-    row = (f"| {name} | {workload} | {mb} | {r['tokens_per_s_per_gpu']:,.0f} | {mfu} | {_fmt(r.get('peak_mem_gib'), '.1f')} | "
-           f"{st_s['p10']:.3f} / {st_s['p50']:.3f} / {st_s['p90']:.3f} | {_fmt(r.get('usd_per_1m_tokens'), '.4f')} | ok |")  # fmt: skip
+    row = (
+        f"| {name} | {workload} | {mb} | {r['tokens_per_s_per_gpu']:,.0f} | {mfu} | {_fmt(r.get('peak_mem_gib'), '.1f')} | "
+        f"{st_s['p10']:.3f} / {st_s['p50']:.3f} / {st_s['p90']:.3f} | {_fmt(r.get('usd_per_1m_tokens'), '.4f')} | ok |"
+    )
     v = run_window_rate(r, fig.get("warmup_steps"), fig.get("world_size"))
     ex, excl = r.get("excluding_report"), None
     if ex:
         mfu_ex = f", MFU {100 * ex['mfu']:.1f}%" if ex.get("mfu") is not None else ""
-        excl = (f"{name} × {workload} without its per-step `ray.train.report` "
-                f"(median {ex['report_s_median']:.2f} s a call, part of every step above): "
-                f"{ex['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU{mfu_ex}.")  # fmt: skip
+        excl = (
+            f"{name} × {workload} without its per-step `ray.train.report` "
+            f"(median {ex['report_s_median']:.2f} s a call, part of every step above): "
+            f"{ex['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU{mfu_ex}."
+        )
     return row, settings, (None if v is None else (name, workload, v)), excl
 
 
@@ -433,7 +496,9 @@ def _number(r: dict[str, Any], key: str, *, positive: bool = False, optional: bo
         return
     ok = finite_number(v) and (v > 0 if positive else v >= 0)
     if not ok:
-        raise ValueError(f"{where}{key} must be a {'positive' if positive else 'non-negative'} finite number{' or null' if optional else ''}, got {v!r:.40}")
+        raise ValueError(
+            f"{where}{key} must be a {'positive' if positive else 'non-negative'} finite number{' or null' if optional else ''}, got {v!r:.40}"
+        )
 
 
 def markdown_table(doc: dict[str, Any]) -> str:
@@ -446,8 +511,10 @@ def markdown_table(doc: dict[str, Any]) -> str:
     """
     fig = doc["figures"]
     env = doc.get("environment", {})
-    lines = ["| recipe | workload | micro-batch | tokens/s/GPU | MFU | peak GiB | step s p10 / p50 / p90 | USD / 1M tokens | status |\n"
-             "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | --- |"]  # fmt: skip
+    lines = [
+        "| recipe | workload | micro-batch | tokens/s/GPU | MFU | peak GiB | step s p10 / p50 / p90 | USD / 1M tokens | status |\n"
+        "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | --- |"
+    ]
     settings, windows, excluded = [], [], []
     if not isinstance(fig["runs"], list):
         raise ValueError(f"figures.runs must be a list, got {fig['runs']!r:.40}")
@@ -465,20 +532,31 @@ def markdown_table(doc: dict[str, Any]) -> str:
         windows += [win] if win else []
         excluded += [ex] if ex else []
     lines += ["", *settings, ""]
-    lines.append(f"{fig.get('world_size')} × {env.get('gpu_model', '?')}, model {fig.get('model')}, seq {fig.get('seq_len')}, "
-                 f"micro-batch {fig.get('micro_batch_size')} rows/GPU unless the table says otherwise, {fig.get('steps')} steps (median over steps after "
-                 f"{fig.get('warmup_steps')}); tokens = non-padding tokens; commit {str(doc.get('git_commit'))[:12]}.")  # fmt: skip
+    lines.append(
+        f"{fig.get('world_size')} × {env.get('gpu_model', '?')}, model {fig.get('model')}, seq {fig.get('seq_len')}, "
+        f"micro-batch {fig.get('micro_batch_size')} rows/GPU unless the table says otherwise, {fig.get('steps')} steps (median over steps after "
+        f"{fig.get('warmup_steps')}); tokens = non-padding tokens; commit {str(doc.get('git_commit'))[:12]}."
+    )
     if windows:
-        lines.append("The measured steps as a whole (their tokens ÷ their summed time; slow steps count in full): "
-                     + ", ".join(f"{n} × {w} {v:,.0f}" for n, w, v in windows) + " tokens/s/GPU.")  # fmt: skip
+        lines.append(
+            "The measured steps as a whole (their tokens ÷ their summed time; slow steps count in full): "
+            + ", ".join(f"{n} × {w} {v:,.0f}" for n, w, v in windows)
+            + " tokens/s/GPU."
+        )
     lines += excluded
     price = fig.get("price", {})
     for w, chk in (fig.get("float8_check") or {}).items():
-        lines.append(f"Float8 check ({w}): rayft-fp8's loss vs rayft's over {len(chk['steps'])} steps: max relative difference "
-                     f"{100 * chk['max_rel_diff']:.2f}%, at the last step {100 * chk['final_rel_diff']:.2f}% "
-                     f"({chk['loss_bf16'][-1]:.4f} bf16, {chk['loss_fp8'][-1]:.4f} float8).")  # fmt: skip
+        lines.append(
+            f"Float8 check ({w}): rayft-fp8's loss vs rayft's over {len(chk['steps'])} steps: max relative difference "
+            f"{100 * chk['max_rel_diff']:.2f}%, at the last step {100 * chk['final_rel_diff']:.2f}% "
+            f"({chk['loss_bf16'][-1]:.4f} bf16, {chk['loss_fp8'][-1]:.4f} float8)."
+        )
     if price.get("usd_per_gpu_hour"):
-        per = f"{price['instance']} ${price['instance_usd_per_hour']:.4g}/h ÷ {price['gpus_per_instance']} GPUs = " if price.get("instance_usd_per_hour") else ""
+        per = (
+            f"{price['instance']} ${price['instance_usd_per_hour']:.4g}/h ÷ {price['gpus_per_instance']} GPUs = "
+            if price.get("instance_usd_per_hour")
+            else ""
+        )
         lines.append(f"Cost: {per}${price['usd_per_gpu_hour']:.4g} per GPU-hour ({price.get('source')}, {price.get('date')}).")
     else:
         lines.append(f"Cost: not computed: {price.get('note')}")
@@ -499,8 +577,7 @@ def bar_chart(doc: dict[str, Any], out: Path) -> Path | None:
     if not runs:
         return None
     workloads = [w for w in WORKLOADS if any(r["workload"] == w for r in runs)]
-    recipes = [rc for rc in RECIPES if any(r["recipe"] == rc for r in runs)] + sorted(
-        {r["recipe"] for r in runs} - set(RECIPES))
+    recipes = [rc for rc in RECIPES if any(r["recipe"] == rc for r in runs)] + sorted({r["recipe"] for r in runs} - set(RECIPES))
     fig, ax = plt.subplots(figsize=(8, 4.5))
     width = 0.8 / max(1, len(workloads))
     for i, w in enumerate(workloads):
@@ -621,33 +698,76 @@ def recipe_command(recipe: str, workload: str, plan: Plan, cfg, world: int, use_
             from rayft.config import load_config
 
             rows = plan.steps * world * load_config(plan.config, sets).train.micro_batch_size
-            sets += ["data.train_files=[]", "data.validation_files=null", "data.validation_fraction=null",
-                     f"data.synthetic={{rows: {rows}, seed: {cfg.data.seed}}}"]  # fmt: skip
+            sets += [
+                "data.train_files=[]",
+                "data.validation_files=null",
+                "data.validation_fraction=null",
+                f"data.synthetic={{rows: {rows}, seed: {cfg.data.seed}}}",
+            ]
         else:
             sets += ["data.synthetic=null"]
         if shared.get("model_written"):  # the other recipes' initial weights, written by this bench
             sets += [f"model.name_or_path={shared['model_dir']}", f"model.tokenizer={shared['tokenizer_dir']}"]
-        sets += [f"train.max_steps={plan.steps}", "train.warmup_steps=0", f"train.num_workers={world}", "train.grad_accum_steps=1",
-                 f"checkpoint.storage_path={run_dir}", "checkpoint.name=rayft", "checkpoint.every_steps=null", "checkpoint.every_minutes=null",
-                 "checkpoint.export_hf=false", "checkpoint.save_final=false", "ray.max_failures=0", "train.eval_every=null"]  # fmt: skip
+        sets += [
+            f"train.max_steps={plan.steps}",
+            "train.warmup_steps=0",
+            f"train.num_workers={world}",
+            "train.grad_accum_steps=1",
+            f"checkpoint.storage_path={run_dir}",
+            "checkpoint.name=rayft",
+            "checkpoint.every_steps=null",
+            "checkpoint.every_minutes=null",
+            "checkpoint.export_hf=false",
+            "checkpoint.save_final=false",
+            "ray.max_failures=0",
+            "train.eval_every=null",
+        ]
         return [py, "-m", "rayft.cli", "train", str(plan.config), *(a for s in sets for a in ("--set", s))]
     spec = {
-        "recipe": recipe, "workload": workload, "data": shared["data"][workload]["file"], "model_dir": shared["model_dir"],
-        "tokenizer_dir": shared["tokenizer_dir"], "decoder_layer_cls": shared["decoder_layer_cls"], "seq_len": cfg.data.seq_len,
-        "micro_batch_size": cfg.train.micro_batch_size, "steps": plan.steps, "num_workers": world, "use_gpu": use_gpu,
-        "lr": cfg.train.lr, "seed": cfg.train.seed, "activation_checkpointing": cfg.train.activation_checkpointing, "pad_id": shared["pad_id"], "out_dir": str(run_dir),
-    }  # fmt: skip
+        "recipe": recipe,
+        "workload": workload,
+        "data": shared["data"][workload]["file"],
+        "model_dir": shared["model_dir"],
+        "tokenizer_dir": shared["tokenizer_dir"],
+        "decoder_layer_cls": shared["decoder_layer_cls"],
+        "seq_len": cfg.data.seq_len,
+        "micro_batch_size": cfg.train.micro_batch_size,
+        "steps": plan.steps,
+        "num_workers": world,
+        "use_gpu": use_gpu,
+        "lr": cfg.train.lr,
+        "seed": cfg.train.seed,
+        "activation_checkpointing": cfg.train.activation_checkpointing,
+        "pad_id": shared["pad_id"],
+        "out_dir": str(run_dir),
+    }
     run_dir.mkdir(parents=True, exist_ok=True)
     spec_file = run_dir / "spec.json"
     spec_file.write_text(json.dumps(spec, indent=2))
     if recipe == "sample-recipe":
         return [py, "-m", "rayft.benchmarks.recipes", "sample", str(spec_file)]
-    return [py, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}", "-m", "rayft.benchmarks.recipes", "trl", str(spec_file)]
+    return [
+        py,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={world}",
+        "-m",
+        "rayft.benchmarks.recipes",
+        "trl",
+        str(spec_file),
+    ]
 
 
 #: What ``sample-recipe`` runs (fixed by the AWS sample's code).
-SAMPLE_SETTINGS = {"attention": "sdpa", "padding_free": False, "liger": False, "gradient_checkpointing": False,
-                   "fsdp": 1, "cross_entropy": "transformers (full logits)"}  # fmt: skip
+SAMPLE_SETTINGS = {
+    "attention": "sdpa",
+    "padding_free": False,
+    "liger": False,
+    "gradient_checkpointing": False,
+    "fsdp": 1,
+    "cross_entropy": "transformers (full logits)",
+}
 
 
 def recipe_settings(recipe: str, run_dir: Path, cmd: list[str], config: Path) -> dict[str, Any]:
@@ -661,10 +781,19 @@ def recipe_settings(recipe: str, run_dir: Path, cmd: list[str], config: Path) ->
         from rayft.config import load_config
 
         c = load_config(config, [cmd[i + 1] for i, a in enumerate(cmd) if a == "--set"])
-        out = {"attention": c.model.attn_implementation, "padding_free": c.data.packing, "liger": c.train.liger_kernels,
-               "gradient_checkpointing": c.train.activation_checkpointing, "fsdp": 2, "cross_entropy": c.train.cross_entropy,
-               "compile": c.train.compile, "float8": c.train.float8, "micro_batch_size": c.train.micro_batch_size,
-               "fused_loss_chunk_mem": c.train.fused_loss_chunk_mem, "gpu_memory_limit_gib": c.train.gpu_memory_limit_gib}  # fmt: skip
+        out = {
+            "attention": c.model.attn_implementation,
+            "padding_free": c.data.packing,
+            "liger": c.train.liger_kernels,
+            "gradient_checkpointing": c.train.activation_checkpointing,
+            "fsdp": 2,
+            "cross_entropy": c.train.cross_entropy,
+            "compile": c.train.compile,
+            "float8": c.train.float8,
+            "micro_batch_size": c.train.micro_batch_size,
+            "fused_loss_chunk_mem": c.train.fused_loss_chunk_mem,
+            "gpu_memory_limit_gib": c.train.gpu_memory_limit_gib,
+        }
         metrics = run_dir / "rayft" / "rayft_metrics.jsonl"
         try:
             first = json.loads(metrics.read_text().splitlines()[0])
@@ -765,8 +894,9 @@ def run_bench(
     for kv in rayft_overrides:
         key = kv.partition("=")[0].strip()
         if any(key == f or key.startswith(f + ".") or f.startswith(key + ".") for f in BENCH_FIXED):
-            raise BenchTrainError(f"--rayft-set {kv}: the benchmark sets {key} itself (fixed: {', '.join(BENCH_FIXED)}; "
-                                  "float8 runs as the rayft-fp8 recipe)")  # fmt: skip
+            raise BenchTrainError(
+                f"--rayft-set {kv}: the benchmark sets {key} itself (fixed: {', '.join(BENCH_FIXED)}; float8 runs as the rayft-fp8 recipe)"
+            )
     if set(recipes) & set(RAYFT_RECIPES):  # the rayft recipes' own settings with the user's: valid before anything runs
         try:
             rcfg = load_config(Path(config), list(RAYFT_BEST) + overrides + rayft_overrides)
@@ -776,8 +906,10 @@ def run_bench(
         if rcfg.train.grad_accum_steps != 1:
             raise BenchTrainError("--rayft-set: the benchmark runs one micro-batch per step: keep train.grad_accum_steps=1")
         if rcfg.train.float8:
-            raise BenchTrainError("train.float8 is set for every rayft run (config or --set): the rayft recipe is the bf16 "
-                                  "baseline; run float8 as the rayft-fp8 recipe")  # fmt: skip
+            raise BenchTrainError(
+                "train.float8 is set for every rayft run (config or --set): the rayft recipe is the bf16 "
+                "baseline; run float8 as the rayft-fp8 recipe"
+            )
     use_gpu = torch.cuda.is_available() if cfg.train.use_gpu == "auto" else bool(cfg.train.use_gpu)
     world = cfg.train.num_workers if cfg.train.num_workers != "auto" else (torch.cuda.device_count() if use_gpu else 1)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -793,21 +925,39 @@ def run_bench(
     env_info = environment()
     gpu_model = env_info.get("gpu_model") if use_gpu else "cpu"
     peak = peak_for_name(gpu_model or "") if use_gpu else None
-    price = gpu_price(gpu_model, instance, usd_per_gpu_hour) if use_gpu or usd_per_gpu_hour else {
-        "usd_per_gpu_hour": None, "note": "CPU workers: no GPU price"}  # fmt: skip
+    price = (
+        gpu_price(gpu_model, instance, usd_per_gpu_hour)
+        if use_gpu or usd_per_gpu_hour
+        else {"usd_per_gpu_hour": None, "note": "CPU workers: no GPU price"}
+    )
 
     def flops_fn(span: float) -> float:
         return flops_per_token(shared["matmul_params"], shared["num_layers"], shared["hidden"], span)
 
     if out is None:
         label = gpu_label(gpu_model, world)
-        out = Path("bench/results") / f"{dt.date.today():%Y-%m-%d}-train-{re.sub(r'[^a-z0-9.]+', '-', cfg.model.name_or_path.lower())}-{label}.json"
-    command = " ".join(["rayft bench train", shlex.quote(str(config)), "--recipes", ",".join(recipes), "--workload",
-                        workloads[0] if len(workloads) == 1 else "both", "--steps", str(steps), "--warmup-steps", str(warmup_steps),
-                        *(["--timeout-s", shlex.quote(format_timeouts(timeout_s))] if timeout_s is not None else []),
-                        *(["--deadline-s", f"{deadline_s:g}"] if deadline_s is not None else []),
-                        *(a for s in overrides for a in ("--set", shlex.quote(s))),
-                        *(a for s in rayft_overrides for a in ("--rayft-set", shlex.quote(s)))])  # fmt: skip
+        out = (
+            Path("bench/results")
+            / f"{dt.date.today():%Y-%m-%d}-train-{re.sub(r'[^a-z0-9.]+', '-', cfg.model.name_or_path.lower())}-{label}.json"
+        )
+    command = " ".join(
+        [
+            "rayft bench train",
+            shlex.quote(str(config)),
+            "--recipes",
+            ",".join(recipes),
+            "--workload",
+            workloads[0] if len(workloads) == 1 else "both",
+            "--steps",
+            str(steps),
+            "--warmup-steps",
+            str(warmup_steps),
+            *(["--timeout-s", shlex.quote(format_timeouts(timeout_s))] if timeout_s is not None else []),
+            *(["--deadline-s", f"{deadline_s:g}"] if deadline_s is not None else []),
+            *(a for s in overrides for a in ("--set", shlex.quote(s))),
+            *(a for s in rayft_overrides for a in ("--rayft-set", shlex.quote(s))),
+        ]
+    )
     versions = {}
     for mod in ("trl", "datasets", "accelerate"):
         try:
@@ -819,14 +969,26 @@ def run_bench(
 
     def write(final: bool) -> tuple[Path, dict[str, Any]]:
         """The results so far (runs not started: status "not run"), JSON + Markdown (+ PNG when final)."""
-        pending = [{"recipe": r, "workload": w, "status": NOT_RUN} for r, w in todo[len(runs):]]
+        pending = [{"recipe": r, "workload": w, "status": NOT_RUN} for r, w in todo[len(runs) :]]
         figures = {
-            "model": cfg.model.name_or_path, "seq_len": cfg.data.seq_len, "micro_batch_size": cfg.train.micro_batch_size,
-            "world_size": world, "use_gpu": use_gpu, "steps": steps, "warmup_steps": warmup_steps, "peak_flops": peak,
-            "matmul_params": shared["matmul_params"], "price": price, "rayft_settings": RAYFT_BEST + rayft_overrides,
-            "timeout_s": timeout_s, "deadline_s": deadline_s, "complete": final and not pending,
-            "workloads": {w: shared["data"][w] for w in workloads}, "runs": runs + pending, "float8_check": float8_check(runs),
-        }  # fmt: skip
+            "model": cfg.model.name_or_path,
+            "seq_len": cfg.data.seq_len,
+            "micro_batch_size": cfg.train.micro_batch_size,
+            "world_size": world,
+            "use_gpu": use_gpu,
+            "steps": steps,
+            "warmup_steps": warmup_steps,
+            "peak_flops": peak,
+            "matmul_params": shared["matmul_params"],
+            "price": price,
+            "rayft_settings": RAYFT_BEST + rayft_overrides,
+            "timeout_s": timeout_s,
+            "deadline_s": deadline_s,
+            "complete": final and not pending,
+            "workloads": {w: shared["data"][w] for w in workloads},
+            "runs": runs + pending,
+            "float8_check": float8_check(runs),
+        }
         path = write_result(out, command, figures, versions=versions)
         if final:
             write_table_files(path, console)
@@ -853,8 +1015,21 @@ def run_bench(
     return write(True)
 
 
-def _one_run(r: str, w: str, plan: Plan, cfg, world: int, use_gpu: bool, shared: dict, runner: LoggedCommand, console: Console,
-             t0: float, flops_fn, peak, price) -> dict[str, Any]:  # fmt: skip
+def _one_run(
+    r: str,
+    w: str,
+    plan: Plan,
+    cfg,
+    world: int,
+    use_gpu: bool,
+    shared: dict,
+    runner: LoggedCommand,
+    console: Console,
+    t0: float,
+    flops_fn,
+    peak,
+    price,
+) -> dict[str, Any]:
     """Run one recipe × workload; its results entry (a failure of any kind is recorded, not raised)."""
     wd = plan.work_dir
     run_dir = wd / f"{r}-{w}"
@@ -866,7 +1041,11 @@ def _one_run(r: str, w: str, plan: Plan, cfg, world: int, use_gpu: bool, shared:
         left = plan.deadline_s - (_clock() - t0) - DEADLINE_MARGIN_S
         if left < MIN_RUN_S:
             console.print(f"[{r} × {w}] skipped: {max(0.0, left):.0f} s left before the deadline", highlight=False, markup=False)
-            return {**entry, "status": SKIPPED, "error": f"{max(0.0, left):.0f} s left before --deadline-s {plan.deadline_s:g} (needs {MIN_RUN_S} s)"}
+            return {
+                **entry,
+                "status": SKIPPED,
+                "error": f"{max(0.0, left):.0f} s left before --deadline-s {plan.deadline_s:g} (needs {MIN_RUN_S} s)",
+            }
         limit = left if cap is None else min(cap, left)
     entry["timeout_s"] = limit
     try:

@@ -36,7 +36,6 @@ EKS_REPO = "https://aws.github.io/eks-charts"
 KUBERAY_REPO = "https://ray-project.github.io/kuberay-helm/"
 
 
-
 @dataclass(frozen=True)
 class PluginSignature:
     """How a device-plugin DaemonSet installed outside Helm (by eksctl, or by hand) is recognised.
@@ -101,9 +100,18 @@ class Chart:
 
     def upgrade_argv(self) -> list[str]:
         argv = [
-            "helm", "upgrade", "--install", self.release, self.chart,
-            "--repo", self.repo, "--version", self.version, "--namespace", self.namespace,
-        ]  # fmt: skip
+            "helm",
+            "upgrade",
+            "--install",
+            self.release,
+            self.chart,
+            "--repo",
+            self.repo,
+            "--version",
+            self.version,
+            "--namespace",
+            self.namespace,
+        ]
         if self.create_namespace:
             argv.append("--create-namespace")
         for k, v in self.set_values:
@@ -134,32 +142,54 @@ def charts(cfg: ClusterConfig) -> list[Chart]:
     gpu_sel = (("nodeSelector.role", GPU_ROLE),)
     out = [
         Chart(
-            "nvidia-device-plugin", "nvidia-device-plugin", NVIDIA_REPO, v.nvidia_device_plugin, "kube-system",
-            daemonset="nvidia-device-plugin", set_values=gpu_sel, set_json=(("tolerations", _tolerations(cfg)),),
+            "nvidia-device-plugin",
+            "nvidia-device-plugin",
+            NVIDIA_REPO,
+            v.nvidia_device_plugin,
+            "kube-system",
+            daemonset="nvidia-device-plugin",
+            set_values=gpu_sel,
+            set_json=(("tolerations", _tolerations(cfg)),),
         ),
-    ]  # fmt: skip
+    ]
     if cfg.efa:
         out.append(
             Chart(
-                EFA_RELEASE, "aws-efa-k8s-device-plugin", EKS_REPO, v.efa_device_plugin, "kube-system",
-                daemonset="aws-efa-k8s-device-plugin", set_values=gpu_sel, set_json=(("tolerations", _tolerations(cfg)),),
+                EFA_RELEASE,
+                "aws-efa-k8s-device-plugin",
+                EKS_REPO,
+                v.efa_device_plugin,
+                "kube-system",
+                daemonset="aws-efa-k8s-device-plugin",
+                set_values=gpu_sel,
+                set_json=(("tolerations", _tolerations(cfg)),),
             )
-        )  # fmt: skip
+        )
     out.append(
         Chart(
-            "kuberay-operator", "kuberay-operator", KUBERAY_REPO, v.kuberay_operator, "kuberay-operator",
-            create_namespace=True, set_values=(("nodeSelector.role", SYSTEM_ROLE),),
+            "kuberay-operator",
+            "kuberay-operator",
+            KUBERAY_REPO,
+            v.kuberay_operator,
+            "kuberay-operator",
+            create_namespace=True,
+            set_values=(("nodeSelector.role", SYSTEM_ROLE),),
         )
-    )  # fmt: skip
+    )
     return out
 
 
 def kuberay_wait_argv(timeout_s: int = 300) -> list[str]:
     """``kubectl wait`` until the KubeRay operator Deployment is Available (``timeout_s`` seconds)."""
     return [
-        "kubectl", "wait", "--for=condition=Available", "deployment/kuberay-operator",
-        "--namespace", "kuberay-operator", f"--timeout={timeout_s}s",
-    ]  # fmt: skip
+        "kubectl",
+        "wait",
+        "--for=condition=Available",
+        "deployment/kuberay-operator",
+        "--namespace",
+        "kuberay-operator",
+        f"--timeout={timeout_s}s",
+    ]
 
 
 def daemonset_argv(name: str) -> list[str]:
@@ -313,9 +343,7 @@ class AddonOutcome:
     device_plugin_daemonsets: list[str] = field(default_factory=list)
 
 
-def install_addons(
-    runner: Runner, cfg: ClusterConfig, say: Callable[[str], None] = lambda s: None
-) -> AddonOutcome:
+def install_addons(runner: Runner, cfg: ClusterConfig, say: Callable[[str], None] = lambda s: None) -> AddonOutcome:
     """Install or upgrade each chart of :func:`charts` unless it is already deployed at the pinned version.
 
     A device-plugin chart is skipped when the same plugin already runs outside Helm (eksctl's; see

@@ -143,9 +143,7 @@ def vcpus_in_use(ec2: Any, fam: QuotaFamily, *, spot: bool) -> int:
     """vCPUs of pending/running instances that count against ``fam``'s on-demand (or spot) quota."""
     total = 0
     default_vcpus: dict[str, int] = {}
-    pages = ec2.get_paginator("describe_instances").paginate(
-        Filters=[{"Name": "instance-state-name", "Values": ["pending", "running"]}]
-    )
+    pages = ec2.get_paginator("describe_instances").paginate(Filters=[{"Name": "instance-state-name", "Values": ["pending", "running"]}])
     for page in pages:
         for res in page.get("Reservations", []):
             for inst in res.get("Instances", []):
@@ -168,11 +166,19 @@ def quota_increase_command(region: str, code: str, desired_vcpus: int) -> str:
     """The exact AWS CLI command that asks for a quota of ``desired_vcpus``."""
     return shlex.join(
         [
-            "aws", "service-quotas", "request-service-quota-increase",
-            "--service-code", "ec2", "--quota-code", code, "--desired-value", str(desired_vcpus),
-            "--region", region,
+            "aws",
+            "service-quotas",
+            "request-service-quota-increase",
+            "--service-code",
+            "ec2",
+            "--quota-code",
+            code,
+            "--desired-value",
+            str(desired_vcpus),
+            "--region",
+            region,
         ]
-    )  # fmt: skip
+    )
 
 
 # --------------------------------------------------------------------------- offerings
@@ -305,9 +311,7 @@ def probe_capacity(ec2: Any, region: str, instance_type: str, az: str, count: in
             InstanceMatchCriteria="targeted",
             EndDateType="unlimited",
             ClientToken=token,
-            TagSpecifications=[
-                {"ResourceType": "capacity-reservation", "Tags": [{"Key": k, "Value": v} for k, v in all_tags.items()]}
-            ],
+            TagSpecifications=[{"ResourceType": "capacity-reservation", "Tags": [{"Key": k, "Value": v} for k, v in all_tags.items()]}],
         )
         rid = resp["CapacityReservation"]["CapacityReservationId"]
         return "AVAILABLE"
@@ -484,11 +488,15 @@ def render_report(report: CapacityReport) -> list[list[str]]:
         limit = "?" if q is None or q.value is None else f"{q.value:g}"
         rows.append(
             [
-                str(i), c.region, c.az, q.code if q else "-",
+                str(i),
+                c.region,
+                c.az,
+                q.code if q else "-",
                 f"{c.used_vcpus}/{limit}" if q else "-",
                 "?" if c.headroom is None else f"{c.headroom:g}",
                 str(c.need_vcpus) if c.offered else "-",
-                c.probe or "-", c.verdict,
+                c.probe or "-",
+                c.verdict,
             ]
-        )  # fmt: skip
+        )
     return rows

@@ -46,9 +46,16 @@ from rayft.cluster.spec import ClusterConfig
 NOT_FOUND = "NOT_FOUND"
 #: CloudFormation states that hold no running resources and block a re-create with the same name.
 FAILED_STACK_STATES = {"ROLLBACK_COMPLETE", "ROLLBACK_FAILED", "CREATE_FAILED", "DELETE_FAILED", "UPDATE_ROLLBACK_FAILED"}
-STACK_BUSY_STATES = {"CREATE_IN_PROGRESS", "ROLLBACK_IN_PROGRESS", "DELETE_IN_PROGRESS", "UPDATE_IN_PROGRESS",
-                     "UPDATE_COMPLETE_CLEANUP_IN_PROGRESS", "UPDATE_ROLLBACK_IN_PROGRESS",
-                     "UPDATE_ROLLBACK_COMPLETE_CLEANUP_IN_PROGRESS", "REVIEW_IN_PROGRESS"}  # fmt: skip
+STACK_BUSY_STATES = {
+    "CREATE_IN_PROGRESS",
+    "ROLLBACK_IN_PROGRESS",
+    "DELETE_IN_PROGRESS",
+    "UPDATE_IN_PROGRESS",
+    "UPDATE_COMPLETE_CLEANUP_IN_PROGRESS",
+    "UPDATE_ROLLBACK_IN_PROGRESS",
+    "UPDATE_ROLLBACK_COMPLETE_CLEANUP_IN_PROGRESS",
+    "REVIEW_IN_PROGRESS",
+}
 INSTALL_HINTS = {
     "eksctl": "https://eksctl.io/installation/",
     "helm": "https://helm.sh/docs/intro/install/",
@@ -390,8 +397,7 @@ def _instance_problems(ctx: Context) -> tuple[Shape | None, list[str]]:
         problems.append(f"cluster.instance_type: {itype} has no GPUs; pick a GPU instance type")
     if cfg.efa and not shape.efa_supported:
         problems.append(
-            f"cluster.efa: {itype} does not support EFA; set cluster.efa: false or pick a type with EFA "
-            "(e.g. g6.12xlarge, p5.48xlarge)"
+            f"cluster.efa: {itype} does not support EFA; set cluster.efa: false or pick a type with EFA (e.g. g6.12xlarge, p5.48xlarge)"
         )
     return shape, problems
 
@@ -439,8 +445,11 @@ def _clear_failed_stack(ctx: Context, stack: str, *, ours: bool = False) -> None
     cfn = ctx.client("cloudformation")
     status = stack_status(cfn, stack)
     if status in STACK_BUSY_STATES:
-        status = ctx.wait(f"stack {stack}", lambda: stack_status(cfn, stack),
-                          until={NOT_FOUND, "CREATE_COMPLETE", "UPDATE_COMPLETE"} | FAILED_STACK_STATES)  # fmt: skip
+        status = ctx.wait(
+            f"stack {stack}",
+            lambda: stack_status(cfn, stack),
+            until={NOT_FOUND, "CREATE_COMPLETE", "UPDATE_COMPLETE"} | FAILED_STACK_STATES,
+        )
     if status not in FAILED_STACK_STATES:
         return
     reasons = stack_failure_reasons(cfn, stack)
@@ -489,7 +498,9 @@ def ensure_cluster(ctx: Context, cluster_azs: Callable[[], list[str]], result: U
         reasons = stack_failure_reasons(ctx.client("cloudformation"), cluster_stack(cfg))
         ctx.say(f"{what} is FAILED" + "".join(f"\n    {r}" for r in reasons))
         if not ctx.confirm(f"Delete the failed cluster {cfg.name} (eksctl delete cluster) and create it again?"):
-            raise LifecycleError(f"{what} is FAILED; remove it by hand, then re-run `rayft cluster up`:\n  {shlex.join(delete_cluster_argv(cfg))}")
+            raise LifecycleError(
+                f"{what} is FAILED; remove it by hand, then re-run `rayft cluster up`:\n  {shlex.join(delete_cluster_argv(cfg))}"
+            )
         ctx.runner.run(delete_cluster_argv(cfg), stream=True)
         status = ctx.wait(what, lambda: cluster_status(eks, cfg.name), until={NOT_FOUND})
     if status == "ACTIVE":
@@ -521,8 +532,12 @@ def _nodegroup_ready_or_cleared(ctx: Context, ng: str, *, ours: bool = False) ->
     what = f"node group {ng}"
     status = nodegroup_status(eks, cfg.name, ng)
     if status in ("CREATING", "UPDATING"):
-        status = ctx.wait(what, lambda: nodegroup_status(eks, cfg.name, ng), until={"ACTIVE"},
-                          fail={"CREATE_FAILED", "DEGRADED", "DELETE_FAILED", NOT_FOUND})  # fmt: skip
+        status = ctx.wait(
+            what,
+            lambda: nodegroup_status(eks, cfg.name, ng),
+            until={"ACTIVE"},
+            fail={"CREATE_FAILED", "DEGRADED", "DELETE_FAILED", NOT_FOUND},
+        )
     if status == "DELETING":
         status = ctx.wait(what, lambda: nodegroup_status(eks, cfg.name, ng), until={NOT_FOUND}, fail={"DELETE_FAILED"})
     if status in ("CREATE_FAILED", "DELETE_FAILED", "DEGRADED"):
@@ -576,8 +591,7 @@ def ensure_placement_group(ctx: Context, result: UpResult) -> None:
         result.reused.append(f"placement-group/{name}")
         return
     tags = [{"Key": k, "Value": v} for k, v in cluster_tags(ctx.cfg).items()]
-    ec2.create_placement_group(GroupName=name, Strategy="cluster",
-                               TagSpecifications=[{"ResourceType": "placement-group", "Tags": tags}])  # fmt: skip
+    ec2.create_placement_group(GroupName=name, Strategy="cluster", TagSpecifications=[{"ResourceType": "placement-group", "Tags": tags}])
     result.created.append(f"placement-group/{name}")
 
 
@@ -698,9 +712,13 @@ def wait_addons_ready(ctx: Context, daemonsets: list[str], gpus_per_node: int) -
 def _capacity(ctx: Context) -> CapacityReport:
     cfg = ctx.cfg
     return find_capacity(
-        ctx.clients, cfg.instance_type, cfg.num_nodes, [cfg.aws.region],
-        availability_zones=cfg.aws.availability_zones, capacity_type=cfg.aws.capacity_type,
-    )  # fmt: skip
+        ctx.clients,
+        cfg.instance_type,
+        cfg.num_nodes,
+        [cfg.aws.region],
+        availability_zones=cfg.aws.availability_zones,
+        capacity_type=cfg.aws.capacity_type,
+    )
 
 
 def _gpu_candidates(ctx: Context, cache: dict[str, Any]) -> list[str]:
@@ -803,7 +821,9 @@ def leftovers(ctx: Context) -> tuple[list[Leftover], list[str]]:
                 return
 
     def instances(f):
-        resp = ec2.describe_instances(Filters=f + [{"Name": "instance-state-name", "Values": ["pending", "running", "stopping", "stopped"]}])
+        resp = ec2.describe_instances(
+            Filters=f + [{"Name": "instance-state-name", "Values": ["pending", "running", "stopping", "stopped"]}]
+        )
         return [Leftover("instance", i["InstanceId"], i["InstanceType"]) for r in resp["Reservations"] for i in r["Instances"]]
 
     def nats(f):
@@ -959,7 +979,9 @@ def status(ctx: Context) -> Status:
         else:
             total += price
             priced = True
-        st.nodes.append({"name": r.name, "role": role, "instance_type": r.instance_type, "gpus": r.gpus, "efa": r.efa, "usd_per_hour": price})
+        st.nodes.append(
+            {"name": r.name, "role": role, "instance_type": r.instance_type, "gpus": r.gpus, "efa": r.efa, "usd_per_hour": price}
+        )
     st.hourly_usd = total if priced else None
     res = ctx.runner.run(["kubectl", "get", "rayclusters.ray.io", "--all-namespaces", "--output", "json"], check=False)
     try:
@@ -968,10 +990,13 @@ def status(ctx: Context) -> Status:
         rcs = []
     for rc in rcs:
         meta = rc.get("metadata") or {}
-        st.rayclusters.append({
-            "namespace": meta.get("namespace", ""), "name": meta.get("name", ""),
-            "state": (rc.get("status") or {}).get("state", "?"),
-        })  # fmt: skip
+        st.rayclusters.append(
+            {
+                "namespace": meta.get("namespace", ""),
+                "name": meta.get("name", ""),
+                "state": (rc.get("status") or {}).get("state", "?"),
+            }
+        )
     return st
 
 
@@ -1062,7 +1087,11 @@ def plan(cfg: ClusterConfig, workdir: Path = Path(".rayft"), gpu_az: str | None 
             f"cloudformation:DescribeStackEvents(StackName={nodegroup_stack(cfg, a.gpu_nodegroup)})  # only to explain a failure",
             f"eks:DescribeCluster(name={cfg.name}) + ec2:DescribeSubnets (the cluster's private subnet in the AZ)",
         ]
-        + ([f"ec2:DescribeCapacityReservations(CapacityReservationIds=[{a.capacity_reservation_id}]) (pins the AZ)"] if a.capacity_reservation_id else []),
+        + (
+            [f"ec2:DescribeCapacityReservations(CapacityReservationIds=[{a.capacity_reservation_id}]) (pins the AZ)"]
+            if a.capacity_reservation_id
+            else []
+        ),
         actions=[
             shlex.join(delete_nodegroup_argv(cfg, a.gpu_nodegroup)) + "  # only if CREATE_FAILED/DEGRADED, after confirmation",
             f"cloudformation:DeleteStack(StackName={nodegroup_stack(cfg, a.gpu_nodegroup)})  # only if ROLLBACK_COMPLETE/failed",
@@ -1123,8 +1152,13 @@ def render_plan(steps: list[PlanStep]) -> str:
 def plan_down(cfg: ClusterConfig) -> list[tuple[str, str]]:
     """("probe" | "run", text) for what ``down`` does, in order (each run only when its probe finds the thing)."""
     out = [("probe", f"eks:DescribeCluster(name={cfg.name}), eks:DescribeNodegroup, cloudformation:DescribeStacks, helm status")]
-    out.append(("probe", f"ownership: tag {TAG_CLUSTER}={cfg.name} on the EKS cluster or stack {cluster_stack(cfg)}; "
-                         "without it `down` stops (override: --delete-untagged)"))
+    out.append(
+        (
+            "probe",
+            f"ownership: tag {TAG_CLUSTER}={cfg.name} on the EKS cluster or stack {cluster_stack(cfg)}; "
+            "without it `down` stops (override: --delete-untagged)",
+        )
+    )
     out.append(("run", shlex.join(write_kubeconfig_argv(cfg))))
     out += [("run", shlex.join(c.uninstall_argv())) for c in reversed(addons.charts(cfg))]
     out.append(("run", shlex.join(delete_nodegroup_argv(cfg, cfg.aws.gpu_nodegroup))))
@@ -1133,10 +1167,12 @@ def plan_down(cfg: ClusterConfig) -> list[tuple[str, str]]:
     out.append(("run", shlex.join(delete_nodegroup_argv(cfg, cfg.aws.system_nodegroup))))
     out.append(("run", shlex.join(delete_cluster_argv(cfg))))
     out.append(("run", f"cloudformation:DeleteStack(StackName=eksctl-{cfg.name}-*)  # stacks left in a failed state"))
-    out.append((
-        "probe",
-        f"leftovers by tag ({TAG_CLUSTER}={cfg.name}, alpha.eksctl.io/cluster-name, eks:cluster-name, kubernetes.io/cluster/{cfg.name}): "
-        "ec2:DescribeInstances, ec2:DescribeNatGateways, ec2:DescribeVolumes, ec2:DescribeCapacityReservations, "
-        "elbv2:DescribeLoadBalancers + elbv2:DescribeTags",
-    ))  # fmt: skip
+    out.append(
+        (
+            "probe",
+            f"leftovers by tag ({TAG_CLUSTER}={cfg.name}, alpha.eksctl.io/cluster-name, eks:cluster-name, kubernetes.io/cluster/{cfg.name}): "
+            "ec2:DescribeInstances, ec2:DescribeNatGateways, ec2:DescribeVolumes, ec2:DescribeCapacityReservations, "
+            "elbv2:DescribeLoadBalancers + elbv2:DescribeTags",
+        )
+    )
     return out

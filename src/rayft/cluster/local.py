@@ -235,9 +235,7 @@ def _http_ok(url: str, token: str | None, timeout: float = 2.0) -> int | None:
 
 def alive_nodes(cluster: LocalCluster) -> int | None:
     """Number of ALIVE nodes by the dashboard's state API, or None when the dashboard does not answer."""
-    req = urllib.request.Request(
-        f"{cluster.dashboard_url}/api/v0/nodes?limit=1000", headers={"Authorization": f"Bearer {cluster.token}"}
-    )
+    req = urllib.request.Request(f"{cluster.dashboard_url}/api/v0/nodes?limit=1000", headers={"Authorization": f"Bearer {cluster.token}"})
     try:
         with urllib.request.urlopen(req, timeout=5) as r:
             data = json.loads(r.read())
@@ -295,35 +293,64 @@ def up(
     gcs, dash, client, *_ = ports = _free_ports(3 + 4 * (workers + 1))
     node_ports = [ports[3 + 4 * i : 7 + 4 * i] for i in range(workers + 1)]
     cluster = LocalCluster(
-        state_dir=str(state_dir), gcs_address=f"{HOST}:{gcs}", dashboard_url=f"http://{HOST}:{dash}",
-        token_file=str(token_file), temp_root=str(temp_root), started_at=time.time(),
-    )  # fmt: skip
+        state_dir=str(state_dir),
+        gcs_address=f"{HOST}:{gcs}",
+        dashboard_url=f"http://{HOST}:{dash}",
+        token_file=str(token_file),
+        temp_root=str(temp_root),
+        started_at=time.time(),
+    )
     env = _node_env(token_file)
     common = ["--node-ip-address", HOST, "--num-gpus", "0", "--disable-usage-stats"]
 
     def per_node(i: int) -> list[str]:
         a, g, m, r = node_ports[i]
-        return ["--dashboard-agent-listen-port", str(a), "--dashboard-agent-grpc-port", str(g),
-                "--metrics-export-port", str(m), "--runtime-env-agent-port", str(r)]  # fmt: skip
+        return [
+            "--dashboard-agent-listen-port",
+            str(a),
+            "--dashboard-agent-grpc-port",
+            str(g),
+            "--metrics-export-port",
+            str(m),
+            "--runtime-env-agent-port",
+            str(r),
+        ]
 
     # record first, so that `down` can clean up a half-started cluster
     (state_dir / STATE_FILE).write_text(json.dumps(asdict(cluster), indent=2))
     try:
         head_dir = temp_root / "head"
         _ray_start(
-            ["--head", "--port", str(gcs), "--dashboard-host", HOST, "--dashboard-port", str(dash),
-             "--include-dashboard", "true", "--ray-client-server-port", str(client),
-             "--num-cpus", str(head_cpus), "--temp-dir", str(head_dir), *common, *per_node(0)],
-            env, say,
-        )  # fmt: skip
+            [
+                "--head",
+                "--port",
+                str(gcs),
+                "--dashboard-host",
+                HOST,
+                "--dashboard-port",
+                str(dash),
+                "--include-dashboard",
+                "true",
+                "--ray-client-server-port",
+                str(client),
+                "--num-cpus",
+                str(head_cpus),
+                "--temp-dir",
+                str(head_dir),
+                *common,
+                *per_node(0),
+            ],
+            env,
+            say,
+        )
         cluster.nodes.append({"name": "head", "temp_dir": str(head_dir), "num_cpus": head_cpus})
         for i in range(1, workers + 1):
             wdir = temp_root / f"w{i}"
             _ray_start(
-                ["--address", cluster.gcs_address, "--num-cpus", _num(cpus_per_worker), "--temp-dir", str(wdir),
-                 *common, *per_node(i)],
-                env, say,
-            )  # fmt: skip
+                ["--address", cluster.gcs_address, "--num-cpus", _num(cpus_per_worker), "--temp-dir", str(wdir), *common, *per_node(i)],
+                env,
+                say,
+            )
             cluster.nodes.append({"name": f"worker-{i}", "temp_dir": str(wdir), "num_cpus": cpus_per_worker})
         (state_dir / STATE_FILE).write_text(json.dumps(asdict(cluster), indent=2))
         deadline = time.monotonic() + timeout_s
@@ -364,6 +391,7 @@ def down(state_dir: Path | str | None = None, say: Callable[[str], None] = print
     if cluster is None:
         return False, {}
     procs = cluster_pids(cluster)
+
     # Ray's own order (`ray stop`): raylets first, then the agents/dashboard/drivers, GCS last;
     # SIGTERM each bucket and wait for it, SIGKILL what ignored the signal.
     def bucket(cmd: str) -> int:

@@ -101,10 +101,23 @@ class Manifests:
 # group 3 the suffix.
 
 _SUFFIX = {
-    "": 1, "m": Decimal("0.001"), "n": Decimal("1e-9"), "u": Decimal("1e-6"),
-    "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
-    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
-}  # fmt: skip
+    "": 1,
+    "m": Decimal("0.001"),
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
+}
 _QTY = re.compile(QUANTITY_PATTERN)
 
 
@@ -225,8 +238,9 @@ def _volumes(cluster: ClusterConfig, shm: str, config_map: str) -> tuple[list[di
     return volumes, mounts
 
 
-def _pod_spec(cluster: ClusterConfig, container: dict[str, Any], volumes: list[dict], *, node_selector: dict,
-              tolerations: list[dict] | None = None) -> dict[str, Any]:  # fmt: skip
+def _pod_spec(
+    cluster: ClusterConfig, container: dict[str, Any], volumes: list[dict], *, node_selector: dict, tolerations: list[dict] | None = None
+) -> dict[str, Any]:
     spec: dict[str, Any] = {}
     if cluster.kube.service_account:
         spec["serviceAccountName"] = cluster.kube.service_account
@@ -303,8 +317,7 @@ def worker_tolerations(cluster: ClusterConfig) -> list[dict[str, str]]:
     return out
 
 
-def _worker_group(instance: InstanceType, cluster: ClusterConfig, config_map: str,
-                  common_env: dict[str, str]) -> dict[str, Any]:  # fmt: skip
+def _worker_group(instance: InstanceType, cluster: ClusterConfig, config_map: str, common_env: dict[str, str]) -> dict[str, Any]:
     kube = cluster.kube
     res = worker_resources(instance, cluster)
     shm = kube.shm_size or default_shm(res["memory"])
@@ -451,10 +464,12 @@ def _check_cluster_spec(where: str, spec: dict[str, Any], instance: InstanceType
     out: list[tuple[str, str]] = []
     head = spec["headGroupSpec"]
     if str(head["rayStartParams"].get("num-gpus")) != "0":
-        out.append((
-            f"{where}.headGroupSpec.rayStartParams.num-gpus (cluster.kube.head_ray_start_params)",
-            f"{head['rayStartParams'].get('num-gpus')}, but the head runs on a CPU node: num-gpus must be 0",
-        ))
+        out.append(
+            (
+                f"{where}.headGroupSpec.rayStartParams.num-gpus (cluster.kube.head_ray_start_params)",
+                f"{head['rayStartParams'].get('num-gpus')}, but the head runs on a CPU node: num-gpus must be 0",
+            )
+        )
     for i, g in enumerate(spec["workerGroupSpecs"]):
         gw = f"{where}.workerGroupSpecs[{i}]"
         c = _container(g, WORKER_CONTAINER)
@@ -462,18 +477,22 @@ def _check_cluster_spec(where: str, spec: dict[str, Any], instance: InstanceType
         gpu_limit = limits.get(GPU_RESOURCE)
         num_gpus = g["rayStartParams"].get("num-gpus")
         if num_gpus is None or gpu_limit is None or parse_quantity(str(num_gpus)) != parse_quantity(str(gpu_limit)):
-            out.append((
-                f"{gw}.rayStartParams.num-gpus (cluster.kube.worker_ray_start_params)",
-                f"num-gpus {num_gpus} != the pod's {GPU_RESOURCE} limit {gpu_limit}: Ray and the kubelet would disagree",
-            ))
+            out.append(
+                (
+                    f"{gw}.rayStartParams.num-gpus (cluster.kube.worker_ray_start_params)",
+                    f"num-gpus {num_gpus} != the pod's {GPU_RESOURCE} limit {gpu_limit}: Ray and the kubelet would disagree",
+                )
+            )
         if gpu_limit is not None and parse_quantity(str(gpu_limit)) > instance.gpu_count:
             out.append((f"{gw}.resources.limits.{GPU_RESOURCE}", f"{gpu_limit} GPUs > {instance.gpu_count} on {instance.name}"))
         efa = limits.get(EFA_RESOURCE)
         if efa is not None and parse_quantity(str(efa)) > instance.max_efa_interfaces:
-            out.append((
-                f"{gw}.resources.limits.{EFA_RESOURCE}",
-                f"{efa} EFA interfaces requested; {instance.name} takes at most {instance.max_efa_interfaces}",
-            ))
+            out.append(
+                (
+                    f"{gw}.resources.limits.{EFA_RESOURCE}",
+                    f"{efa} EFA interfaces requested; {instance.name} takes at most {instance.max_efa_interfaces}",
+                )
+            )
         mem = parse_quantity(limits.get("memory", "0"))
         if mem > instance.memory_mib * 2**20:
             out.append(("cluster.kube.worker_memory", f"{limits['memory']} exceeds {instance.name}'s {instance.memory_mib // 1024}Gi"))
@@ -523,10 +542,12 @@ def check(cfg: RayftConfig, manifests: Manifests) -> list[tuple[str, str]]:
     world = cluster.num_nodes * gpus_per_worker
     nw = cfg.train.num_workers
     if isinstance(nw, int) and nw != world:
-        out.append((
-            "train.num_workers",
-            f"{nw} != world size {world} ({cluster.num_nodes} nodes × {gpus_per_worker} GPUs of {inst.name})",
-        ))
+        out.append(
+            (
+                "train.num_workers",
+                f"{nw} != world size {world} ({cluster.num_nodes} nodes × {gpus_per_worker} GPUs of {inst.name})",
+            )
+        )
     if cfg.train.use_gpu is False:
         out.append(("train.use_gpu", f"false, but the cluster is {world} GPUs of {inst.name}"))
 
@@ -542,7 +563,7 @@ def check(cfg: RayftConfig, manifests: Manifests) -> list[tuple[str, str]]:
         manifests.warnings.append(
             f"the RayJob runs `{entrypoint(cfg)}`, but {kube.image} does not contain rayft and "
             "cluster.kube.runtime_env does not install it, so the job would fail with `rayft: not found`. "
-            "Either set cluster.kube.runtime_env: {pip: [\"rayft @ <wheel URL or s3:// path>\"]} "
+            'Either set cluster.kube.runtime_env: {pip: ["rayft @ <wheel URL or s3:// path>"]} '
             f"(or a pinned version from your index), or build an image FROM {kube.image} with rayft installed "
             "and set cluster.kube.image to it"
         )
@@ -555,27 +576,40 @@ def check(cfg: RayftConfig, manifests: Manifests) -> list[tuple[str, str]]:
             out.append(("checkpoint.storage_path", f"{sp!r} is node-local but the cluster has {cluster.num_nodes} nodes; use {hint}"))
         for i, f in enumerate(cfg.data.train_files):
             if not is_shared_path(f, cluster):
-                out.append((f"data.train_files[{i}]", f"{f!r} is a path on this machine, not visible in the pods; put it on shared storage or use a URI"))
+                out.append(
+                    (
+                        f"data.train_files[{i}]",
+                        f"{f!r} is a path on this machine, not visible in the pods; put it on shared storage or use a URI",
+                    )
+                )
     for i, f in enumerate(cfg.data.train_files):
         if _URI.match(f):
-            manifests.notes.append(f"data.train_files[{i}]: {f} is a URI; rayft's data reader reads files (put it under {kube.shared_mount_path})")
+            manifests.notes.append(
+                f"data.train_files[{i}]: {f} is a URI; rayft's data reader reads files (put it under {kube.shared_mount_path})"
+            )
     if cluster.num_nodes > 1 and hf_home(cluster) is None:
         manifests.notes.append("no shared file system (cluster.kube.fsx_pvc): each pod keeps its own Hugging Face cache")
     if kube.hf_home and not is_shared_path(kube.hf_home, cluster):
-        out.append(("cluster.kube.hf_home", f"{kube.hf_home!r} is not on shared storage ({kube.shared_mount_path} with cluster.kube.fsx_pvc)"))
+        out.append(
+            ("cluster.kube.hf_home", f"{kube.hf_home!r} is not on shared storage ({kube.shared_mount_path} with cluster.kube.fsx_pvc)")
+        )
 
     # RayJob rules KubeRay enforces
     if kube.job_cluster == "select":
         if kube.job_shutdown_after_finishes:
-            out.append(("cluster.kube.job_shutdown_after_finishes", "must be false with job_cluster: select (the RayCluster is not the job's)"))
+            out.append(
+                ("cluster.kube.job_shutdown_after_finishes", "must be false with job_cluster: select (the RayCluster is not the job's)")
+            )
         if kube.job_backoff_limit > 0:
             out.append(("cluster.kube.job_backoff_limit", "KubeRay rejects backoffLimit > 0 with job_cluster: select"))
     ttl_set = "job_ttl_seconds_after_finished" in kube.model_fields_set
     if not kube.job_shutdown_after_finishes and ttl_set and kube.job_ttl_seconds_after_finished > 0:
-        out.append((
-            "cluster.kube.job_ttl_seconds_after_finished",
-            "KubeRay rejects a TTL when job_shutdown_after_finishes is false; remove it or set it to 0",
-        ))
+        out.append(
+            (
+                "cluster.kube.job_ttl_seconds_after_finished",
+                "KubeRay rejects a TTL when job_shutdown_after_finishes is false; remove it or set it to 0",
+            )
+        )
 
     # the rendered objects themselves
     out += _check_cluster_spec(f"RayCluster/{cluster.name}: spec", manifests.raycluster["spec"], inst, cfg)

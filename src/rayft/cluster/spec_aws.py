@@ -42,7 +42,9 @@ class AwsSpec(ConfigModel):
     capacity_regions: list[str] = Field(
         default_factory=list, description="Regions `rayft capacity` searches, in preference order; empty: just `region`."
     )
-    availability_zones: list[str] = Field(default_factory=list, description="Candidate AZs in preference order; empty: all offering the type.")
+    availability_zones: list[str] = Field(
+        default_factory=list, description="Candidate AZs in preference order; empty: all offering the type."
+    )
     kubernetes_version: str = "1.33"
     ami_family: str = "AmazonLinux2023"
     system_instance_type: str = "m7i.xlarge"

@@ -50,9 +50,7 @@ class KubeSpec(ConfigModel):
     namespace: K8sName = "default"
     image: str = "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1"
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "Always"
-    ray_version: str = Field(
-        default="2.58.0", pattern=r"^\d+\.\d+\.\d+", description="Ray version inside `image` (KubeRay rayVersion)."
-    )
+    ray_version: str = Field(default="2.58.0", pattern=r"^\d+\.\d+\.\d+", description="Ray version inside `image` (KubeRay rayVersion).")
 
     # head pod: CPU only, on the system node group
     head_cpu: Quantity = Field(default="2", description="Head CPU request.")
@@ -65,12 +63,8 @@ class KubeSpec(ConfigModel):
     )
 
     # worker pods: one per GPU node, all of its GPUs
-    worker_cpu: Quantity | None = Field(
-        default=None, description="Worker CPU (request = limit); default: vCPUs less 1/6 for system pods."
-    )
-    worker_memory: Quantity | None = Field(
-        default=None, description="Worker memory (request = limit); default: instance memory less 1/6."
-    )
+    worker_cpu: Quantity | None = Field(default=None, description="Worker CPU (request = limit); default: vCPUs less 1/6 for system pods.")
+    worker_memory: Quantity | None = Field(default=None, description="Worker memory (request = limit); default: instance memory less 1/6.")
     worker_node_selector: dict[str, str] = Field(
         default_factory=lambda: {"role": "gpu-worker"},
         description="Labels of the GPU node group; node.kubernetes.io/instance-type is added.",
@@ -85,7 +79,8 @@ class KubeSpec(ConfigModel):
     worker_env: dict[str, StrValue] = Field(default_factory=dict, description="Extra environment of the worker container.")
 
     shm_size: Quantity | None = Field(
-        default=None, description="/dev/shm of each worker pod; default: a third of its memory limit (max 200Gi). The head gets a third of its own."
+        default=None,
+        description="/dev/shm of each worker pod; default: a third of its memory limit (max 200Gi). The head gets a third of its own.",
     )
     ray_session_dir: str = Field(default="/tmp/ray", description="Ray session directory (an emptyDir volume).")
 
@@ -94,12 +89,8 @@ class KubeSpec(ConfigModel):
         default=None, description="PersistentVolumeClaim of an FSx for Lustre volume, mounted at `shared_mount_path`."
     )
     shared_mount_path: str = Field(default="/fsx", pattern=r"^/")
-    hf_home: str | None = Field(
-        default=None, description="HF_HOME in the pods; default: <shared_mount_path>/hf-cache when fsx_pvc is set."
-    )
-    service_account: str | None = Field(
-        default=None, description="ServiceAccount of the pods (IRSA / Pod Identity for s3:// storage)."
-    )
+    hf_home: str | None = Field(default=None, description="HF_HOME in the pods; default: <shared_mount_path>/hf-cache when fsx_pvc is set.")
+    service_account: str | None = Field(default=None, description="ServiceAccount of the pods (IRSA / Pod Identity for s3:// storage).")
     config_mount_path: str = Field(
         default="/etc/rayft/config.yaml", pattern=r"^/.+\.ya?ml$", description="Where the job config is mounted."
     )

@@ -49,8 +49,7 @@ def normalize_address(addr: str) -> str:
     addr = addr.strip().rstrip("/")
     if addr in ("auto", "local") or addr.startswith("ray://"):
         raise SubmitError(
-            f"address {addr!r} is a Ray client/GCS address; `rayft submit` needs the dashboard URL, "
-            "e.g. --address http://127.0.0.1:8265"
+            f"address {addr!r} is a Ray client/GCS address; `rayft submit` needs the dashboard URL, e.g. --address http://127.0.0.1:8265"
         )
     return addr if "://" in addr else f"http://{addr}"
 

@@ -27,26 +27,16 @@ def _comma_list(values: list[str] | None) -> list[str] | None:
 @bench_app.command("fabric")
 def bench_fabric(
     config: Annotated[Path, typer.Argument(help="The training job's YAML config file.")],
-    set_: Annotated[
-        list[str] | None, typer.Option("--set", "-s", help="Override a key in both runs (repeatable).")
-    ] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", "-s", help="Override a key in both runs (repeatable).")] = None,
     mode: Annotated[
-        fabric_bench.Mode, typer.Option(help="onehost: NVLink vs NCCL_P2P_DISABLE+NCCL_SHM_DISABLE; efa: EFA vs NCCL_NET=Socket.",
-                           case_sensitive=False)
+        fabric_bench.Mode,
+        typer.Option(help="onehost: NVLink vs NCCL_P2P_DISABLE+NCCL_SHM_DISABLE; efa: EFA vs NCCL_NET=Socket.", case_sensitive=False),
     ] = fabric_bench.Mode.ONEHOST,
-    steps: Annotated[
-        int | None, typer.Option(min=2, help="Optimizer steps per run (default: train.max_steps, else 30).")
-    ] = None,
+    steps: Annotated[int | None, typer.Option(min=2, help="Optimizer steps per run (default: train.max_steps, else 30).")] = None,
     skip_steps: Annotated[int, typer.Option(min=0, help="Leading steps left out of the tokens/s median.")] = 3,
-    out: Annotated[
-        Path | None, typer.Option(help="Results file (default bench/results/<date>-fabric-<N>x<gpu>.json).")
-    ] = None,
-    logs_dir: Annotated[
-        Path | None, typer.Option(help="Where the runs' logs go (default <storage_path>/fabric-<time>-logs).")
-    ] = None,
-    sweep_max_mib: Annotated[
-        int | None, typer.Option(min=1, help="Largest collective message in MiB (default 1024 on GPUs).")
-    ] = None,
+    out: Annotated[Path | None, typer.Option(help="Results file (default bench/results/<date>-fabric-<N>x<gpu>.json).")] = None,
+    logs_dir: Annotated[Path | None, typer.Option(help="Where the runs' logs go (default <storage_path>/fabric-<time>-logs).")] = None,
+    sweep_max_mib: Annotated[int | None, typer.Option(min=1, help="Largest collective message in MiB (default 1024 on GPUs).")] = None,
     timeout_s: Annotated[int | None, typer.Option(min=1, help="Time limit per run, in seconds.")] = None,
 ) -> None:
     """Train CONFIG twice, over the fast interconnect and over TCP sockets, and compare.
@@ -58,10 +48,17 @@ def bench_fabric(
     console = Console(stderr=True)
     try:
         path, figures = fabric_bench.run_fabric(
-            config, set_, mode=mode, steps=steps, out=out, logs_dir=logs_dir, skip_steps=skip_steps,
-            sweep_max_bytes=sweep_max_mib * 2**20 if sweep_max_mib else None, timeout_s=timeout_s,
+            config,
+            set_,
+            mode=mode,
+            steps=steps,
+            out=out,
+            logs_dir=logs_dir,
+            skip_steps=skip_steps,
+            sweep_max_bytes=sweep_max_mib * 2**20 if sweep_max_mib else None,
+            timeout_s=timeout_s,
             console=console,
-        )  # fmt: skip
+        )
     except fabric_bench.FabricError as e:
         console.print(Text.assemble(("error", "bold red"), ": ", str(e)), highlight=False)
         raise typer.Exit(1) from None
@@ -72,16 +69,30 @@ def bench_fabric(
 @bench_app.command("train")
 def bench_train(
     config: Annotated[Path, typer.Argument(help="The training job's YAML config (model, data, seq_len, micro-batch, workers).")],
-    recipes: Annotated[str, typer.Option(help=f"Comma-separated, from {','.join(train_bench.RECIPES)}.")] = ",".join(train_bench.DEFAULT_RECIPES),
+    recipes: Annotated[str, typer.Option(help=f"Comma-separated, from {','.join(train_bench.RECIPES)}.")] = ",".join(
+        train_bench.DEFAULT_RECIPES
+    ),
     workload: Annotated[str, typer.Option(help="random, real or both.")] = "both",
     steps: Annotated[int, typer.Option(min=2, help="Optimizer steps per run.")] = train_bench.DEFAULT_STEPS,
     warmup_steps: Annotated[int, typer.Option(min=0, help="Leading steps left out of every figure.")] = train_bench.DEFAULT_WARMUP,
     set_: Annotated[list[str] | None, typer.Option("--set", "-s", help="Override a config key (repeatable).")] = None,
-    rayft_set: Annotated[list[str] | None, typer.Option("--rayft-set", help="Override a config key for the rayft recipes only, e.g. train.micro_batch_size=16 (repeatable).")] = None,
+    rayft_set: Annotated[
+        list[str] | None,
+        typer.Option("--rayft-set", help="Override a config key for the rayft recipes only, e.g. train.micro_batch_size=16 (repeatable)."),
+    ] = None,
     out: Annotated[Path | None, typer.Option(help="Results JSON (default bench/results/<date>-train-<model>-<N>x<gpu>.json).")] = None,
     work_dir: Annotated[Path | None, typer.Option(help="Shared inputs, runs and logs (default <storage_path>/bench-train-<time>).")] = None,
-    timeout_s: Annotated[str | None, typer.Option(help="Time limit per run, seconds: one number for all runs, or per recipe as rayft=200,trl-default=120,...")] = None,
-    deadline_s: Annotated[float | None, typer.Option(min=1, help="Time budget of the whole benchmark, seconds: each run is cut to what is left (less 10 s); runs that cannot fit are skipped.")] = None,
+    timeout_s: Annotated[
+        str | None,
+        typer.Option(help="Time limit per run, seconds: one number for all runs, or per recipe as rayft=200,trl-default=120,..."),
+    ] = None,
+    deadline_s: Annotated[
+        float | None,
+        typer.Option(
+            min=1,
+            help="Time budget of the whole benchmark, seconds: each run is cut to what is left (less 10 s); runs that cannot fit are skipped.",
+        ),
+    ] = None,
     usd_per_gpu_hour: Annotated[float | None, typer.Option(min=0, help="Price per GPU-hour instead of the catalog's.")] = None,
     instance: Annotated[str | None, typer.Option(help="EC2 instance type whose catalog price is used.")] = None,
 ) -> None:
@@ -91,9 +102,22 @@ def bench_train(
         console.print(Text.assemble(("error", "bold red"), f": --workload {workload}: choose random, real or both"))
         raise typer.Exit(2)
     try:
-        path, figures = train_bench.run_bench(config, set_, _comma_list([recipes]), list(train_bench.WORKLOADS) if workload == "both" else [workload],
-                                  steps, warmup_steps, out, work_dir, train_bench.parse_timeouts(timeout_s), usd_per_gpu_hour, instance, console,
-                                  deadline_s=deadline_s, rayft_overrides=rayft_set)  # fmt: skip
+        path, figures = train_bench.run_bench(
+            config,
+            set_,
+            _comma_list([recipes]),
+            list(train_bench.WORKLOADS) if workload == "both" else [workload],
+            steps,
+            warmup_steps,
+            out,
+            work_dir,
+            train_bench.parse_timeouts(timeout_s),
+            usd_per_gpu_hour,
+            instance,
+            console,
+            deadline_s=deadline_s,
+            rayft_overrides=rayft_set,
+        )
     except train_bench.BenchInterrupted as e:
         console.print(Text.assemble(("interrupted", "bold red"), ": ", str(e)), highlight=False)
         raise typer.Exit(130) from None
@@ -116,14 +140,18 @@ def bench_table(results: Annotated[list[Path], typer.Argument(help="Results JSON
         try:
             md, png = train_bench.write_table_files(r, console)
         except (OSError, KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError, RecursionError) as e:
-            console.print(Text.assemble(("error", "bold red"), f": {r}: not a `rayft bench train` results file "
-                                        f"({type(e).__name__}: {str(e)[:300]})"), highlight=False)  # fmt: skip
+            console.print(
+                Text.assemble(("error", "bold red"), f": {r}: not a `rayft bench train` results file ({type(e).__name__}: {str(e)[:300]})"),
+                highlight=False,
+            )
             failed.append(r)
             continue
         sys.stdout.write(md.read_text() + "\n")
         console.print(f"wrote {md}" + (f" and {png}" if png else ""), highlight=False, markup=False)
     if failed:
-        console.print(f"{len(failed)} of {len(results)} results files not tabulated: {', '.join(map(str, failed))}", highlight=False, markup=False)
+        console.print(
+            f"{len(failed)} of {len(results)} results files not tabulated: {', '.join(map(str, failed))}", highlight=False, markup=False
+        )
         raise typer.Exit(1)
 
 

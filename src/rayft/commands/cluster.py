@@ -44,9 +44,13 @@ def _context(cluster, workdir: Path, yes: bool):
     from rayft.cluster.runner import SubprocessRunner
 
     return Context(
-        cfg=cluster, runner=SubprocessRunner(echo=lambda s: console.print(s, style="dim", highlight=False, markup=False)),
-        clients=boto3_clients(), say=say, confirm=_confirm(yes), workdir=workdir,
-    )  # fmt: skip
+        cfg=cluster,
+        runner=SubprocessRunner(echo=lambda s: console.print(s, style="dim", highlight=False, markup=False)),
+        clients=boto3_clients(),
+        say=say,
+        confirm=_confirm(yes),
+        workdir=workdir,
+    )
 
 
 def _notes(e: BaseException) -> str:
@@ -75,10 +79,12 @@ def capacity(
     config: ConfigArg,
     set_: SetOpt = None,
     region: Annotated[
-        Optional[list[str]], typer.Option("--region", "-r", help="Region to search (repeatable; default: cluster.aws.capacity_regions or region).")
+        Optional[list[str]],
+        typer.Option("--region", "-r", help="Region to search (repeatable; default: cluster.aws.capacity_regions or region)."),
     ] = None,
     probe: Annotated[
-        bool, typer.Option(help="Definitive check: create a targeted capacity reservation per AZ and cancel it at once (billed for seconds).")
+        bool,
+        typer.Option(help="Definitive check: create a targeted capacity reservation per AZ and cancel it at once (billed for seconds)."),
     ] = False,
     yes: YesOpt = False,
 ) -> None:
@@ -87,17 +93,29 @@ def capacity(
 
     c = _cluster(config, set_)
     regions = list(region or c.aws.capacity_regions or [c.aws.region])
-    if probe and not yes and not typer.confirm(
-        f"--probe reserves {c.num_nodes} × {c.instance_type} On-Demand per candidate AZ and cancels it at once "
-        "(billed for the seconds it exists). Proceed?", default=False, err=True,
-    ):  # fmt: skip
+    if (
+        probe
+        and not yes
+        and not typer.confirm(
+            f"--probe reserves {c.num_nodes} × {c.instance_type} On-Demand per candidate AZ and cancels it at once "
+            "(billed for the seconds it exists). Proceed?",
+            default=False,
+            err=True,
+        )
+    ):
         probe = False
     try:
         report = find_capacity(
-            boto3_clients(), c.instance_type, c.num_nodes, regions,
-            availability_zones=c.aws.availability_zones, capacity_type=c.aws.capacity_type, probe=probe,
-            tags={"rayft.io/cluster": c.name}, say=say,
-        )  # fmt: skip
+            boto3_clients(),
+            c.instance_type,
+            c.num_nodes,
+            regions,
+            availability_zones=c.aws.availability_zones,
+            capacity_type=c.aws.capacity_type,
+            probe=probe,
+            tags={"rayft.io/cluster": c.name},
+            say=say,
+        )
     except _errors() as e:
         _fail_with(e)
     except KeyboardInterrupt as e:  # the probe cancelled its reservation first; its notes say if it could not

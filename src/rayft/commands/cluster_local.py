@@ -39,8 +39,13 @@ def local_up(
     from rayft.cluster import local
 
     try:
-        c, created = local.up(workers=workers, cpus_per_worker=cpus_per_worker, head_cpus=head_cpus,
-                              state_dir=state_dir, say=lambda s: console.print(s, style="dim", markup=False, highlight=False, soft_wrap=True))  # fmt: skip
+        c, created = local.up(
+            workers=workers,
+            cpus_per_worker=cpus_per_worker,
+            head_cpus=head_cpus,
+            state_dir=state_dir,
+            say=lambda s: console.print(s, style="dim", markup=False, highlight=False, soft_wrap=True),
+        )
     except local.LocalClusterError as e:
         fail(str(e))
     if created:

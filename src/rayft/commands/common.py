@@ -16,9 +16,7 @@ from rayft.config import ConfigError, RayftConfig, load_config
 console = Console(stderr=True, soft_wrap=True)  # long paths and messages stay on one line (copy-pasteable)
 
 ConfigArg = Annotated[Path, typer.Argument(help="The job's YAML config file.")]
-SetOpt = Annotated[
-    Optional[list[str]], typer.Option("--set", "-s", help="Override a key, e.g. --set train.max_steps=100 (repeatable).")
-]
+SetOpt = Annotated[Optional[list[str]], typer.Option("--set", "-s", help="Override a key, e.g. --set train.max_steps=100 (repeatable).")]
 
 
 def print_error(label: str, err: BaseException) -> None:

@@ -89,12 +89,18 @@ def _row(name: str, v: RankVerdict, failing: set[int], show_log: bool, show_job:
     if not v.seen:
         mark = "[red]FAIL[/]" if id(v) in failing else "[yellow]unseen[/]"
     row = ([escape(name)] if show_log else []) + [
-        "?" if v.rank is None else str(v.rank), v.host or "—", "—" if v.pid is None else str(v.pid),
+        "?" if v.rank is None else str(v.rank),
+        v.host or "—",
+        "—" if v.pid is None else str(v.pid),
     ]
     row += [v.job or "?"] if show_job else []
     return row + [
-        gpu, _inter(v) if v.seen else "—", _intra(v) if v.seen else "—", _yes_no(v.gdr),
-        v.interface or "—", mark,
+        gpu,
+        _inter(v) if v.seen else "—",
+        _intra(v) if v.seen else "—",
+        _yes_no(v.gdr),
+        v.interface or "—",
+        mark,
     ]
 
 
@@ -109,9 +115,7 @@ def doctor(
         Optional[list[str]],
         typer.Argument(help="NCCL_DEBUG=INFO log files (raw or Ray driver output); '-' reads stdin."),
     ] = None,
-    expect: Annotated[
-        Expect, typer.Option(help="Fail (exit 1) unless every rank used this transport.", case_sensitive=False)
-    ] = Expect.ANY,
+    expect: Annotated[Expect, typer.Option(help="Fail (exit 1) unless every rank used this transport.", case_sensitive=False)] = Expect.ANY,
     as_json: Annotated[bool, typer.Option("--json", help="Print the verdicts as JSON on stdout.")] = False,
 ) -> None:
     """Say, per rank, which transport NCCL really used (EFA / IB / Socket, P2P / SHM, GPUDirect RDMA).
@@ -136,8 +140,7 @@ def doctor(
         if not verdicts:
             where = f"{escape(name)}: " if several else ""
             console.print(
-                f"[bold red]error[/]: {where}no NCCL lines found (run with NCCL_DEBUG=INFO and pass the "
-                "workers' output)",
+                f"[bold red]error[/]: {where}no NCCL lines found (run with NCCL_DEBUG=INFO and pass the workers' output)",
                 highlight=False,
             )
             rc = 2

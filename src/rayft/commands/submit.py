@@ -34,8 +34,9 @@ def submit(
 
     cfg = load_config_or_exit(config, set_)  # validate locally first: exit 2 on a config error
     try:
-        client, sub = do_submit(config, set_ or [], cfg.ray.address, address=address, token_file=token_file,
-                                working_dir=working_dir, say=say)  # fmt: skip
+        client, sub = do_submit(
+            config, set_ or [], cfg.ray.address, address=address, token_file=token_file, working_dir=working_dir, say=say
+        )
     except SubmitError as e:
         fail(str(e))
     say(f"job {sub.job_id} submitted")

@@ -12,9 +12,7 @@ from rayft.commands.common import ConfigArg, SetOpt, console, load_config_or_exi
 def train(
     config: ConfigArg,
     set_: SetOpt = None,
-    resume: Annotated[
-        Optional[str], typer.Option(help="Continue a stopped run: its name or run directory.")
-    ] = None,
+    resume: Annotated[Optional[str], typer.Option(help="Continue a stopped run: its name or run directory.")] = None,
 ) -> None:
     """Fine-tune: connect to Ray (RAY_ADDRESS / ray.address) or start an embedded local Ray, then train."""
     cfg = load_config_or_exit(config, set_)

@@ -179,7 +179,14 @@ def load(cache_dir: str | os.PathLike, key: str) -> CachedData | None:
                 raise CacheError(f"{f}: dtype {a.dtype} / {a.ndim}-d, expected 1-d {np.dtype(dtype)}")
             arrays[name] = a
         tok, train, off = arrays["tokens"], arrays["trainable"], arrays["offsets"]
-        if len(off) != meta["examples"] + 1 or len(tok) != meta["tokens"] or len(train) != len(tok) or off[0] != 0 or off[-1] != len(tok) or np.any(np.diff(off) < 0):
+        if (
+            len(off) != meta["examples"] + 1
+            or len(tok) != meta["tokens"]
+            or len(train) != len(tok)
+            or off[0] != 0
+            or off[-1] != len(tok)
+            or np.any(np.diff(off) < 0)
+        ):
             raise CacheError(f"{d}: {part}: array lengths are inconsistent with each other or with the manifest")
         ds = TokenizedDataset(tok, train, off, **{k: int(meta[k]) for k in _COUNTS})
         if fingerprint(ds) != meta["fingerprint"]:
@@ -205,9 +212,11 @@ def save(cache_dir: str | os.PathLike, key: str, data: CachedData, key_parts: di
             for name, dtype in _ARRAYS:
                 np.save(tmp / f"{part}.{name}.npy", np.ascontiguousarray(getattr(ds, name), dtype=dtype), allow_pickle=False)
             manifest["parts"][part] = {
-                "examples": len(ds), "tokens": len(ds.tokens), "fingerprint": fingerprint(ds),
+                "examples": len(ds),
+                "tokens": len(ds.tokens),
+                "fingerprint": fingerprint(ds),
                 **{k: int(getattr(ds, k)) for k in _COUNTS},
-            }  # fmt: skip
+            }
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, ensure_ascii=False))
         dest = root / key
         if dest.exists():

@@ -76,22 +76,44 @@ BadRecordPolicy = Literal["error", "skip"]
 ROLES = ("system", "user", "assistant", "tool")
 #: ShareGPT ``from`` values → roles; a ``function_call`` turn becomes an assistant turn with ``tool_calls``.
 SHAREGPT_ROLES = {
-    "system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
-    "function_call": "function_call", "observation": "tool",
-}  # fmt: skip
+    "system": "system",
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "function_call": "function_call",
+    "observation": "tool",
+}
 #: Keys a message may have, per role (``messages`` format).
 MESSAGE_KEYS = {
-    "system": {"role", "content"}, "user": {"role", "content"}, "assistant": {"role", "content", "tool_calls"},
+    "system": {"role", "content"},
+    "user": {"role", "content"},
+    "assistant": {"role", "content", "tool_calls"},
     "tool": {"role", "content", "name", "tool_call_id"},
-}  # fmt: skip
+}
 
 #: Short reason categories of bad records (``DataError.kind``), used to group skipped records.
 REASON_KINDS = (
-    "invalid_utf8", "invalid_json", "several_values", "not_an_object", "unknown_format", "missing_field",
-    "wrong_type", "invalid_unicode", "missing_role", "unknown_role", "unsupported_key", "unsupported_content", "tool_use",
-    "empty_conversation", "no_assistant_turn", "empty_assistant_turn", "misplaced_system", "empty_text",
+    "invalid_utf8",
+    "invalid_json",
+    "several_values",
+    "not_an_object",
+    "unknown_format",
+    "missing_field",
+    "wrong_type",
+    "invalid_unicode",
+    "missing_role",
+    "unknown_role",
+    "unsupported_key",
+    "unsupported_content",
+    "tool_use",
+    "empty_conversation",
+    "no_assistant_turn",
+    "empty_assistant_turn",
+    "misplaced_system",
+    "empty_text",
     "file",
-)  # fmt: skip
+)
 
 
 class DataError(ValueError):
@@ -200,9 +222,15 @@ def _data_files_of(where: str, files: list) -> list:
     """The data files among a directory's (or S3 prefix's) ``files`` (sorted, each with ``.name``).
     Raises DataError when some are of an unsupported kind, or none is a data file."""
     kinds = {str(p): _file_kind(p.name) for p in files}
-    bad = [p.name for p in files if kinds[str(p)] == "unsupported" or (kinds[str(p)] == "other" and p.name.lower().endswith(COMPRESSED_SUFFIXES))]
+    bad = [
+        p.name
+        for p in files
+        if kinds[str(p)] == "unsupported" or (kinds[str(p)] == "other" and p.name.lower().endswith(COMPRESSED_SUFFIXES))
+    ]
     if bad:
-        raise DataError(f"{where}: holds {bad[:3]}: these files are not supported yet (supported: {SUPPORTED_NOTE}; decompress or convert to JSONL)")
+        raise DataError(
+            f"{where}: holds {bad[:3]}: these files are not supported yet (supported: {SUPPORTED_NOTE}; decompress or convert to JSONL)"
+        )
     found = [p for p in files if kinds[str(p)] in ("json", "compressed", "parquet")]
     if not found:
         raise DataError(f"{where}: directory has no data file ({SUPPORTED_NOTE}) (data.train_files)")
@@ -226,7 +254,9 @@ def _expand_s3(uri: str) -> list[S3Object]:
                 client.head_object(Bucket=bucket, Key=key)
                 obj = S3Object(bucket, key)
                 if _file_kind(obj.name) == "unsupported":
-                    raise DataError(f"{uri}: this kind of file is not supported yet (supported: {SUPPORTED_NOTE}; decompress or convert to JSONL)")
+                    raise DataError(
+                        f"{uri}: this kind of file is not supported yet (supported: {SUPPORTED_NOTE}; decompress or convert to JSONL)"
+                    )
                 return [obj]
             except ClientError as e:
                 if e.response.get("Error", {}).get("Code") not in ("404", "NoSuchKey", "NotFound"):
@@ -269,7 +299,9 @@ def expand_files(patterns: list[str]) -> list[DataFile]:
                 raise DataError(f"{pat or repr(pat)}: no such data file (data.train_files)")
             for p in found:
                 if _file_kind(p.name) == "unsupported":
-                    raise DataError(f"{p}: this kind of file is not supported yet (supported: {SUPPORTED_NOTE}; decompress or convert to JSONL)")
+                    raise DataError(
+                        f"{p}: this kind of file is not supported yet (supported: {SUPPORTED_NOTE}; decompress or convert to JSONL)"
+                    )
         out.extend(found)
     seen: set = set()
     for p in out:
@@ -375,7 +407,9 @@ def _json_records(path: DataFile, notes: list[str] | None = None) -> Iterator[tu
             text = body.decode("utf-8")
         except UnicodeDecodeError as e:
             line = body[: e.start].count(b"\n") + 1
-            raise DataError(f"{path}:{line}: invalid UTF-8 (byte {body[e.start]:#04x} at offset {bom + e.start})", kind="invalid_utf8") from None
+            raise DataError(
+                f"{path}:{line}: invalid UTF-8 (byte {body[e.start]:#04x} at offset {bom + e.start})", kind="invalid_utf8"
+            ) from None
         note(False)
         yield from _json_array_records(path, text)
         return
@@ -412,7 +446,11 @@ def _json_records(path: DataFile, notes: list[str] | None = None) -> Iterator[tu
         try:
             line = bline.decode("utf-8").strip()
         except UnicodeDecodeError as e:
-            yield lineno, where, _bad(where, "invalid_utf8", f"invalid UTF-8 (byte {bline[e.start]:#04x} at offset {bom + start + e.start})")
+            yield (
+                lineno,
+                where,
+                _bad(where, "invalid_utf8", f"invalid UTF-8 (byte {bline[e.start]:#04x} at offset {bom + start + e.start})"),
+            )
             continue
         if not line:
             continue
@@ -518,10 +556,25 @@ def read_records(path: DataFile) -> Iterator[tuple[int, object]]:
 #: ``data.columns`` keys: the names this reader uses, which a dataset may spell otherwise. Record
 #: fields, then keys of a turn, then role names (values of ``role`` / ``from``).
 COLUMN_KEYS = (
-    "messages", "conversations", "system", "tools", "instruction", "input", "output", "history", "text",
-    "role", "content", "tool_calls", "from", "value",
-    "user", "assistant", "tool", "function_call",
-)  # fmt: skip
+    "messages",
+    "conversations",
+    "system",
+    "tools",
+    "instruction",
+    "input",
+    "output",
+    "history",
+    "text",
+    "role",
+    "content",
+    "tool_calls",
+    "from",
+    "value",
+    "user",
+    "assistant",
+    "tool",
+    "function_call",
+)
 _ROLE_KEYS = ("user", "assistant", "tool", "function_call")
 
 
@@ -579,7 +632,9 @@ def _valid_text(v: str, where: str, field: str) -> str:
     try:
         v.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise _bad(where, "invalid_unicode", f"{field} holds invalid Unicode ({e.reason}, e.g. a lone \\u{ord(v[e.start]):04x} escape)") from None
+        raise _bad(
+            where, "invalid_unicode", f"{field} holds invalid Unicode ({e.reason}, e.g. a lone \\u{ord(v[e.start]):04x} escape)"
+        ) from None
     return v
 
 
@@ -600,10 +655,11 @@ def detect_format(rec: dict, where: str, columns: dict[str, str] | None = None) 
     if n("text") in rec:
         return "text"
     raise _bad(
-        where, "unknown_format",
+        where,
+        "unknown_format",
         f"unknown record format (keys: {sorted(rec)}); expected {n('messages')!r}, sharegpt's {n('conversations')!r}, "
         f"alpaca's {n('instruction')}/{n('output')} or {n('text')!r}",
-    )  # fmt: skip
+    )
 
 
 def to_example(rec: object, where: str, fmt: Format = "auto", columns: dict[str, str] | None = None) -> Example:
@@ -658,8 +714,10 @@ def _alpaca(rec: dict, where: str, n: _Names = _PLAIN) -> Conversation:
     for i, pair in enumerate(history):
         if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)):
             raise _bad(where, "wrong_type", f"{hname}[{i}] must be a [user, assistant] pair of strings")
-        msgs += [{"role": "user", "content": _valid_text(pair[0], where, f"{hname}[{i}][0]")},
-                 {"role": "assistant", "content": _valid_text(pair[1], where, f"{hname}[{i}][1]")}]  # fmt: skip
+        msgs += [
+            {"role": "user", "content": _valid_text(pair[0], where, f"{hname}[{i}][0]")},
+            {"role": "assistant", "content": _valid_text(pair[1], where, f"{hname}[{i}][1]")},
+        ]
     msgs += [{"role": "user", "content": user}, {"role": "assistant", "content": output}]
     return _checked(Conversation(tuple(msgs), where))
 
@@ -689,10 +747,11 @@ def _messages(rec: dict, where: str, n: _Names = _PLAIN) -> Conversation:
         extra = set(m) - {n(k) for k in MESSAGE_KEYS[role]}
         if extra:
             raise _bad(
-                where, "unsupported_key",
+                where,
+                "unsupported_key",
                 f"{turn} has unsupported key(s) {sorted(extra)} for a {role} message "
                 "(names and per-turn weights are not supported yet; remove them or convert the record)",
-            )  # fmt: skip
+            )
         msg: dict = {"role": role}
         calls = m.get(calls_key)
         if calls is not None:
@@ -728,7 +787,9 @@ def _tools(rec: dict, where: str, n: _Names = _PLAIN) -> tuple[dict, ...]:
         except json.JSONDecodeError as e:
             raise _bad(where, "tool_use", f"field {field!r} is not valid JSON: {e.msg} (column {e.colno})") from None
     if not isinstance(v, list):
-        raise _bad(where, "wrong_type", f"field {field!r} must be a list of function schemas (or a JSON string of one), got {type(v).__name__}")
+        raise _bad(
+            where, "wrong_type", f"field {field!r} must be a list of function schemas (or a JSON string of one), got {type(v).__name__}"
+        )
     out = []
     for i, t in enumerate(v):
         if not isinstance(t, dict):
@@ -759,7 +820,9 @@ def _tool_call(call: object, where: str, name: str) -> dict:
     if "function" in call:
         extra = set(call) - {"type", "function", "id"}
         if extra:
-            raise _bad(where, "unsupported_key", f"{name} has unsupported key(s) {sorted(extra)} (a tool call has 'type', 'function', 'id')")
+            raise _bad(
+                where, "unsupported_key", f"{name} has unsupported key(s) {sorted(extra)} (a tool call has 'type', 'function', 'id')"
+            )
         if call.get("type", "function") != "function":
             raise _bad(where, "tool_use", f"{name} has type {call.get('type')!r}: only function calls are supported")
         if "id" in call:
@@ -835,10 +898,11 @@ def _sharegpt(rec: dict, where: str, n: _Names = _PLAIN) -> Conversation:
         extra = set(t) - {from_key, value_key}
         if extra:
             raise _bad(
-                where, "unsupported_key",
+                where,
+                "unsupported_key",
                 f"{turn} has unsupported key(s) {sorted(extra)} (only {from_key!r} and {value_key!r} are read; "
                 "per-turn weights are not supported yet)",
-            )  # fmt: skip
+            )
         frm = t.get(from_key)
         if frm is None:
             raise _bad(where, "missing_role", f"{turn} has no {from_key!r}{n.hint('from')}")
@@ -858,7 +922,9 @@ def _sharegpt(rec: dict, where: str, n: _Names = _PLAIN) -> Conversation:
             try:
                 calls = json.loads(value)
             except json.JSONDecodeError as e:
-                raise _bad(where, "tool_use", f"{turn} is a function_call turn whose value is not valid JSON: {e.msg} (column {e.colno})") from None
+                raise _bad(
+                    where, "tool_use", f"{turn} is a function_call turn whose value is not valid JSON: {e.msg} (column {e.colno})"
+                ) from None
             name = f"{turn}.{value_key}"
             if isinstance(calls, list):
                 if not calls:
@@ -951,7 +1017,9 @@ def load_conversations(
                 item = next(records, None)
             except DataError as e:
                 if on_bad_record == "skip":
-                    raise DataError(f"{e} (data.on_bad_record: skip skips single records; this problem stops the whole file)", kind=e.kind) from None
+                    raise DataError(
+                        f"{e} (data.on_bad_record: skip skips single records; this problem stops the whole file)", kind=e.kind
+                    ) from None
                 raise
             if item is None:
                 break

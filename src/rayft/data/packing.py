@@ -126,7 +126,9 @@ def plan_steps(
             return StepPlan(steps, epoch_of)
 
 
-def rank_micro_batches(step_rows: list[list[int]], rank: int, world_size: int, micro_batch_size: int, grad_accum_steps: int) -> list[list[list[int]]]:
+def rank_micro_batches(
+    step_rows: list[list[int]], rank: int, world_size: int, micro_batch_size: int, grad_accum_steps: int
+) -> list[list[list[int]]]:
     """This rank's ``grad_accum_steps`` micro-batches for one step (rows ``rank::world_size``).
 
     A rank short of rows at the end of an epoch gets empty micro-batches, which still run a forward
@@ -137,7 +139,13 @@ def rank_micro_batches(step_rows: list[list[int]], rank: int, world_size: int, m
 
 
 def collate(
-    ds: TokenizedDataset, rows: list[list[int]], row_len: int, pad_id: int, *, fixed_len: bool = True, pad_to_multiple: int = 64,
+    ds: TokenizedDataset,
+    rows: list[list[int]],
+    row_len: int,
+    pad_id: int,
+    *,
+    fixed_len: bool = True,
+    pad_to_multiple: int = 64,
     min_rows: int = 1,
 ) -> dict[str, torch.Tensor]:
     """Build one micro-batch.

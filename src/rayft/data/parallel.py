@@ -77,7 +77,12 @@ class _TokenizeBatch:
 
 
 def tokenize_dataset_ray(
-    tokenizer, examples: Sequence[Conversation | TextDocument], seq_len: int, *, num_actors: int | None = None, batch_size: int | None = None
+    tokenizer,
+    examples: Sequence[Conversation | TextDocument],
+    seq_len: int,
+    *,
+    num_actors: int | None = None,
+    batch_size: int | None = None,
 ) -> TokenizedDataset:
     """:func:`rayft.data.tokenize.tokenize_dataset` over the Ray cluster (Ray must be initialised).
 
@@ -107,9 +112,13 @@ def tokenize_dataset_ray(
     rows = [{"index": i, "example": pickle.dumps(ex, protocol=pickle.HIGHEST_PROTOCOL)} for i, ex in enumerate(examples)]
     ds = ray.data.from_items(rows, override_num_blocks=max(1, min(len(rows) // bs, 4 * n_actors)))
     out = ds.map_batches(
-        _TokenizeBatch, fn_constructor_args=(tokenizer, seq_len), batch_size=bs, batch_format="numpy",
-        compute=ray.data.ActorPoolStrategy(min_size=1, max_size=n_actors), num_cpus=1,
-    ).take_all()  # fmt: skip
+        _TokenizeBatch,
+        fn_constructor_args=(tokenizer, seq_len),
+        batch_size=bs,
+        batch_format="numpy",
+        compute=ray.data.ActorPoolStrategy(min_size=1, max_size=n_actors),
+        num_cpus=1,
+    ).take_all()
     out.sort(key=lambda r: int(r["first_index"]))
     errors = [r for r in out if int(r["error_index"]) >= 0]
     if errors:
@@ -128,4 +137,3 @@ def tokenize_dataset_ray(
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     return TokenizedDataset(tokens.copy(), trainable.copy(), offsets, dropped, truncated, split)
-

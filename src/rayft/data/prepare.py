@@ -86,8 +86,11 @@ def prepare_data(
         if vocab_size is None:
             raise DataError("data.synthetic needs the model's vocabulary size")
         ds = random_dataset(dc.synthetic.rows, dc.seq_len, vocab_size, dc.synthetic.seed)
-        console.print(f"data: synthetic, {len(ds)} rows of {dc.seq_len} random token ids in [0, {vocab_size}) (seed {dc.synthetic.seed}), every token trainable",
-                      highlight=False, markup=False)  # fmt: skip
+        console.print(
+            f"data: synthetic, {len(ds)} rows of {dc.seq_len} random token ids in [0, {vocab_size}) (seed {dc.synthetic.seed}), every token trainable",
+            highlight=False,
+            markup=False,
+        )
         return PreparedData(tokenizer, tokenizer_name, ds, None, "off")
     key = key_parts = None
     if dc.cache_dir:
@@ -101,7 +104,11 @@ def prepare_data(
         if hit is not None:
             for line in hit.info.get("lines", []):
                 console.print(line, highlight=False, markup=False)
-            console.print(f"data: used the tokenized cache {cache_lib.entry_dir(dc.cache_dir, key)} (no file read or tokenized)", highlight=False, markup=False)
+            console.print(
+                f"data: used the tokenized cache {cache_lib.entry_dir(dc.cache_dir, key)} (no file read or tokenized)",
+                highlight=False,
+                markup=False,
+            )
             return PreparedData(tokenizer, tokenizer_name, hit.parts["train"], hit.parts.get("validation"), "hit")
     lines: list[str] = []
 
@@ -129,7 +136,10 @@ def prepare_data(
         if len(val) == 0:
             raise DataError(f"empty validation set: no example with a trainable token ({val_from})")
     if key is not None and cache_lib.input_stamps(dc) != stamps:
-        console.print(Text.assemble(("warning", "yellow"), ": an input file changed while it was read; the tokenized data were not cached"), highlight=False)
+        console.print(
+            Text.assemble(("warning", "yellow"), ": an input file changed while it was read; the tokenized data were not cached"),
+            highlight=False,
+        )
         key = None
     if key is not None:
         parts = {"train": ds, **({"validation": val} if val is not None else {})}
@@ -137,7 +147,9 @@ def prepare_data(
             where = cache_lib.save(dc.cache_dir, key, cache_lib.CachedData(parts, {"lines": lines}), key_parts)
             console.print(f"data: cached the tokenized data in {where}", highlight=False, markup=False)
         except OSError as e:
-            console.print(Text.assemble(("warning", "yellow"), f": could not write the tokenized-data cache (data.cache_dir): {e}"), highlight=False)
+            console.print(
+                Text.assemble(("warning", "yellow"), f": could not write the tokenized-data cache (data.cache_dir): {e}"), highlight=False
+            )
     return PreparedData(tokenizer, tokenizer_name, ds, val, "miss" if key is not None else "off")
 
 
@@ -194,7 +206,10 @@ def tokenize_examples(tokenizer, examples: list, cfg: RayftConfig, connect: Call
         if use_ray(mode, len(examples), cpus):
             t0 = time.perf_counter()
             ds = tokenize_dataset_ray(tokenizer, examples, cfg.data.seq_len)
-            console.print(f"data: tokenized {len(examples):,} records with Ray Data on {cpus:g} CPUs in {time.perf_counter() - t0:.1f} s", highlight=False)
+            console.print(
+                f"data: tokenized {len(examples):,} records with Ray Data on {cpus:g} CPUs in {time.perf_counter() - t0:.1f} s",
+                highlight=False,
+            )
             return ds
     return tokenize_dataset(tokenizer, examples, cfg.data.seq_len)
 

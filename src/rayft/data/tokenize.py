@@ -206,8 +206,11 @@ def assemble(pieces: Sequence[tuple[np.ndarray, np.ndarray]], dropped: int = 0, 
     return TokenizedDataset(
         np.concatenate([t for t, _ in pieces]).astype(np.int32, copy=False),
         np.concatenate([m for _, m in pieces]).astype(bool, copy=False),
-        np.cumsum(lens, dtype=np.int64), dropped, truncated, split,
-    )  # fmt: skip
+        np.cumsum(lens, dtype=np.int64),
+        dropped,
+        truncated,
+        split,
+    )
 
 
 def tokenize_dataset(tokenizer, examples: Sequence[Conversation | TextDocument], seq_len: int) -> TokenizedDataset:

@@ -188,7 +188,7 @@ def parse_lines(text: str) -> list[NcclLine]:
             ray_pid = int(m["pid"])
             ipm = _RAY_IP.search(m["rest"])
             ray_ip = ipm["ip"] if ipm else None
-            line = line[m.end():]
+            line = line[m.end() :]
         repeated = 1
         r = _REPEATED.search(line)
         if r:
@@ -200,8 +200,14 @@ def parse_lines(text: str) -> list[NcclLine]:
                 end = heads[i + 1].start() if i + 1 < len(heads) else len(line)
                 out.append(
                     NcclLine(
-                        host=h["host"], pid=int(h["pid"]), tid=int(h["tid"]), level=h["level"],
-                        msg=line[h.end():end].strip(), ray_ip=ray_ip, repeated=repeated, glued=i > 0,
+                        host=h["host"],
+                        pid=int(h["pid"]),
+                        tid=int(h["tid"]),
+                        level=h["level"],
+                        msg=line[h.end() : end].strip(),
+                        ray_ip=ray_ip,
+                        repeated=repeated,
+                        glued=i > 0,
                     )
                 )
             continue
@@ -209,8 +215,8 @@ def parse_lines(text: str) -> list[NcclLine]:
             continue
         b = _BARE_HEAD.search(line)
         if b:
-            out.append(NcclLine(None, ray_pid, None, b["level"], line[b.end():].strip(), ray_ip, repeated))
-        elif (v := _BARE_VERSION.match(line)):
+            out.append(NcclLine(None, ray_pid, None, b["level"], line[b.end() :].strip(), ray_ip, repeated))
+        elif v := _BARE_VERSION.match(line):
             out.append(NcclLine(None, ray_pid, None, "INFO", f"NCCL version {v['v']}", ray_ip, repeated))
     return out
 
@@ -256,18 +262,14 @@ _OFI_FAILED = re.compile(
     re.I,
 )
 _ENV_SET = re.compile(r"\b(?P<var>(?:NCCL|FI)_[A-Z0-9_]+) set by environment to (?P<val>\S+?)\.?$")
-_SHM_FAILED = re.compile(
-    r"/dev/shm|posix_fallocate|shared memory segment|ncclShmOpen", re.I
-)
+_SHM_FAILED = re.compile(r"/dev/shm|posix_fallocate|shared memory segment|ncclShmOpen", re.I)
 _GRAPH_TYPE = re.compile(r"\bPattern \d+, crossNic \d+, nChannels \d+, .*\btype (?P<intra>[A-Z]+)/(?P<inter>[A-Z]+)")
 _COLL_CHANNELS = re.compile(r"^(?P<coll>\d+) coll channels,.*?(?:(?P<nvls>\d+) nvls channels)?")
 _GDR_HCA = re.compile(r"GPU Direct RDMA (?P<state>Enabled|Disabled) for (?:HCA|GPU)")
 _VERSION = re.compile(r"^NCCL version (?P<v>\S+)")
 # Ray Train's own lines (not NCCL): which pid is which rank.
 _RAY_SETUP = re.compile(r"Setting up process group for: \S+ \[rank=(?P<rank>\d+), world_size=(?P<ws>\d+)\]")
-_RAY_GROUP = re.compile(
-    r"\(ip=(?P<ip>[^,]+), pid=(?P<pid>\d+)\) world_rank=(?P<rank>\d+), local_rank=(?P<lr>\d+)"
-)
+_RAY_GROUP = re.compile(r"\(ip=(?P<ip>[^,]+), pid=(?P<pid>\d+)\) world_rank=(?P<rank>\d+), local_rank=(?P<lr>\d+)")
 
 _LINK_LOCAL = re.compile(r"^(?:169\.254\.|fe80:)", re.I)
 _LOOPBACK = re.compile(r"^(?:127\.|::1$)")
@@ -349,7 +351,7 @@ def _feed(proc: _Proc, ln: NcclLine) -> None:
     if ln.ray_ip:
         proc.ips.add(ln.ray_ip)
 
-    if (m := _CHANNEL.search(msg)):
+    if m := _CHANNEL.search(msg):
         kind, net, gdr = _classify_via(m["via"])
         src, dst = int(m["src"]), int(m["dst"])
         ptr = proc.tid_comm.get(ln.tid) if ln.tid is not None else None
@@ -363,13 +365,13 @@ def _feed(proc: _Proc, ln: NcclLine) -> None:
             peer = dst if src == me or me is None else src
         proc.links.append((comm.ptr if comm else None, Link(peer, m["via"].strip(), kind, net, gdr)))
         return
-    if (m := _COMM_INFO.search(msg)):
+    if m := _COMM_INFO.search(msg):
         c = proc.comms.setdefault(m["ptr"], _Comm(m["ptr"], int(m["rank"]), int(m["nranks"])))
         c.nnodes, c.local_ranks, c.local_rank = int(m["nnodes"]), int(m["lranks"]), int(m["lrank"])
         if ln.tid is not None:
             proc.tid_comm[ln.tid] = m["ptr"]
         return
-    if (m := _COMM_INIT.search(msg)):
+    if m := _COMM_INIT.search(msg):
         c = proc.comms.setdefault(m["ptr"], _Comm(m["ptr"], int(m["rank"]), int(m["nranks"])))
         proc.cuda_dev, proc.bus_id = int(m["dev"]), m["bus"]
         if m["cid"] and "Destroy" not in msg:
@@ -377,16 +379,16 @@ def _feed(proc: _Proc, ln: NcclLine) -> None:
         if ln.tid is not None and "Destroy" not in msg:
             proc.tid_comm[ln.tid] = m["ptr"]
         return
-    if (m := _ENV_SET.search(msg)):
+    if m := _ENV_SET.search(msg):
         proc.env[m["var"]] = m["val"]
     if (m := _USING_NETWORK.search(msg)) or (m := _ASSIGNED_NET.search(msg)):
         if m["net"] not in proc.using_network:
             proc.using_network.append(m["net"])
         return
-    if (m := _SOCKET_IFS.search(msg)):
+    if m := _SOCKET_IFS.search(msg):
         proc.socket_ifs = [(i["name"], i["addr"]) for i in _IFACE.finditer(m["ifs"])]
         return
-    if (m := _BOOTSTRAP.search(msg)):
+    if m := _BOOTSTRAP.search(msg):
         proc.bootstrap = (m["name"], m["addr"])
         return
     if "NET/IB" in msg and (m := _IB_DEVS.search(msg)):
@@ -394,43 +396,43 @@ def _feed(proc: _Proc, ln: NcclLine) -> None:
         return
     if "NET/OFI" in msg:
         proc.ofi_seen = True
-        if (m := _OFI_PROVIDER.search(msg)):
+        if m := _OFI_PROVIDER.search(msg):
             proc.provider = m["prov"].split(";")[0]
-            if (f := _OFI_FABRIC.search(msg)):
+            if f := _OFI_FABRIC.search(msg):
                 proc.fabric = f["fabric"]
-            if (n := _OFI_NICS.search(msg)):
+            if n := _OFI_NICS.search(msg):
                 proc.nics = int(n["n"])
-        elif (m := _OFI_VERSION.search(msg)):
+        elif m := _OFI_VERSION.search(msg):
             proc.ofi_version = m["v"]
-        elif (m := _LIBFABRIC_VERSION.search(msg)):
+        elif m := _LIBFABRIC_VERSION.search(msg):
             proc.libfabric_version = m["v"]
     if _OFI_FAILED.search(msg):
         proc.ofi_failed.append(msg)
         return
-    if (m := _PLUGIN_LOADED.search(msg)):
+    if m := _PLUGIN_LOADED.search(msg):
         proc.plugin_loaded = m["name"]
         return
     if _PLUGIN_MISSING.search(msg):
         proc.plugin_missing = True
         return
-    if (m := _NET_INIT_FAILED.search(msg)):
+    if m := _NET_INIT_FAILED.search(msg):
         proc.net_init_failed.append(m["name"])
         return
     if ln.level == "WARN" and _SHM_FAILED.search(msg):
         proc.shm_failed.append(msg)
         return
-    if (m := _GRAPH_TYPE.search(msg)):
+    if m := _GRAPH_TYPE.search(msg):
         proc.graph_intra.add(m["intra"])
         return
-    if (m := _COLL_CHANNELS.search(msg)):
+    if m := _COLL_CHANNELS.search(msg):
         proc.coll_channels = max(proc.coll_channels or 0, int(m["coll"]))
         if m["nvls"]:
             proc.nvls_channels = max(proc.nvls_channels or 0, int(m["nvls"]))
         return
-    if (m := _GDR_HCA.search(msg)):
+    if m := _GDR_HCA.search(msg):
         proc.gdr_hca.add(m["state"])
         return
-    if (m := _VERSION.search(msg)):
+    if m := _VERSION.search(msg):
         proc.version = m["v"]
 
 
@@ -484,7 +486,7 @@ def _collect(text: str) -> tuple[dict[tuple[str | None, int], _Proc], dict[int, 
     world: int | None = None
     for raw in text.splitlines():
         line = _ANSI.sub("", raw)
-        if (m := _RAY_GROUP.search(line)):
+        if m := _RAY_GROUP.search(line):
             ray_rank[int(m["pid"])] = int(m["rank"])
         elif (m := _RAY_SETUP.search(line)) and (p := _RAY_PREFIX.match(line)):
             ray_rank[int(p["pid"])] = int(m["rank"])
@@ -557,17 +559,16 @@ def verdicts_from_text(text: str) -> list[RankVerdict]:
         left = _rank_clashes(g)
         unresolved.update(left)
         verdicts.extend(_job_verdicts(g, ray_rank, ray_world, ambiguous=set(left)))
-    said = "; ".join(
-        f"rank {r} is " + " and ".join(f"{p.host or '?'} pid {p.pid}" for p in ps)
-        for r, ps in sorted(clashes.items())[:2]
-    )
+    said = "; ".join(f"rank {r} is " + " and ".join(f"{p.host or '?'} pid {p.pid}" for p in ps) for r, ps in sorted(clashes.items())[:2])
     if len(clashes) > 2:
         said += f"; and so on for ranks {label_ranks(sorted(clashes)[2:])}"
     msg = f"this log holds more than one NCCL job ({said}): a concatenated log or a restarted run? "
     if unresolved:
         one = len(unresolved) == 1
-        msg += (f"Links logged by other ranks were not credited to {'rank' if one else 'ranks'} "
-                f"{label_ranks(list(unresolved))}, whose number names more than one process. ")
+        msg += (
+            f"Links logged by other ranks were not credited to {'rank' if one else 'ranks'} "
+            f"{label_ranks(list(unresolved))}, whose number names more than one process. "
+        )
     else:
         msg += f"Verdicts are given job by job ({len(groups)} jobs, told apart by NCCL's commId). "
     msg += "Pass each run's log as its own file."
@@ -656,7 +657,9 @@ def _split_by_comm_id(procs: dict[_Key, _Proc]) -> list[dict[_Key, _Proc]]:
 
 
 def _job_verdicts(
-    procs: dict[_Key, _Proc], ray_rank: dict[int, int], ray_world: int | None,
+    procs: dict[_Key, _Proc],
+    ray_rank: dict[int, int],
+    ray_world: int | None,
     ambiguous: frozenset[int] | set[int] = frozenset(),
 ) -> list[RankVerdict]:
     """Verdicts for the processes of one job; ``ambiguous`` ranks get no link credited by number."""
@@ -688,8 +691,7 @@ def _job_verdicts(
     for key, p in procs.items():
         r = rank_of[key]
         own = [ln for ln, _ in links[key]]
-        v = _verdict(p, r, world, own, incoming.get(r, []) if r is not None else [],
-                     n_hosts, nnodes_nccl, single_host)
+        v = _verdict(p, r, world, own, incoming.get(r, []) if r is not None else [], n_hosts, nnodes_nccl, single_host)
         c = p.primary()
         v.job = c.comm_id if c else None
         verdicts.append(v)
@@ -699,9 +701,14 @@ def _job_verdicts(
             if r not in seen:
                 verdicts.append(
                     RankVerdict(
-                        rank=r, world_size=world, host=None, pid=None, evidence="none",
-                        notes=["no NCCL line from this rank in the log (Ray's log deduplication "
-                               "folds identical lines: set RAY_DEDUP_LOGS=0)"],
+                        rank=r,
+                        world_size=world,
+                        host=None,
+                        pid=None,
+                        evidence="none",
+                        notes=[
+                            "no NCCL line from this rank in the log (Ray's log deduplication folds identical lines: set RAY_DEDUP_LOGS=0)"
+                        ],
                     )
                 )
     verdicts.sort(key=lambda v: (v.rank is None, v.rank if v.rank is not None else 0, v.host or "", v.pid or 0))
@@ -732,9 +739,7 @@ def _share_plugin_evidence(procs: dict[_Key, _Proc]) -> None:
         p.borrowed = d.pid
 
 
-def _resolve_links(
-    p: _Proc, world: int | None, rank_host: dict[int, str], single_host: bool
-) -> list[tuple[Link, bool]]:
+def _resolve_links(p: _Proc, world: int | None, rank_host: dict[int, str], single_host: bool) -> list[tuple[Link, bool]]:
     """The process's links with ``same_host`` filled in, each with whether its communicator is
     the world (so that its rank numbers are world ranks)."""
     me = _host_key(p)
@@ -755,15 +760,28 @@ def _resolve_links(
 
 
 def _verdict(
-    p: _Proc, rank: int | None, world: int | None, links: list[Link], incoming: list[Link],
-    n_hosts: int | None, nnodes_nccl: int | None, single_host: bool,
+    p: _Proc,
+    rank: int | None,
+    world: int | None,
+    links: list[Link],
+    incoming: list[Link],
+    n_hosts: int | None,
+    nnodes_nccl: int | None,
+    single_host: bool,
 ) -> RankVerdict:
     c = p.primary()
     v = RankVerdict(
-        rank=rank, world_size=world, host=p.host, pid=p.pid,
+        rank=rank,
+        world_size=world,
+        host=p.host,
+        pid=p.pid,
         ip=sorted(p.ips)[0] if p.ips else (p.bootstrap[1] if p.bootstrap else None),
-        local_rank=c.local_rank if c else None, cuda_dev=p.cuda_dev, bus_id=p.bus_id,
-        n_nodes=n_hosts or nnodes_nccl, provider=p.provider, nccl_version=p.version,
+        local_rank=c.local_rank if c else None,
+        cuda_dev=p.cuda_dev,
+        bus_id=p.bus_id,
+        n_nodes=n_hosts or nnodes_nccl,
+        provider=p.provider,
+        nccl_version=p.version,
         bootstrap=f"{p.bootstrap[0]} {p.bootstrap[1]}" if p.bootstrap else None,
     )
     inter = [ln for ln in links if ln.kind == "NET" and not ln.same_host]
@@ -782,11 +800,9 @@ def _verdict(
     elif p.using_network and ((n_hosts or 0) > 1 or (n_hosts is None and (nnodes_nccl or 0) > 1)):
         v.inter_node = _net_class(p.using_network[-1], p.provider)
         if v.evidence == "channels":
-            v.notes.append("this rank logged no inter-node channel; inter-node transport taken from "
-                           f"'Using network {p.using_network[-1]}'")
+            v.notes.append(f"this rank logged no inter-node channel; inter-node transport taken from 'Using network {p.using_network[-1]}'")
     if v.inter_node in (InterNode.EFA, InterNode.LIBFABRIC):
-        bits = [f"aws-ofi-nccl {p.ofi_version}" if p.ofi_version else "aws-ofi-nccl",
-                f"provider {p.provider or '?'}"]
+        bits = [f"aws-ofi-nccl {p.ofi_version}" if p.ofi_version else "aws-ofi-nccl", f"provider {p.provider or '?'}"]
         if p.fabric and p.fabric != p.provider:
             bits.append(f"fabric {p.fabric}")
         if p.nics:
@@ -833,8 +849,10 @@ def _verdict(
     if p.borrowed is not None:
         v.notes.append(f"network plugin lines missing for this rank; used those of pid {p.borrowed} on the same host")
     if p.repeated:
-        v.notes.append(f"Ray folded {p.repeated} similar lines of other workers into this one's "
-                       "('[repeated Nx across cluster]'); set RAY_DEDUP_LOGS=0 for per-rank certainty")
+        v.notes.append(
+            f"Ray folded {p.repeated} similar lines of other workers into this one's "
+            "('[repeated Nx across cluster]'); set RAY_DEDUP_LOGS=0 for per-rank certainty"
+        )
     return v
 
 
@@ -872,32 +890,53 @@ def _causes(p: _Proc, v: RankVerdict) -> list[Cause]:
     if env.get("NCCL_SHM_DISABLE") == "1":
         out.append(Cause("intra", "NCCL_SHM_DISABLE=1 set by the environment (no shared-memory transport)"))
     if p.shm_failed:
-        out.append(Cause("intra", "shared memory too small: NCCL could not create its /dev/shm segment "
-                                  "(mount a larger /dev/shm, e.g. an emptyDir with medium: Memory)"))
+        out.append(
+            Cause(
+                "intra",
+                "shared memory too small: NCCL could not create its /dev/shm segment "
+                "(mount a larger /dev/shm, e.g. an emptyDir with medium: Memory)",
+            )
+        )
     net_like = v.inter_node in (InterNode.SOCKET, InterNode.IB, InterNode.UNKNOWN)
     if net_like and "NCCL_NET" not in env:
         if p.plugin_missing and not p.ofi_seen and not p.plugin_loaded:
-            out.append(Cause("inter", "OFI plugin not found: NCCL could not load libnccl-net.so "
-                                      "(aws-ofi-nccl not installed or not on LD_LIBRARY_PATH)"))
+            out.append(
+                Cause(
+                    "inter",
+                    "OFI plugin not found: NCCL could not load libnccl-net.so (aws-ofi-nccl not installed or not on LD_LIBRARY_PATH)",
+                )
+            )
         elif p.ofi_failed or any("ibfabric" in n or "OFI" in n for n in p.net_init_failed):
-            out.append(Cause("inter", "no EFA device in the pod: aws-ofi-nccl loaded but libfabric found "
-                                      "no efa endpoint (request vpc.amazonaws.com/efa, check /dev/infiniband)"))
+            out.append(
+                Cause(
+                    "inter",
+                    "no EFA device in the pod: aws-ofi-nccl loaded but libfabric found "
+                    "no efa endpoint (request vpc.amazonaws.com/efa, check /dev/infiniband)",
+                )
+            )
         elif not p.ofi_seen and v.inter_node == InterNode.SOCKET:
             out.append(Cause("inter", "aws-ofi-nccl never initialized (no NET/OFI line from this rank)"))
     if v.inter_node == InterNode.LIBFABRIC and p.provider and p.provider != "efa":
-        out.append(Cause("inter", f"libfabric provider is {p.provider}, not efa (FI_PROVIDER set, or no EFA "
-                                  "device so libfabric chose a TCP provider)"))
+        out.append(
+            Cause(
+                "inter",
+                f"libfabric provider is {p.provider}, not efa (FI_PROVIDER set, or no EFA device so libfabric chose a TCP provider)",
+            )
+        )
     if v.interface and p.socket_ifs:
         for name, addr in p.socket_ifs:
             if _LINK_LOCAL.match(addr):
-                out.append(Cause("inter", f"link-local interface: {name} {addr} cannot route between hosts "
-                                          "(set NCCL_SOCKET_IFNAME to the pod's primary interface, e.g. eth0)"))
+                out.append(
+                    Cause(
+                        "inter",
+                        f"link-local interface: {name} {addr} cannot route between hosts "
+                        "(set NCCL_SOCKET_IFNAME to the pod's primary interface, e.g. eth0)",
+                    )
+                )
             elif (_LOOPBACK.match(addr) or _SUSPECT_IFACE.match(name)) and v.n_nodes != 1:
-                out.append(Cause("inter", f"wrong interface: {name} {addr} is not reachable from other hosts "
-                                          "(set NCCL_SOCKET_IFNAME)"))
+                out.append(Cause("inter", f"wrong interface: {name} {addr} is not reachable from other hosts (set NCCL_SOCKET_IFNAME)"))
     if p.bootstrap and _LINK_LOCAL.match(p.bootstrap[1]):
-        out.append(Cause("inter", f"link-local bootstrap interface: {p.bootstrap[0]} {p.bootstrap[1]} "
-                                  "(set NCCL_SOCKET_IFNAME)"))
+        out.append(Cause("inter", f"link-local bootstrap interface: {p.bootstrap[0]} {p.bootstrap[1]} (set NCCL_SOCKET_IFNAME)"))
     return out
 
 
@@ -936,9 +975,7 @@ def rank_problem(v: RankVerdict, expect: Expect | str) -> str | None:
         bad = []
         if v.inter_node not in (InterNode.SOCKET, InterNode.NONE):
             bad.append(f"inter-node {v.inter_node.value}")
-        if v.intra_node not in (IntraNode.NET, IntraNode.NONE) or (
-            v.intra_node == IntraNode.NET and "Socket" not in v.intra_detail
-        ):
+        if v.intra_node not in (IntraNode.NET, IntraNode.NONE) or (v.intra_node == IntraNode.NET and "Socket" not in v.intra_detail):
             bad.append(f"intra-node {v.intra_detail or v.intra_node.value}")
         if v.inter_node == InterNode.NONE and v.intra_node == IntraNode.NONE:
             bad.append("no connection at all")

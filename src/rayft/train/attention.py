@@ -38,7 +38,9 @@ def unsupported_attention_features(model_config) -> list[str]:
     out = []
     window = getattr(model_config, "sliding_window", None)
     layer_types = getattr(model_config, "layer_types", None) or []
-    windowed = bool(window) and getattr(model_config, "use_sliding_window", True) and any(t != "full_attention" for t in layer_types or ["?"])
+    windowed = (
+        bool(window) and getattr(model_config, "use_sliding_window", True) and any(t != "full_attention" for t in layer_types or ["?"])
+    )
     if windowed:
         out.append(f"sliding_window={window}")
     if getattr(model_config, "attn_logit_softcapping", None):

@@ -227,8 +227,11 @@ class CheckpointWriter:
 
         done = self.wait()  # at most one save in flight
         if done and done[0]["finalize_wait_s"] > 1.0 and dist.get_rank() == 0:
-            print(f"[rayft] warning: checkpoint {state['step']} waited {done[0]['finalize_wait_s']:.1f} s for the previous "
-                  "one's write: the checkpoint interval is shorter than a save takes on this storage", flush=True)  # fmt: skip
+            print(
+                f"[rayft] warning: checkpoint {state['step']} waited {done[0]['finalize_wait_s']:.1f} s for the previous "
+                "one's write: the checkpoint interval is shorter than a save takes on this storage",
+                flush=True,
+            )
         t0 = time.perf_counter()
         name = f"checkpoint_{state['step']:07d}"
         storage = ray.train.get_context().get_storage()
@@ -244,13 +247,23 @@ class CheckpointWriter:
                 # GPU: reusable pinned CPU buffers (fast copies from the second save on); CPU: plain copies.
                 self._writer = self._new_writer(path, cache=torch.cuda.is_available())
             try:
-                future = dcp.async_save({"model": msd, "optim": osd}, checkpoint_id=path, storage_writer=self._writer, process_group=self._pg)
+                future = dcp.async_save(
+                    {"model": msd, "optim": osd}, checkpoint_id=path, storage_writer=self._writer, process_group=self._pg
+                )
             except BaseException:
                 if not local:
                     shutil.rmtree(path, ignore_errors=True)
                 raise
-            self._pending = {"future": future, "path": path, "local": local, "name": name, "state": state,
-                             "metrics": metrics, "t0": t0, "stage_s": time.perf_counter() - t0}  # fmt: skip
+            self._pending = {
+                "future": future,
+                "path": path,
+                "local": local,
+                "name": name,
+                "state": state,
+                "metrics": metrics,
+                "t0": t0,
+                "stage_s": time.perf_counter() - t0,
+            }
             self.last_save = time.monotonic()
             return done
         try:
@@ -292,9 +305,14 @@ class CheckpointWriter:
                 shutil.rmtree(p["path"], ignore_errors=True)
         done = time.perf_counter()
         return {
-            "step": p["state"]["step"], "mode": "async", "stage_s": p["stage_s"], "save_s": written - p["t0"],
-            "finalize_wait_s": written - t_wait, "finalize_s": done - t_wait, "blocked_s": p["stage_s"] + done - t_wait,
-        }  # fmt: skip
+            "step": p["state"]["step"],
+            "mode": "async",
+            "stage_s": p["stage_s"],
+            "save_s": written - p["t0"],
+            "finalize_wait_s": written - t_wait,
+            "finalize_s": done - t_wait,
+            "blocked_s": p["stage_s"] + done - t_wait,
+        }
 
     def _finish(self, path: str, local: bool, name: str, state: dict, metrics: dict) -> None:
         import ray.train

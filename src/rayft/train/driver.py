@@ -102,8 +102,7 @@ def run_training(cfg: RayftConfig, resume: str | None = None, console: Console |
     resume_from = prepare_run_dir(run_dir, resume, cfg, console) if "://" not in run_dir else None
     backend = cfg.parallel.backend if cfg.parallel.backend != "auto" else ("nccl" if use_gpu else "gloo")
     console.print(
-        f"ray: {where}; {n_workers} {'GPU' if use_gpu else 'CPU'} worker(s), backend {backend}; "
-        f"{total} steps; run {run_dir}",
+        f"ray: {where}; {n_workers} {'GPU' if use_gpu else 'CPU'} worker(s), backend {backend}; {total} steps; run {run_dir}",
         highlight=False,
     )
     progress = ProgressChannel.open()
@@ -126,7 +125,9 @@ def run_training(cfg: RayftConfig, resume: str | None = None, console: Console |
         ),
         run_config=ray.train.RunConfig(
             name=name,
-            storage_path=cfg.checkpoint.storage_path if "://" in cfg.checkpoint.storage_path else str(Path(cfg.checkpoint.storage_path).resolve()),
+            storage_path=cfg.checkpoint.storage_path
+            if "://" in cfg.checkpoint.storage_path
+            else str(Path(cfg.checkpoint.storage_path).resolve()),
             failure_config=ray.train.FailureConfig(max_failures=cfg.ray.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.checkpoint.keep_last),
             worker_runtime_env={"env_vars": worker_env_vars()},

@@ -78,7 +78,10 @@ class Worker:
         micro = rank_micro_batches(self.plan.rows[step], self.rank, self.world, tc.micro_batch_size, tc.grad_accum_steps)
         min_rows = tc.micro_batch_size if dc.packing else 1
         return [
-            {k: v.to(self.device, non_blocking=True) for k, v in collate(self.data, rows, dc.seq_len, self.args.pad_id, fixed_len=dc.packing, min_rows=min_rows).items()}
+            {
+                k: v.to(self.device, non_blocking=True)
+                for k, v in collate(self.data, rows, dc.seq_len, self.args.pad_id, fixed_len=dc.packing, min_rows=min_rows).items()
+            }
             for rows in micro
         ]
 
@@ -165,9 +168,17 @@ def setup_worker(args: WorkerArgs) -> Worker:
 
     t_model = time.perf_counter()
     model = build_sharded_model(
-        cfg.model, cfg.parallel, device=device, activation_checkpointing=tc.activation_checkpointing, compile_layers=tc.compile,
-        seed=tc.seed, liger_kernels=tc.liger_kernels, cross_entropy=tc.cross_entropy, float8=tc.float8, fused_loss_chunk_mem=tc.fused_loss_chunk_mem,
-    )  # fmt: skip
+        cfg.model,
+        cfg.parallel,
+        device=device,
+        activation_checkpointing=tc.activation_checkpointing,
+        compile_layers=tc.compile,
+        seed=tc.seed,
+        liger_kernels=tc.liger_kernels,
+        cross_entropy=tc.cross_entropy,
+        float8=tc.float8,
+        fused_loss_chunk_mem=tc.fused_loss_chunk_mem,
+    )
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     model_build_s = time.perf_counter() - t_model
@@ -184,11 +195,31 @@ def setup_worker(args: WorkerArgs) -> Worker:
         torch.cuda.reset_peak_memory_stats(device)
     setup = {"setup_s": time.perf_counter() - t_enter, "setup_model_build_s": model_build_s}
     gpu_name, peak = gpu_peak_flops(device)
-    return Worker(args, cfg, rank, world, device, data, plan, model, model_conf, optimizer, saver, evaluator, progress, start_step, setup,
-                  gpu_name, peak, matmul_params(model.module))  # fmt: skip
+    return Worker(
+        args,
+        cfg,
+        rank,
+        world,
+        device,
+        data,
+        plan,
+        model,
+        model_conf,
+        optimizer,
+        saver,
+        evaluator,
+        progress,
+        start_step,
+        setup,
+        gpu_name,
+        peak,
+        matmul_params(model.module),
+    )
 
 
-def step_record(w: Worker, step: int, lr: float, result: StepResult, counts: GlobalCounts, step_time_s: float, timings: dict[str, float]) -> dict[str, Any]:
+def step_record(
+    w: Worker, step: int, lr: float, result: StepResult, counts: GlobalCounts, step_time_s: float, timings: dict[str, float]
+) -> dict[str, Any]:
     """The step's line of ``rayft_metrics.jsonl`` (units: seconds, tokens, FLOP/s, GiB).
 
     ``timings``: ``data_s`` (CPU wall seconds before compute: collate, copy, the counts'
@@ -257,8 +288,10 @@ def resume(model: ShardedModel, optimizer, args: WorkerArgs, rows_per_step: int,
     if dist.get_rank() == 0:
         note = f" (saved at world size {state['world_size']}, resharded to {world} by DCP)" if state["world_size"] != world else ""
         if state.get("global_batch_rows", rows_per_step) != rows_per_step:
-            note += (f"; WARNING: the global batch changed from {state['global_batch_rows']} to {rows_per_step} rows, so the "
-                     "data order differs from the original run (keep workers × micro_batch_size × grad_accum_steps)")  # fmt: skip
+            note += (
+                f"; WARNING: the global batch changed from {state['global_batch_rows']} to {rows_per_step} rows, so the "
+                "data order differs from the original run (keep workers × micro_batch_size × grad_accum_steps)"
+            )
         print(f"[rayft] resumed from step {state['step']} of {path}{note}", flush=True)
     progress.send(ResumedEvent(int(state["step"]), state["world_size"], world, load_s), wait=True)
     return int(state["step"])

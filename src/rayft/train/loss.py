@@ -81,8 +81,9 @@ def fused_options(chunk_mem: int) -> dict:
     if chunk_mem != 1:
         import warnings
 
-        warnings.warn(f"train.fused_loss_chunk_mem={chunk_mem}: this liger-kernel has no chunk_mem_const; its default chunking runs",
-                      stacklevel=2)  # fmt: skip
+        warnings.warn(
+            f"train.fused_loss_chunk_mem={chunk_mem}: this liger-kernel has no chunk_mem_const; its default chunking runs", stacklevel=2
+        )
     return {}
 
 

@@ -91,12 +91,17 @@ def load_full_model(cfg: ModelConfig, conf: PretrainedConfig, seed: int, init_de
         with torch.device(init_device):
             return AutoModelForCausalLM.from_config(conf, dtype=torch.float32)
     return AutoModelForCausalLM.from_pretrained(
-        cfg.name_or_path, config=conf, revision=cfg.revision, dtype=torch.float32,
+        cfg.name_or_path,
+        config=conf,
+        revision=cfg.revision,
+        dtype=torch.float32,
         trust_remote_code=cfg.trust_remote_code,
-    )  # fmt: skip
+    )
 
 
-def load_full_state_dict(cfg: ModelConfig, conf: PretrainedConfig, seed: int, init_device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+def load_full_state_dict(
+    cfg: ModelConfig, conf: PretrainedConfig, seed: int, init_device: str | torch.device = "cpu"
+) -> dict[str, torch.Tensor]:
     """Full fp32 weights (rank 0 only): from the checkpoint, or a seeded random init on ``init_device``."""
     return load_full_model(cfg, conf, seed, init_device).state_dict()
 
@@ -282,8 +287,10 @@ def check_float8(device: torch.device) -> None:
     CUDA a compute capability of at least 8.9 (the CPU runs float8 matmuls too, slowly: for tests)."""
     if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
         cap = ".".join(map(str, torch.cuda.get_device_capability(device)))
-        raise ValueError(f"train.float8 needs a GPU with float8 matmuls (compute capability >= 8.9: L4, H100, H200); "
-                         f"{torch.cuda.get_device_name(device)} has {cap}")  # fmt: skip
+        raise ValueError(
+            f"train.float8 needs a GPU with float8 matmuls (compute capability >= 8.9: L4, H100, H200); "
+            f"{torch.cuda.get_device_name(device)} has {cap}"
+        )
     try:
         import torchao.float8  # noqa: F401
     except ImportError as e:
@@ -321,7 +328,9 @@ def apply_float8(model: torch.nn.Module, device: torch.device) -> int:
     convert_to_float8_training(model, config=Float8LinearConfig(enable_fsdp_float8_all_gather=True), module_filter_fn=convert)
     n = sum(type(m).__name__ == "Float8Linear" for m in model.modules())
     if n == 0:
-        raise ValueError("train.float8: no linear layer of the decoder layers has both dimensions a multiple of 16; nothing to run in float8")
+        raise ValueError(
+            "train.float8: no linear layer of the decoder layers has both dimensions a multiple of 16; nothing to run in float8"
+        )
     return n
 
 

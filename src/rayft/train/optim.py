@@ -17,9 +17,7 @@ def build_optimizer(model: torch.nn.Module, tcfg: TrainConfig, device: torch.dev
     decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
     groups = [{"params": decay, "weight_decay": tcfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(
-        groups, lr=tcfg.lr, betas=tcfg.betas, eps=tcfg.eps, fused=device.type == "cuda"
-    )
+    return torch.optim.AdamW(groups, lr=tcfg.lr, betas=tcfg.betas, eps=tcfg.eps, fused=device.type == "cuda")
 
 
 def lr_at(step: int, total_steps: int, tcfg: TrainConfig) -> float:

@@ -35,8 +35,12 @@ class RunProgress:
             self.eval_initial = {"eval_loss": event.eval_loss, "eval_tokens": event.eval_tokens}
             say(f"eval loss before training: {event.eval_loss:.4f}")
         elif isinstance(event, ResumedEvent):
-            self.resumes.append({"step": event.step, "from_world_size": event.from_world_size, "world_size": event.world_size, "load_s": event.load_s})
-            say(f"resumed from the checkpoint of step {event.step} (world size {event.from_world_size} → {event.world_size}; loaded in {event.load_s:.1f} s)")
+            self.resumes.append(
+                {"step": event.step, "from_world_size": event.from_world_size, "world_size": event.world_size, "load_s": event.load_s}
+            )
+            say(
+                f"resumed from the checkpoint of step {event.step} (world size {event.from_world_size} → {event.world_size}; loaded in {event.load_s:.1f} s)"
+            )
         elif isinstance(event, StepEvent):
             return self.add_step(event.metrics)
         return None
@@ -68,8 +72,15 @@ def show_progress(fit_thread: threading.Thread, channel: ProgressChannel, total:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     run = RunProgress()
-    cols = [TextColumn("step"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()]  # fmt: skip
+    cols = [
+        TextColumn("step"),
+        MofNCompleteColumn(),
+        BarColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+    ]
     with Progress(*cols, console=console, transient=False, refresh_per_second=4) as bar:
         task = bar.add_task("train", total=total, info="starting workers…")
 

@@ -17,9 +17,11 @@ def connect_ray(cfg: RayftConfig) -> str:
     address = cfg.ray.address or os.environ.get("RAY_ADDRESS")
     os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
     kwargs: dict[str, Any] = dict(
-        logging_level="ERROR", log_to_driver=cfg.ray.log_to_driver, include_dashboard=False,
+        logging_level="ERROR",
+        log_to_driver=cfg.ray.log_to_driver,
+        include_dashboard=False,
         configure_logging=True,
-    )  # fmt: skip
+    )
     if ray.is_initialized():
         return "existing"
     if address:
@@ -51,18 +53,14 @@ def resolve_workers(cfg: RayftConfig) -> tuple[int, bool]:
     if n == "auto":
         n = gpus if use_gpu else 1
     if use_gpu and n > gpus:
-        raise TrainError(
-            f"train.num_workers={n} needs {n} GPUs but the Ray cluster has {gpus}; "
-            f"lower train.num_workers or add GPU nodes"
-        )
+        raise TrainError(f"train.num_workers={n} needs {n} GPUs but the Ray cluster has {gpus}; lower train.num_workers or add GPU nodes")
     free_gpus = int(ray.available_resources().get("GPU", 0))
     if use_gpu and n > free_gpus:
         print(f"warning: {n} GPUs needed, {free_gpus} free now (others are in use): the run waits until they are released")
     need_cpu = n * cfg.train.cpus_per_worker
     if need_cpu > cpus:
         raise TrainError(
-            f"{n} workers × train.cpus_per_worker={cfg.train.cpus_per_worker} need {need_cpu:g} CPUs "
-            f"but the Ray cluster has {cpus:g}"
+            f"{n} workers × train.cpus_per_worker={cfg.train.cpus_per_worker} need {need_cpu:g} CPUs but the Ray cluster has {cpus:g}"
         )
     return n, use_gpu
 
@@ -134,8 +132,10 @@ def check_worker_environment(cfg: RayftConfig, use_gpu: bool) -> None:
         TrainError: naming the setting and what to do.
     """
     if cfg.train.gpu_memory_limit_gib is not None and not use_gpu:
-        raise TrainError(f"train.gpu_memory_limit_gib={cfg.train.gpu_memory_limit_gib:g} caps GPU workers' memory, "
-                         "but this run's workers are CPU workers (no GPU in the Ray cluster, or train.use_gpu: false)")  # fmt: skip
+        raise TrainError(
+            f"train.gpu_memory_limit_gib={cfg.train.gpu_memory_limit_gib:g} caps GPU workers' memory, "
+            "but this run's workers are CPU workers (no GPU in the Ray cluster, or train.use_gpu: false)"
+        )
     if cfg.train.float8:  # the driver's environment stands for the workers' (embedded Ray, or the same image)
         try:
             import torchao.float8  # noqa: F401

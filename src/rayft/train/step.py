@@ -108,7 +108,11 @@ def optimizer_step(model: ShardedModel, optimizer: torch.optim.Optimizer, max_gr
 
 
 def train_step(
-    model: ShardedModel, optimizer: torch.optim.Optimizer, batches: list[dict[str, torch.Tensor]], n_trainable: float, max_grad_norm: float | None
+    model: ShardedModel,
+    optimizer: torch.optim.Optimizer,
+    batches: list[dict[str, torch.Tensor]],
+    n_trainable: float,
+    max_grad_norm: float | None,
 ) -> StepResult:
     """Collective: one optimizer step over this rank's ``batches``.
 

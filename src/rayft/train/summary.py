@@ -80,7 +80,9 @@ def build_summary(history: list[dict], extra: dict, run_dir: str, total: int, co
         t.add_row("peak GPU memory", f"{summary['peak_mem_gib']:.1f} GiB")
     t.add_row("workers", f"{last['world_size']} × {last['gpu']}")
     if wall:
-        t.add_row("wall time", f"{wall['total']:.0f} s: " + ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in wall.items() if k != "total"))
+        t.add_row(
+            "wall time", f"{wall['total']:.0f} s: " + ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in wall.items() if k != "total")
+        )
     if export:
         vs = ", float8-trained model vs the export" if export.get("trained_float8") else ""
         t.add_row("HF export", f"{export['export_dir']} (max |Δlogit| {export['export_max_abs_logit_diff']:.2e}{vs})")
