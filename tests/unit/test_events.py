@@ -92,7 +92,7 @@ def test_worker_args_travel_pickled_and_are_checked_on_arrival():
         progress=ProgressChannel.silent(),
     )
     back = WorkerArgs.from_loop_config(pickle.loads(pickle.dumps(args.loop_config())))
-    assert back == args and back.rayft_config().data.train_files == ["x.jsonl"]
+    assert back == args and back.parsed_config().data.train_files == ["x.jsonl"]
     with pytest.raises(TypeError, match=r"train_loop_config\['args'\] must be a WorkerArgs, got dict"):
         WorkerArgs.from_loop_config({"args": {"config": {}}})
 

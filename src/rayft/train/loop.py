@@ -154,7 +154,7 @@ def setup_worker(args: WorkerArgs) -> Worker:
     evaluation. ``setup_timings``: ``setup_s`` (this function, seconds) and
     ``setup_model_build_s`` (model build and weight broadcast)."""
     t_enter = time.perf_counter()
-    cfg = args.rayft_config()
+    cfg = args.parsed_config()
     tc = cfg.train
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()

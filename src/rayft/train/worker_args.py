@@ -43,7 +43,7 @@ class WorkerArgs:
     progress: ProgressChannel
     resume_from: str | None = None
 
-    def rayft_config(self) -> RayftConfig:
+    def parsed_config(self) -> RayftConfig:
         return RayftConfig.model_validate(self.config)
 
     def loop_config(self) -> dict[str, WorkerArgs]:
