@@ -73,7 +73,12 @@ def step(b):
 
 def rnd(i):
     ids = torch.randint(0, 151000, (a.mb, a.seq), device=dev)
-    return {"input_ids": ids, "position_ids": torch.arange(a.seq, device=dev).expand(a.mb, -1), "labels": ids}
+    return {
+        "input_ids": ids,
+        "position_ids": torch.arange(a.seq, device=dev).expand(a.mb, -1),
+        "labels": ids,
+        "cu_seq_lens": torch.arange(0, (a.mb + 1) * a.seq, a.seq, device=dev, dtype=torch.int32),  # one document per row
+    }
 
 
 def packed(i):
