@@ -259,6 +259,16 @@ class CheckpointConfig(_Section):
         description="Checkpoint at the last step; off only for benchmarks (the run can then be neither resumed nor exported later).",
     )
     export_hf: bool = True
+    on_signal: bool = Field(
+        default=True,
+        description="On SIGTERM/SIGINT to the driver: checkpoint the current step before stopping (then resume with --resume).",
+    )
+    signal_grace_s: float = Field(
+        default=25.0,
+        gt=0,
+        le=3600,
+        description="Seconds a stop on SIGTERM/SIGINT may take (checkpoint, metrics, summary): under Kubernetes' 30 s grace by default.",
+    )
 
 
 class RayConfig(_Section):
