@@ -148,3 +148,78 @@ def test_a_new_run_never_reuses_an_old_run_directory(baseline, workdir):
 
     with pytest.raises(TrainError, match=r"runs/base already holds a run: continue it with --resume"):
         run_training(config(workdir, "base"))
+
+
+def start_cli_run(workdir, name, log):
+    """``rayft train`` as its own process (its own embedded Ray), as a user or a pod runs it."""
+    import subprocess
+    import sys
+
+    config(workdir, name)  # writes job.yaml
+    cmd = [sys.executable, "-m", "rayft.cli", "train", str(workdir / "job.yaml"), "--set", f"checkpoint.name={name}"]
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=workdir, start_new_session=True)
+
+
+def wait_for(predicate, timeout, what):
+    deadline = time.time() + timeout
+    while not predicate():
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def test_sigterm_checkpoints_the_step_and_resumes_exactly_and_a_second_run_is_refused(baseline, workdir):
+    from rayft.train.driver import TrainError
+
+    run = workdir / "runs" / "stopped"
+    with open(workdir / "stopped.log", "w") as log:
+        proc = start_cli_run(workdir, "stopped", log)
+        try:
+            wait_for(lambda: (run / ".rayft.lock").exists(), 120, "the lock")
+            t0 = time.monotonic()
+            with pytest.raises(TrainError, match=rf"run directory {run} is in use by pid {proc.pid} on .*pick another checkpoint.name"):
+                run_training(config(workdir, "stopped"))  # the same checkpoint.name, started while the first runs
+            assert time.monotonic() - t0 < 10  # refused at once: before any data or Ray work
+            metrics = run / "rayft_metrics.jsonl"
+            wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 5, 240, "step 5")
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 143
+        finally:
+            proc.kill()
+    out = (workdir / "stopped.log").read_text()
+    summary = json.loads((run / "rayft_summary.json").read_text())
+    stop = summary["stopped"]
+    assert stop["signal"] == "SIGTERM" and not stop["forced"] and 5 <= stop["steps_done"] < 8
+    assert stop["checkpoint_step"] == stop["steps_done"]  # the last finished step is checkpointed
+    assert (run / f"checkpoint_{stop['checkpoint_step']:07d}" / "rayft_state.json").exists()
+    assert sorted(losses(workdir, "stopped")) == list(range(1, stop["steps_done"] + 1))  # every finished step's metrics kept
+    assert f"stopped by SIGTERM after {stop['steps_done']} step(s); checkpoint of step {stop['checkpoint_step']} in {run}" in out
+    assert f"resume with: rayft train {workdir / 'job.yaml'} --set checkpoint.name=stopped --resume {run}" in out
+    assert not (run / ".rayft.lock").exists()
+
+    summary = run_training(config(workdir, "stopped"), resume=str(run))
+    assert summary["resumes"][0]["step"] == stop["checkpoint_step"]
+    got = losses(workdir, "stopped")
+    assert sorted(got) == list(range(1, 9))
+    for step in range(1, 9):
+        assert got[step] == pytest.approx(baseline[step], abs=1e-5), step
+
+
+def test_sigint_while_the_workers_start_exits_130_with_nothing_to_resume(workdir):
+    run = workdir / "runs" / "early"
+    with open(workdir / "early.log", "w") as log:
+        proc = start_cli_run(workdir, "early", log)
+        try:
+            wait_for(lambda: " worker(s), backend gloo; " in (workdir / "early.log").read_text(), 120, "the workers' start")
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=60) == 130
+        finally:
+            proc.kill()
+    summary = json.loads((run / "rayft_summary.json").read_text())
+    assert summary["stopped"]["signal"] == "SIGINT" and summary["stopped"]["steps_done"] == 0
+    assert summary["stopped"]["checkpoint_step"] is None and not list(run.glob("checkpoint_*"))
+    out = (workdir / "early.log").read_text()
+    # the signal lands just before or just after the workers were started: both end the same way
+    assert ("stopped by SIGINT after 0 step(s); no checkpoint to resume from" in out) or (
+        "stopped by SIGINT before training started; no checkpoint to resume from" in out
+    )
+    assert "resume with" not in out

@@ -21,13 +21,15 @@ from rich.console import Console
 from rayft.config import RayftConfig
 from rayft.data.formats import DataError
 from rayft.data.prepare import PreparedData, open_tokenizer, prepare_data
-from rayft.train.errors import TrainError
+from rayft.train.errors import TrainError, TrainStopped
 from rayft.train.progress import show_progress
 from rayft.train.ray_cluster import check_worker_environment, connect_ray, resolve_workers, worker_env_vars
-from rayft.train.run_dir import prepare_run_dir, run_dir_of, write_run_records
+from rayft.train.run_dir import MetricsLog, check_resume_data, prepare_run_dir, run_dir_of, write_run_records
+from rayft.train.run_lock import RunLock
+from rayft.train.stop import EXIT_CODES, SignalStop, StopBeforeTraining, create_stop_flag
 from rayft.train.summary import build_summary, wall_timeline
 
-__all__ = ["TrainError", "load_run_data", "run_training"]
+__all__ = ["TrainError", "TrainStopped", "load_run_data", "run_training"]
 
 
 def load_run_data(cfg: RayftConfig, console: Console, tokenizer=None, connect=None) -> PreparedData:
@@ -61,9 +63,56 @@ def packing_line(plan, ds, seq_len: int) -> str:
 def run_training(cfg: RayftConfig, resume: str | None = None, console: Console | None = None) -> dict:
     """Run the whole job and return the final summary (metrics of the last step, export check).
 
+    The run directory is locked for the run (:mod:`rayft.train.run_lock`); SIGTERM and SIGINT stop
+    it gracefully (:mod:`rayft.train.stop`).
+
     Raises:
-        TrainError: bad data, impossible resources, or a failed run (with the worker's error).
+        TrainError: bad data, impossible resources, a run directory in use, or a failed run (with
+            the worker's error).
+        TrainStopped: a signal stopped the run (after its checkpoint and records were written).
     """
+    console = console or Console(stderr=True, soft_wrap=True)
+    name, run_dir = resolve_run(cfg, resume)
+
+    def say(text: str) -> None:
+        console.print(text, highlight=False, markup=False)
+
+    signals = SignalStop(cfg.checkpoint.signal_grace_s, say=say)
+    try:
+        with signals, RunLock(run_dir, say=say) as lock:
+            try:
+                return train_run(cfg, resume, console, name, run_dir, signals, lock)
+            except StopBeforeTraining as e:
+                stopped = TrainStopped(signals.name, EXIT_CODES[e.signum], run_dir, None, before_training=True)
+                if "://" not in run_dir and Path(run_dir, "rayft.yaml").exists():  # the run directory was prepared
+                    stop = {"signal": signals.name, "steps_done": 0, "checkpoint_step": None, "forced": False, "reason": "before training"}
+                    write_run_records(run_dir, [], {"run_dir": run_dir, "steps": 0, "stopped": stop}, resumed=bool(resume))
+                raise stopped from None
+    except StopBeforeTraining as e:  # in the moment before the lock was held
+        raise TrainStopped(signals.name, EXIT_CODES[e.signum], run_dir, None, before_training=True) from None
+
+
+def resolve_run(cfg: RayftConfig, resume: str | None) -> tuple[str, str]:
+    """The run's name and directory; ``--resume RUN`` (a name, or a run directory whose parent
+    becomes ``checkpoint.storage_path``) must exist.
+
+    Raises:
+        TrainError: ``--resume`` of a missing local run directory (before any data or Ray work).
+    """
+    if resume:
+        name = Path(resume.rstrip("/")).name
+        if "/" in resume:
+            cfg.checkpoint.storage_path = resume.rstrip("/").rsplit("/", 1)[0]
+        run_dir = run_dir_of(cfg, name)
+        if "://" not in run_dir and not Path(run_dir).is_dir():
+            raise TrainError(f"--resume {resume}: no run directory at {run_dir}")
+        return name, run_dir
+    name = cfg.checkpoint.name or f"rayft-{dt.datetime.now():%Y%m%d-%H%M%S}"
+    return name, run_dir_of(cfg, name)
+
+
+def train_run(cfg: RayftConfig, resume: str | None, console: Console, name: str, run_dir: str, signals: SignalStop, lock: RunLock) -> dict:
+    """:func:`run_training` inside its lock and signal handling: data, Ray, checks, the workers."""
     import ray
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -73,49 +122,46 @@ def run_training(cfg: RayftConfig, resume: str | None = None, console: Console |
     from rayft.train.loop import make_plan, train_func
     from rayft.train.worker_args import WorkerArgs
 
-    console = console or Console(stderr=True, soft_wrap=True)
     marks = {"start": time.time()}  # wall clock (unix s) of the run's phases, for the summary's wall_s
-    if resume:
-        name = Path(resume.rstrip("/")).name
-        if "/" in resume:
-            cfg.checkpoint.storage_path = resume.rstrip("/").rsplit("/", 1)[0]
-        run_dir = run_dir_of(cfg, name)
-        if "://" not in run_dir and not Path(run_dir).is_dir():  # fail before any data or Ray work
-            raise TrainError(f"--resume {resume}: no run directory at {run_dir}")
-    else:
-        name = cfg.checkpoint.name or f"rayft-{dt.datetime.now():%Y%m%d-%H%M%S}"
     reached: list[str] = []
     data = load_run_data(cfg, console, connect=lambda: reached.append(connect_ray(cfg)))  # Ray only if tokenizing there
     ds = data.train
     marks["data_ready"] = time.time()
     where = reached[0] if reached else connect_ray(cfg)
+    signals.install()  # ray.init replaced our SIGTERM handler with one that exits mid-run
     marks["ray_ready"] = time.time()
     n_workers, use_gpu = resolve_workers(cfg)
     check_worker_environment(cfg, use_gpu)
-    run_dir = run_dir_of(cfg, name)
     plan = make_plan(cfg, ds, n_workers)
     total = len(plan)
     if cfg.data.packing:
         console.print(packing_line(plan, ds, cfg.data.seq_len), highlight=False)
     if cfg.train.warmup_steps >= total:
         raise TrainError(f"train.warmup_steps={cfg.train.warmup_steps} but the run has only {total} steps: the LR never reaches train.lr")
-    resume_from = prepare_run_dir(run_dir, resume, cfg, console) if "://" not in run_dir else None
+    local = "://" not in run_dir
+    resume_from = prepare_run_dir(run_dir, resume, cfg, console) if local else None
+    data_fingerprint = fingerprint(ds)
+    if resume_from is not None:
+        check_resume_data(resume_from, data_fingerprint)
     backend = cfg.parallel.backend if cfg.parallel.backend != "auto" else ("nccl" if use_gpu else "gloo")
     console.print(
         f"ray: {where}; {n_workers} {'GPU' if use_gpu else 'CPU'} worker(s), backend {backend}; {total} steps; run {run_dir}",
         highlight=False,
     )
     progress = ProgressChannel.open()
+    stop_flag = create_stop_flag(f"{name}-{lock.holder.run_id}")
+    signals.on_stop = lambda reason: stop_flag.request.remote(reason)
     args = WorkerArgs(
         config=cfg.model_dump(mode="json"),
         dataset=ray.put(ds),
         validation=ray.put(data.validation) if data.validation is not None else None,
         pad_id=data.tokenizer.pad_token_id,
-        data_fingerprint=fingerprint(ds),
+        data_fingerprint=data_fingerprint,
         tokenizer=data.tokenizer_name,
         run_dir=run_dir,
         progress=progress,
         resume_from=resume_from,
+        stop_flag=stop_flag,
     )
     trainer = TorchTrainer(
         train_func,
@@ -142,16 +188,45 @@ def run_training(cfg: RayftConfig, resume: str | None = None, console: Console |
         except Exception as e:  # surfaced on the driver below
             outcome["error"] = e
 
+    metrics_log = MetricsLog(run_dir, resumed=bool(resume)) if local else None  # lines appended as they arrive: they survive any stop
     th = threading.Thread(target=_fit, daemon=True)
     marks["fit_called"] = time.time()
+    signals.training_started()
     th.start()
-    reported = show_progress(th, progress, total, console)
-    th.join()
+    reported = show_progress(th, progress, total, console, signals, on_step=metrics_log.append if metrics_log else None)
+    forced = signals.signum is not None and th.is_alive()  # past the grace (or a second signal): do not wait
+    if not forced:
+        th.join()
     marks["fit_returned"] = time.time()
-    if "error" in outcome:
+    if "error" in outcome and not forced:
         raise TrainError(f"training failed: {outcome['error']}")
     history = reported.history
-    summary = build_summary(history, reported.extra(), run_dir, total, console, wall_timeline(marks, history))
-    if "://" not in run_dir:
+    wall = wall_timeline(marks, history)
+    if signals.signum is not None:
+        stop = stop_record(signals, reported, forced)
+        summary = build_summary(history, reported.extra(), run_dir, total, console, wall, stop)
+        if local:
+            write_run_records(run_dir, history, summary, resumed=bool(resume))
+        raise TrainStopped(signals.name, signals.exit_code, run_dir, stop["checkpoint_step"], forced=forced, steps_done=stop["steps_done"])
+    summary = build_summary(history, reported.extra(), run_dir, total, console, wall)
+    if local:
         write_run_records(run_dir, history, summary, resumed=bool(resume))
     return summary
+
+
+def stop_record(signals: SignalStop, reported, forced: bool) -> dict[str, Any]:
+    """The summary's ``stopped`` entry: ``signal``, ``steps_done``, ``checkpoint_step`` (None:
+    nothing to resume from), ``forced`` (the driver stopped waiting for the workers), ``reason``."""
+    ev = reported.stopped
+    last_ckpt = max((c["step"] for c in reported.checkpoints), default=None)
+    steps_done = ev.steps_done if ev is not None else (reported.history[-1]["step"] if reported.history else 0)
+    checkpoint_step = ev.checkpoint_step if ev is not None else last_ckpt
+    if checkpoint_step is None and reported.resumes:
+        checkpoint_step = reported.resumes[-1]["step"]
+    return {
+        "signal": signals.name,
+        "steps_done": steps_done,
+        "checkpoint_step": checkpoint_step,
+        "forced": forced,
+        "reason": ev.reason if ev is not None else f"{signals.name} to the driver",
+    }

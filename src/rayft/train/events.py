@@ -58,8 +58,20 @@ class ExportEvent:
     info: dict[str, Any]
 
 
-ProgressEvent = Union[StepEvent, CheckpointEvent, ResumedEvent, InitialEvalEvent, ExportEvent]
-EVENT_TYPES = (StepEvent, CheckpointEvent, ResumedEvent, InitialEvalEvent, ExportEvent)
+@dataclass(frozen=True)
+class StoppedEvent:
+    """The workers stopped early on a stop request (:mod:`rayft.train.stop`): ``steps_done``
+    (steps finished), ``checkpoint_step`` (the newest checkpoint's step, from which ``--resume``
+    continues; None when there is none) and the request's ``reason``. With
+    ``checkpoint.on_signal`` (the default) the newest checkpoint holds every finished step."""
+
+    steps_done: int
+    checkpoint_step: int | None
+    reason: str
+
+
+ProgressEvent = Union[StepEvent, CheckpointEvent, ResumedEvent, InitialEvalEvent, ExportEvent, StoppedEvent]
+EVENT_TYPES = (StepEvent, CheckpointEvent, ResumedEvent, InitialEvalEvent, ExportEvent, StoppedEvent)
 
 
 class UnknownEventError(TypeError):

@@ -22,12 +22,13 @@ from rayft.data.packing import StepPlan, collate, plan_steps, rank_micro_batches
 from rayft.train import checkpoint as ckpt_lib
 from rayft.train.device import cap_gpu_memory
 from rayft.train.evaluate import Evaluator
-from rayft.train.events import CheckpointEvent, ProgressChannel, ResumedEvent, StepEvent
+from rayft.train.events import CheckpointEvent, ProgressChannel, ResumedEvent, StepEvent, StoppedEvent
 from rayft.train.export import export_and_verify
 from rayft.train.metrics import flops_per_token, gpu_peak_flops, mfu
 from rayft.train.model import ShardedModel, build_sharded_model, load_model_config, matmul_params
 from rayft.train.optim import build_optimizer, lr_at, set_lr
 from rayft.train.step import GlobalCounts, StepClock, StepResult, global_counts, micro_batch_loss, train_step
+from rayft.train.stop import StopPoll
 from rayft.train.worker_args import WorkerArgs
 
 
@@ -67,6 +68,8 @@ class Worker:
     gpu_name: str  # "cpu" on CPU workers
     peak_flops: float | None  # the GPU's dense bf16 peak, FLOP/s (None: unknown, or CPU)
     matmul_params: int  # parameters in matrix products (MFU's N)
+    stop: StopPoll  # rank 0's view of the run's stop flag (never set on the other ranks)
+    saved_step: int = 0  # steps held by the newest checkpoint (resumed or saved; 0: none)
 
     @property
     def total_steps(self) -> int:
@@ -115,12 +118,15 @@ def train_func(loop_config: dict[str, Any]) -> None:
     entry_unix = time.time()
     w = setup_worker(WorkerArgs.from_loop_config(loop_config))
     clock = StepClock()
+    last: tuple[int, float, dict] | None = None  # the last finished step: (0-based index, loss, metrics), for a stop's checkpoint
     for step in range(w.start_step, w.total_steps):
         lr = lr_at(step, w.total_steps, w.cfg.train)
         set_lr(w.optimizer, lr)
         batches = w.batches(step)
-        counts = global_counts(batches, w.rank == 0 and w.saver.time_is_due(), w.saver.local_write_done(), w.device)
+        counts = global_counts(batches, w.rank == 0 and w.saver.time_is_due(), w.saver.local_write_done(), w.device, w.stop.requested())
         report_checkpoints(w.saver.finalize_if_done(counts.writes_done == w.world), w.progress)  # a background save that finished
+        if counts.stop_vote > 0:  # every rank agreed: abandon this step, keep the finished ones
+            return stop_early(w, last)
         data_s = clock.since_mark()
         result = train_step(w.model, w.optimizer, batches, counts.trainable, w.cfg.train.max_grad_norm)
         timings = {"data_s": data_s, "fwd_bwd_s": result.fwd_bwd_s, "optim_s": result.optim_s}
@@ -140,8 +146,10 @@ def train_func(loop_config: dict[str, Any]) -> None:
             clock.skip()  # evaluation time is not step time
         if w.report_is_due(step, metrics):  # the last step's metrics must reach the driver before the worker exits
             w.progress.send(StepEvent(metrics), wait=step + 1 == w.total_steps)
+        last = (step, result.loss, metrics)
         if w.checkpoint_is_due(step + 1, counts.time_vote):
             report_checkpoints(w.saver.save(w.model.module, w.optimizer, w.checkpoint_state(step, result.loss), metrics), w.progress)
+            w.saved_step = step + 1
             clock.skip()  # checkpoint time is not step time
     report_checkpoints(w.saver.wait(), w.progress)  # the last save must be complete before the run ends
     if w.cfg.checkpoint.export_hf:
@@ -195,6 +203,8 @@ def setup_worker(args: WorkerArgs) -> Worker:
         torch.cuda.reset_peak_memory_stats(device)
     setup = {"setup_s": time.perf_counter() - t_enter, "setup_model_build_s": model_build_s}
     gpu_name, peak = gpu_peak_flops(device)
+    stop = StopPoll(args.stop_flag if rank == 0 else None)
+    stop.check_now()  # a stop requested while the workers started: seen before the first step
     return Worker(
         args,
         cfg,
@@ -214,7 +224,22 @@ def setup_worker(args: WorkerArgs) -> Worker:
         gpu_name,
         peak,
         matmul_params(model.module),
+        stop,
+        start_step,
     )
+
+
+def stop_early(w: Worker, last: tuple[int, float, dict] | None) -> None:
+    """Collective: the workers' end on a stop request. The last finished step is checkpointed
+    (``checkpoint.on_signal``) unless a checkpoint holds it already; every save is finished; rank 0
+    sends a :class:`StoppedEvent` before the workers return (normally: Ray Train sees a success)."""
+    if last is not None and w.cfg.checkpoint.on_signal and w.saved_step != last[0] + 1:
+        step, loss, metrics = last
+        report_checkpoints(w.saver.save(w.model.module, w.optimizer, w.checkpoint_state(step, loss), metrics), w.progress)
+        w.saved_step = step + 1
+    report_checkpoints(w.saver.wait(), w.progress)
+    done = last[0] + 1 if last is not None else w.start_step
+    w.progress.send(StoppedEvent(done, w.saved_step or None, w.stop.reason or "a stop request"), wait=True)
 
 
 def step_record(

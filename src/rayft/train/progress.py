@@ -6,23 +6,35 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from rich.console import Console
 
-from rayft.train.events import CheckpointEvent, ExportEvent, InitialEvalEvent, ProgressChannel, ProgressEvent, ResumedEvent, StepEvent
+from rayft.train.events import (
+    CheckpointEvent,
+    ExportEvent,
+    InitialEvalEvent,
+    ProgressChannel,
+    ProgressEvent,
+    ResumedEvent,
+    StepEvent,
+    StoppedEvent,
+)
+from rayft.train.stop import SignalStop
 
 
 @dataclass
 class RunProgress:
     """What the workers reported: ``history`` (one metrics record per reported step, the latest
     kept after a restart re-ran steps), the export check, finished checkpoints' timings, resumes
-    and the initial evaluation."""
+    the initial evaluation, and the workers' early stop (``stopped``)."""
 
     history: list[dict] = field(default_factory=list)
     export: dict = field(default_factory=dict)
     checkpoints: list[dict] = field(default_factory=list)
     resumes: list[dict] = field(default_factory=list)
     eval_initial: dict | None = None
+    stopped: StoppedEvent | None = None
 
     def add(self, event: ProgressEvent, say) -> str | None:
         """Take one event; ``say(text)`` prints a line above the bar. Returns the bar's new info
@@ -41,6 +53,10 @@ class RunProgress:
             say(
                 f"resumed from the checkpoint of step {event.step} (world size {event.from_world_size} → {event.world_size}; loaded in {event.load_s:.1f} s)"
             )
+        elif isinstance(event, StoppedEvent):
+            self.stopped = event
+            held = f"checkpoint of step {event.checkpoint_step}" if event.checkpoint_step is not None else "no checkpoint"
+            say(f"workers stopped after step {event.steps_done} ({event.reason}); {held}")
         elif isinstance(event, StepEvent):
             return self.add_step(event.metrics)
         return None
@@ -66,9 +82,17 @@ class RunProgress:
         return extra
 
 
-def show_progress(fit_thread: threading.Thread, channel: ProgressChannel, total: int, console: Console) -> RunProgress:
+def show_progress(
+    fit_thread: threading.Thread,
+    channel: ProgressChannel,
+    total: int,
+    console: Console,
+    signals: SignalStop | None = None,
+    on_step: Callable[[dict], None] | None = None,
+) -> RunProgress:
     """Show a progress bar of ``total`` steps until ``fit_thread`` (running ``trainer.fit()``) ends
-    and the channel is empty; returns what was reported."""
+    and the channel is empty, or a signal's grace period is over (``signals``); returns what was
+    reported. ``on_step(metrics)`` is called with each step's record as it arrives."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     run = RunProgress()
@@ -94,7 +118,12 @@ def show_progress(fit_thread: threading.Thread, channel: ProgressChannel, total:
                 info = run.add(event, say)
                 if info is not None:
                     bar.update(task, completed=run.history[-1]["step"], info=info)
+                    if on_step is not None:
+                        on_step(run.history[-1])
             if not alive and not events:
+                break
+            if signals is not None and signals.past_deadline():
+                say(f"{signals.name}: the workers did not stop within {signals.grace_s:g} s; writing what arrived and exiting")
                 break
             time.sleep(0.25)
     return run

@@ -47,6 +47,38 @@ def prepare_run_dir(run_dir: str, resume: str | None, cfg: RayftConfig, console:
     return str(done[-1][1])
 
 
+def check_resume_data(checkpoint: str, data_fingerprint: str) -> None:
+    """Refuse, before any worker starts, to resume ``checkpoint`` with other training data (the
+    workers check it again after a restart).
+
+    Raises:
+        TrainError: the checkpoint's recorded data fingerprint differs from ``data_fingerprint``.
+    """
+    from rayft.train.checkpoint import read_state
+
+    saved = read_state(checkpoint).get("data_fingerprint")
+    if saved not in (None, data_fingerprint):
+        raise TrainError(
+            f"{checkpoint}: the training data changed since this checkpoint (fingerprint {saved} → {data_fingerprint}); "
+            "resuming would not continue the same data order"
+        )
+
+
+class MetricsLog:
+    """``rayft_metrics.jsonl`` written as steps arrive (one JSON line each, flushed), so that any
+    stop keeps them; :func:`write_run_records` rewrites it at the end without re-run steps. A new
+    run starts the file empty; a resumed one appends to the original run's lines."""
+
+    def __init__(self, run_dir: str, resumed: bool):
+        self.path = Path(run_dir) / "rayft_metrics.jsonl"
+        if not resumed:
+            self.path.write_text("")
+
+    def append(self, record: dict) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
 def write_run_records(run_dir: str, history: list[dict], summary: dict, resumed: bool) -> None:
     """Write ``rayft_metrics.jsonl`` (one line per reported step; a resumed run keeps the original
     run's lines before its first step) and ``rayft_summary.json`` into a local ``run_dir``."""

@@ -44,23 +44,27 @@ def micro_batch_loss(model: ShardedModel, batch: dict[str, torch.Tensor]) -> tor
 class GlobalCounts:
     """The step's sums over every rank (one all-reduce): ``trainable`` targets (the loss's
     denominator), non-padding ``tokens``, ``attn_tokens_sq`` (Σ document length², for MFU's
-    attention span), and the two checkpoint votes: ``time_vote`` > 0 when rank 0's clock says a
-    save is due, ``writes_done`` = ranks whose background save finished."""
+    attention span), the two checkpoint votes: ``time_vote`` > 0 when rank 0's clock says a save
+    is due, ``writes_done`` = ranks whose background save finished; and ``stop_vote`` > 0 when
+    rank 0 saw a stop request (:mod:`rayft.train.stop`)."""
 
     trainable: float
     tokens: float
     attn_tokens_sq: float
     time_vote: float
     writes_done: float
+    stop_vote: float = 0.0
 
 
-def global_counts(batches: list[dict[str, torch.Tensor]], time_vote: bool, write_done: bool, device: torch.device) -> GlobalCounts:
-    """Collective: the step's token counts and checkpoint votes summed over ranks.
+def global_counts(
+    batches: list[dict[str, torch.Tensor]], time_vote: bool, write_done: bool, device: torch.device, stop_vote: bool = False
+) -> GlobalCounts:
+    """Collective: the step's token counts, checkpoint and stop votes summed over ranks.
 
     Reading the result synchronises with the device: the step's data phase ends here.
     """
     counts = [sum(b[k] for b in batches).to(torch.float64) for k in ("num_trainable", "num_tokens", "attn_tokens_sq")]
-    counts += [torch.tensor(float(v), dtype=torch.float64, device=device) for v in (time_vote, write_done)]
+    counts += [torch.tensor(float(v), dtype=torch.float64, device=device) for v in (time_vote, write_done, stop_vote)]
     stacked = torch.stack(counts)
     dist.all_reduce(stacked)
     return GlobalCounts(*stacked.tolist())

@@ -38,7 +38,26 @@ def wall_timeline(marks: dict[str, float], history: list[dict]) -> dict[str, flo
     }
 
 
-def build_summary(history: list[dict], extra: dict, run_dir: str, total: int, console: Console, wall: dict | None = None) -> dict:
+def build_summary(
+    history: list[dict], extra: dict, run_dir: str, total: int, console: Console, wall: dict | None = None, stop: dict | None = None
+) -> dict:
+    """The run's summary (``rayft_summary.json``), printed as a table.
+
+    ``history``: the reported steps' metrics; ``extra``: :meth:`RunProgress.extra`; ``wall``:
+    :func:`wall_timeline`; ``stop``: the driver's ``stopped`` record when a signal stopped the run
+    (then a run that reported no step gets a summary too).
+
+    Raises:
+        TrainError: the run ended without reporting a step (and was not stopped).
+    """
+    if not history and stop is not None:
+        summary = {"run_dir": run_dir, "steps": 0, "total_steps": total, "checkpoints": extra["checkpoints"], "resumes": extra["resumes"],
+                   "wall_s": wall, "stopped": stop}  # fmt: skip
+        t = Table(title="rayft run summary", show_header=False)
+        t.add_row("run", run_dir)
+        t.add_row("stopped", stop_line(stop))
+        console.print(t)
+        return summary
     if not history:
         raise TrainError("training finished without reporting a step")
     last = history[-1]
@@ -65,6 +84,8 @@ def build_summary(history: list[dict], extra: dict, run_dir: str, total: int, co
         "eval_step": evals[-1]["step"] if evals else None,
         "wall_s": wall,
     }
+    if stop is not None:
+        summary["stopped"] = stop
     export = extra["export"]
     t = Table(title="rayft run summary", show_header=False)
     t.add_row("run", run_dir)
@@ -86,5 +107,14 @@ def build_summary(history: list[dict], extra: dict, run_dir: str, total: int, co
     if export:
         vs = ", float8-trained model vs the export" if export.get("trained_float8") else ""
         t.add_row("HF export", f"{export['export_dir']} (max |Δlogit| {export['export_max_abs_logit_diff']:.2e}{vs})")
+    if stop is not None:
+        t.add_row("stopped", stop_line(stop))
     console.print(t)
     return summary
+
+
+def stop_line(stop: dict) -> str:
+    """One line for a stopped run: signal, steps done, the checkpoint to resume from."""
+    held = f"checkpoint of step {stop['checkpoint_step']}" if stop["checkpoint_step"] is not None else "no checkpoint to resume from"
+    forced = " (the driver stopped waiting for the workers)" if stop["forced"] else ""
+    return f"by {stop['signal']} after step {stop['steps_done']}{forced}; {held}"

@@ -31,6 +31,7 @@ class WorkerArgs:
         run_dir: the run directory (a local path or an ``s3://`` URI).
         progress: the channel to the driver's display (:class:`ProgressChannel`).
         resume_from: the checkpoint ``--resume`` chose, or None.
+        stop_flag: the run's :class:`~rayft.train.stop.StopFlag` actor handle, or None.
     """
 
     config: dict[str, Any]
@@ -42,6 +43,7 @@ class WorkerArgs:
     run_dir: str
     progress: ProgressChannel
     resume_from: str | None = None
+    stop_flag: Any = None
 
     def parsed_config(self) -> RayftConfig:
         return RayftConfig.model_validate(self.config)

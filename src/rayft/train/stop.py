@@ -1,0 +1,166 @@
+"""Stopping a run on SIGTERM or SIGINT without losing it: checkpoint, records, exit 143 / 130.
+
+Kubernetes sends SIGTERM to an evicted or deleted pod and SIGKILL after its grace period (30 s by
+default); a user sends SIGINT with Ctrl-C. The path of a stop:
+
+1. The driver's handler (:class:`SignalStop`) sets a :class:`StopFlag` actor, which every run
+   creates (named, so that ``rayft stop`` can set it from another process too).
+2. Rank 0 polls the flag without blocking (:class:`StopPoll`: one small actor call in flight,
+   checked each step with ``ray.wait(timeout=0)``) and votes in the step's count all-reduce
+   (:func:`rayft.train.step.global_counts`), so every rank stops at the same step boundary: the
+   step not yet begun is abandoned, the last finished one is checkpointed (``checkpoint.on_signal``)
+   and the workers return normally.
+3. The driver waits for that at most ``checkpoint.signal_grace_s`` from the signal, writes the
+   metrics and the summary, prints the ``--resume`` command and exits 143 (SIGTERM) or 130 (SIGINT).
+   Past the grace it writes what arrived and exits without waiting (a second signal does the same
+   at once).
+
+Before training starts (data, Ray) a signal stops the driver at once with the same exit codes.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+STOP_NAMESPACE = "rayft"
+EXIT_CODES = {signal.SIGTERM: 143, signal.SIGINT: 130}
+
+
+def stop_actor_name(run_name: str) -> str:
+    """The stop flag's actor name for run ``run_name`` (namespace :data:`STOP_NAMESPACE`)."""
+    return f"rayft-stop-{run_name}"
+
+
+class StopFlag:
+    """A run's stop request: ``request(reason)`` sets it once; ``requested()`` reads it (None: go on)."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+
+    def request(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+
+    def requested(self) -> str | None:
+        return self.reason
+
+
+def create_stop_flag(run_name: str):
+    """A new :class:`StopFlag` actor named for ``run_name`` (needs a connected Ray; zero CPUs)."""
+    import ray
+
+    actor = ray.remote(num_cpus=0)(StopFlag)
+    return actor.options(name=stop_actor_name(run_name), namespace=STOP_NAMESPACE, get_if_exists=False).remote()
+
+
+class StopPoll:
+    """Rank 0's view of the stop flag: :meth:`requested` never blocks after :meth:`check_now`.
+
+    ``flag``: the :class:`StopFlag` actor handle, or None (nothing can stop this run).
+    """
+
+    def __init__(self, flag: Any) -> None:
+        self.flag = flag
+        self.reason: str | None = None
+        self._pending = None
+
+    def check_now(self) -> bool:
+        """Read the flag, waiting for the answer (once, at set-up: a signal during worker start)."""
+        if self.flag is not None and self.reason is None:
+            import ray
+
+            self.reason = ray.get(self.flag.requested.remote())
+        return self.reason is not None
+
+    def requested(self) -> bool:
+        """Whether a stop was requested, as far as is known now (the answer may lag one step)."""
+        if self.flag is None or self.reason is not None:
+            return self.reason is not None
+        import ray
+
+        if self._pending is None:
+            self._pending = self.flag.requested.remote()
+        ready, _ = ray.wait([self._pending], timeout=0)
+        if ready:
+            self.reason, self._pending = ray.get(self._pending), None
+        return self.reason is not None
+
+
+class StopBeforeTraining(Exception):
+    """A signal arrived before the workers started training (raised from the signal handler)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@dataclass
+class SignalStop:
+    """The driver's SIGTERM/SIGINT handling for one run (a context manager that restores the old
+    handlers). Before :meth:`training_started` a signal raises :class:`StopBeforeTraining` in the
+    main thread; after it, the first signal calls ``on_stop(reason)`` and starts the grace period,
+    a second one calls ``on_force()``.
+
+    ``grace_s``: seconds from the first signal until the driver stops waiting (``deadline``).
+    """
+
+    grace_s: float
+    say: Callable[[str], None] = print
+    on_stop: Callable[[str], None] | None = None
+    on_force: Callable[[], None] | None = None
+    signum: int | None = None
+    deadline: float | None = None
+    forced: bool = False
+    training: bool = False
+
+    def __enter__(self) -> SignalStop:
+        self._old = {s: signal.getsignal(s) for s in EXIT_CODES}
+        self.install()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for s, h in self._old.items():
+                signal.signal(s, h)
+
+    def install(self) -> None:
+        """(Re)install the handlers: call again after ``ray.init``, which sets its own SIGTERM handler."""
+        if threading.current_thread() is threading.main_thread():
+            for s in EXIT_CODES:
+                signal.signal(s, self._handle)
+
+    def training_started(self) -> None:
+        self.training = True
+
+    @property
+    def exit_code(self) -> int | None:
+        return EXIT_CODES.get(self.signum) if self.signum is not None else None
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum is not None else ""
+
+    def past_deadline(self) -> bool:
+        return self.forced or (self.deadline is not None and time.monotonic() > self.deadline)
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.signum is not None:  # a second signal: stop waiting
+            self.forced = True
+            self.say(f"{signal.Signals(signum).name} again: stopping now without waiting for the workers")
+            if self.on_force is not None:
+                self.on_force()
+            return
+        self.signum = signum
+        if not self.training:
+            raise StopBeforeTraining(signum)
+        self.deadline = time.monotonic() + self.grace_s
+        self.say(
+            f"{self.name}: stopping at the next step boundary, checkpointing it (up to {self.grace_s:g} s; "
+            f"{signal.Signals(signum).name} again to stop at once)"
+        )
+        if self.on_stop is not None:
+            self.on_stop(f"{self.name} to the driver")

@@ -1,0 +1,49 @@
+"""The driver's signal handling: before training a signal stops at once; during training the
+first asks the workers to stop (and starts the grace period), a second stops waiting."""
+
+import os
+import signal
+import time
+
+import pytest
+
+from rayft.train.stop import EXIT_CODES, SignalStop, StopBeforeTraining, StopFlag, StopPoll, stop_actor_name
+
+
+def test_a_signal_before_training_stops_the_driver_at_once():
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(StopBeforeTraining) as e:
+        with SignalStop(grace_s=5, say=lambda s: None):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)  # the handler raises in the main thread before this ends
+    assert e.value.signum == signal.SIGTERM and EXIT_CODES[e.value.signum] == 143
+    assert signal.getsignal(signal.SIGTERM) is before  # handlers restored
+
+
+def test_during_training_the_first_signal_requests_a_stop_and_the_second_forces_it():
+    said, requested, forced = [], [], []
+    with SignalStop(grace_s=0.2, say=said.append, on_stop=requested.append, on_force=lambda: forced.append(True)) as stop:
+        stop.training_started()
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+        assert stop.signum == signal.SIGINT and stop.exit_code == 130 and stop.name == "SIGINT"
+        assert requested == ["SIGINT to the driver"]
+        assert said == ["SIGINT: stopping at the next step boundary, checkpointing it (up to 0.2 s; SIGINT again to stop at once)"]
+        assert not stop.past_deadline()
+        time.sleep(0.25)
+        assert stop.past_deadline()  # the grace period is over
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        assert stop.forced and forced == [True] and stop.signum == signal.SIGINT  # the first signal decides the exit code
+        assert said[-1] == "SIGTERM again: stopping now without waiting for the workers"
+
+
+def test_the_stop_flag_is_set_once_and_the_poll_without_a_flag_never_stops():
+    flag = StopFlag()
+    assert flag.requested() is None
+    flag.request("SIGTERM to the driver")
+    flag.request("later")
+    assert flag.requested() == "SIGTERM to the driver"
+    poll = StopPoll(None)  # ranks other than 0
+    assert poll.check_now() is False and poll.requested() is False
+    assert stop_actor_name("run-1-abc") == "rayft-stop-run-1-abc"
