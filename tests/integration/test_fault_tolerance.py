@@ -223,3 +223,24 @@ def test_sigint_while_the_workers_start_exits_130_with_nothing_to_resume(workdir
         "stopped by SIGINT before training started; no checkpoint to resume from" in out
     )
     assert "resume with" not in out
+
+
+def test_rayft_stop_asks_the_runs_of_the_cluster_to_stop(ray_local):
+    """What a pod's preStop hook runs: every live run's stop flag is set; it waits for them to end."""
+    import ray
+
+    from rayft.train.stop import create_stop_flag, request_stop, running_stop_flags
+
+    flag = create_stop_flag("pod-run-1a2b")
+    other = create_stop_flag("other-9z")
+    assert running_stop_flags() == ["rayft-stop-other-9z", "rayft-stop-pod-run-1a2b"]
+    said = []
+    alive = request_stop("preStop of pod w-1", run="pod-run", wait_s=1.0, say=said.append)
+    assert alive == ["rayft-stop-pod-run-1a2b"]  # nothing ends this run in the test: still alive after the wait
+    assert ray.get(flag.requested.remote()) == "preStop of pod w-1" and ray.get(other.requested.remote()) is None
+    assert said == ["asked rayft-stop-pod-run-1a2b to stop", "rayft-stop-pod-run-1a2b still running after 1 s"]
+    ray.kill(flag)
+    ray.kill(other)
+    time.sleep(0.5)
+    assert running_stop_flags() == []
+    assert request_stop("again", say=said.append) == [] and said[-1] == "no running rayft run on this Ray cluster"

@@ -10,7 +10,9 @@ machine and on a cluster.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import signal
 import threading
 import time
 from pathlib import Path
@@ -79,9 +81,9 @@ def run_training(cfg: RayftConfig, resume: str | None = None, console: Console |
 
     signals = SignalStop(cfg.checkpoint.signal_grace_s, say=say)
     try:
-        with signals, RunLock(run_dir, say=say) as lock:
+        with signals, RunLock(run_dir, say=say) as lock, contextlib.ExitStack() as cleanup:
             try:
-                return train_run(cfg, resume, console, name, run_dir, signals, lock)
+                return train_run(cfg, resume, console, name, run_dir, signals, lock, cleanup)
             except StopBeforeTraining as e:
                 stopped = TrainStopped(signals.name, EXIT_CODES[e.signum], run_dir, None, before_training=True)
                 if "://" not in run_dir and Path(run_dir, "rayft.yaml").exists():  # the run directory was prepared
@@ -111,8 +113,18 @@ def resolve_run(cfg: RayftConfig, resume: str | None) -> tuple[str, str]:
     return name, run_dir_of(cfg, name)
 
 
-def train_run(cfg: RayftConfig, resume: str | None, console: Console, name: str, run_dir: str, signals: SignalStop, lock: RunLock) -> dict:
-    """:func:`run_training` inside its lock and signal handling: data, Ray, checks, the workers."""
+def train_run(
+    cfg: RayftConfig,
+    resume: str | None,
+    console: Console,
+    name: str,
+    run_dir: str,
+    signals: SignalStop,
+    lock: RunLock,
+    cleanup: contextlib.ExitStack,
+) -> dict:
+    """:func:`run_training` inside its lock and signal handling: data, Ray, checks, the workers.
+    ``cleanup`` runs when the run ends, however it ends."""
     import ray
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -150,6 +162,7 @@ def train_run(cfg: RayftConfig, resume: str | None, console: Console, name: str,
     )
     progress = ProgressChannel.open()
     stop_flag = create_stop_flag(f"{name}-{lock.holder.run_id}")
+    cleanup.callback(ray.kill, stop_flag)  # the flag lives as long as the run (`rayft stop --wait` waits for that)
     signals.on_stop = lambda reason: stop_flag.request.remote(reason)
     args = WorkerArgs(
         config=cfg.model_dump(mode="json"),
@@ -202,12 +215,13 @@ def train_run(cfg: RayftConfig, resume: str | None, console: Console, name: str,
         raise TrainError(f"training failed: {outcome['error']}")
     history = reported.history
     wall = wall_timeline(marks, history)
-    if signals.signum is not None:
+    if signals.signum is not None or reported.stopped is not None:  # a signal here, or `rayft stop` (a pod's preStop hook)
         stop = stop_record(signals, reported, forced)
         summary = build_summary(history, reported.extra(), run_dir, total, console, wall, stop)
         if local:
             write_run_records(run_dir, history, summary, resumed=bool(resume))
-        raise TrainStopped(signals.name, signals.exit_code, run_dir, stop["checkpoint_step"], forced=forced, steps_done=stop["steps_done"])
+        code = signals.exit_code or EXIT_CODES[signal.SIGTERM]  # a stop from outside: as a pod's SIGTERM
+        raise TrainStopped(stop["signal"], code, run_dir, stop["checkpoint_step"], forced=forced, steps_done=stop["steps_done"])
     summary = build_summary(history, reported.extra(), run_dir, total, console, wall)
     if local:
         write_run_records(run_dir, history, summary, resumed=bool(resume))
@@ -224,7 +238,7 @@ def stop_record(signals: SignalStop, reported, forced: bool) -> dict[str, Any]:
     if checkpoint_step is None and reported.resumes:
         checkpoint_step = reported.resumes[-1]["step"]
     return {
-        "signal": signals.name,
+        "signal": signals.name or "rayft stop",
         "steps_done": steps_done,
         "checkpoint_step": checkpoint_step,
         "forced": forced,

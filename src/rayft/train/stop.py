@@ -164,3 +164,37 @@ class SignalStop:
         )
         if self.on_stop is not None:
             self.on_stop(f"{self.name} to the driver")
+
+
+def running_stop_flags(run: str | None = None) -> list[str]:
+    """Names of the stop flags of runs alive on the connected Ray cluster (``run``: only that
+    run's, by its ``checkpoint.name``)."""
+    import ray
+
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a.get("namespace") == STOP_NAMESPACE]
+    prefix = stop_actor_name(run) + "-" if run else stop_actor_name("")
+    return sorted(n for n in names if n.startswith(prefix))
+
+
+def request_stop(reason: str, run: str | None = None, wait_s: float = 0.0, say: Callable[[str], None] = print) -> list[str]:
+    """Ask every running rayft run on the connected Ray cluster (or run ``run``) to stop as on a
+    SIGTERM to its driver, then wait up to ``wait_s`` seconds until each has ended (its driver
+    exits, and its flag with it). For a pod's ``preStop`` hook: Kubernetes runs it before the
+    pod's SIGTERM, within ``terminationGracePeriodSeconds``. Returns the flags still alive."""
+    import ray
+
+    flags = running_stop_flags(run)
+    if not flags:
+        say("no running rayft run on this Ray cluster" + (f" named {run}" if run else ""))
+        return []
+    for name in flags:
+        ray.get(ray.get_actor(name, namespace=STOP_NAMESPACE).request.remote(reason))
+        say(f"asked {name} to stop")
+    deadline = time.monotonic() + wait_s
+    alive = flags
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.5)
+        alive = [n for n in alive if n in running_stop_flags(run)]
+    for name in alive:
+        say(f"{name} still running after {wait_s:g} s")
+    return alive
