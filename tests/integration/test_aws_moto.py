@@ -1003,7 +1003,7 @@ def test_eksctls_efa_plugin_is_found_and_waited_for_by_its_real_name(aws):
     assert world.lines.count("kubectl get daemonsets --namespace kube-system --output json") == 1
 
 
-def test_aws_cli_imports_in_either_order():
+def test_cluster_commands_import_in_either_order():
     """rayft.cli imports the cluster commands; importing them first must work too (no circular-import error)."""
     for first in ("rayft.commands.cluster", "rayft.cli"):
         code = f"import {first}; from rayft.cli import app; import typer.main; print(sorted(typer.main.get_command(app).commands))"

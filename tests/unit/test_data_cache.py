@@ -31,17 +31,17 @@ def job(tmp_path, *overrides, records=RECORDS):
     return load_config(cfg_file, list(overrides))
 
 
-SHARED = {}  # the session's tokenizer, handed to every prepare_data call (built once per test run)
+SESSION = {}  # the session's tokenizer (conftest's qwen_tokenizer), handed to every prepare_data call
 
 
 @pytest.fixture(autouse=True)
 def _shared_tokenizer(qwen_tokenizer):
-    SHARED["tokenizer"] = qwen_tokenizer
+    SESSION["tokenizer"] = qwen_tokenizer
 
 
 def run(cfg):
     console = Console(record=True, width=400)
-    d = prepare_data(cfg, console, SHARED["tokenizer"], "qwen2.5")
+    d = prepare_data(cfg, console, SESSION["tokenizer"], "qwen2.5")
     return d, console.export_text().splitlines()
 
 
@@ -134,7 +134,7 @@ def test_changed_byte_seq_len_or_template_misses_end_to_end(tmp_path, monkeypatc
 
     import rayft.data.tokenizer as tk
 
-    tokenizer = SHARED["tokenizer"]
+    tokenizer = SESSION["tokenizer"]
     tokenizer.chat_template = tk.CHATML_TEMPLATE.replace("<|im_end|>\\n", "<|im_end|>\\n\\n")
     try:
         changed, _ = run(cfg)

@@ -54,13 +54,13 @@ def file_identity(path) -> dict[str, Any]:
     Raises:
         OSError: an unreadable local file. DataError: an S3 error.
     """
-    from rayft.data.formats import DataError, S3Object, _s3_client
+    from rayft.data.formats import DataError, S3Object, s3_client
 
     if isinstance(path, S3Object):
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
-            head = _s3_client(str(path)).head_object(Bucket=path.bucket, Key=path.key)
+            head = s3_client(str(path)).head_object(Bucket=path.bucket, Key=path.key)
         except (BotoCoreError, ClientError) as e:
             raise DataError(f"{path}: cannot read: {e}") from None
         return {"uri": str(path), "size": head["ContentLength"], "etag": head.get("ETag")}

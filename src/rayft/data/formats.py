@@ -185,7 +185,7 @@ class S3Object:
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
-            return _s3_client(str(self)).get_object(Bucket=self.bucket, Key=self.key)["Body"].read()
+            return s3_client(str(self)).get_object(Bucket=self.bucket, Key=self.key)["Body"].read()
         except (BotoCoreError, ClientError) as e:
             raise DataError(f"{self}: cannot read: {e}") from None
 
@@ -193,7 +193,12 @@ class S3Object:
 DataFile = Path | S3Object
 
 
-def _s3_client(uri: str):
+def s3_client(uri: str):
+    """A boto3 S3 client (credentials and region from the environment, as boto3 finds them).
+
+    Raises:
+        DataError: boto3 is not installed (naming ``uri``).
+    """
     try:
         import boto3
     except ImportError:
@@ -247,7 +252,7 @@ def _expand_s3(uri: str) -> list[S3Object]:
         raise DataError(f"{uri}: no bucket named (expected s3://bucket/prefix)")
     if glob.has_magic(key):
         raise DataError(f"{uri}: globs are not supported in s3:// URIs; name an object or a prefix")
-    client = _s3_client(uri)
+    client = s3_client(uri)
     try:
         if key and not key.endswith("/"):
             try:

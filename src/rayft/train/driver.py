@@ -11,7 +11,6 @@ machine and on a cluster.
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import signal
 import threading
 import time
@@ -26,10 +25,18 @@ from rayft.data.prepare import PreparedData, open_tokenizer, prepare_data
 from rayft.train.errors import TrainError, TrainStopped
 from rayft.train.progress import show_progress
 from rayft.train.ray_cluster import check_worker_environment, connect_ray, resolve_workers, worker_env_vars
-from rayft.train.run_dir import MetricsLog, check_resume_data, prepare_run_dir, run_dir_of, write_run_records
+from rayft.train.run_dir import (
+    MetricsLog,
+    check_resume_data,
+    newest_checkpoint_step,
+    prepare_run_dir,
+    resolve_run,
+    write_metrics,
+    write_run_records,
+)
 from rayft.train.run_lock import RunLock
 from rayft.train.stop import EXIT_CODES, SignalStop, StopBeforeTraining, create_stop_flag
-from rayft.train.summary import build_summary, wall_timeline
+from rayft.train.summary import build_summary, stop_record, wall_timeline
 
 __all__ = ["TrainError", "TrainStopped", "load_run_data", "run_training"]
 
@@ -85,32 +92,15 @@ def run_training(cfg: RayftConfig, resume: str | None = None, console: Console |
             try:
                 return train_run(cfg, resume, console, name, run_dir, signals, lock, cleanup)
             except StopBeforeTraining as e:
-                stopped = TrainStopped(signals.name, EXIT_CODES[e.signum], run_dir, None, before_training=True)
-                if "://" not in run_dir and Path(run_dir, "rayft.yaml").exists():  # the run directory was prepared
-                    stop = {"signal": signals.name, "steps_done": 0, "checkpoint_step": None, "forced": False, "reason": "before training"}
-                    write_run_records(run_dir, [], {"run_dir": run_dir, "steps": 0, "stopped": stop}, resumed=bool(resume))
-                raise stopped from None
+                local = "://" not in run_dir
+                held = newest_checkpoint_step(run_dir) if local else None  # a --resume run keeps its resume point
+                if local and not resume and Path(run_dir, "rayft.yaml").exists():  # a new run whose directory was prepared
+                    stop = stop_record(signals.name, None, [], held, forced=False)
+                    write_run_records(run_dir, [], {"run_dir": run_dir, "steps": 0, "stopped": stop}, resumed=False)
+                raise TrainStopped(signals.name, EXIT_CODES[e.signum], run_dir, held, before_training=True) from None
     except StopBeforeTraining as e:  # in the moment before the lock was held
-        raise TrainStopped(signals.name, EXIT_CODES[e.signum], run_dir, None, before_training=True) from None
-
-
-def resolve_run(cfg: RayftConfig, resume: str | None) -> tuple[str, str]:
-    """The run's name and directory; ``--resume RUN`` (a name, or a run directory whose parent
-    becomes ``checkpoint.storage_path``) must exist.
-
-    Raises:
-        TrainError: ``--resume`` of a missing local run directory (before any data or Ray work).
-    """
-    if resume:
-        name = Path(resume.rstrip("/")).name
-        if "/" in resume:
-            cfg.checkpoint.storage_path = resume.rstrip("/").rsplit("/", 1)[0]
-        run_dir = run_dir_of(cfg, name)
-        if "://" not in run_dir and not Path(run_dir).is_dir():
-            raise TrainError(f"--resume {resume}: no run directory at {run_dir}")
-        return name, run_dir
-    name = cfg.checkpoint.name or f"rayft-{dt.datetime.now():%Y%m%d-%H%M%S}"
-    return name, run_dir_of(cfg, name)
+        held = newest_checkpoint_step(run_dir) if "://" not in run_dir else None
+        raise TrainStopped(signals.name, EXIT_CODES[e.signum], run_dir, held, before_training=True) from None
 
 
 def train_run(
@@ -136,7 +126,12 @@ def train_run(
 
     marks = {"start": time.time()}  # wall clock (unix s) of the run's phases, for the summary's wall_s
     reached: list[str] = []
-    data = load_run_data(cfg, console, connect=lambda: reached.append(connect_ray(cfg)))  # Ray only if tokenizing there
+
+    def connect() -> None:  # Ray only if tokenizing there; ray.init replaces our SIGTERM handler: put it back
+        reached.append(connect_ray(cfg))
+        signals.install()
+
+    data = load_run_data(cfg, console, connect=connect)
     ds = data.train
     marks["data_ready"] = time.time()
     where = reached[0] if reached else connect_ray(cfg)
@@ -206,17 +201,31 @@ def train_run(
     marks["fit_called"] = time.time()
     signals.training_started()
     th.start()
-    reported = show_progress(th, progress, total, console, signals, on_step=metrics_log.append if metrics_log else None)
+
+    def watch_lock() -> None:  # a lease another run took over (see run_lock): stop writing into its directory
+        if lock.lost and not signals.signum and not lost_sent:
+            lost_sent.append(True)
+            stop_flag.request.remote(lock.lost)
+
+    lost_sent: list[bool] = []
+    reported = show_progress(th, progress, total, console, signals, on_step=metrics_log.append if metrics_log else None, tick=watch_lock)
     forced = signals.signum is not None and th.is_alive()  # past the grace (or a second signal): do not wait
     if not forced:
         th.join()
     marks["fit_returned"] = time.time()
-    if "error" in outcome and not forced:
-        raise TrainError(f"training failed: {outcome['error']}")
     history = reported.history
+    if "error" in outcome and not forced:
+        if local and history:
+            write_metrics(run_dir, history, resumed=bool(resume))  # the appended lines, without re-run steps
+        raise TrainError(f"training failed: {outcome['error']}")
+    if lock.lost:
+        raise TrainError(f"{lock.lost}; this run stopped after step {history[-1]['step'] if history else 0}")
     wall = wall_timeline(marks, history)
-    if signals.signum is not None or reported.stopped is not None:  # a signal here, or `rayft stop` (a pod's preStop hook)
-        stop = stop_record(signals, reported, forced)
+    # stopped: the workers said so (a signal here, or `rayft stop`: a pod's preStop hook), or did not finish in time.
+    # A signal after the last step's stop vote lets the run complete: it then ends as a finished run.
+    if reported.stopped is not None or forced:
+        held = newest_checkpoint_step(run_dir) if local else max((c["step"] for c in reported.checkpoints), default=None)
+        stop = stop_record(signals.name, reported.stopped, history, held, forced)
         summary = build_summary(history, reported.extra(), run_dir, total, console, wall, stop)
         if local:
             write_run_records(run_dir, history, summary, resumed=bool(resume))
@@ -226,21 +235,3 @@ def train_run(
     if local:
         write_run_records(run_dir, history, summary, resumed=bool(resume))
     return summary
-
-
-def stop_record(signals: SignalStop, reported, forced: bool) -> dict[str, Any]:
-    """The summary's ``stopped`` entry: ``signal``, ``steps_done``, ``checkpoint_step`` (None:
-    nothing to resume from), ``forced`` (the driver stopped waiting for the workers), ``reason``."""
-    ev = reported.stopped
-    last_ckpt = max((c["step"] for c in reported.checkpoints), default=None)
-    steps_done = ev.steps_done if ev is not None else (reported.history[-1]["step"] if reported.history else 0)
-    checkpoint_step = ev.checkpoint_step if ev is not None else last_ckpt
-    if checkpoint_step is None and reported.resumes:
-        checkpoint_step = reported.resumes[-1]["step"]
-    return {
-        "signal": signals.name or "rayft stop",
-        "steps_done": steps_done,
-        "checkpoint_step": checkpoint_step,
-        "forced": forced,
-        "reason": ev.reason if ev is not None else f"{signals.name} to the driver",
-    }

@@ -199,33 +199,32 @@ def setup_worker(args: WorkerArgs) -> Worker:
     validation = ray.get(args.validation) if args.validation is not None else None
     evaluator = Evaluator(cfg, validation, args.pad_id, device, micro_batch_loss)
     evaluator.before_training(model, start_step, progress)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    setup = {"setup_s": time.perf_counter() - t_enter, "setup_model_build_s": model_build_s}
     gpu_name, peak = gpu_peak_flops(device)
     stop = StopPoll(args.stop_flag if rank == 0 else None)
     stop.check_now()  # a stop requested while the workers started: seen before the first step
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     return Worker(
-        args,
-        cfg,
-        rank,
-        world,
-        device,
-        data,
-        plan,
-        model,
-        model_conf,
-        optimizer,
-        saver,
-        evaluator,
-        progress,
-        start_step,
-        setup,
-        gpu_name,
-        peak,
-        matmul_params(model.module),
-        stop,
-        start_step,
+        args=args,
+        cfg=cfg,
+        rank=rank,
+        world=world,
+        device=device,
+        data=data,
+        plan=plan,
+        model=model,
+        model_conf=model_conf,
+        optimizer=optimizer,
+        saver=saver,
+        evaluator=evaluator,
+        progress=progress,
+        start_step=start_step,
+        setup_timings={"setup_s": time.perf_counter() - t_enter, "setup_model_build_s": model_build_s},
+        gpu_name=gpu_name,
+        peak_flops=peak,
+        matmul_params=matmul_params(model.module),
+        stop=stop,
+        saved_step=start_step,
     )
 
 

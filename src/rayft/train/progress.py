@@ -89,10 +89,12 @@ def show_progress(
     console: Console,
     signals: SignalStop | None = None,
     on_step: Callable[[dict], None] | None = None,
+    tick: Callable[[], None] | None = None,
 ) -> RunProgress:
     """Show a progress bar of ``total`` steps until ``fit_thread`` (running ``trainer.fit()``) ends
     and the channel is empty, or a signal's grace period is over (``signals``); returns what was
-    reported. ``on_step(metrics)`` is called with each step's record as it arrives."""
+    reported. ``on_step(metrics)`` is called with each step's record as it arrives, ``tick()``
+    every quarter second."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     run = RunProgress()
@@ -109,9 +111,13 @@ def show_progress(
         task = bar.add_task("train", total=total, info="starting workers…")
 
         def say(text: str) -> None:
-            bar.console.print(text, highlight=False)
+            bar.console.print(text, highlight=False, markup=False)  # texts from outside (a stop reason) are no markup
 
         while True:
+            if signals is not None:
+                signals.poll()  # a signal's notes and stop request, outside its handler
+            if tick is not None:
+                tick()
             alive = fit_thread.is_alive()
             events = channel.drain()
             for event in events:

@@ -3,6 +3,7 @@ driver writes there (``rayft.yaml``, ``rayft_metrics.jsonl``, ``rayft_summary.js
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from pathlib import Path
 
@@ -17,6 +18,33 @@ def run_dir_of(cfg: RayftConfig, name: str) -> str:
     """``checkpoint.storage_path/name``: an absolute local path, or a URI under an ``s3://`` storage path."""
     sp = cfg.checkpoint.storage_path
     return f"{sp.rstrip('/')}/{name}" if "://" in sp else str(Path(sp).resolve() / name)
+
+
+def resolve_run(cfg: RayftConfig, resume: str | None) -> tuple[str, str]:
+    """The run's name and directory; ``--resume RUN`` (a name, or a run directory whose parent
+    becomes ``checkpoint.storage_path``) must exist.
+
+    Raises:
+        TrainError: ``--resume`` of a missing local run directory (before any data or Ray work).
+    """
+    if resume:
+        name = Path(resume.rstrip("/")).name
+        if "/" in resume:
+            cfg.checkpoint.storage_path = resume.rstrip("/").rsplit("/", 1)[0]
+        run_dir = run_dir_of(cfg, name)
+        if "://" not in run_dir and not Path(run_dir).is_dir():
+            raise TrainError(f"--resume {resume}: no run directory at {run_dir}")
+        return name, run_dir
+    name = cfg.checkpoint.name or f"rayft-{dt.datetime.now():%Y%m%d-%H%M%S}"
+    return name, run_dir_of(cfg, name)
+
+
+def newest_checkpoint_step(run_dir: str) -> int | None:
+    """The step of the newest complete checkpoint in a local ``run_dir`` (None: none)."""
+    from rayft.train.checkpoint import find_checkpoints
+
+    done = find_checkpoints(run_dir) if Path(run_dir).is_dir() else []
+    return done[-1][0] if done else None
 
 
 def prepare_run_dir(run_dir: str, resume: str | None, cfg: RayftConfig, console: Console) -> str | None:
@@ -79,12 +107,17 @@ class MetricsLog:
             f.write(json.dumps(record) + "\n")
 
 
-def write_run_records(run_dir: str, history: list[dict], summary: dict, resumed: bool) -> None:
-    """Write ``rayft_metrics.jsonl`` (one line per reported step; a resumed run keeps the original
-    run's lines before its first step) and ``rayft_summary.json`` into a local ``run_dir``."""
+def write_metrics(run_dir: str, history: list[dict], resumed: bool) -> None:
+    """Rewrite ``rayft_metrics.jsonl`` from ``history`` (the latest record of each step); a resumed
+    run keeps the original run's lines before its first step."""
     metrics_file = Path(run_dir) / "rayft_metrics.jsonl"
     earlier = [json.loads(x) for x in metrics_file.read_text().splitlines()] if resumed and metrics_file.exists() else []
     first = history[0]["step"] if history else float("inf")
     merged = [h for h in earlier if h["step"] < first] + history  # a resumed run keeps the original curve
     metrics_file.write_text("".join(json.dumps(h) + "\n" for h in merged))
+
+
+def write_run_records(run_dir: str, history: list[dict], summary: dict, resumed: bool) -> None:
+    """Write ``rayft_metrics.jsonl`` (:func:`write_metrics`) and ``rayft_summary.json`` into a local ``run_dir``."""
+    write_metrics(run_dir, history, resumed)
     (Path(run_dir) / "rayft_summary.json").write_text(json.dumps(summary, indent=2))

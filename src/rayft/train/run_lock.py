@@ -11,7 +11,8 @@
   whose heartbeat is older than :data:`LEASE_S`, or whose holder is a dead process on this host, is
   stale. Object stores have no compare-and-swap here, so two drivers starting within the same
   second can both take a lease: the second one to write wins and the first notices at its next
-  heartbeat (it then stops with an error rather than write into a directory it does not hold).
+  heartbeat (``lost``: the driver then stops its run with an error rather than write into a
+  directory it does not hold). On a local file system the lease is created with ``O_EXCL``.
 
 A stale lock is taken over with a note naming its old holder. Errors are
 :class:`~rayft.train.errors.TrainError`.
@@ -117,21 +118,29 @@ class RunLock:
             return
         self._made_dir = not os.path.isdir(self.run_dir)
         os.makedirs(self.run_dir, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            import fcntl
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                import fcntl
 
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            held = parse_holder(os.pread(fd, 4096, 0).decode("utf-8", "replace"))
-            os.close(fd)
-            raise TrainError(self._refusal(held)) from None
-        except OSError as e:
-            os.close(fd)
-            if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):  # no flock here: a lease instead
-                self._acquire_lease()
-                return
-            raise
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                held = parse_holder(os.pread(fd, 4096, 0).decode("utf-8", "replace"))
+                os.close(fd)
+                raise TrainError(self._refusal(held)) from None
+            except OSError as e:
+                os.close(fd)
+                if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):  # no flock here: a lease instead
+                    self._acquire_lease()
+                    return
+                raise
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)  # we locked a file its holder had just removed while releasing: lock the one at the path now
         old = parse_holder(os.pread(fd, 4096, 0).decode("utf-8", "replace"))
         if old is not None:
             self.say(f"note: took over the stale lock of {old.describe()}, which no longer holds it")
@@ -173,6 +182,8 @@ class RunLock:
         )
 
     def _acquire_lease(self) -> None:
+        if not self.remote and self._create_exclusive():
+            return self._start_heartbeat()
         held = parse_holder(self._read() or "")
         if held is not None and held.run_id != self.holder.run_id:
             fresh = time.time() - held.heartbeat < LEASE_S
@@ -180,17 +191,40 @@ class RunLock:
                 raise TrainError(self._refusal(held))
             self.say(f"note: took over the stale lock of {held.describe()} (last heartbeat {time.time() - held.heartbeat:.0f} s ago)")
         self._write(self.holder)
+        self._start_heartbeat()
+
+    def _create_exclusive(self) -> bool:
+        """Create the lock file only if there is none (atomic on a local or NFSv3+ file system)."""
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(asdict(self.holder)))
+        return True
+
+    def _start_heartbeat(self) -> None:
         self._stop.clear()
         self._thread = threading.Thread(target=self._heartbeat, name="rayft-run-lock", daemon=True)
         self._thread.start()
 
     def _heartbeat(self) -> None:
+        """Renew the lease every :data:`HEARTBEAT_S`; a renewal that fails (a passing storage
+        error) is retried at the next beat; ``lost`` is set when another run took the lease, or when
+        no renewal succeeded for :data:`LEASE_S` (others may then take it)."""
+        last_ok = time.time()
         while not self._stop.wait(HEARTBEAT_S):
-            now = parse_holder(self._read() or "")
-            if now is not None and now.run_id != self.holder.run_id:
-                self.lost = f"the lock of {self.run_dir} was taken by {now.describe()}"
-                return
-            self._write(LockHolder(**{**asdict(self.holder), "heartbeat": time.time()}))
+            try:
+                now = parse_holder(self._read() or "")
+                if now is not None and now.run_id != self.holder.run_id:
+                    self.lost = f"the lock of {self.run_dir} was taken by {now.describe()}"
+                    return
+                self._write(LockHolder(**{**asdict(self.holder), "heartbeat": time.time()}))
+                last_ok = time.time()
+            except OSError as e:
+                if time.time() - last_ok > LEASE_S:
+                    self.lost = f"the lease on {self.path} could not be renewed for {LEASE_S:g} s ({e})"
+                    return
 
     def _fs(self):
         import pyarrow.fs

@@ -20,10 +20,11 @@ Before training starts (data, Ray) a signal stops the driver at once with the sa
 
 from __future__ import annotations
 
+import re
 import signal
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 STOP_NAMESPACE = "rayft"
@@ -50,11 +51,14 @@ class StopFlag:
 
 
 def create_stop_flag(run_name: str):
-    """A new :class:`StopFlag` actor named for ``run_name`` (needs a connected Ray; zero CPUs)."""
+    """A new :class:`StopFlag` actor named for ``run_name`` (needs a connected Ray; zero CPUs),
+    placed on the driver's node: it lives and dies with the driver, not with a worker node."""
     import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     actor = ray.remote(num_cpus=0)(StopFlag)
-    return actor.options(name=stop_actor_name(run_name), namespace=STOP_NAMESPACE, get_if_exists=False).remote()
+    return actor.options(name=stop_actor_name(run_name), namespace=STOP_NAMESPACE, scheduling_strategy=here).remote()
 
 
 class StopPoll:
@@ -73,7 +77,10 @@ class StopPoll:
         if self.flag is not None and self.reason is None:
             import ray
 
-            self.reason = ray.get(self.flag.requested.remote())
+            try:
+                self.reason = ray.get(self.flag.requested.remote())
+            except ray.exceptions.RayActorError:  # the driver is gone: nothing can ask for a stop any more
+                self.flag = None
         return self.reason is not None
 
     def requested(self) -> bool:
@@ -86,12 +93,17 @@ class StopPoll:
             self._pending = self.flag.requested.remote()
         ready, _ = ray.wait([self._pending], timeout=0)
         if ready:
-            self.reason, self._pending = ray.get(self._pending), None
+            try:
+                self.reason = ray.get(self._pending)
+            except ray.exceptions.RayActorError:
+                self.flag = None
+            self._pending = None
         return self.reason is not None
 
 
-class StopBeforeTraining(Exception):
-    """A signal arrived before the workers started training (raised from the signal handler)."""
+class StopBeforeTraining(BaseException):
+    """A signal arrived before the workers started training (raised from the signal handler, so a
+    ``BaseException`` like ``KeyboardInterrupt``: no ``except Exception`` on the way swallows it)."""
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
@@ -102,8 +114,10 @@ class StopBeforeTraining(Exception):
 class SignalStop:
     """The driver's SIGTERM/SIGINT handling for one run (a context manager that restores the old
     handlers). Before :meth:`training_started` a signal raises :class:`StopBeforeTraining` in the
-    main thread; after it, the first signal calls ``on_stop(reason)`` and starts the grace period,
-    a second one calls ``on_force()``.
+    main thread; after it, the handler only records the signal (a handler interrupts the main
+    thread anywhere: it makes no Ray call and prints nothing) and :meth:`poll`, called by the
+    driver's progress loop, prints the notes and calls ``on_stop(reason)`` once. A second signal
+    sets ``forced``: the driver stops waiting.
 
     ``grace_s``: seconds from the first signal until the driver stops waiting (``deadline``).
     """
@@ -111,11 +125,12 @@ class SignalStop:
     grace_s: float
     say: Callable[[str], None] = print
     on_stop: Callable[[str], None] | None = None
-    on_force: Callable[[], None] | None = None
     signum: int | None = None
     deadline: float | None = None
     forced: bool = False
     training: bool = False
+    _notes: list[str] = field(default_factory=list)
+    _stop_sent: bool = False
 
     def __enter__(self) -> SignalStop:
         self._old = {s: signal.getsignal(s) for s in EXIT_CODES}
@@ -147,40 +162,46 @@ class SignalStop:
     def past_deadline(self) -> bool:
         return self.forced or (self.deadline is not None and time.monotonic() > self.deadline)
 
+    def poll(self) -> None:
+        """From the driver's loop (not the handler): print what the handler noted and pass the
+        first signal on to ``on_stop`` once."""
+        while self._notes:
+            self.say(self._notes.pop(0))
+        if self.signum is not None and not self._stop_sent and self.on_stop is not None:
+            self._stop_sent = True
+            self.on_stop(f"{self.name} to the driver")
+
     def _handle(self, signum: int, frame) -> None:
         if self.signum is not None:  # a second signal: stop waiting
             self.forced = True
-            self.say(f"{signal.Signals(signum).name} again: stopping now without waiting for the workers")
-            if self.on_force is not None:
-                self.on_force()
+            self._notes.append(f"a second signal ({signal.Signals(signum).name}): stopping now without waiting for the workers")
             return
         self.signum = signum
         if not self.training:
             raise StopBeforeTraining(signum)
         self.deadline = time.monotonic() + self.grace_s
-        self.say(
-            f"{self.name}: stopping at the next step boundary, checkpointing it (up to {self.grace_s:g} s; "
-            f"{signal.Signals(signum).name} again to stop at once)"
+        self._notes.append(
+            f"{self.name}: stopping after the current step, checkpointing the last finished one (up to {self.grace_s:g} s; "
+            "a second signal stops at once)"
         )
-        if self.on_stop is not None:
-            self.on_stop(f"{self.name} to the driver")
 
 
 def running_stop_flags(run: str | None = None) -> list[str]:
     """Names of the stop flags of runs alive on the connected Ray cluster (``run``: only that
-    run's, by its ``checkpoint.name``)."""
+    run's, by its ``checkpoint.name``: the flag is named ``rayft-stop-<name>-<12-hex run id>``)."""
     import ray
 
     names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a.get("namespace") == STOP_NAMESPACE]
-    prefix = stop_actor_name(run) + "-" if run else stop_actor_name("")
-    return sorted(n for n in names if n.startswith(prefix))
+    pattern = re.compile(re.escape(stop_actor_name(run)) + r"-[0-9a-f]{12}" if run else re.escape(stop_actor_name("")) + r".+")
+    return sorted(n for n in names if pattern.fullmatch(n))
 
 
 def request_stop(reason: str, run: str | None = None, wait_s: float = 0.0, say: Callable[[str], None] = print) -> list[str]:
     """Ask every running rayft run on the connected Ray cluster (or run ``run``) to stop as on a
     SIGTERM to its driver, then wait up to ``wait_s`` seconds until each has ended (its driver
     exits, and its flag with it). For a pod's ``preStop`` hook: Kubernetes runs it before the
-    pod's SIGTERM, within ``terminationGracePeriodSeconds``. Returns the flags still alive."""
+    pod's SIGTERM, within ``terminationGracePeriodSeconds``. Returns the flags still alive after
+    the wait (none when not waiting: ``wait_s`` 0)."""
     import ray
 
     flags = running_stop_flags(run)
@@ -190,6 +211,8 @@ def request_stop(reason: str, run: str | None = None, wait_s: float = 0.0, say: 
     for name in flags:
         ray.get(ray.get_actor(name, namespace=STOP_NAMESPACE).request.remote(reason))
         say(f"asked {name} to stop")
+    if wait_s <= 0:
+        return []  # asked, not waited for
     deadline = time.monotonic() + wait_s
     alive = flags
     while alive and time.monotonic() < deadline:

@@ -113,6 +113,23 @@ def build_summary(
     return summary
 
 
+def stop_record(signal_name: str, stopped, history: list[dict], checkpoint_step: int | None, forced: bool) -> dict:
+    """The summary's ``stopped`` entry: ``signal`` (the driver's, or ``rayft stop``), ``steps_done``,
+    ``checkpoint_step`` (None: nothing to resume from), ``forced`` (the driver stopped waiting for
+    the workers), ``reason``. ``stopped``: the workers' :class:`StoppedEvent`, None when they sent
+    none (they were still starting, or did not stop in time)."""
+    steps_done = stopped.steps_done if stopped is not None else (history[-1]["step"] if history else 0)
+    if stopped is not None and stopped.checkpoint_step is not None:
+        checkpoint_step = stopped.checkpoint_step
+    return {
+        "signal": signal_name or "rayft stop",
+        "steps_done": steps_done,
+        "checkpoint_step": checkpoint_step,
+        "forced": forced,
+        "reason": stopped.reason if stopped is not None else f"{signal_name} to the driver",
+    }
+
+
 def stop_line(stop: dict) -> str:
     """One line for a stopped run: signal, steps done, the checkpoint to resume from."""
     held = f"checkpoint of step {stop['checkpoint_step']}" if stop["checkpoint_step"] is not None else "no checkpoint to resume from"
