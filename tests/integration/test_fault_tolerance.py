@@ -231,14 +231,14 @@ def test_rayft_stop_asks_the_runs_of_the_cluster_to_stop(ray_local):
 
     from rayft.train.stop import create_stop_flag, request_stop, running_stop_flags
 
-    flag = create_stop_flag("pod-run-1a2b")
-    other = create_stop_flag("other-9z")
-    assert running_stop_flags() == ["rayft-stop-other-9z", "rayft-stop-pod-run-1a2b"]
+    flag = create_stop_flag("pod-run-0123456789ab")
+    other = create_stop_flag("other-fedcba987654")
+    assert running_stop_flags() == ["rayft-stop-other-fedcba987654", "rayft-stop-pod-run-0123456789ab"]
     said = []
     alive = request_stop("preStop of pod w-1", run="pod-run", wait_s=1.0, say=said.append)
-    assert alive == ["rayft-stop-pod-run-1a2b"]  # nothing ends this run in the test: still alive after the wait
+    assert alive == ["rayft-stop-pod-run-0123456789ab"]  # nothing ends this run in the test: still alive after the wait
     assert ray.get(flag.requested.remote()) == "preStop of pod w-1" and ray.get(other.requested.remote()) is None
-    assert said == ["asked rayft-stop-pod-run-1a2b to stop", "rayft-stop-pod-run-1a2b still running after 1 s"]
+    assert said == ["asked rayft-stop-pod-run-0123456789ab to stop", "rayft-stop-pod-run-0123456789ab still running after 1 s"]
     ray.kill(flag)
     ray.kill(other)
     time.sleep(0.5)
