@@ -20,7 +20,7 @@ import yaml
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_serializer, model_validator
 
 from rayft.cluster.spec import ClusterConfig
-from rayft.config_base import ConfigModel
+from rayft.config_base import ConfigModel, path_field
 
 
 class ConfigError(ValueError):
@@ -29,6 +29,37 @@ class ConfigError(ValueError):
 
 class _Section(ConfigModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+_ModelPath = path_field("give a hub id (Qwen/Qwen2.5-1.5B), a model directory or a preset (qwen2-tiny)")
+_TokenizerPath = path_field("give a hub id or a directory, or leave model.tokenizer out for the model's own")
+_DataFile = path_field("give a file, glob, directory or s3:// URI, or remove the entry")
+_CacheDir = path_field("give a directory, or null to disable the cache")
+_StoragePath = path_field("give a directory (./runs), a shared file system path or an s3:// URI")
+
+#: a run name: the last part of the run directory, of Ray Train's storage path and of the metrics files
+RUN_NAME_MAX = 128
+
+
+def check_run_name(name: str) -> str:
+    """``name`` when it is a safe run name (ASCII letters, digits, ``.``, ``_``, ``-``; not starting with
+    ``.``; 1 to :data:`RUN_NAME_MAX` characters).
+
+    Raises:
+        ValueError: naming the first refused character and its position.
+    """
+    if not name:
+        raise ValueError("a run name cannot be empty (leave checkpoint.name out for rayft-<date>-<time>)")
+    for i, c in enumerate(name):
+        if not (c.isascii() and (c.isalnum() or c in "._-")):
+            raise ValueError(
+                f"{c!r} (U+{ord(c):04X}, character {i + 1}) is not allowed in a run name: use ASCII letters, digits, '.', '_' and '-'"
+            )
+    if name.startswith("."):
+        raise ValueError("a run name cannot start with '.' (a hidden directory)")
+    if len(name) > RUN_NAME_MAX:
+        raise ValueError(f"{len(name)} characters; a run name has at most {RUN_NAME_MAX}")
+    return name
 
 
 class ModelConfig(_Section):
@@ -40,9 +71,9 @@ class ModelConfig(_Section):
     initialisation. ``config_overrides`` edits the model config (e.g. fewer layers for a smoke test).
     """
 
-    name_or_path: str = "qwen2-tiny"
+    name_or_path: _ModelPath = "qwen2-tiny"
     revision: str | None = None
-    tokenizer: str | None = Field(
+    tokenizer: _TokenizerPath | None = Field(
         default=None,
         description="Tokenizer hub id or directory; default: the model's, or the offline Qwen2.5 tokenizer for presets.",
     )
@@ -132,7 +163,7 @@ class DataConfig(_Section):
     and held out of training), not both.
     """
 
-    train_files: list[str] = Field(default_factory=list, description="Required unless data.synthetic is set.")
+    train_files: list[_DataFile] = Field(default_factory=list, description="Required unless data.synthetic is set.")
     synthetic: SyntheticConfig | None = Field(
         default=None, description="Random full-length token rows instead of train_files (benchmarks)."
     )
@@ -147,8 +178,8 @@ class DataConfig(_Section):
     seed: int = 0
     max_examples: int | None = Field(default=None, ge=1)
     preprocess: Literal["auto", "local", "ray"] = "auto"
-    cache_dir: str | None = "~/.cache/rayft/tokenized"
-    validation_files: list[str] | None = Field(default=None, min_length=1)
+    cache_dir: _CacheDir | None = "~/.cache/rayft/tokenized"
+    validation_files: list[_DataFile] | None = Field(default=None, min_length=1)
     validation_fraction: float | None = Field(default=None, gt=0, lt=0.5)
 
     @field_validator("train_files", "validation_files", mode="before")
@@ -240,10 +271,12 @@ class CheckpointConfig(_Section):
     """Where a run lives and how often it is checkpointed.
 
     The run directory is ``storage_path/name``. ``storage_path`` must be reachable from every node
-    (a shared file system or ``s3://``) when the cluster has more than one node.
+    (a shared file system or ``s3://``) when the cluster has more than one node. ``name`` (default
+    ``rayft-<date>-<time>``) is ASCII letters, digits, ``.``, ``_`` and ``-``, not starting with ``.``,
+    at most 128 characters (:func:`check_run_name`).
     """
 
-    storage_path: str = "./runs"
+    storage_path: _StoragePath = "./runs"
     name: str | None = None
     every_steps: int | None = Field(default=None, ge=1, description="Checkpoint every N optimizer steps.")
     every_minutes: float | None = Field(default=None, gt=0, description="Checkpoint when M minutes passed since the last one.")
@@ -269,6 +302,11 @@ class CheckpointConfig(_Section):
         le=3600,
         description="Seconds a stop on SIGTERM/SIGINT may take (checkpoint, metrics, summary): under Kubernetes' 30 s grace by default.",
     )
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, v: str | None) -> str | None:
+        return None if v is None else check_run_name(v)
 
 
 class RayConfig(_Section):
@@ -541,7 +579,8 @@ def load_config(path: str | os.PathLike[str], overrides: list[str] | None = None
         ConfigError: unreadable file, YAML syntax error (with line and column), a document the
             loader refuses (a value its tag cannot hold, a list or map as a key, a recursive alias,
             aliases expanding past 1,000,000 values, nesting past 64 levels), a top level that is
-            not a mapping, unknown keys or wrong types (each with its dotted key path and line).
+            not a mapping, unknown keys or wrong types (each with its dotted key path and line),
+            an empty path or an unsafe run name.
     """
     p = Path(path)
     try:

@@ -312,3 +312,70 @@ def test_error_positions_for_reader_errors_and_sections_touched_by_set(tmp_path)
         load_config(write(tmp_path, "data:\n  format: text\n"), ["data.seq_len=128"])
     with pytest.raises(ConfigError, match=r"  cluster.aws.region \(from --set\): Input should be a valid string"):
         load_config(write(tmp_path, "data:\n  train_files: [x.json]\n", "c.yaml"), ["cluster.aws.region=1"])
+
+
+# --------------------------------------------------------------------------- refused at load, before Ray or torch
+
+
+def errors_of(p, overrides=()):
+    """The error lines of a config that does not load (its first line names the file)."""
+    with pytest.raises(ConfigError) as e:
+        load_config(p, list(overrides))
+    first, *rest = str(e.value).splitlines()
+    assert first.startswith(f"{p}: invalid config")
+    return rest
+
+
+ALLOWED = "use ASCII letters, digits, '.', '_' and '-'"
+
+
+def test_a_run_name_refuses_the_first_unsafe_character_with_its_line(tmp_path):
+    p = tmp_path / "job.yaml"
+    p.write_text("data:\n  train_files: [x.json]\ncheckpoint:\n  name: qwen-é/run\n", encoding="utf-8")
+    assert errors_of(p) == [
+        f"  checkpoint.name (line 4): Value error, 'é' (U+00E9, character 6) is not allowed in a run name: {ALLOWED} (got 'qwen-é/run')"
+    ]
+    plain = write(tmp_path, "data:\n  train_files: [x.json]\n", "plain.yaml")
+    cases = {
+        "a/b": f"'/' (U+002F, character 2) is not allowed in a run name: {ALLOWED}",
+        "two words": f"' ' (U+0020, character 4) is not allowed in a run name: {ALLOWED}",
+        "tab\there": f"'\\t' (U+0009, character 4) is not allowed in a run name: {ALLOWED}",
+        ".hidden": "a run name cannot start with '.' (a hidden directory)",
+        "..": "a run name cannot start with '.' (a hidden directory)",
+        "x" * 129: "129 characters; a run name has at most 128",
+    }
+    for name, why in cases.items():
+        assert errors_of(plain, [f"checkpoint.name={name}"]) == [f"  checkpoint.name (from --set): Value error, {why} (got {name!r})"]
+    with pytest.raises(ConfigError, match=r"checkpoint.name \(line 3\): Value error, a run name cannot be empty"):
+        load_config(write(tmp_path, "data:\n  train_files: [x.json]\ncheckpoint: {name: ''}\n", "e.yaml"))
+    for ok in ("qwen2.5-1.5b_alpaca", "2024-02-03", "x" * 128, "run.v2"):
+        assert load_config(plain, [f"checkpoint.name={ok}"]).checkpoint.name == ok
+
+
+@pytest.mark.parametrize(
+    "body, line",
+    [
+        ("data:\n  train_files: [x.json]\ncheckpoint:\n  storage_path: ''\n", "  checkpoint.storage_path (line 4): Value error, an empty path: "
+         "give a directory (./runs), a shared file system path or an s3:// URI (got '')"),
+        ("data:\n  train_files: [x.json, '']\n", "  data.train_files.1 (line 2): Value error, an empty path: give a file, glob, "
+         "directory or s3:// URI, or remove the entry (got '')"),
+        ("data:\n  train_files: '  '\n", "  data.train_files.0 (line 2): Value error, an empty path: give a file, glob, "
+         "directory or s3:// URI, or remove the entry (got '  ')"),
+        ("data:\n  train_files: [x.json]\n  validation_files:\n    - v.json\n    - ''\n", "  data.validation_files.1 (line 5): Value error, "
+         "an empty path: give a file, glob, directory or s3:// URI, or remove the entry (got '')"),
+        ("data:\n  train_files: [x.json]\n  cache_dir: ''\n", "  data.cache_dir (line 3): Value error, an empty path: give a directory, "
+         "or null to disable the cache (got '')"),
+        ("model:\n  name_or_path: ''\ndata:\n  train_files: [x.json]\n", "  model.name_or_path (line 2): Value error, an empty path: give a hub "
+         "id (Qwen/Qwen2.5-1.5B), a model directory or a preset (qwen2-tiny) (got '')"),
+        ("model:\n  tokenizer: ''\ndata:\n  train_files: [x.json]\n", "  model.tokenizer (line 2): Value error, an empty path: give a hub id "
+         "or a directory, or leave model.tokenizer out for the model's own (got '')"),
+    ],
+    ids=["storage_path", "train_files_item", "train_files_blank", "validation_files_item", "cache_dir", "name_or_path", "tokenizer"],
+)  # fmt: skip
+def test_an_empty_path_is_refused_with_its_field_and_line(tmp_path, body, line):
+    assert errors_of(write(tmp_path, body)) == [line]
+
+
+def test_null_still_disables_the_cache_and_real_paths_load(tmp_path):
+    cfg = load_config(write(tmp_path, "data:\n  train_files: [x.json]\n  cache_dir: null\ncheckpoint: {storage_path: s3://b/runs}\n"))
+    assert cfg.data.cache_dir is None and cfg.checkpoint.storage_path == "s3://b/runs"
