@@ -492,6 +492,17 @@ def _line_of(path: Path, loc: tuple[Any, ...]) -> int | None:
 _UNION_TAG = re.compile(r"constrained-\w+|literal\[.*\]|bool|int|float|str|list\[.*\]|tuple\[.*\]|function-\w+\[.*\]")
 
 
+def _where(dotted: str, loc: tuple[Any, ...], path: Path | None, overridden: set[str]) -> str:
+    """`` (from --set)``, `` (line N)`` or ``""``: where the value at ``loc`` was given."""
+    if any(dotted == o or dotted.startswith(o + ".") for o in overridden):
+        return " (from --set)"  # the value itself came from --set
+    if ln := _line_of(path, loc) if path is not None and loc else None:
+        return f" (line {ln})"  # in the file (a section that --set only added keys to included)
+    if any(o.startswith(dotted + ".") for o in overridden):
+        return " (from --set)"  # a section that only --set created
+    return ""
+
+
 def _format_validation_error(err: ValidationError, source: str, path: Path | None, overridden: set[str]) -> str:
     # A value failing every member of a union (int | "auto") yields one error per member, each with the
     # member's tag in its location: report them as one error with the alternatives joined by "or".
@@ -507,13 +518,7 @@ def _format_validation_error(err: ValidationError, source: str, path: Path | Non
     for e in merged.values():
         loc = e["loc"]
         dotted = ".".join(str(x) for x in loc) or "<top level>"
-        where = ""
-        if any(dotted == o or dotted.startswith(o + ".") for o in overridden):
-            where = " (from --set)"  # the value itself came from --set
-        elif ln := _line_of(path, loc) if path is not None and loc else None:
-            where = f" (line {ln})"  # in the file (a section that --set only added keys to included)
-        elif any(o.startswith(dotted + ".") for o in overridden):
-            where = " (from --set)"  # a section that only --set created
+        where = _where(dotted, loc, path, overridden)
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
@@ -580,7 +585,8 @@ def load_config(path: str | os.PathLike[str], overrides: list[str] | None = None
             loader refuses (a value its tag cannot hold, a list or map as a key, a recursive alias,
             aliases expanding past 1,000,000 values, nesting past 64 levels), a top level that is
             not a mapping, unknown keys or wrong types (each with its dotted key path and line),
-            an empty path or an unsafe run name.
+            an empty path, an unsafe run name, or a packed micro-batch whose activations alone exceed
+            the largest GPU rayft knows (:mod:`rayft.train.memory_check`; ``train.micro_batch_size``'s line).
     """
     p = Path(path)
     try:
@@ -628,7 +634,27 @@ def load_config(path: str | os.PathLike[str], overrides: list[str] | None = None
     cfg.data.train_files = resolve(cfg.data.train_files)
     if cfg.data.validation_files:
         cfg.data.validation_files = resolve(cfg.data.validation_files)
+    _check_memory(cfg, p, overridden={".".join(parse_override(o)[0]) for o in overrides or []})
     return cfg
+
+
+def _check_memory(cfg: RayftConfig, path: Path, overridden: set[str]) -> None:
+    """Refuse a micro-batch whose activations alone exceed every GPU (or machine) rayft knows
+    (:mod:`rayft.train.memory_check`), naming ``train.micro_batch_size`` and where it was given."""
+    from rayft.train.memory_check import micro_batch_problem
+
+    problem = micro_batch_problem(
+        name_or_path=cfg.model.name_or_path,
+        config_overrides=cfg.model.config_overrides,
+        micro_batch_size=cfg.train.micro_batch_size,
+        seq_len=cfg.data.seq_len,
+        packing=cfg.data.packing,
+        use_gpu=cfg.train.use_gpu,
+    )
+    if problem is not None:
+        loc = ("train", "micro_batch_size")
+        where = _where("train.micro_batch_size", loc, path, overridden)
+        raise ConfigError(f"{path}: invalid config (1 error)\n  train.micro_batch_size{where}: {problem}")
 
 
 def dump_config(cfg: RayftConfig) -> str:

@@ -379,3 +379,51 @@ def test_an_empty_path_is_refused_with_its_field_and_line(tmp_path, body, line):
 def test_null_still_disables_the_cache_and_real_paths_load(tmp_path):
     cfg = load_config(write(tmp_path, "data:\n  train_files: [x.json]\n  cache_dir: null\ncheckpoint: {storage_path: s3://b/runs}\n"))
     assert cfg.data.cache_dir is None and cfg.checkpoint.storage_path == "s3://b/runs"
+
+
+# The floor of the activations of one packed micro-batch of qwen2-tiny (2 layers, hidden 64):
+# 2 layers × 64 × 2 bytes = 256 bytes per token; at seq_len 2048, 524,288 bytes per row. The
+# largest GPU of the catalog is p6-b200.48xlarge's B200, 183,359 MiB = 192,265,846,784 bytes,
+# which holds 366,718 such rows and not 366,719.
+B200_BYTES = 183_359 * 2**20
+
+
+def test_a_micro_batch_no_gpu_can_hold_is_refused_at_load_with_the_estimate(tmp_path):
+    p = write(tmp_path, "data:\n  train_files: [x.json]\ntrain:\n  micro_batch_size: 1000000000\n")
+    assert errors_of(p) == [
+        "  train.micro_batch_size (line 4): train.micro_batch_size=1000000000 × data.seq_len=2048 = 2.0e12 tokens per micro-batch "
+        "needs ≥ 524 TB of activations (2 layers × hidden size 64 × 2 bytes per token, kept even with activation checkpointing; "
+        "preset qwen2-tiny); the largest GPU rayft knows (B200, p6-b200.48xlarge) has 192 GB: lower train.micro_batch_size "
+        "(or data.seq_len)"
+    ]
+    plain = write(tmp_path, "data:\n  train_files: [x.json]\n", "plain.yaml")
+    assert B200_BYTES // (2048 * 64 * 2 * 2) == 366_718
+    assert load_config(plain, ["train.micro_batch_size=366718"]).train.micro_batch_size == 366_718
+    [line] = errors_of(plain, ["train.micro_batch_size=366719"])
+    assert line.startswith("  train.micro_batch_size (from --set): train.micro_batch_size=366719 × data.seq_len=2048 = 7.5e8 tokens")
+    assert "needs ≥ 192 GB of activations" in line  # 192,266,371,072 bytes, 524,288 more than the B200's
+
+
+def test_the_memory_floor_follows_the_model_and_the_workers(tmp_path):
+    import json
+
+    plain = write(tmp_path, "data:\n  train_files: [x.json]\n")
+    big = ["train.micro_batch_size=200000"]  # 4.1e8 tokens at 2048
+    # Qwen2.5-7B: 28 layers × hidden 3584 × 2 bytes = 200,704 bytes per token
+    [line] = errors_of(plain, big + ["model.name_or_path=qwen2.5-7b"])
+    assert "= 4.1e8 tokens per micro-batch needs ≥ 82.2 TB of activations (28 layers × hidden size 3584" in line
+    # config_overrides change the shape: one layer of hidden 8 is 16 bytes per token, 6.55 GB here
+    assert load_config(plain, big + ['model.config_overrides={"num_hidden_layers": 1, "hidden_size": 8}'])
+    # a local model directory is read from its config.json
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model_type": "qwen2", "hidden_size": 1024, "num_hidden_layers": 16}))
+    [line] = errors_of(plain, big + [f"model.name_or_path={d}"])
+    assert f"(16 layers × hidden size 1024 × 2 bytes per token, kept even with activation checkpointing; {d / 'config.json'})" in line
+    # CPU workers: bounded by the largest machine's memory (2,048 GiB), not a GPU's
+    [line] = errors_of(plain, ["train.micro_batch_size=5000000", "train.use_gpu=false"])
+    assert line.endswith("the largest machine rayft knows (p5.48xlarge) has 2.2 TB: lower train.micro_batch_size (or data.seq_len)")
+    assert load_config(plain, ["train.micro_batch_size=4000000", "train.use_gpu=false"])  # 2.1 TB of 2.2
+    # not judged: a hub id (no network at load), and padding mode (micro-batches hold up to micro_batch_size examples)
+    assert load_config(plain, ["train.micro_batch_size=1000000000", "model.name_or_path=Qwen/Qwen2.5-1.5B"])
+    assert load_config(plain, ["train.micro_batch_size=1000000000", "data.packing=false"])
