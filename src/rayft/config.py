@@ -20,7 +20,7 @@ import yaml
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_serializer, model_validator
 
 from rayft.cluster.spec import ClusterConfig
-from rayft.config_base import ConfigModel
+from rayft.config_base import ConfigModel, path_field
 
 
 class ConfigError(ValueError):
@@ -29,6 +29,37 @@ class ConfigError(ValueError):
 
 class _Section(ConfigModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+_ModelPath = path_field("give a hub id (Qwen/Qwen2.5-1.5B), a model directory or a preset (qwen2-tiny)")
+_TokenizerPath = path_field("give a hub id or a directory, or leave model.tokenizer out for the model's own")
+_DataFile = path_field("give a file, glob, directory or s3:// URI, or remove the entry")
+_CacheDir = path_field("give a directory, or null to disable the cache")
+_StoragePath = path_field("give a directory (./runs), a shared file system path or an s3:// URI")
+
+#: a run name: the last part of the run directory, of Ray Train's storage path and of the metrics files
+RUN_NAME_MAX = 128
+
+
+def check_run_name(name: str) -> str:
+    """``name`` when it is a safe run name (ASCII letters, digits, ``.``, ``_``, ``-``; not starting with
+    ``.``; 1 to :data:`RUN_NAME_MAX` characters).
+
+    Raises:
+        ValueError: naming the first refused character and its position.
+    """
+    if not name:
+        raise ValueError("a run name cannot be empty (leave checkpoint.name out for rayft-<date>-<time>)")
+    for i, c in enumerate(name):
+        if not (c.isascii() and (c.isalnum() or c in "._-")):
+            raise ValueError(
+                f"{c!r} (U+{ord(c):04X}, character {i + 1}) is not allowed in a run name: use ASCII letters, digits, '.', '_' and '-'"
+            )
+    if name.startswith("."):
+        raise ValueError("a run name cannot start with '.' (a hidden directory)")
+    if len(name) > RUN_NAME_MAX:
+        raise ValueError(f"{len(name)} characters; a run name has at most {RUN_NAME_MAX}")
+    return name
 
 
 class ModelConfig(_Section):
@@ -40,9 +71,9 @@ class ModelConfig(_Section):
     initialisation. ``config_overrides`` edits the model config (e.g. fewer layers for a smoke test).
     """
 
-    name_or_path: str = "qwen2-tiny"
+    name_or_path: _ModelPath = "qwen2-tiny"
     revision: str | None = None
-    tokenizer: str | None = Field(
+    tokenizer: _TokenizerPath | None = Field(
         default=None,
         description="Tokenizer hub id or directory; default: the model's, or the offline Qwen2.5 tokenizer for presets.",
     )
@@ -132,7 +163,7 @@ class DataConfig(_Section):
     and held out of training), not both.
     """
 
-    train_files: list[str] = Field(default_factory=list, description="Required unless data.synthetic is set.")
+    train_files: list[_DataFile] = Field(default_factory=list, description="Required unless data.synthetic is set.")
     synthetic: SyntheticConfig | None = Field(
         default=None, description="Random full-length token rows instead of train_files (benchmarks)."
     )
@@ -147,8 +178,8 @@ class DataConfig(_Section):
     seed: int = 0
     max_examples: int | None = Field(default=None, ge=1)
     preprocess: Literal["auto", "local", "ray"] = "auto"
-    cache_dir: str | None = "~/.cache/rayft/tokenized"
-    validation_files: list[str] | None = Field(default=None, min_length=1)
+    cache_dir: _CacheDir | None = "~/.cache/rayft/tokenized"
+    validation_files: list[_DataFile] | None = Field(default=None, min_length=1)
     validation_fraction: float | None = Field(default=None, gt=0, lt=0.5)
 
     @field_validator("train_files", "validation_files", mode="before")
@@ -240,10 +271,12 @@ class CheckpointConfig(_Section):
     """Where a run lives and how often it is checkpointed.
 
     The run directory is ``storage_path/name``. ``storage_path`` must be reachable from every node
-    (a shared file system or ``s3://``) when the cluster has more than one node.
+    (a shared file system or ``s3://``) when the cluster has more than one node. ``name`` (default
+    ``rayft-<date>-<time>``) is ASCII letters, digits, ``.``, ``_`` and ``-``, not starting with ``.``,
+    at most 128 characters (:func:`check_run_name`).
     """
 
-    storage_path: str = "./runs"
+    storage_path: _StoragePath = "./runs"
     name: str | None = None
     every_steps: int | None = Field(default=None, ge=1, description="Checkpoint every N optimizer steps.")
     every_minutes: float | None = Field(default=None, gt=0, description="Checkpoint when M minutes passed since the last one.")
@@ -269,6 +302,11 @@ class CheckpointConfig(_Section):
         le=3600,
         description="Seconds a stop on SIGTERM/SIGINT may take (checkpoint, metrics, summary): under Kubernetes' 30 s grace by default.",
     )
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, v: str | None) -> str | None:
+        return None if v is None else check_run_name(v)
 
 
 class RayConfig(_Section):
@@ -454,6 +492,17 @@ def _line_of(path: Path, loc: tuple[Any, ...]) -> int | None:
 _UNION_TAG = re.compile(r"constrained-\w+|literal\[.*\]|bool|int|float|str|list\[.*\]|tuple\[.*\]|function-\w+\[.*\]")
 
 
+def _where(dotted: str, loc: tuple[Any, ...], path: Path | None, overridden: set[str]) -> str:
+    """`` (from --set)``, `` (line N)`` or ``""``: where the value at ``loc`` was given."""
+    if any(dotted == o or dotted.startswith(o + ".") for o in overridden):
+        return " (from --set)"  # the value itself came from --set
+    if ln := _line_of(path, loc) if path is not None and loc else None:
+        return f" (line {ln})"  # in the file (a section that --set only added keys to included)
+    if any(o.startswith(dotted + ".") for o in overridden):
+        return " (from --set)"  # a section that only --set created
+    return ""
+
+
 def _format_validation_error(err: ValidationError, source: str, path: Path | None, overridden: set[str]) -> str:
     # A value failing every member of a union (int | "auto") yields one error per member, each with the
     # member's tag in its location: report them as one error with the alternatives joined by "or".
@@ -469,13 +518,7 @@ def _format_validation_error(err: ValidationError, source: str, path: Path | Non
     for e in merged.values():
         loc = e["loc"]
         dotted = ".".join(str(x) for x in loc) or "<top level>"
-        where = ""
-        if any(dotted == o or dotted.startswith(o + ".") for o in overridden):
-            where = " (from --set)"  # the value itself came from --set
-        elif ln := _line_of(path, loc) if path is not None and loc else None:
-            where = f" (line {ln})"  # in the file (a section that --set only added keys to included)
-        elif any(o.startswith(dotted + ".") for o in overridden):
-            where = " (from --set)"  # a section that only --set created
+        where = _where(dotted, loc, path, overridden)
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
@@ -541,7 +584,9 @@ def load_config(path: str | os.PathLike[str], overrides: list[str] | None = None
         ConfigError: unreadable file, YAML syntax error (with line and column), a document the
             loader refuses (a value its tag cannot hold, a list or map as a key, a recursive alias,
             aliases expanding past 1,000,000 values, nesting past 64 levels), a top level that is
-            not a mapping, unknown keys or wrong types (each with its dotted key path and line).
+            not a mapping, unknown keys or wrong types (each with its dotted key path and line),
+            an empty path, an unsafe run name, or a packed micro-batch whose activations alone exceed
+            the largest GPU rayft knows (:mod:`rayft.train.memory_check`; ``train.micro_batch_size``'s line).
     """
     p = Path(path)
     try:
@@ -589,7 +634,27 @@ def load_config(path: str | os.PathLike[str], overrides: list[str] | None = None
     cfg.data.train_files = resolve(cfg.data.train_files)
     if cfg.data.validation_files:
         cfg.data.validation_files = resolve(cfg.data.validation_files)
+    _check_memory(cfg, p, overridden={".".join(parse_override(o)[0]) for o in overrides or []})
     return cfg
+
+
+def _check_memory(cfg: RayftConfig, path: Path, overridden: set[str]) -> None:
+    """Refuse a micro-batch whose activations alone exceed every GPU (or machine) rayft knows
+    (:mod:`rayft.train.memory_check`), naming ``train.micro_batch_size`` and where it was given."""
+    from rayft.train.memory_check import micro_batch_problem
+
+    problem = micro_batch_problem(
+        name_or_path=cfg.model.name_or_path,
+        config_overrides=cfg.model.config_overrides,
+        micro_batch_size=cfg.train.micro_batch_size,
+        seq_len=cfg.data.seq_len,
+        packing=cfg.data.packing,
+        use_gpu=cfg.train.use_gpu,
+    )
+    if problem is not None:
+        loc = ("train", "micro_batch_size")
+        where = _where("train.micro_batch_size", loc, path, overridden)
+        raise ConfigError(f"{path}: invalid config (1 error)\n  train.micro_batch_size{where}: {problem}")
 
 
 def dump_config(cfg: RayftConfig) -> str:

@@ -6,15 +6,18 @@ number but not a boolean refuse booleans here, and so do such elements of list, 
 fields (``betas: [true, 0.95]``); float fields refuse NaN and ±infinity (``lr: .inf``), and
 numeric fields integers beyond 64 bits. Everything else keeps pydantic's lax conversions
 (``lr: 1e-5``, which YAML 1.1 reads as a string, still becomes a float).
+
+A path field typed :func:`path_field` refuses an empty (or all-blank) string, which would
+otherwise mean the current directory, or nothing, depending on where it is used.
 """
 
 from __future__ import annotations
 
 import types
 import typing
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationInfo, field_validator
 
 
 def _leaf_types(annotation: Any) -> set[Any]:
@@ -80,3 +83,14 @@ class ConfigModel(BaseModel):
         if isinstance(v, int) and not isinstance(v, bool) and abs(v) > INT64_MAX and takes_number_not_bool(ann):
             raise ValueError("a number beyond 64 bits (|value| > 2**63 - 1)")
         return v
+
+
+def path_field(hint: str) -> Any:
+    """A ``str`` type for a path or URI that refuses ``''`` and blanks; ``hint`` says what to give instead."""
+
+    def not_blank(v: str) -> str:
+        if not v.strip():
+            raise ValueError(f"an empty path: {hint}")
+        return v
+
+    return Annotated[str, AfterValidator(not_blank)]

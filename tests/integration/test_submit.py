@@ -251,3 +251,56 @@ def test_submit_quickstart_with_token(cluster):
     head = [n for n in nodes if n.get("is_head_node")]
     assert len(nodes) == 3 and len(head) == 1
     assert head[0]["resources_total"].get("CPU", 0) == 0
+
+
+@pytest.mark.integration
+def test_submit_uploads_exactly_the_listed_files_and_no_secret(cluster, tmp_path):
+    """A config in a folder without a pyproject.toml: that folder is the working_dir. Its .env and
+    id_rsa, and what .gitignore / .rayftignore ignore, are absent from what Ray unpacked on every node
+    the job ran on; what Ray unpacked is exactly what `rayft submit --dry-run` lists."""
+    import secrets
+
+    from rayft.cluster.packaging import scan
+
+    c, env = cluster
+    proj = tmp_path / "proj"
+    (proj / "data").mkdir(parents=True)
+    shutil.copy(ROOT / "examples" / "data" / "quickstart_chat.jsonl", proj / "data" / "chat.jsonl")
+    quick = (ROOT / "examples" / "quickstart.yaml").read_text().replace("data/quickstart_chat.jsonl", "data/chat.jsonl")
+    (proj / "job.yaml").write_text(quick)
+    marker = f"marker-{secrets.token_hex(4)}.txt"  # tells this job's package from the other tests' on the same nodes
+    files = {
+        marker: "this job's package\n",
+        ".env": "AWS_ACCESS_KEY_ID=AKIAEXAMPLE\nAWS_SECRET_ACCESS_KEY=not-a-real-secret\n",
+        "id_rsa": "-----BEGIN OPENSSH PRIVATE KEY-----\n",
+        ".gitignore": "gitignored.txt\n!.env\n",
+        ".rayftignore": "rayftignored/\n",
+        "gitignored.txt": "x\n",
+        "rayftignored/big.bin": "x\n",
+    }
+    for rel, text in files.items():
+        (proj / rel).parent.mkdir(parents=True, exist_ok=True)
+        (proj / rel).write_text(text)
+    listed = scan(proj).files
+    assert set(listed) == {".gitignore", ".rayftignore", "data/chat.jsonl", "job.yaml", marker}
+
+    r = rayft(env, "submit", str(proj / "job.yaml"), "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert tuple(r.stdout.splitlines()) == listed
+    assert "never uploaded (secret patterns): .env, id_rsa" in r.stderr
+
+    r = rayft(env, "submit", str(proj / "job.yaml"), "--address", c.dashboard_url, "--token-file", c.token_file, *QUICK, timeout=240)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert f"working_dir {proj.resolve()}: 5 files" in r.stderr
+    assert "rayft run summary" in r.stdout
+    # what Ray unpacked for this job, node by node (the head runs the driver, the worker nodes the Ray Train workers)
+    unpacked = {}
+    for node in c.nodes:
+        for d in Path(node["temp_dir"]).glob("session_*/runtime_resources/working_dir_files/*"):
+            if (d / marker).is_file():
+                got = {p.relative_to(d).as_posix() for p in d.rglob("*") if p.is_file() or p.is_symlink()}
+                unpacked[node["name"]] = {f for f in got if not f.startswith("runs/")}  # the job's own output (./runs)
+    assert "head" in unpacked and any(n.startswith("worker-") for n in unpacked), unpacked
+    for name, got in unpacked.items():
+        assert got == set(listed), name
+        assert not {".env", "id_rsa", "gitignored.txt", "rayftignored/big.bin"} & got, name

@@ -312,3 +312,118 @@ def test_error_positions_for_reader_errors_and_sections_touched_by_set(tmp_path)
         load_config(write(tmp_path, "data:\n  format: text\n"), ["data.seq_len=128"])
     with pytest.raises(ConfigError, match=r"  cluster.aws.region \(from --set\): Input should be a valid string"):
         load_config(write(tmp_path, "data:\n  train_files: [x.json]\n", "c.yaml"), ["cluster.aws.region=1"])
+
+
+# --------------------------------------------------------------------------- refused at load, before Ray or torch
+
+
+def errors_of(p, overrides=()):
+    """The error lines of a config that does not load (its first line names the file)."""
+    with pytest.raises(ConfigError) as e:
+        load_config(p, list(overrides))
+    first, *rest = str(e.value).splitlines()
+    assert first.startswith(f"{p}: invalid config")
+    return rest
+
+
+ALLOWED = "use ASCII letters, digits, '.', '_' and '-'"
+
+
+def test_a_run_name_refuses_the_first_unsafe_character_with_its_line(tmp_path):
+    p = tmp_path / "job.yaml"
+    p.write_text("data:\n  train_files: [x.json]\ncheckpoint:\n  name: qwen-é/run\n", encoding="utf-8")
+    assert errors_of(p) == [
+        f"  checkpoint.name (line 4): Value error, 'é' (U+00E9, character 6) is not allowed in a run name: {ALLOWED} (got 'qwen-é/run')"
+    ]
+    plain = write(tmp_path, "data:\n  train_files: [x.json]\n", "plain.yaml")
+    cases = {
+        "a/b": f"'/' (U+002F, character 2) is not allowed in a run name: {ALLOWED}",
+        "two words": f"' ' (U+0020, character 4) is not allowed in a run name: {ALLOWED}",
+        "tab\there": f"'\\t' (U+0009, character 4) is not allowed in a run name: {ALLOWED}",
+        ".hidden": "a run name cannot start with '.' (a hidden directory)",
+        "..": "a run name cannot start with '.' (a hidden directory)",
+        "x" * 129: "129 characters; a run name has at most 128",
+    }
+    for name, why in cases.items():
+        assert errors_of(plain, [f"checkpoint.name={name}"]) == [f"  checkpoint.name (from --set): Value error, {why} (got {name!r})"]
+    with pytest.raises(ConfigError, match=r"checkpoint.name \(line 3\): Value error, a run name cannot be empty"):
+        load_config(write(tmp_path, "data:\n  train_files: [x.json]\ncheckpoint: {name: ''}\n", "e.yaml"))
+    for ok in ("qwen2.5-1.5b_alpaca", "2024-02-03", "x" * 128, "run.v2"):
+        assert load_config(plain, [f"checkpoint.name={ok}"]).checkpoint.name == ok
+
+
+@pytest.mark.parametrize(
+    "body, line",
+    [
+        ("data:\n  train_files: [x.json]\ncheckpoint:\n  storage_path: ''\n", "  checkpoint.storage_path (line 4): Value error, an empty path: "
+         "give a directory (./runs), a shared file system path or an s3:// URI (got '')"),
+        ("data:\n  train_files: [x.json, '']\n", "  data.train_files.1 (line 2): Value error, an empty path: give a file, glob, "
+         "directory or s3:// URI, or remove the entry (got '')"),
+        ("data:\n  train_files: '  '\n", "  data.train_files.0 (line 2): Value error, an empty path: give a file, glob, "
+         "directory or s3:// URI, or remove the entry (got '  ')"),
+        ("data:\n  train_files: [x.json]\n  validation_files:\n    - v.json\n    - ''\n", "  data.validation_files.1 (line 5): Value error, "
+         "an empty path: give a file, glob, directory or s3:// URI, or remove the entry (got '')"),
+        ("data:\n  train_files: [x.json]\n  cache_dir: ''\n", "  data.cache_dir (line 3): Value error, an empty path: give a directory, "
+         "or null to disable the cache (got '')"),
+        ("model:\n  name_or_path: ''\ndata:\n  train_files: [x.json]\n", "  model.name_or_path (line 2): Value error, an empty path: give a hub "
+         "id (Qwen/Qwen2.5-1.5B), a model directory or a preset (qwen2-tiny) (got '')"),
+        ("model:\n  tokenizer: ''\ndata:\n  train_files: [x.json]\n", "  model.tokenizer (line 2): Value error, an empty path: give a hub id "
+         "or a directory, or leave model.tokenizer out for the model's own (got '')"),
+    ],
+    ids=["storage_path", "train_files_item", "train_files_blank", "validation_files_item", "cache_dir", "name_or_path", "tokenizer"],
+)  # fmt: skip
+def test_an_empty_path_is_refused_with_its_field_and_line(tmp_path, body, line):
+    assert errors_of(write(tmp_path, body)) == [line]
+
+
+def test_null_still_disables_the_cache_and_real_paths_load(tmp_path):
+    cfg = load_config(write(tmp_path, "data:\n  train_files: [x.json]\n  cache_dir: null\ncheckpoint: {storage_path: s3://b/runs}\n"))
+    assert cfg.data.cache_dir is None and cfg.checkpoint.storage_path == "s3://b/runs"
+
+
+# The floor of the activations of one packed micro-batch of qwen2-tiny (2 layers, hidden 64):
+# 2 layers × 64 × 2 bytes = 256 bytes per token; at seq_len 2048, 524,288 bytes per row. The
+# largest GPU of the catalog is p6-b200.48xlarge's B200, 183,359 MiB = 192,265,846,784 bytes,
+# which holds 366,718 such rows and not 366,719.
+B200_BYTES = 183_359 * 2**20
+
+
+def test_a_micro_batch_no_gpu_can_hold_is_refused_at_load_with_the_estimate(tmp_path):
+    p = write(tmp_path, "data:\n  train_files: [x.json]\ntrain:\n  micro_batch_size: 1000000000\n")
+    assert errors_of(p) == [
+        "  train.micro_batch_size (line 4): train.micro_batch_size=1000000000 × data.seq_len=2048 = 2.0e12 tokens per micro-batch "
+        "needs ≥ 524 TB of activations (2 layers × hidden size 64 × 2 bytes per token, kept even with activation checkpointing; "
+        "preset qwen2-tiny); the largest GPU rayft knows (B200, p6-b200.48xlarge) has 192 GB: lower train.micro_batch_size "
+        "(or data.seq_len)"
+    ]
+    plain = write(tmp_path, "data:\n  train_files: [x.json]\n", "plain.yaml")
+    assert B200_BYTES // (2048 * 64 * 2 * 2) == 366_718
+    assert load_config(plain, ["train.micro_batch_size=366718"]).train.micro_batch_size == 366_718
+    [line] = errors_of(plain, ["train.micro_batch_size=366719"])
+    assert line.startswith("  train.micro_batch_size (from --set): train.micro_batch_size=366719 × data.seq_len=2048 = 7.5e8 tokens")
+    assert "needs ≥ 192 GB of activations" in line  # 192,266,371,072 bytes, 524,288 more than the B200's
+
+
+def test_the_memory_floor_follows_the_model_and_the_workers(tmp_path):
+    import json
+
+    plain = write(tmp_path, "data:\n  train_files: [x.json]\n")
+    big = ["train.micro_batch_size=200000"]  # 4.1e8 tokens at 2048
+    # Qwen2.5-7B: 28 layers × hidden 3584 × 2 bytes = 200,704 bytes per token
+    [line] = errors_of(plain, big + ["model.name_or_path=qwen2.5-7b"])
+    assert "= 4.1e8 tokens per micro-batch needs ≥ 82.2 TB of activations (28 layers × hidden size 3584" in line
+    # config_overrides change the shape: one layer of hidden 8 is 16 bytes per token, 6.55 GB here
+    assert load_config(plain, big + ['model.config_overrides={"num_hidden_layers": 1, "hidden_size": 8}'])
+    # a local model directory is read from its config.json
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model_type": "qwen2", "hidden_size": 1024, "num_hidden_layers": 16}))
+    [line] = errors_of(plain, big + [f"model.name_or_path={d}"])
+    assert f"(16 layers × hidden size 1024 × 2 bytes per token, kept even with activation checkpointing; {d / 'config.json'})" in line
+    # CPU workers: bounded by the largest machine's memory (2,048 GiB), not a GPU's
+    [line] = errors_of(plain, ["train.micro_batch_size=5000000", "train.use_gpu=false"])
+    assert line.endswith("the largest machine rayft knows (p5.48xlarge) has 2.2 TB: lower train.micro_batch_size (or data.seq_len)")
+    assert load_config(plain, ["train.micro_batch_size=4000000", "train.use_gpu=false"])  # 2.1 TB of 2.2
+    # not judged: a hub id (no network at load), and padding mode (micro-batches hold up to micro_batch_size examples)
+    assert load_config(plain, ["train.micro_batch_size=1000000000", "model.name_or_path=Qwen/Qwen2.5-1.5B"])
+    assert load_config(plain, ["train.micro_batch_size=1000000000", "data.packing=false"])

@@ -10,7 +10,7 @@ import yaml
 
 from rayft.cluster import manifest as M
 from rayft.cluster.instances import get_instance
-from rayft.config import RayftConfig, load_config
+from rayft.config import ConfigError, RayftConfig, load_config
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "qwen2.5-1.5b-eks.yaml"
@@ -487,3 +487,106 @@ def test_notes_for_uri_data_and_a_per_pod_hf_cache():
     assert any(n.startswith("data.train_files[0]: s3://b/d.json is a URI") for n in m.notes)
     assert any("own Hugging Face cache" in n for n in m.notes)
     assert "HF_HOME" not in env_of(wcontainer(m.raycluster["spec"]))
+
+
+# --------------------------------------------------------------------------- pod security and termination
+
+
+def containers(obj: dict) -> list[tuple[str, dict]]:
+    """(where, container) for every container of every pod template in a RayCluster or RayJob."""
+    return [(where, c) for where, tmpl in M._pod_templates(obj) for c in tmpl["spec"]["containers"]]
+
+
+def pod_specs(obj: dict) -> list[tuple[str, dict]]:
+    return [(where, tmpl["spec"]) for where, tmpl in M._pod_templates(obj)]
+
+
+def test_every_container_drops_every_capability_but_ipc_lock_on_efa_workers():
+    m = M.render(cfg_from())  # job_cluster: embed
+    m_select = M.render(cfg_from(["cluster.kube.job_cluster=select", "cluster.kube.job_shutdown_after_finishes=false"]))
+    found = containers(m.raycluster) + containers(m.rayjob) + containers(m_select.raycluster)
+    assert len(found) == 6
+    for where, c in found:
+        expected = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+        if c["name"] == "ray-worker":
+            expected["capabilities"] = {"drop": ["ALL"], "add": ["IPC_LOCK"]}  # EFA: libfabric pins memory
+        assert c["securityContext"] == expected, where
+    # without EFA no capability is added, not even on the workers
+    for where, c in containers(M.render(cfg_from(["cluster.efa=false"])).raycluster):
+        assert c["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}, where
+
+
+def test_non_root_and_extra_capabilities_are_config_options_and_still_validate():
+    cfg = cfg_from(
+        [
+            "cluster.kube.run_as_non_root=true",
+            "cluster.kube.run_as_user=1000",
+            "cluster.kube.capabilities_add=[DAC_OVERRIDE, IPC_LOCK]",
+            "cluster.kube.image=rayproject/ray:2.58.0-gpu",
+            'cluster.kube.runtime_env={"pip": ["rayft==0.1.0"]}',
+        ]
+    )
+    m = M.build(cfg, crd_dir=M.shared_reference_dir())  # Kubernetes' schema, and KubeRay's CRDs where ../shared has them
+    assert m.warnings == []
+    spec = m.rayjob["spec"]["rayClusterSpec"]
+    assert wcontainer(spec)["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"], "add": ["IPC_LOCK", "DAC_OVERRIDE"]},
+        "runAsNonRoot": True,
+        "runAsUser": 1000,
+    }
+    assert hcontainer(spec)["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["DAC_OVERRIDE", "IPC_LOCK"]}
+    with pytest.raises(ConfigError, match=r"cluster.kube.capabilities_add.0 \(from --set\): String should match pattern"):
+        cfg_from(["cluster.kube.capabilities_add=[cap_ipc_lock]"])
+
+
+def test_non_root_with_an_image_whose_user_the_kubelet_cannot_verify_is_a_warning():
+    cfg = cfg_from(["cluster.kube.run_as_non_root=true"])
+    m = M.render(cfg)
+    assert M.check(cfg, m) == []
+    assert [w for w in m.warnings if w.startswith("cluster.kube.run_as_non_root")] == [
+        "cluster.kube.run_as_non_root: true, but public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1 does not run as a "
+        "numeric non-root user, so the kubelet would refuse to start its containers; set cluster.kube.run_as_user (1000 is the "
+        "`ray` user of rayproject/ray)"
+    ]
+
+
+@pytest.mark.parametrize(("grace", "pod_grace"), [(None, 30), ("60", 65), ("12.2", 18)])
+def test_every_pod_waits_for_rayfts_stop_before_sigkill(grace, pod_grace):
+    cfg = cfg_from([f"checkpoint.signal_grace_s={grace}"] if grace else [])
+    m = M.render(cfg)
+    specs = pod_specs(m.raycluster) + pod_specs(m.rayjob)
+    assert len(specs) == 4
+    for where, spec in specs:
+        assert spec["terminationGracePeriodSeconds"] == pod_grace, where
+    assert M.validate(m, crd_dir=M.shared_reference_dir()) == []
+
+
+def test_auth_disabled_is_a_warning_and_the_cli_prints_it(tmp_path):
+    from typer.testing import CliRunner
+
+    from rayft.cli import app
+
+    cfg = cfg_from(["cluster.kube.auth=disabled"])
+    m = M.render(cfg)
+    assert M.check(cfg, m) == []
+    auth = [w for w in m.warnings if w.startswith("cluster.kube.auth")]
+    assert auth == [
+        "cluster.kube.auth: disabled: the Ray head accepts jobs, tasks and dashboard requests (ports 8265, 10001, 6379) from anyone "
+        "who can reach it, and whatever they submit runs in the pods with their service account and storage; keep "
+        "cluster.kube.auth: token (the default), or set at least cluster.kube.network_policy: true"
+    ]
+    m = M.render(cfg := cfg_from(["cluster.kube.auth=disabled", "cluster.kube.network_policy=true"]))
+    M.check(cfg, m)
+    assert any(
+        w.endswith("every pod of the namespace still reaches the dashboard and client ports (cluster.kube.network_policy)")
+        for w in m.warnings
+    )
+    m = M.render(cfg := cfg_from())
+    M.check(cfg, m)
+    assert not any(w.startswith("cluster.kube.auth") for w in m.warnings)
+    r = CliRunner().invoke(app, ["manifest", str(EXAMPLE), "-o", str(tmp_path), "--no-ec2", "--set", "cluster.kube.auth=disabled"])
+    assert r.exit_code == 0, r.output
+    out = " ".join(r.output.split())
+    assert "warning: cluster.kube.auth: disabled: the Ray head accepts jobs" in out
+    assert yaml.safe_load((tmp_path / "rayjob.yaml").read_text())["spec"]["rayClusterSpec"]["authOptions"] == {"mode": "disabled"}

@@ -14,6 +14,10 @@ Objects rendered (:class:`Manifests`):
 * ``RayJob`` ``<name>``: embeds that cluster spec (``cluster.kube.job_cluster: embed``) or selects
   the RayCluster by name (``select``).
 * ``NetworkPolicy`` ``<name>-ray`` when ``cluster.kube.network_policy`` is true.
+
+Every container runs with ``allowPrivilegeEscalation: false`` and every capability dropped but
+``IPC_LOCK`` on EFA workers (:func:`security_context`); every pod's ``terminationGracePeriodSeconds``
+covers ``checkpoint.signal_grace_s`` (:func:`termination_grace_s`).
 """
 
 from __future__ import annotations
@@ -54,6 +58,14 @@ _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _URI = re.compile(r"^[a-z][a-z0-9+.-]*://")
 
 PCIE_SHM_ENV = {"NCCL_SHM_USE_CUDA_MEMCPY": "1"}
+
+# Capabilities an EFA worker keeps once every other one is dropped: libfabric's EFA provider
+# registers (pins) its buffers and the GPU memory it reads and writes, which locks memory beyond
+# RLIMIT_MEMLOCK unless the node raised that limit; CAP_IPC_LOCK lifts it. docs/manifests.md gives
+# the sources. NCCL's socket and shared-memory transports need none.
+EFA_CAPABILITIES = ("IPC_LOCK",)
+# Seconds Kubernetes waits between SIGTERM and SIGKILL beyond checkpoint.signal_grace_s (rayft's own stop).
+TERMINATION_MARGIN_S = 5
 
 
 class ManifestError(ValueError):
@@ -238,8 +250,38 @@ def _volumes(cluster: ClusterConfig, shm: str, config_map: str) -> tuple[list[di
     return volumes, mounts
 
 
+def termination_grace_s(signal_grace_s: float) -> int:
+    """Every pod's terminationGracePeriodSeconds: rayft's stop on SIGTERM (``checkpoint.signal_grace_s``,
+    rounded up) plus :data:`TERMINATION_MARGIN_S`, so that Kubernetes' SIGKILL comes after it."""
+    return math.ceil(signal_grace_s) + TERMINATION_MARGIN_S
+
+
+def security_context(cluster: ClusterConfig, *, efa_worker: bool) -> dict[str, Any]:
+    """A container's securityContext: no privilege escalation, every capability dropped but
+    :data:`EFA_CAPABILITIES` on an EFA worker and ``cluster.kube.capabilities_add``; non-root when
+    ``cluster.kube.run_as_non_root``."""
+    kube = cluster.kube
+    add = list(EFA_CAPABILITIES) if efa_worker else []
+    add += [c for c in kube.capabilities_add if c not in add]
+    caps: dict[str, list[str]] = {"drop": ["ALL"]}
+    if add:
+        caps["add"] = add
+    sc: dict[str, Any] = {"allowPrivilegeEscalation": False, "capabilities": caps}
+    if kube.run_as_non_root:
+        sc["runAsNonRoot"] = True
+    if kube.run_as_user is not None:
+        sc["runAsUser"] = kube.run_as_user
+    return sc
+
+
 def _pod_spec(
-    cluster: ClusterConfig, container: dict[str, Any], volumes: list[dict], *, node_selector: dict, tolerations: list[dict] | None = None
+    cluster: ClusterConfig,
+    container: dict[str, Any],
+    volumes: list[dict],
+    *,
+    node_selector: dict,
+    grace_s: int,
+    tolerations: list[dict] | None = None,
 ) -> dict[str, Any]:
     spec: dict[str, Any] = {}
     if cluster.kube.service_account:
@@ -247,6 +289,7 @@ def _pod_spec(
     spec["nodeSelector"] = node_selector
     if tolerations:
         spec["tolerations"] = tolerations
+    spec["terminationGracePeriodSeconds"] = grace_s
     spec["containers"] = [container]
     spec["volumes"] = volumes
     return spec
@@ -256,7 +299,7 @@ def _lifecycle() -> dict[str, Any]:
     return {"preStop": {"exec": {"command": ["/bin/sh", "-c", "ray stop"]}}}
 
 
-def _head_group(cluster: ClusterConfig, config_map: str, common_env: dict[str, str]) -> dict[str, Any]:
+def _head_group(cluster: ClusterConfig, config_map: str, common_env: dict[str, str], grace_s: int) -> dict[str, Any]:
     kube = cluster.kube
     limits = {"cpu": kube.head_cpu_limit, "memory": kube.head_memory_limit or kube.head_memory}
     limits = {k: v for k, v in limits.items() if v is not None}
@@ -277,6 +320,7 @@ def _head_group(cluster: ClusterConfig, config_map: str, common_env: dict[str, s
         "resources": {"limits": limits, "requests": requests},
         "volumeMounts": mounts,
         "lifecycle": _lifecycle(),
+        "securityContext": security_context(cluster, efa_worker=False),
     }
     params = {"dashboard-host": "0.0.0.0", "num-gpus": "0", **kube.head_ray_start_params}
     return {
@@ -285,7 +329,7 @@ def _head_group(cluster: ClusterConfig, config_map: str, common_env: dict[str, s
         "rayStartParams": params,
         "template": {
             "metadata": {"labels": _labels(cluster.name)},
-            "spec": _pod_spec(cluster, container, volumes, node_selector=dict(kube.head_node_selector)),
+            "spec": _pod_spec(cluster, container, volumes, node_selector=dict(kube.head_node_selector), grace_s=grace_s),
         },
     }
 
@@ -317,7 +361,9 @@ def worker_tolerations(cluster: ClusterConfig) -> list[dict[str, str]]:
     return out
 
 
-def _worker_group(instance: InstanceType, cluster: ClusterConfig, config_map: str, common_env: dict[str, str]) -> dict[str, Any]:
+def _worker_group(
+    instance: InstanceType, cluster: ClusterConfig, config_map: str, common_env: dict[str, str], grace_s: int
+) -> dict[str, Any]:
     kube = cluster.kube
     res = worker_resources(instance, cluster)
     shm = kube.shm_size or default_shm(res["memory"])
@@ -330,6 +376,7 @@ def _worker_group(instance: InstanceType, cluster: ClusterConfig, config_map: st
         "resources": {"limits": dict(res), "requests": dict(res)},
         "volumeMounts": mounts,
         "lifecycle": _lifecycle(),
+        "securityContext": security_context(cluster, efa_worker=cluster.efa),
     }
     node_selector = {**kube.worker_node_selector, "node.kubernetes.io/instance-type": instance.name}
     tolerations = worker_tolerations(cluster)
@@ -342,7 +389,7 @@ def _worker_group(instance: InstanceType, cluster: ClusterConfig, config_map: st
         "rayStartParams": params,
         "template": {
             "metadata": {"labels": _labels(cluster.name)},
-            "spec": _pod_spec(cluster, container, volumes, node_selector=node_selector, tolerations=tolerations),
+            "spec": _pod_spec(cluster, container, volumes, node_selector=node_selector, grace_s=grace_s, tolerations=tolerations),
         },
     }
 
@@ -359,8 +406,9 @@ def _raycluster_spec(cfg: RayftConfig, instance: InstanceType, config_map: str) 
     if kube.auth == "token" and kube.auth_token_secret:
         auth["secretName"] = kube.auth_token_secret
     spec["authOptions"] = auth
-    spec["headGroupSpec"] = _head_group(cluster, config_map, common_env)
-    spec["workerGroupSpecs"] = [_worker_group(instance, cluster, config_map, common_env)]
+    grace_s = termination_grace_s(cfg.checkpoint.signal_grace_s)
+    spec["headGroupSpec"] = _head_group(cluster, config_map, common_env, grace_s)
+    spec["workerGroupSpecs"] = [_worker_group(instance, cluster, config_map, common_env, grace_s)]
     return spec
 
 
@@ -517,8 +565,9 @@ def check(cfg: RayftConfig, manifests: Manifests) -> list[tuple[str, str]]:
     ``rayVersion`` = the image's Ray; shared storage when there is more than one node; names within
     KubeRay's limits; RayJob fields KubeRay rejects together; resources within the instance.
 
-    Not errors: ``manifests.notes`` (information) and ``manifests.warnings`` (likely failures rayft
-    cannot be sure of, e.g. an image without rayft and a runtime_env that does not install it).
+    Not errors: ``manifests.notes`` (information) and ``manifests.warnings`` (likely failures or risks rayft
+    cannot be sure of: an image without rayft and a runtime_env that does not install it, ``auth: disabled``,
+    ``run_as_non_root`` with an image whose user the kubelet cannot verify).
     """
     cluster = cfg.cluster
     assert cluster is not None and manifests.instance is not None
@@ -566,6 +615,26 @@ def check(cfg: RayftConfig, manifests: Manifests) -> list[tuple[str, str]]:
             'Either set cluster.kube.runtime_env: {pip: ["rayft @ <wheel URL or s3:// path>"]} '
             f"(or a pinned version from your index), or build an image FROM {kube.image} with rayft installed "
             "and set cluster.kube.image to it"
+        )
+
+    # a non-root pod that the kubelet cannot start: the known images' USER is root (AWS's DLC) or a name (rayproject/ray's `ray`)
+    if kube.run_as_non_root and kube.run_as_user is None and image_lacks_rayft(kube.image):
+        manifests.warnings.append(
+            f"cluster.kube.run_as_non_root: true, but {kube.image} does not run as a numeric non-root user, so the kubelet "
+            "would refuse to start its containers; set cluster.kube.run_as_user (1000 is the `ray` user of rayproject/ray)"
+        )
+
+    # Ray without authentication
+    if kube.auth == "disabled":
+        reach = (
+            "every pod of the namespace still reaches the dashboard and client ports (cluster.kube.network_policy)"
+            if kube.network_policy
+            else "set at least cluster.kube.network_policy: true"
+        )
+        manifests.warnings.append(
+            "cluster.kube.auth: disabled: the Ray head accepts jobs, tasks and dashboard requests (ports 8265, 10001, 6379) "
+            "from anyone who can reach it, and whatever they submit runs in the pods with their service account and "
+            f"storage; keep cluster.kube.auth: token (the default), or {reach}"
         )
 
     # shared storage

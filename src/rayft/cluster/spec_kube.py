@@ -29,6 +29,8 @@ Quantity = Annotated[
 # A string value that may be written as a YAML number or bool (`--set ...num-gpus=4`).
 StrValue = Annotated[str, BeforeValidator(lambda v: str(v).lower() if isinstance(v, bool) else str(v))]
 K8sName = Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)]
+# A Linux capability as Kubernetes names it (no CAP_ prefix): IPC_LOCK, DAC_OVERRIDE.
+Capability = Annotated[str, Field(pattern=r"^[A-Z][A-Z_]*[A-Z]$", description="Linux capability without CAP_, e.g. DAC_OVERRIDE.")]
 
 
 class Toleration(ConfigModel):
@@ -102,6 +104,18 @@ class KubeSpec(ConfigModel):
         description="Existing Secret (key auth_token) with the Ray token; None: KubeRay generates one per cluster.",
     )
     network_policy: bool = Field(default=False, description="Also render a NetworkPolicy confining the Ray pods.")
+    run_as_non_root: bool = Field(
+        default=False,
+        description="securityContext.runAsNonRoot on every container. The default image (AWS's Ray DLC) runs as root, so "
+        "false by default; set it (with run_as_user for an image whose USER is a name) for an image built to run as a user.",
+    )
+    run_as_user: int | None = Field(
+        default=None, ge=1, description="securityContext.runAsUser of every container, e.g. 1000 (the `ray` user of rayproject/ray)."
+    )
+    capabilities_add: list[Capability] = Field(
+        default_factory=list,
+        description="Linux capabilities added to every container besides IPC_LOCK (EFA workers); all others are dropped.",
+    )
 
     # RayJob
     job_cluster: Literal["embed", "select"] = Field(

@@ -7,8 +7,11 @@
   its dashboard, else ``~/.ray/auth_token``. It is sent as ``Authorization: Bearer <token>``; none
   found means no header (a cluster without auth accepts that, one with auth answers 401).
 * Code: the project root (the nearest folder above CONFIG with a pyproject.toml, else CONFIG's
-  folder) is the job's ``working_dir`` (minus runs/, .venv/, .gpu/, .git/ and .gitignore'd files),
-  and the rayft package itself travels as a ``py_modules`` entry so the driver and every Ray Train
+  folder) is the job's ``working_dir``, minus runs/, .venv/, .gpu/, .git/, what its .gitignore,
+  .rayignore and .rayftignore files ignore, and secrets (``.env*``, keys, credentials: always),
+  see :mod:`rayft.cluster.packaging`. Its file count and size are printed first; more than
+  100 MB needs ``yes=True`` (``--yes``). rayft zips exactly the files it lists and hands Ray that
+  zip. The rayft package itself travels as a ``py_modules`` entry so the driver and every Ray Train
   worker import the submitter's rayft even where the cluster image lacks it.
 * Entrypoint: ``python -m rayft.cli train <CONFIG relative to the working dir> [--set ...]``.
 * Logs stream until the job ends; Ctrl-C asks whether to stop the job (``stop_job``) or leave it
@@ -23,12 +26,16 @@ import os
 import secrets
 import shlex
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-EXCLUDES = ["runs/", ".venv/", ".gpu/", ".git/", "__pycache__/", "*.egg-info/", ".pytest_cache/", ".rayft/"]
+from rayft.cluster.packaging import ALWAYS_EXCLUDED, MAX_UPLOAD_BYTES, SECRET_PATTERNS, Package, format_size, scan, write_zip
+
+#: what Ray leaves out of the rayft package it uploads (py_modules); the working_dir is rayft's own zip
+EXCLUDES = ALWAYS_EXCLUDED + SECRET_PATTERNS
 DEFAULT_TOKEN_FILE = Path.home() / ".ray" / "auth_token"
 
 
@@ -114,6 +121,7 @@ def build_entrypoint(config_rel: str, overrides: list[str], clear_address: bool)
 
 
 def runtime_env(working_dir: Path) -> dict[str, Any]:
+    """The job's runtime_env; ``working_dir`` is the zip :func:`submit` writes (or a folder)."""
     import rayft
 
     pkg = Path(rayft.__file__).resolve().parent
@@ -145,6 +153,54 @@ def _auth_hint(e: BaseException, token: str | None) -> str:
     return text
 
 
+def package(config: Path, working_dir: Path | None = None) -> tuple[Package, str]:
+    """The working_dir that would be uploaded for CONFIG, scanned, and CONFIG's path inside it.
+
+    Raises:
+        SubmitError: CONFIG outside the working dir or left out of it, or a folder, file or ignore
+            file that cannot be read.
+    """
+    wd = (working_dir or project_root(config)).resolve()
+    try:
+        rel = config.resolve().relative_to(wd).as_posix()
+    except ValueError:
+        raise SubmitError(f"{config} is outside the working dir {wd}; move it there or pass --working-dir") from None
+    try:
+        pkg = scan(wd)
+    except (OSError, ValueError) as e:
+        raise SubmitError(f"cannot package the working dir {wd}: {e}") from None
+    if rel not in pkg.files:
+        why = (
+            "it matches rayft's secret patterns"
+            if rel in pkg.withheld
+            else "an ignore file (.gitignore, .rayignore, .rayftignore) or rayft's default excludes leave it out"
+        )
+        raise SubmitError(f"{config} would not be uploaded with the working dir {wd}: {why}; rename it or change the ignore file")
+    return pkg, rel
+
+
+def describe(pkg: Package) -> str:
+    """One line: the folder, its file count and size, and any secrets withheld."""
+    line = f"working_dir {pkg.root}: {len(pkg.files)} files, {format_size(pkg.total_bytes)}"
+    if pkg.withheld:
+        line += f"; never uploaded (secret patterns): {', '.join(pkg.withheld)}"
+    return line
+
+
+def check_size(pkg: Package, yes: bool) -> None:
+    """Refuse a working_dir over :data:`MAX_UPLOAD_BYTES` unless ``yes``.
+
+    Raises:
+        SubmitError: naming the size, the limit and the ways out.
+    """
+    if pkg.total_bytes > MAX_UPLOAD_BYTES and not yes:
+        raise SubmitError(
+            f"the working dir {pkg.root} holds {format_size(pkg.total_bytes)} in {len(pkg.files)} files, more than the "
+            f"{format_size(MAX_UPLOAD_BYTES)} `rayft submit` uploads without --yes: leave out what the job does not need "
+            "with a .rayftignore (gitignore syntax; `rayft submit --dry-run` lists every file), or pass --yes"
+        )
+
+
 def submit(
     config: Path,
     overrides: list[str],
@@ -153,24 +209,32 @@ def submit(
     token_file: Path | None = None,
     working_dir: Path | None = None,
     say: Callable[[str], None] = print,
+    yes: bool = False,
 ):
-    """Submit the job; returns (client, Submission)."""
+    """Submit the job; returns (client, Submission).
+
+    The working dir is scanned, described and size-checked before the cluster is contacted.
+    """
     addr, addr_source = resolve_address(address, cfg_address)
     token, token_source = resolve_token(addr, token_file)
-    wd = (working_dir or project_root(config)).resolve()
-    try:
-        rel = config.resolve().relative_to(wd)
-    except ValueError:
-        raise SubmitError(f"{config} is outside the working dir {wd}; move it there or pass --working-dir") from None
-    entry = build_entrypoint(rel.as_posix(), overrides, clear_address=bool(cfg_address))
+    pkg, rel = package(config, working_dir)
+    wd = pkg.root
+    say(describe(pkg))
+    check_size(pkg, yes)
+    entry = build_entrypoint(rel, overrides, clear_address=bool(cfg_address))
     client = client_for(addr, token)
     job_id = f"rayft-{config.stem}-{dt.datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
     say(f"submitting to {addr} (address from {addr_source}; token from {token_source or 'nowhere: no auth header'})")
     say(f"working_dir {wd}; entrypoint: {entry}")
-    try:
-        job_id = client.submit_job(entrypoint=entry, runtime_env=runtime_env(wd), submission_id=job_id)
-    except Exception as e:
-        raise SubmitError(f"job submission failed: {_auth_hint(e, token)}") from None
+    with tempfile.TemporaryDirectory(prefix="rayft-submit-") as tmp:
+        try:
+            zipped = write_zip(pkg, Path(tmp) / "working_dir.zip")
+        except OSError as e:
+            raise SubmitError(f"cannot package the working dir {wd}: {e}") from None
+        try:
+            job_id = client.submit_job(entrypoint=entry, runtime_env=runtime_env(zipped), submission_id=job_id)
+        except Exception as e:
+            raise SubmitError(f"job submission failed: {_auth_hint(e, token)}") from None
     return client, Submission(addr, job_id, entry, str(wd), token_source)
 
 
