@@ -295,8 +295,15 @@ def _pod_spec(
     return spec
 
 
-def _lifecycle() -> dict[str, Any]:
-    return {"preStop": {"exec": {"command": ["/bin/sh", "-c", "ray stop"]}}}
+def _lifecycle(grace_s: int) -> dict[str, Any]:
+    """The pod's preStop hook, which Kubernetes runs before its SIGTERM and within
+    ``terminationGracePeriodSeconds``: ``rayft stop`` asks the cluster's rayft runs to checkpoint
+    their last finished step and stop (as a SIGTERM to their drivers would) and waits for them, then
+    ``ray stop`` ends this node's Ray processes as in the AWS sample. A missing ``rayft`` (an image
+    without it) or a run that does not end in time does not block ``ray stop``."""
+    wait = max(grace_s - TERMINATION_MARGIN_S, 1)
+    stop = f'rayft stop --wait {wait} --reason "preStop of pod $HOSTNAME" || true; ray stop'
+    return {"preStop": {"exec": {"command": ["/bin/sh", "-c", stop]}}}
 
 
 def _head_group(cluster: ClusterConfig, config_map: str, common_env: dict[str, str], grace_s: int) -> dict[str, Any]:
@@ -319,7 +326,7 @@ def _head_group(cluster: ClusterConfig, config_map: str, common_env: dict[str, s
         ],
         "resources": {"limits": limits, "requests": requests},
         "volumeMounts": mounts,
-        "lifecycle": _lifecycle(),
+        "lifecycle": _lifecycle(grace_s),
         "securityContext": security_context(cluster, efa_worker=False),
     }
     params = {"dashboard-host": "0.0.0.0", "num-gpus": "0", **kube.head_ray_start_params}
@@ -375,7 +382,7 @@ def _worker_group(
         "env": _env(worker_env(instance, cluster, common_env)),
         "resources": {"limits": dict(res), "requests": dict(res)},
         "volumeMounts": mounts,
-        "lifecycle": _lifecycle(),
+        "lifecycle": _lifecycle(grace_s),
         "securityContext": security_context(cluster, efa_worker=cluster.efa),
     }
     node_selector = {**kube.worker_node_selector, "node.kubernetes.io/instance-type": instance.name}

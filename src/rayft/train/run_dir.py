@@ -30,7 +30,7 @@ def resolve_run(cfg: RayftConfig, resume: str | None) -> tuple[str, str]:
     if resume:
         name = Path(resume.rstrip("/")).name
         if "/" in resume:
-            cfg.checkpoint.storage_path = resume.rstrip("/").rsplit("/", 1)[0]
+            cfg.checkpoint.storage_path = resume.rstrip("/").rsplit("/", 1)[0] or "/"  # a run at the root: "/name"
         run_dir = run_dir_of(cfg, name)
         if "://" not in run_dir and not Path(run_dir).is_dir():
             raise TrainError(f"--resume {resume}: no run directory at {run_dir}")
