@@ -77,7 +77,11 @@ def test_sample_job_matches_every_field_the_sample_sets():
     assert hc["resources"]["requests"] == {"cpu": "2", "memory": "8Gi"}
     assert named(hc["volumeMounts"], "ray-logs")["mountPath"] == "/tmp/ray"
     # preStop: rayft's runs checkpoint and stop within the grace period (checkpoint.signal_grace_s 25), then Ray stops
-    assert hc["lifecycle"]["preStop"]["exec"]["command"] == ["/bin/sh", "-c", 'rayft stop --wait 25 --reason "preStop of pod $HOSTNAME" || true; ray stop']
+    assert hc["lifecycle"]["preStop"]["exec"]["command"] == [
+        "/bin/sh",
+        "-c",
+        'rayft stop --wait 25 --reason "preStop of pod $HOSTNAME" || true; ray stop',
+    ]
     assert named(hs["volumes"], "ray-logs")["emptyDir"] == {}
 
     w = worker(spec)
@@ -98,7 +102,11 @@ def test_sample_job_matches_every_field_the_sample_sets():
     sample_res = {"nvidia.com/gpu": "4", "vpc.amazonaws.com/efa": "1", "cpu": "40", "memory": "160Gi"}
     assert wc["resources"]["limits"] == sample_res and wc["resources"]["requests"] == sample_res
     assert named(wc["volumeMounts"], "ray-logs")["mountPath"] == "/tmp/ray"
-    assert wc["lifecycle"]["preStop"]["exec"]["command"] == ["/bin/sh", "-c", 'rayft stop --wait 25 --reason "preStop of pod $HOSTNAME" || true; ray stop']
+    assert wc["lifecycle"]["preStop"]["exec"]["command"] == [
+        "/bin/sh",
+        "-c",
+        'rayft stop --wait 25 --reason "preStop of pod $HOSTNAME" || true; ray stop',
+    ]
     assert named(ws["volumes"], "ray-logs")["emptyDir"] == {}
 
 
