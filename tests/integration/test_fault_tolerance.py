@@ -204,23 +204,23 @@ def test_sigterm_checkpoints_the_step_and_resumes_exactly_and_a_second_run_is_re
         assert got[step] == pytest.approx(baseline[step], abs=1e-5), step
 
 
-def test_sigint_while_the_workers_start_exits_130_with_nothing_to_resume(workdir):
+def test_sigterm_while_the_workers_start_exits_143_with_nothing_to_resume(workdir):
     run = workdir / "runs" / "early"
     with open(workdir / "early.log", "w") as log:
         proc = start_cli_run(workdir, "early", log)
         try:
             wait_for(lambda: " worker(s), backend gloo; " in (workdir / "early.log").read_text(), 120, "the workers' start")
-            proc.send_signal(signal.SIGINT)
-            assert proc.wait(timeout=60) == 130
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 143
         finally:
             proc.kill()
     summary = json.loads((run / "rayft_summary.json").read_text())
-    assert summary["stopped"]["signal"] == "SIGINT" and summary["stopped"]["steps_done"] == 0
+    assert summary["stopped"]["signal"] == "SIGTERM" and summary["stopped"]["steps_done"] == 0
     assert summary["stopped"]["checkpoint_step"] is None and not list(run.glob("checkpoint_*"))
     out = (workdir / "early.log").read_text()
     # the signal lands just before or just after the workers were started: both end the same way
-    assert ("stopped by SIGINT after 0 step(s); no checkpoint to resume from" in out) or (
-        "stopped by SIGINT before training started; no checkpoint to resume from" in out
+    assert ("stopped by SIGTERM after 0 step(s); no checkpoint to resume from" in out) or (
+        "stopped by SIGTERM before training started; no checkpoint to resume from" in out
     )
     assert "resume with" not in out
 
