@@ -3,7 +3,8 @@
 One head (``--num-gpus 0``) and N worker nodes, each its own ``ray start`` process tree with its own
 ``--temp-dir`` (Ray allows one per node), all advertising 127.0.0.1 and with the dashboard bound to
 127.0.0.1. Every port is chosen free up front, so several nodes (and other Ray instances) coexist on
-one host.
+one host. ``ray start`` runs through :mod:`rayft.cluster.loopback`, which keeps 127.0.0.1 as the
+node IP, so that every Ray process of the cluster listens on 127.0.0.1 only (docs/network.md).
 
 Token auth: ``RAY_AUTH_MODE=token`` and ``RAY_AUTH_TOKEN_PATH=<state>/auth_token`` (mode 0600) are
 set in the environment of every ``ray start``; the token file is generated once and reused.
@@ -33,6 +34,8 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
+
+from rayft.cluster.loopback import loopback_env
 
 HOST = "127.0.0.1"
 TOKEN_FILE = "auth_token"
@@ -69,17 +72,13 @@ def default_state_dir() -> Path:
     return Path(cache) / "rayft" / "local-cluster"
 
 
-def ray_executable() -> str:
-    """The ``ray`` CLI of this interpreter's environment (same Ray version as the client), else PATH's."""
-    sib = Path(sys.executable).parent / "ray"
-    if sib.exists():
-        return str(sib)
-    import shutil
+def ray_start_command() -> list[str]:
+    """``ray start`` of this interpreter's Ray (same version as the client), keeping 127.0.0.1 (:mod:`rayft.cluster.loopback`)."""
+    import importlib.util
 
-    found = shutil.which("ray")
-    if not found:
-        raise LocalClusterError("the `ray` command is not installed (pip install 'ray[default]')")
-    return found
+    if importlib.util.find_spec("ray") is None:
+        raise LocalClusterError("Ray is not installed in this Python environment (pip install 'ray[default]')")
+    return [sys.executable, "-m", "rayft.cluster.loopback", "start"]
 
 
 def _temp_root(state_dir: Path) -> Path:
@@ -124,6 +123,7 @@ def _node_env(token_file: Path) -> dict[str, str]:
     for k in ("RAY_ADDRESS", "RAY_AUTH_TOKEN"):  # an inherited token would override the file
         env.pop(k, None)
     env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_file), RAY_USAGE_STATS_ENABLED="0")
+    loopback_env(env)  # every process of the node, job drivers included, keeps 127.0.0.1 as the node IP
     # Jobs run `python ...`: make that this environment's interpreter (a venv need not be on PATH).
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     return env
@@ -253,7 +253,7 @@ def is_running(cluster: LocalCluster) -> bool:
 
 
 def _ray_start(args: list[str], env: dict[str, str], say: Callable[[str], None]) -> None:
-    cmd = [ray_executable(), "start", *args]
+    cmd = [*ray_start_command(), *args]
     say("$ " + " ".join(cmd))
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     if r.returncode != 0:
