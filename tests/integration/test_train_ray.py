@@ -20,9 +20,15 @@ RECORDS = [
 
 @pytest.fixture(scope="module")
 def ray_local():
+    """The embedded Ray of `rayft train` (connect_ray: every Ray service on 127.0.0.1 only), 2 CPUs."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    from rayft.config import RayftConfig
+    from rayft.train.ray_cluster import connect_ray
+
+    assert (
+        connect_ray(RayftConfig.model_validate({"data": {"train_files": ["unused.jsonl"]}, "ray": {"num_cpus": 2}})) == "embedded local Ray"
+    )
     yield
     ray.shutdown()
 

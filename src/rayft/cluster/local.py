@@ -3,7 +3,8 @@
 One head (``--num-gpus 0``) and N worker nodes, each its own ``ray start`` process tree with its own
 ``--temp-dir`` (Ray allows one per node), all advertising 127.0.0.1 and with the dashboard bound to
 127.0.0.1. Every port is chosen free up front, so several nodes (and other Ray instances) coexist on
-one host.
+one host. ``ray start`` runs through :mod:`rayft.cluster.loopback`, which keeps 127.0.0.1 as the
+node IP, so that every Ray process of the cluster listens on 127.0.0.1 only (docs/network.md).
 
 Token auth: ``RAY_AUTH_MODE=token`` and ``RAY_AUTH_TOKEN_PATH=<state>/auth_token`` (mode 0600) are
 set in the environment of every ``ray start``; the token file is generated once and reused.
@@ -34,9 +35,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from rayft.cluster.loopback import loopback_env
+
 HOST = "127.0.0.1"
 TOKEN_FILE = "auth_token"
 STATE_FILE = "state.json"
+# Ports `up` chooses for every node (each also a `ray start --<name with dashes>-port` flag).
+NODE_PORTS = ("dashboard_agent_listen", "dashboard_agent_grpc", "metrics_export", "runtime_env_agent")
 # A Unix socket path (e.g. <temp>/session_<40 chars>/sockets/plasma_store) must stay under ~107 bytes.
 _MAX_TEMP_ROOT = 40
 
@@ -52,7 +57,7 @@ class LocalCluster:
     dashboard_url: str
     token_file: str
     temp_root: str
-    nodes: list[dict] = field(default_factory=list)  # {"name", "temp_dir", "num_cpus"}
+    nodes: list[dict] = field(default_factory=list)  # {"name", "temp_dir", "num_cpus", "ports": {name: port}}
     started_at: float = 0.0
 
     @property
@@ -69,17 +74,13 @@ def default_state_dir() -> Path:
     return Path(cache) / "rayft" / "local-cluster"
 
 
-def ray_executable() -> str:
-    """The ``ray`` CLI of this interpreter's environment (same Ray version as the client), else PATH's."""
-    sib = Path(sys.executable).parent / "ray"
-    if sib.exists():
-        return str(sib)
-    import shutil
+def ray_start_command() -> list[str]:
+    """``ray start`` of this interpreter's Ray (same version as the client), keeping 127.0.0.1 (:mod:`rayft.cluster.loopback`)."""
+    import importlib.util
 
-    found = shutil.which("ray")
-    if not found:
-        raise LocalClusterError("the `ray` command is not installed (pip install 'ray[default]')")
-    return found
+    if importlib.util.find_spec("ray") is None:
+        raise LocalClusterError("Ray is not installed in this Python environment (pip install 'ray[default]')")
+    return [sys.executable, "-m", "rayft.cluster.loopback", "start"]
 
 
 def _temp_root(state_dir: Path) -> Path:
@@ -124,6 +125,7 @@ def _node_env(token_file: Path) -> dict[str, str]:
     for k in ("RAY_ADDRESS", "RAY_AUTH_TOKEN"):  # an inherited token would override the file
         env.pop(k, None)
     env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_file), RAY_USAGE_STATS_ENABLED="0")
+    loopback_env(env)  # every process of the node, job drivers included, keeps 127.0.0.1 as the node IP
     # Jobs run `python ...`: make that this environment's interpreter (a venv need not be on PATH).
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     return env
@@ -253,7 +255,7 @@ def is_running(cluster: LocalCluster) -> bool:
 
 
 def _ray_start(args: list[str], env: dict[str, str], say: Callable[[str], None]) -> None:
-    cmd = [ray_executable(), "start", *args]
+    cmd = [*ray_start_command(), *args]
     say("$ " + " ".join(cmd))
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     if r.returncode != 0:
@@ -290,8 +292,9 @@ def up(
     token_file = ensure_token(state_dir)
     temp_root = _temp_root(state_dir)
     temp_root.mkdir(parents=True, exist_ok=True)
-    gcs, dash, client, *_ = ports = _free_ports(3 + 4 * (workers + 1))
-    node_ports = [ports[3 + 4 * i : 7 + 4 * i] for i in range(workers + 1)]
+    gcs, dash, client, dash_metrics, autoscaler_metrics, *_ = ports = _free_ports(5 + 4 * (workers + 1))
+    node_ports = [dict(zip(NODE_PORTS, ports[5 + 4 * i : 9 + 4 * i])) for i in range(workers + 1)]
+    head_ports = {**node_ports[0], "ray_client_server": client, "dashboard_metrics": dash_metrics, "autoscaler_metrics": autoscaler_metrics}
     cluster = LocalCluster(
         state_dir=str(state_dir),
         gcs_address=f"{HOST}:{gcs}",
@@ -304,17 +307,7 @@ def up(
     common = ["--node-ip-address", HOST, "--num-gpus", "0", "--disable-usage-stats"]
 
     def per_node(i: int) -> list[str]:
-        a, g, m, r = node_ports[i]
-        return [
-            "--dashboard-agent-listen-port",
-            str(a),
-            "--dashboard-agent-grpc-port",
-            str(g),
-            "--metrics-export-port",
-            str(m),
-            "--runtime-env-agent-port",
-            str(r),
-        ]
+        return [arg for name, port in node_ports[i].items() for arg in (f"--{name.replace('_', '-')}-port", str(port))]
 
     # record first, so that `down` can clean up a half-started cluster
     (state_dir / STATE_FILE).write_text(json.dumps(asdict(cluster), indent=2))
@@ -340,10 +333,11 @@ def up(
                 *common,
                 *per_node(0),
             ],
-            env,
+            # the dashboard's and the autoscaler's own /metrics servers (Ray's defaults: 44227, 44217)
+            {**env, "DASHBOARD_METRIC_PORT": str(dash_metrics), "AUTOSCALER_METRIC_PORT": str(autoscaler_metrics)},
             say,
         )
-        cluster.nodes.append({"name": "head", "temp_dir": str(head_dir), "num_cpus": head_cpus})
+        cluster.nodes.append({"name": "head", "temp_dir": str(head_dir), "num_cpus": head_cpus, "ports": head_ports})
         for i in range(1, workers + 1):
             wdir = temp_root / f"w{i}"
             _ray_start(
@@ -351,7 +345,7 @@ def up(
                 env,
                 say,
             )
-            cluster.nodes.append({"name": f"worker-{i}", "temp_dir": str(wdir), "num_cpus": cpus_per_worker})
+            cluster.nodes.append({"name": f"worker-{i}", "temp_dir": str(wdir), "num_cpus": cpus_per_worker, "ports": node_ports[i]})
         (state_dir / STATE_FILE).write_text(json.dumps(asdict(cluster), indent=2))
         deadline = time.monotonic() + timeout_s
         n = None

@@ -3,9 +3,13 @@ checkpoint storage across nodes, and the workers' environment."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
+from pathlib import Path
 from typing import Any
 
+from rayft.cluster.loopback import LOOPBACK, is_loopback_address, keep_localhost
 from rayft.config import RayftConfig
 from rayft.train.errors import TrainError
 
@@ -30,10 +34,39 @@ def connect_ray(cfg: RayftConfig) -> str:
                 f"Ray address {address} is a dashboard (job submission) URL: use `rayft submit` with it, or give "
                 "the cluster's GCS address (host:6379, or `auto` on a cluster node) to `rayft train`"
             )
-        ray.init(address=address, **kwargs)
+        # a cluster on this host's loopback (`rayft cluster local`): Ray would turn 127.0.0.1 into the host's address
+        with keep_localhost() if is_loopback_address(address) else contextlib.nullcontext():
+            ray.init(address=address, **kwargs)
         return address
-    ray.init(address="local", num_cpus=cfg.ray.num_cpus, **kwargs)  # never attach to a `ray start` cluster by accident
+    # "local": never attach to a `ray start` cluster by accident. Every Ray service listens on
+    # 127.0.0.1 only; Ray turns token auth on by itself unless RAY_AUTH_MODE says otherwise (docs/network.md).
+    ensure_default_token()
+    with keep_localhost():
+        ray.init(address="local", num_cpus=cfg.ray.num_cpus, _node_ip_address=LOOPBACK, **kwargs)
     return "embedded local Ray"
+
+
+def ensure_default_token() -> Path | None:
+    """Ray's default token file, ``~/.ray/auth_token``, created with mode 0600 when the embedded Ray will need one.
+
+    A new local Ray turns token auth on when ``RAY_AUTH_MODE`` is unset and, without ``RAY_AUTH_TOKEN``
+    or ``RAY_AUTH_TOKEN_PATH``, writes a token there itself with the process umask (0644 typically).
+    Returns the file when this call created it; an existing file is left as it is.
+    """
+    mode = os.environ.get("RAY_AUTH_MODE")
+    if (mode is not None and mode.lower() != "token") or os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        return None
+    path = Path.home() / ".ray" / "auth_token"
+    if path.exists():
+        return None
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:  # another process won the race: its file is the token
+        return None
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
+    return path
 
 
 def resolve_workers(cfg: RayftConfig) -> tuple[int, bool]:
