@@ -19,9 +19,7 @@ def verify(
 ) -> None:
     """Hash every file of each checkpoint and compare it with the digest recorded when it was written.
 
-    Prints one line per checkpoint on stdout: intact, corrupt (with the file, the expected and the
-    actual digest), incomplete (with what is missing) or unverifiable (written by an earlier rayft,
-    without digests). Exits 1 when any checked checkpoint is corrupt or incomplete.
+    One line per checkpoint on stdout (intact, corrupt, incomplete, unverifiable); exit 1 if any is corrupt or incomplete.
     """
     from rayft.train.checkpoint import CheckpointError, verify_run
 

@@ -15,8 +15,7 @@ def export(
     step: Annotated[Optional[int], typer.Option(help="Checkpoint step (default: latest complete).")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Output directory (default: RUN/hf-stepN, N the checkpoint's step).")] = None,
 ) -> None:
-    """Write a consolidated Hugging Face model (safetensors + config + tokenizer) from a checkpoint,
-    after checking its files against their digests (a corrupt checkpoint is refused: exit 1)."""
+    """Write a consolidated Hugging Face model (safetensors + config + tokenizer) from a checkpoint, its digests checked first."""
     from rayft.train.checkpoint import CheckpointError, export_run
 
     try:
