@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from rayft.commands.common import console, print_error
+from rayft.commands.common import console, print_error, say
 
 
 def export(
@@ -15,11 +15,11 @@ def export(
     step: Annotated[Optional[int], typer.Option(help="Checkpoint step (default: latest complete).")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Output directory (default: RUN/hf-stepN, N the checkpoint's step).")] = None,
 ) -> None:
-    """Write a consolidated Hugging Face model (safetensors + config + tokenizer) from a checkpoint."""
+    """Write a consolidated Hugging Face model (safetensors + config + tokenizer) from a checkpoint, its digests checked first."""
     from rayft.train.checkpoint import CheckpointError, export_run
 
     try:
-        path = export_run(run, step=step, out=out)
+        path = export_run(run, step=step, out=out, say=say)
     except CheckpointError as e:
         print_error("error", e)
         raise typer.Exit(1) from None

@@ -292,10 +292,12 @@ def resume(model: ShardedModel, optimizer, args: WorkerArgs, rows_per_step: int,
     """Collective: load the checkpoint to continue from, if any, and return its step (else 0).
 
     That is Ray Train's latest checkpoint after a worker-group restart, else the one ``--resume``
-    chose (see :func:`checkpoint.resolve_resume_dir` for incomplete and unregistered ones).
+    chose (see :func:`checkpoint.resolve_resume_dir` for incomplete, corrupt and unregistered ones:
+    rank 0 verifies the files against their digests and falls back to the newest intact one).
 
     Raises:
-        CheckpointError: the checkpoint was made from other training data.
+        CheckpointError: the checkpoint was made from other training data, or no intact checkpoint
+            is left to resume from.
     """
     path = ckpt_lib.resolve_resume_dir(ray.train.get_checkpoint(), args.resume_from, args.run_dir)
     if path is None:

@@ -50,11 +50,18 @@ def newest_checkpoint_step(run_dir: str) -> int | None:
 def prepare_run_dir(run_dir: str, resume: str | None, cfg: RayftConfig, console: Console) -> str | None:
     """Create a new run directory, or check a resumed one; returns the checkpoint to resume from.
 
+    For ``--resume`` that is the newest complete checkpoint whose files match the digests its state
+    file records (:func:`rayft.train.checkpoint_files.newest_intact`: reads each candidate once,
+    newest first). Incomplete checkpoints are skipped with a warning, and so is a corrupt one
+    (naming it, the file, the expected and the actual digest); one written without digests (an
+    earlier rayft) is taken with a note that it cannot be verified.
+
     Raises:
         TrainError: a new run whose directory already holds a run (Ray Train would silently
-            continue it), or ``--resume`` of a directory without a complete checkpoint.
+            continue it), or ``--resume`` of a directory without a complete checkpoint, or with
+            only corrupt ones.
     """
-    from rayft.train.checkpoint import find_checkpoints, is_complete
+    from rayft.train.checkpoint_files import CheckpointCheck, find_checkpoints, is_complete, newest_intact
 
     d = Path(run_dir)
     if not resume:
@@ -68,11 +75,18 @@ def prepare_run_dir(run_dir: str, resume: str | None, cfg: RayftConfig, console:
     for c in sorted(d.glob("checkpoint_*")):
         if not is_complete(c):
             console.print(Text.assemble(("warning", "yellow"), f": skipping incomplete checkpoint {c} (interrupted save?)"))
-    done = find_checkpoints(d)
-    if not done:
+    if not find_checkpoints(d):
         raise TrainError(f"--resume {resume}: no complete checkpoint in {run_dir}")
-    console.print(f"resuming {run_dir} from its checkpoint of step {done[-1][0]}", highlight=False)
-    return str(done[-1][1])
+
+    def report(check: CheckpointCheck) -> None:
+        label = ("note", "cyan") if check.status == "unverifiable" else ("warning", "yellow")
+        console.print(Text.assemble(label, f": {check.remark()}"), highlight=False)
+
+    found = newest_intact(d, report)
+    if found is None:
+        raise TrainError(f"--resume {resume}: no intact checkpoint in {run_dir} (every complete one is corrupt)")
+    console.print(f"resuming {run_dir} from its checkpoint of step {found[0]}", highlight=False)
+    return str(found[1])
 
 
 def check_resume_data(checkpoint: str, data_fingerprint: str) -> None:
