@@ -1,6 +1,9 @@
-"""Fault tolerance on a real embedded Ray with 2 CPU workers: a SIGKILLed worker, an incomplete
-checkpoint, and a resume at a different world size all reproduce the uninterrupted run's losses."""
+"""Fault tolerance on a real embedded Ray with 2 CPU workers: a SIGKILLed worker, an incomplete or
+corrupt checkpoint, a resume at a different world size and a SIGTERM to the driver all reproduce
+the uninterrupted run's losses (one uninterrupted run, shared by every test here: each run costs
+minutes of CI on 2 cores)."""
 
+import hashlib
 import json
 import os
 import shutil
@@ -10,9 +13,11 @@ import time
 
 import psutil
 import pytest
+from typer.testing import CliRunner
 
+from rayft.cli import app
 from rayft.config import load_config
-from rayft.train.checkpoint import find_checkpoints
+from rayft.train.checkpoint import CheckpointError, export_run, find_checkpoints
 from rayft.train.driver import run_training
 
 pytestmark = pytest.mark.integration
@@ -107,16 +112,88 @@ def copy_run(workdir, src: str, dst: str, drop=()):
     return run
 
 
-def test_incomplete_checkpoint_is_skipped_for_the_previous_one(baseline, workdir, capfd):
-    run = copy_run(workdir, "base", "partial")
-    (run / "checkpoint_0000008" / "__1_0.distcp").unlink()  # one rank's shard never arrived
-    summary = run_training(config(workdir, "partial"), resume=str(run))
-    assert "skipping incomplete checkpoint" in capfd.readouterr().err
-    assert summary["resumes"][0]["step"] == 6
-    got = losses(workdir, "partial")
-    assert sorted(got) == list(range(1, 9))  # the original curve is kept, steps 7-8 are the resumed ones
+# -- checkpoint digests (issue 19): a corrupt shard of the same size is found, refused, skipped --
+
+
+def blake2b_of(path):
+    return hashlib.blake2b(path.read_bytes(), digest_size=16).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def corrupted(baseline, workdir):
+    """A copy of the uninterrupted run (without Ray's bookkeeping of its name) whose last
+    checkpoint has 1 MiB of random bytes in the middle of its largest shard: (run, shard, the
+    recorded digest, the shard's digest now)."""
+    run = workdir / "runs" / "corrupt"
+    shutil.copytree(workdir / "runs" / "base", run)
+    (run / "checkpoint_manager_snapshot.json").unlink()
+    shard = max((run / "checkpoint_0000008").glob("*.distcp"), key=lambda p: p.stat().st_size)
+    size = shard.stat().st_size
+    with open(shard, "r+b") as f:
+        f.seek(size // 2 - (1 << 19))
+        f.write(os.urandom(1 << 20))
+    assert shard.stat().st_size == size
+    expected = json.loads((shard.parent / "rayft_state.json").read_text()).get("digests", {}).get(shard.name)
+    got = blake2b_of(shard)
+    assert got != expected
+    return run, shard, expected, got
+
+
+def test_every_checkpoint_records_the_digest_of_each_of_its_files(baseline, workdir):
+    ckpt = workdir / "runs" / "base" / "checkpoint_0000008"
+    state = json.loads((ckpt / "rayft_state.json").read_text())
+    files = sorted(p.name for p in ckpt.iterdir() if p.name != "rayft_state.json")
+    assert files == sorted([".metadata", "config.json", *(f"__{r}_{i}.distcp" for r in (0, 1) for i in range(8))])
+    assert state["digest_algorithm"] == "blake2b-128"
+    assert state["digests"] == {name: blake2b_of(ckpt / name) for name in files}  # both ranks' shards, gathered by rank 0
+
+
+def test_verify_names_the_corrupt_shard(corrupted, capsys):
+    run, shard, expected, got = corrupted
+    t0 = time.perf_counter()
+    res = CliRunner().invoke(app, ["checkpoint", "verify", str(run)])
+    took = time.perf_counter() - t0
+    assert res.exit_code == 1
+    assert res.stdout.splitlines() == [
+        "step 4 (checkpoint_0000004): intact (18 files match their blake2b-128 digests)",
+        "step 6 (checkpoint_0000006): intact (18 files match their blake2b-128 digests)",
+        f"step 8 (checkpoint_0000008): corrupt: {shard.name} expected {expected}, got {got}",
+    ]
+    res = CliRunner().invoke(app, ["checkpoint", "verify", str(run), "--step", "6"])
+    assert res.exit_code == 0 and res.stdout.startswith("step 6 (checkpoint_0000006): intact")
+    with capsys.disabled():
+        print(f"\n[timing] rayft checkpoint verify of 3 qwen2-tiny checkpoints: {took:.2f} s")
+
+
+def test_export_refuses_the_corrupt_checkpoint(corrupted):
+    run, shard, expected, got = corrupted
+    message = f"checkpoint 8 is corrupt ({shard}: expected blake2b-128 {expected}, got {got})"
+    with pytest.raises(CheckpointError) as e:
+        export_run(str(run))
+    assert str(e.value) == message
+    res = CliRunner().invoke(app, ["export", str(run)])
+    assert res.exit_code == 1 and message in " ".join(res.stderr.split())
+    assert not (run / "hf-step8").exists()
+
+
+def test_resume_skips_corrupt_and_incomplete_checkpoints_for_the_newest_intact_one(corrupted, baseline, workdir, capfd):
+    """Checkpoint 8 corrupt (same size), checkpoint 6 incomplete (one rank's shard never arrived):
+    the resume takes 4, and the losses after it equal the uninterrupted run's."""
+    run, shard, expected, got = corrupted
+    (run / "checkpoint_0000006" / "__1_0.distcp").unlink()
+    summary = run_training(config(workdir, "corrupt"), resume=str(run))
+    err = " ".join(capfd.readouterr().err.split())  # the console may wrap long lines
+    assert "skipping incomplete checkpoint" in err and "checkpoint_0000006" in err
+    assert summary["resumes"][0]["step"] == 4
+    assert f"warning: checkpoint 8 is corrupt ({shard}: expected blake2b-128 {expected}, got {got}): skipping it" in err
+    assert "from its checkpoint of step 4" in err
+    got_losses = losses(workdir, "corrupt")
+    assert sorted(got_losses) == list(range(1, 9))
     for step in range(1, 9):
-        assert got[step] == pytest.approx(baseline[step], abs=1e-5)
+        assert got_losses[step] == pytest.approx(baseline[step], abs=1e-5), step
+    # the resumed run wrote its step-8 checkpoint afresh: every checkpoint is intact again
+    res = CliRunner().invoke(app, ["checkpoint", "verify", str(run)])
+    assert res.exit_code == 0 and res.stdout.count(": intact (") == 3
 
 
 def test_resume_at_a_different_world_size(baseline, workdir):
