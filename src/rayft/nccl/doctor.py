@@ -1,8 +1,11 @@
-"""Judging NCCL's verdicts against what a run expected (``rayft doctor --expect``).
+"""Judging one run's NCCL log: the transport against what the run expected, and what failed it.
 
 The verdicts come from :mod:`rayft.nccl.verdicts` (per rank: which transport NCCL really used),
 read from text whose Ray and shipping structure :mod:`rayft.nccl.lines` undoes. This module says
-whether they meet an expectation: :func:`rank_problem` for one rank, :func:`check` for a run.
+whether they meet an expectation (:func:`rank_problem` for one rank, :func:`check` for a run), and
+:func:`judge` puts everything that fails a run into one :class:`Report`: a wrong transport, a
+failure after the transport was chosen (:mod:`rayft.nccl.health`), an environment fault
+(:mod:`rayft.nccl.environment`), a text holding more than one job.
 
 Pure functions over text: no file or process I/O.
 """
@@ -10,8 +13,11 @@ Pure functions over text: no file or process I/O.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass, field
 from enum import Enum
 
+from rayft.nccl.environment import Fault, environment_faults, instance_of
+from rayft.nccl.health import Failure, Timeout, failures, timeouts
 from rayft.nccl.lines import NcclLine, parse_lines
 from rayft.nccl.verdicts import (
     Cause,
@@ -27,12 +33,17 @@ from rayft.nccl.verdicts import (
 __all__ = [
     "Cause",
     "Expect",
+    "Failure",
+    "Fault",
     "InterNode",
     "IntraNode",
     "Link",
     "NcclLine",
     "RankVerdict",
+    "Report",
+    "Timeout",
     "check",
+    "judge",
     "label_ranks",
     "mixed_jobs",
     "parse_lines",
@@ -57,8 +68,9 @@ class Expect(str, Enum):
 def rank_problem(v: RankVerdict, expect: Expect | str) -> str | None:
     """Why ``v`` falls short of ``expect`` (a phrase to follow the rank's name), or None."""
     expect = Expect(expect)
+    why = f" ({v.unknown_why})" if v.unknown_why else ""
     if not v.seen:
-        return "left no NCCL line in the log, so the transport cannot be verified"
+        return "left no NCCL line in the log, so the transport cannot be verified" + why
     if expect == Expect.EFA:
         if v.inter_node == InterNode.EFA:
             return None
@@ -67,7 +79,9 @@ def rank_problem(v: RankVerdict, expect: Expect | str) -> str | None:
         if v.inter_node == InterNode.LIBFABRIC:
             return f"used aws-ofi-nccl with libfabric provider {v.provider}, not efa"
         if v.inter_node == InterNode.UNKNOWN:
-            return "logged no inter-node channel and no chosen network, so EFA cannot be verified"
+            if v.evidence == "folded":
+                return "had an unknown inter-node transport, so EFA cannot be verified" + why
+            return "logged no inter-node channel and no chosen network, so EFA cannot be verified" + why
         return f"used {v.inter_node.value} between hosts, not EFA"
     if expect == Expect.NVLINK:
         if v.intra_node == IntraNode.P2P and v.p2p_link != "PCIe":
@@ -79,7 +93,9 @@ def rank_problem(v: RankVerdict, expect: Expect | str) -> str | None:
         if v.intra_node == IntraNode.NONE:
             return "had no other GPU on its host, so NVLink was never used"
         if v.intra_node == IntraNode.UNKNOWN:
-            return "logged no intra-node channel, so NVLink cannot be verified"
+            if v.evidence == "folded":
+                return "had an unknown intra-node transport, so NVLink cannot be verified" + why
+            return "logged no intra-node channel, so NVLink cannot be verified" + why
         return f"used {v.intra_detail or v.intra_node.value} between local GPUs, not P2P/NVLink"
     if expect == Expect.SOCKET:
         bad = []
@@ -128,3 +144,68 @@ def check(verdicts: list[RankVerdict], expect: Expect | str) -> list[str]:
             line += ". Likely cause: " + "; ".join(causes)
         out.append(line)
     return ([mixed] if mixed else []) + out
+
+
+# --------------------------------------------------------------------------------------------
+# One run judged as a whole.
+
+
+@dataclass
+class Report:
+    """One run's log judged: the verdicts, and everything that fails the run.
+
+    Attributes:
+        verdicts: one per rank (:func:`verdicts_from_text`); ``[]`` when the log has no NCCL line.
+        expect: what the run should have used.
+        problems: transport problems against ``expect`` (:func:`check`), the mixed-jobs warning first.
+        failures: each rank's first failure after the transport was chosen (:func:`rayft.nccl.health.failures`).
+        timeouts: the collectives that timed out, with the ranks that reported them and those that did not.
+        faults: environment faults (:func:`rayft.nccl.environment.environment_faults`).
+        instance_note: why the instance-type checks were skipped, or None.
+        fail_on_faults: environment faults fail the run (the default) or only warn.
+    """
+
+    verdicts: list[RankVerdict]
+    expect: Expect
+    problems: list[str] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+    timeouts: list[Timeout] = field(default_factory=list)
+    faults: list[Fault] = field(default_factory=list)
+    instance_note: str | None = None
+    fail_on_faults: bool = True
+
+    @property
+    def mixed(self) -> str | None:
+        """The warning that the text held more than one job, or None."""
+        return mixed_jobs(self.verdicts)
+
+    @property
+    def exit_code(self) -> int:
+        """2 bad input (no NCCL line and no failure; more than one job), 1 failed (a wrong transport,
+        a failure, an environment fault unless only warned of), 0 as expected."""
+        if (not self.verdicts and not self.failures) or self.mixed:
+            return 2
+        if self.problems or self.failures or (self.faults and self.fail_on_faults):
+            return 1
+        return 0
+
+
+def judge(text: str, expect: Expect | str = Expect.ANY, instance_type: str | None = None, fail_on_faults: bool = True) -> Report:
+    """Judge one run's output ``text`` (see :class:`Report`).
+
+    ``instance_type``: the EC2 type the run ran on, for the EFA-device and GPUDirect RDMA checks
+    (default: the type aws-ofi-nccl names in the log; none: those checks are skipped).
+    """
+    expect = Expect(expect)
+    verdicts = verdicts_from_text(text)
+    _, note = instance_of(verdicts, instance_type)
+    return Report(
+        verdicts=verdicts,
+        expect=expect,
+        problems=check(verdicts, expect) if verdicts else [],
+        failures=failures(text, verdicts),
+        timeouts=timeouts(text, verdicts),
+        faults=environment_faults(verdicts, instance_type),
+        instance_note=note,
+        fail_on_faults=fail_on_faults,
+    )

@@ -29,7 +29,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
-from rayft.nccl.lines import _ANSI, _RAY_PREFIX, NcclLine, parse_lines
+from rayft.nccl.lines import NcclLine, RayRanks, parse_lines, ray_ranks
 
 __all__ = [
     "Cause",
@@ -110,12 +110,19 @@ class RankVerdict:
     gdr: bool | None = None  # GPUDirect RDMA on the network links (None: no network links)
     interface: str | None = None  # data-plane interface(s) of the network transport
     bootstrap: str | None = None  # bootstrap interface, e.g. "eth0 192.0.2.2"
-    evidence: str = "channels"  # "channels" (connections logged), "init" (only init lines), "none"
+    # "channels" (connections logged), "init" (only init lines), "folded" (no line of its own: credited
+    # from lines Ray's deduplication folded), "none"
+    evidence: str = "channels"
     nccl_version: str | None = None
     causes: list[Cause] = field(default_factory=list)  # likely reasons for a fallback
     notes: list[str] = field(default_factory=list)
     job: str | None = None  # NCCL commId of the rank's world communicator, when logged
     mixed: str | None = None  # set when the text held more than one job: what clashed, and what was done
+    nics: int | None = None  # devices aws-ofi-nccl found ("found 32 nics")
+    platform: str | None = None  # the EC2 instance type aws-ofi-nccl detected ("Running on p5.48xlarge platform")
+    socket_ifs: list[str] = field(default_factory=list)  # NCCL's socket interfaces ("eth0 10.0.0.1"), whatever it used
+    shm_failure: str | None = None  # NCCL's first failure to create a /dev/shm segment
+    unknown_why: str | None = None  # why a transport stayed "unknown", where the log tells why
 
     @property
     def seen(self) -> bool:
@@ -177,9 +184,7 @@ _GRAPH_TYPE = re.compile(r"\bPattern \d+, crossNic \d+, nChannels \d+, .*\btype 
 _COLL_CHANNELS = re.compile(r"^(?P<coll>\d+) coll channels,.*?(?:(?P<nvls>\d+) nvls channels)?")
 _GDR_HCA = re.compile(r"GPU Direct RDMA (?P<state>Enabled|Disabled) for (?:HCA|GPU)")
 _VERSION = re.compile(r"^NCCL version (?P<v>\S+)")
-# Ray Train's own lines (not NCCL): which pid is which rank.
-_RAY_SETUP = re.compile(r"Setting up process group for: \S+ \[rank=(?P<rank>\d+), world_size=(?P<ws>\d+)\]")
-_RAY_GROUP = re.compile(r"\(ip=(?P<ip>[^,]+), pid=(?P<pid>\d+)\) world_rank=(?P<rank>\d+), local_rank=(?P<lr>\d+)")
+_OFI_PLATFORM = re.compile(r"NET/OFI Running on (?P<type>[a-z0-9][\w.-]*\.\w+) platform")
 
 _LINK_LOCAL = re.compile(r"^(?:169\.254\.|fe80:)", re.I)
 _LOOPBACK = re.compile(r"^(?:127\.|::1$)")
@@ -218,6 +223,7 @@ class _Proc:
     provider: str | None = None
     fabric: str | None = None
     nics: int | None = None
+    platform: str | None = None
     plugin_loaded: str | None = None
     plugin_missing: bool = False
     ofi_failed: list[str] = field(default_factory=list)
@@ -231,6 +237,8 @@ class _Proc:
     version: str | None = None
     repeated: int = 0
     borrowed: int | None = None  # pid whose plugin lines stand in for this process's folded ones
+    credited: list[str] = field(default_factory=list)  # messages taken from Ray's folded lines
+    unknown_why: str | None = None  # why its inter-node transport cannot be told, where the log says
 
     def primary(self) -> _Comm | None:
         """The communicator that names this process's rank: the largest one seen (the world)."""
@@ -314,6 +322,8 @@ def _feed(proc: _Proc, ln: NcclLine) -> None:
                 proc.nics = int(n["n"])
         elif m := _OFI_VERSION.search(msg):
             proc.ofi_version = m["v"]
+        elif m := _OFI_PLATFORM.search(msg):
+            proc.platform = m["type"]
         elif m := _LIBFABRIC_VERSION.search(msg):
             proc.libfabric_version = m["v"]
     if _OFI_FAILED.search(msg):
@@ -350,14 +360,18 @@ def _feed(proc: _Proc, ln: NcclLine) -> None:
 # From lines to processes to verdicts.
 
 
-def _collect(text: str) -> tuple[dict[tuple[str | None, int], _Proc], dict[int, int], int | None]:
+_Key = tuple[str | None, int]
+_Pool = list[tuple[NcclLine, int]]  # Ray's folded lines: (the printed one, copies by workers the log does not name)
+
+
+def _collect(text: str) -> tuple[dict[_Key, _Proc], RayRanks, _Pool]:
     lines = parse_lines(text)
     # NCCL hostnames glued to a previous fragment ("P2P/CUMEMvm" for "vm"): fold them into the
     # process whose host is a suffix and shares the pid, seen more often.
-    counts: dict[tuple[str | None, int], int] = defaultdict(int)
+    counts: dict[_Key, int] = defaultdict(int)
     for ln in lines:
         counts[(ln.host, ln.pid)] += 1
-    alias: dict[tuple[str | None, int], tuple[str | None, int]] = {}
+    alias: dict[_Key, _Key] = {}
     for host, pid in counts:
         if host is None:
             continue
@@ -369,7 +383,7 @@ def _collect(text: str) -> tuple[dict[tuple[str | None, int], _Proc], dict[int, 
         if best:
             alias[(host, pid)] = (best, pid)
     # Lines with only Ray's prefix: attach to the one NCCL process with that pid (and ip).
-    by_pid: dict[int, list[tuple[str | None, int]]] = defaultdict(list)
+    by_pid: dict[int, list[_Key]] = defaultdict(list)
     for key in counts:
         if key[0] is not None and key not in alias:
             by_pid[key[1]].append(key)
@@ -381,7 +395,8 @@ def _collect(text: str) -> tuple[dict[tuple[str | None, int], _Proc], dict[int, 
             tail = ln.host[: len(ln.host) - len(true_host)]
             lines[i - 1] = replace(lines[i - 1], msg=lines[i - 1].msg + tail)
 
-    procs: dict[tuple[str | None, int], _Proc] = {}
+    procs: dict[_Key, _Proc] = {}
+    pool: _Pool = []
     for ln in lines:
         key = alias.get((ln.host, ln.pid), (ln.host, ln.pid))
         if key[0] is None and len(by_pid.get(ln.pid, [])) == 1:
@@ -390,18 +405,9 @@ def _collect(text: str) -> tuple[dict[tuple[str | None, int], _Proc], dict[int, 
         if proc is None:
             proc = procs[key] = _Proc(key[0], key[1])
         _feed(proc, ln)
-
-    # Ray Train's rank lines (outside NCCL): pid -> rank, for processes without a comm line.
-    ray_rank: dict[int, int] = {}
-    world: int | None = None
-    for raw in text.splitlines():
-        line = _ANSI.sub("", raw)
-        if m := _RAY_GROUP.search(line):
-            ray_rank[int(m["pid"])] = int(m["rank"])
-        elif (m := _RAY_SETUP.search(line)) and (p := _RAY_PREFIX.match(line)):
-            ray_rank[int(p["pid"])] = int(m["rank"])
-            world = int(m["ws"])
-    return procs, ray_rank, world
+        if ln.repeated > 1 and not ln.glued:
+            pool.append((ln, ln.repeated - 1))
+    return procs, ray_ranks(text), pool
 
 
 def _host_key(p: _Proc) -> str:
@@ -441,26 +447,25 @@ _INTER_WORST = [InterNode.SOCKET, InterNode.LIBFABRIC, InterNode.IB, InterNode.E
 _INTRA_WORST = [IntraNode.NET, IntraNode.SHM, IntraNode.P2P, IntraNode.NVLS]
 
 
-_Key = tuple[str | None, int]
-
-
 def verdicts_from_text(text: str) -> list[RankVerdict]:
     """One :class:`RankVerdict` per rank found in NCCL_DEBUG=INFO ``text`` (sorted by rank).
 
     ``text`` is one job's output. Ranks of the job (known from ``nRanks``) that left no NCCL line
-    get a verdict with ``evidence == "none"``. Returns ``[]`` when the text holds no NCCL line at all.
+    get a verdict with ``evidence == "none"``, or ``"folded"`` where Ray's log deduplication folded
+    their lines into other workers' and the folded lines tell their transport (see
+    :func:`_unseen_verdicts`). Returns ``[]`` when the text holds no NCCL line at all.
 
     When the same rank number belongs to several processes (the text holds more than one job), the
     processes are split into jobs by NCCL's ``commId`` where it was logged (verdicts then come job
     by job, each with ``job`` set), links are never credited to a rank that stays ambiguous, and
     every verdict's ``mixed`` says what clashed; :func:`check` reports it as a problem.
     """
-    procs, ray_rank, ray_world = _collect(text)
+    procs, ray, pool = _collect(text)
     if not procs:
         return []
     clashes = _rank_clashes(procs)
     if not clashes:
-        return _job_verdicts(procs, ray_rank, ray_world)
+        return _job_verdicts(procs, ray, pool)
 
     groups = _split_by_comm_id(procs)
     verdicts: list[RankVerdict] = []
@@ -468,7 +473,7 @@ def verdicts_from_text(text: str) -> list[RankVerdict]:
     for g in groups:
         left = _rank_clashes(g)
         unresolved.update(left)
-        verdicts.extend(_job_verdicts(g, ray_rank, ray_world, ambiguous=set(left)))
+        verdicts.extend(_job_verdicts(g, ray, [], ambiguous=set(left)))  # folded lines: of which job?
     said = "; ".join(f"rank {r} is " + " and ".join(f"{p.host or '?'} pid {p.pid}" for p in ps) for r, ps in sorted(clashes.items())[:2])
     if len(clashes) > 2:
         said += f"; and so on for ranks {label_ranks(sorted(clashes)[2:])}"
@@ -492,16 +497,18 @@ def mixed_jobs(verdicts: list[RankVerdict]) -> str | None:
     return next((v.mixed for v in verdicts if v.mixed), None)
 
 
-def _world_and_ranks(
-    procs: dict[_Key, _Proc], ray_rank: dict[int, int], ray_world: int | None
-) -> tuple[int | None, dict[_Key, int | None]]:
+def _world_and_ranks(procs: dict[_Key, _Proc], ray: RayRanks) -> tuple[int | None, dict[_Key, int | None]]:
     """The job's world size and each process's rank in it (from the world communicator, else
     from Ray Train's rank lines)."""
-    world = max((c.nranks for p in procs.values() for c in p.comms.values()), default=None) or ray_world
+    world = max((c.nranks for p in procs.values() for c in p.comms.values()), default=None) or ray.world
     rank_of: dict[_Key, int | None] = {}
     for key, p in procs.items():
         c = p.primary()
-        rank_of[key] = c.rank if c and (world is None or c.nranks == world) else ray_rank.get(p.pid)
+        if c and (world is None or c.nranks == world):
+            rank_of[key] = c.rank
+        else:
+            by_ip = {ray.by_ip_pid[(ip, p.pid)] for ip in p.ips if (ip, p.pid) in ray.by_ip_pid}
+            rank_of[key] = by_ip.pop() if len(by_ip) == 1 else ray.by_pid.get(p.pid)
     return world, rank_of
 
 
@@ -568,19 +575,25 @@ def _split_by_comm_id(procs: dict[_Key, _Proc]) -> list[dict[_Key, _Proc]]:
 
 def _job_verdicts(
     procs: dict[_Key, _Proc],
-    ray_rank: dict[int, int],
-    ray_world: int | None,
+    ray: RayRanks,
+    pool: _Pool,
     ambiguous: frozenset[int] | set[int] = frozenset(),
 ) -> list[RankVerdict]:
-    """Verdicts for the processes of one job; ``ambiguous`` ranks get no link credited by number."""
-    world, rank_of = _world_and_ranks(procs, ray_rank, ray_world)
+    """Verdicts for the processes of one job; ``ambiguous`` ranks get no link credited by number;
+    ``pool``: Ray's folded lines, credited to ranks that lack lines of their own."""
+    world, rank_of = _world_and_ranks(procs, ray)
 
-    # rank -> host, from the world communicator (or Ray Train's rank lines).
+    # rank -> host, from the world communicator (or Ray Train's rank lines); a rank that left no
+    # line gets the host of a process on its node ip.
     rank_host: dict[int, str] = {}
     for key, p in procs.items():
         r = rank_of[key]
         if r is not None:
             rank_host.setdefault(r, _host_key(p))
+    ip_host = {ip: _host_key(p) for p in procs.values() for ip in p.ips}
+    for r, ip in ray.ip.items():
+        if world is not None and r < world and r not in rank_host and ip in ip_host:
+            rank_host[r] = ip_host[ip]
     hosts = set(rank_host.values()) | {_host_key(p) for p in procs.values()}
     complete = world is not None and len(rank_host) == world
     n_hosts = len(hosts) if complete else None
@@ -588,6 +601,10 @@ def _job_verdicts(
 
     single_host = n_hosts == 1 or (n_hosts is None and nnodes_nccl == 1)
     _share_plugin_evidence(procs)
+    _share_topology(procs)
+    facts = _pool_facts(pool)
+    for p in procs.values():
+        _credit_seen(p, facts, multi_node=not single_host)
     links = {key: _resolve_links(p, world, rank_host, single_host) for key, p in procs.items()}
     # NCCL logs a P2P/SHM connection on the sending side only: credit it to the receiver too,
     # found by its rank number (so only where that number names one process).
@@ -597,6 +614,19 @@ def _job_verdicts(
         for ln, in_world in links[key]:
             if r is not None and in_world and ln.kind in ("P2P", "SHM", "NVLS") and ln.peer not in ambiguous:
                 incoming[ln.peer].append(replace(ln, peer=r))
+    # A process with local peers and no intra-node connection in the log (Ray folded its channel
+    # lines and those of the peers that send to it): the folded channel lines, where they agree.
+    on_host = defaultdict(int)
+    for p in procs.values():
+        on_host[_host_key(p)] += 1
+    for key, p in procs.items():
+        r = rank_of[key]
+        c = p.primary()
+        local_peers = (c.local_ranks or 0) > 1 if c and c.local_ranks else (single_host and (world or 0) > 1) or on_host[_host_key(p)] > 1
+        has_intra = any(ln.same_host for ln, _ in links[key]) or (r is not None and bool(incoming.get(r)))
+        if local_peers and not has_intra and (credit := _channel_credit(facts, 1)):
+            links[key].append((credit[0], False))
+            p.credited.append(credit[1])
     verdicts: list[RankVerdict] = []
     for key, p in procs.items():
         r = rank_of[key]
@@ -606,23 +636,215 @@ def _job_verdicts(
         v.job = c.comm_id if c else None
         verdicts.append(v)
     seen = {v.rank for v in verdicts if v.rank is not None}
-    if world:
-        for r in range(world):
-            if r not in seen:
-                verdicts.append(
-                    RankVerdict(
-                        rank=r,
-                        world_size=world,
-                        host=None,
-                        pid=None,
-                        evidence="none",
-                        notes=[
-                            "no NCCL line from this rank in the log (Ray's log deduplication folds identical lines: set RAY_DEDUP_LOGS=0)"
-                        ],
+    missing = [r for r in range(world or 0) if r not in seen]
+    if missing:
+        job = _Job(world, procs, ray, rank_host, n_hosts, nnodes_nccl, single_host)
+        verdicts += _unseen_verdicts(missing, job, facts, incoming)
+        if facts:
+            for v in verdicts:
+                if v.rank is None:
+                    v.notes.insert(
+                        0,
+                        f"its rank is not in the log (Ray folded its 'comm ... rank R' lines): it is one of ranks {label_ranks(missing)}",
                     )
-                )
     verdicts.sort(key=lambda v: (v.rank is None, v.rank if v.rank is not None else 0, v.host or "", v.pid or 0))
     return verdicts
+
+
+# --------------------------------------------------------------------------------------------
+# Ray's folded lines: crediting ranks whose own lines were folded into other workers'.
+#
+# Ray keys a line by its words without digits (lines.ray_key) and folds the occurrences of one key
+# from several workers into the last of them, "[repeated Nx across cluster]". A folded line says
+# who emitted the printed occurrence only; its N-1 copies came from workers the log does not name.
+# What the copies say is known exactly where the fact sits in words without digits ("Using network
+# Socket", "Selected provider is efa", a channel "via SHM/direct/direct"), and by NCCL's wording
+# where it does not: a channel line without [send]/[receive] is a P2P connection (NCCL tags every
+# network connection). A fact is credited to the ranks without a line of their own when every copy
+# in the log says the same and there are at least as many copies as such ranks.
+
+
+@dataclass
+class _Job:
+    """What is known of one job as a whole, for crediting its unseen ranks."""
+
+    world: int | None
+    procs: dict[_Key, _Proc]
+    ray: RayRanks
+    rank_host: dict[int, str]
+    n_hosts: int | None
+    nnodes_nccl: int | None
+    single_host: bool
+
+
+_DIGIT = re.compile(r"\d")
+_Facts = dict[str, dict[str | None, tuple[NcclLine, int]]]  # family -> value -> (a printed line, copies)
+
+
+def _pool_family(ln: NcclLine) -> tuple[str, str | None] | None:
+    """The fact a folded line's copies give (family, value); value None: the copies may differ."""
+    msg = ln.msg
+    if m := _CHANNEL.search(msg):
+        kind = _classify_via(m["via"])[0]
+        return ("net-channel", None) if m["dir"] else ("channel", kind)
+    for family, rx, group in (
+        ("network", _USING_NETWORK, "net"),
+        ("network", _ASSIGNED_NET, "net"),
+        ("provider", _OFI_PROVIDER, "prov"),
+        ("plugin", _PLUGIN_LOADED, "name"),
+    ):
+        if m := rx.search(msg):
+            return family, None if _DIGIT.search(m[group]) else m[group].split(";")[0]
+    if _PLUGIN_MISSING.search(msg):
+        return "plugin", "missing"
+    if _OFI_FAILED.search(msg) or _NET_INIT_FAILED.search(msg):
+        return "ofi-failed", ln.key
+    if m := _ENV_SET.search(msg):
+        same = not _DIGIT.search(m["var"] + m["val"])
+        return f"env {m['var'] if same else '?'}", m["val"] if same else None
+    return None
+
+
+def _pool_facts(pool: _Pool) -> _Facts:
+    facts: _Facts = defaultdict(dict)
+    for ln, copies in pool:
+        fv = _pool_family(ln)
+        if fv is None:
+            continue
+        family, value = fv
+        line, n = facts[family].get(value, (ln, 0))
+        facts[family][value] = (line, n + copies)
+    return facts
+
+
+def _one_value(facts: _Facts, family: str, need: int) -> tuple[NcclLine, int] | None:
+    """The family's one value, when every copy agrees and there are ``need`` copies or more."""
+    values = facts.get(family, {})
+    if len(values) != 1 or None in values:
+        return None
+    line, copies = next(iter(values.values()))
+    return (line, copies) if copies >= need else None
+
+
+def _said(facts: _Facts, family: str) -> str:
+    """``'Using network AWS Libfabric' (3 copies) and 'Using network Socket' (3 copies)``."""
+    parts = [f"'{ln.msg}' ({n} {'copy' if n == 1 else 'copies'})" for ln, n in facts.get(family, {}).values()]
+    return " and ".join(parts)
+
+
+def _feed_credit(p: _Proc, ln: NcclLine) -> None:
+    _feed(p, replace(ln, host=p.host, pid=p.pid, tid=None, repeated=1, ray_ip=None))
+    p.nlines -= 1
+
+
+def _channel_credit(facts: _Facts, need: int) -> tuple[Link, str] | None:
+    """A same-host link standing for Ray's folded channel lines (no peer: -1), when they all are of
+    one kind (P2P, SHM, NVLS) and number ``need`` or more; with the line it stands for."""
+    got = _one_value(facts, "channel", need)
+    if got is None:
+        return None
+    m = _CHANNEL.search(got[0].msg)
+    kind, net, gdr = _classify_via(m["via"])
+    return Link(-1, m["via"].strip(), kind, net, gdr, same_host=True), got[0].msg
+
+
+def _credit_seen(p: _Proc, facts: _Facts, multi_node: bool) -> None:
+    """A process with lines of its own that lacks its network plugin's or chosen network's lines:
+    take them from the folded ones where every copy agrees (and say so, or say why not)."""
+    if not facts or not p.nlines:
+        return
+    taken: list[str] = []
+    if not _plugin_evidence(p):
+        for family in ("plugin", "ofi-failed", "provider"):
+            if got := _one_value(facts, family, 1):
+                _feed_credit(p, got[0])
+                taken.append(got[0].msg)
+    if multi_node and not p.using_network and not any(ln.kind == "NET" for _, ln in p.links):
+        if got := _one_value(facts, "network", 1):
+            _feed_credit(p, got[0])
+            taken.append(got[0].msg)
+        elif len(facts.get("network", {})) > 1:
+            p.unknown_why = (
+                f"Ray folded {_said(facts, 'network')} of several workers, so which rank used which network cannot be told; "
+                "set RAY_DEDUP_LOGS=0 to keep every worker's lines"
+            )
+    if taken:
+        p.credited.extend(taken)
+
+
+def _unseen_verdicts(missing: list[int], job: _Job, facts: _Facts, incoming: dict[int, list[Link]]) -> list[RankVerdict]:
+    """Verdicts of the job's ranks that left no NCCL line of their own (known from ``nRanks`` or
+    Ray Train's rank list): credited from Ray's folded lines where they tell (see above), else
+    ``evidence == "none"``."""
+    by_rank = {r: (ip, pid) for (ip, pid), r in job.ray.by_ip_pid.items()}
+    local_counts = {c.local_ranks for p in job.procs.values() if (c := p.primary()) and c.nranks == job.world and c.local_ranks}
+    out: list[RankVerdict] = []
+    folded = sum(n for values in facts.values() for _, n in values.values())
+    for r in missing:
+        ip, pid = by_rank.get(r, (job.ray.ip.get(r), None))
+        host = job.rank_host.get(r)
+        if not facts:  # Ray folded nothing here: the rank truly left no line (it died, or the log was cut)
+            note = "no NCCL line from this rank in the log (Ray's log deduplication folds identical lines: set RAY_DEDUP_LOGS=0)"
+            out.append(RankVerdict(rank=r, world_size=job.world, host=host, pid=pid, ip=ip, evidence="none", notes=[note]))
+            continue
+        p = _Proc(host, pid if pid is not None else -1)
+        if ip:
+            p.ips.add(ip)
+        credited: list[str] = []
+        for family in ("plugin", "ofi-failed", "provider", "network", *(f for f in facts if f.startswith("env "))):
+            if got := _one_value(facts, family, len(missing)):
+                _feed_credit(p, got[0])
+                credited.append(f"{got[0].msg!r} ({got[1]} copies)")
+        # its place in the world communicator, which every rank shares
+        if job.single_host:
+            local = job.world
+        elif host is not None:
+            local = sum(1 for h in job.rank_host.values() if h == host) or None
+        else:
+            local = next(iter(local_counts)) if len(local_counts) == 1 else None
+        p.comms["folded"] = _Comm("folded", r, job.world or 0, job.nnodes_nccl, local)
+        own: list[Link] = []
+        kinds = {k for k in facts.get("channel", {}) if k is not None}
+        if (local or 0) > 1 and (credit := _channel_credit(facts, len(missing))):
+            own.append(credit[0])
+            n = _one_value(facts, "channel", 1)[1]
+            credited.append(f"{n} folded channel lines 'via {_short_via(own[-1])}'")
+        donors = [q for q in job.procs.values() if q.graph_intra or q.coll_channels]
+        if host is not None or job.single_host:
+            donors = [q for q in donors if job.single_host or _host_key(q) == host]
+        elif len({_p2p_link(q) for q in donors}) > 1:  # host unknown: only where every host agrees
+            donors = []
+        donor = donors[0] if donors else None
+        if donor is not None:  # the host's topology (NVLink or PCIe), for the P2P link
+            p.graph_intra, p.coll_channels, p.nvls_channels = set(donor.graph_intra), donor.coll_channels, donor.nvls_channels
+        v = _verdict(p, r, job.world, own, incoming.get(r, []), job.n_hosts, job.nnodes_nccl, job.single_host)
+        v.host, v.pid, v.ip = host, pid, ip
+        v.notes = [n for n in v.notes if not n.startswith(("this rank logged no inter-node channel", "network plugin lines missing"))]
+        why: list[str] = []
+        if v.inter_node == InterNode.UNKNOWN and len(facts.get("network", {})) > 1:
+            why.append(f"Ray folded {_said(facts, 'network')} of several workers, so which rank used which network cannot be told")
+        if v.intra_node == IntraNode.UNKNOWN and len(kinds) > 1:
+            why.append(f"Ray folded channel lines of several kinds ({', '.join(sorted(kinds))}) of several workers together")
+        if why:
+            v.unknown_why = "; ".join(why) + "; set RAY_DEDUP_LOGS=0 to keep every worker's lines"
+        known = v.inter_node != InterNode.UNKNOWN or v.intra_node != IntraNode.UNKNOWN
+        if known and (credited or incoming.get(r) or job.single_host):
+            v.evidence = "folded"
+            v.notes.insert(
+                0,
+                "no NCCL line of its own: Ray's log deduplication folded its lines into other workers' "
+                "('[repeated Nx across cluster]'); credited from "
+                + (", ".join(credited) if credited else "the job's communicator")
+                + "; set RAY_DEDUP_LOGS=0 for per-rank certainty",
+            )
+        else:
+            v = RankVerdict(rank=r, world_size=job.world, host=host, pid=pid, ip=ip, evidence="none", unknown_why=v.unknown_why)
+            v.notes = [
+                f"no NCCL line from this rank in the log: Ray's log deduplication folded {folded} line{'s' if folded != 1 else ''} of several workers, "
+                "none of which tells this rank's transport (set RAY_DEDUP_LOGS=0)"
+            ]
+        out.append(v)
+    return out
 
 
 def _plugin_evidence(p: _Proc) -> bool:
@@ -647,6 +869,18 @@ def _share_plugin_evidence(procs: dict[_Key, _Proc]) -> None:
         p.ofi_version = p.ofi_version or d.ofi_version
         p.libfabric_version = p.libfabric_version or d.libfabric_version
         p.borrowed = d.pid
+
+
+def _share_topology(procs: dict[_Key, _Proc]) -> None:
+    """A process whose topology lines (graph type, channel counts) are missing, Ray having folded
+    them into another worker's, takes those of a process on the same host: one host, one topology."""
+    donors = [p for p in procs.values() if p.graph_intra or p.coll_channels]
+    for p in procs.values():
+        if p.graph_intra or p.coll_channels:
+            continue
+        d = next((d for d in donors if _host_key(d) == _host_key(p)), None)
+        if d is not None:
+            p.graph_intra, p.coll_channels, p.nvls_channels = set(d.graph_intra), d.coll_channels, d.nvls_channels
 
 
 def _resolve_links(p: _Proc, world: int | None, rank_host: dict[int, str], single_host: bool) -> list[tuple[Link, bool]]:
@@ -696,7 +930,8 @@ def _verdict(
     )
     inter = [ln for ln in links if ln.kind == "NET" and not ln.same_host]
     intra = [ln for ln in links if ln.same_host] + incoming
-    v.evidence = "channels" if links else "init"
+    # links credited from Ray's folded lines have no peer (-1): the rank logged none of its own
+    v.evidence = "channels" if any(ln.peer >= 0 for ln in links) else ("folded" if links else "init")
 
     # Inter-node.
     if inter:
@@ -756,11 +991,22 @@ def _verdict(
     if single_host and c is not None and (c.nnodes or 0) > 1:
         v.notes.append(f"NCCL counted {c.nnodes} nodes (P2P/SHM unusable) but all ranks are on one host")
     v.causes = _causes(p, v)
+    v.nics, v.platform = p.nics, p.platform
+    if v.inter_node == InterNode.UNKNOWN:
+        v.unknown_why = p.unknown_why
+    v.socket_ifs = [f"{n} {a}" for n, a in p.socket_ifs]
+    v.shm_failure = p.shm_failed[0] if p.shm_failed else None
+    if p.credited:
+        said = "; ".join(repr(m) for m in p.credited)
+        v.notes.append(
+            f"lines missing for this rank taken from Ray's folded lines, where every copy agrees ({said}); "
+            "set RAY_DEDUP_LOGS=0 for per-rank certainty"
+        )
     if p.borrowed is not None:
         v.notes.append(f"network plugin lines missing for this rank; used those of pid {p.borrowed} on the same host")
     if p.repeated:
         v.notes.append(
-            f"Ray folded {p.repeated} similar lines of other workers into this one's "
+            f"Ray folded {p.repeated} similar line{'s' if p.repeated != 1 else ''} of other workers into this one's "
             "('[repeated Nx across cluster]'); set RAY_DEDUP_LOGS=0 for per-rank certainty"
         )
     return v
@@ -787,6 +1033,34 @@ def _p2p_link(p: _Proc) -> str | None:
     if (p.coll_channels or 0) >= 8:
         return "NVLink"
     return None
+
+
+_OFI_HINTS = [
+    (
+        re.compile(r"No data available|fi_getinfo|No eligible providers|optimal provider|output empty", re.I),
+        "libfabric offered this process no EFA endpoint: its pod must request vpc.amazonaws.com/efa and see "
+        "/dev/infiniband/uverbs* (`fi_info -p efa` in the pod shows what libfabric finds)",
+    ),
+    (
+        re.compile(r"Cannot allocate memory|ENOMEM|memlock|locked memory", re.I),
+        "the locked-memory limit is too low for EFA: run the worker pods with `ulimit -l unlimited`",
+    ),
+    (
+        re.compile(r"Permission denied|EACCES|Operation not permitted", re.I),
+        "the process may not open /dev/infiniband: request the devices as vpc.amazonaws.com/efa, not through a hostPath mount",
+    ),
+    (
+        re.compile(r"Function not implemented|not supported|Only EFA provider", re.I),
+        "the image's libfabric lacks what aws-ofi-nccl needs: take both from one EFA installer",
+    ),
+]
+
+
+def _ofi_hint(said: str) -> str:
+    return next(
+        (hint for rx, hint in _OFI_HINTS if rx.search(said)),
+        "the NET/OFI WARN lines before it say why (`fi_info -p efa` in the pod shows what libfabric finds)",
+    )
 
 
 def _causes(p: _Proc, v: RankVerdict) -> list[Cause]:
@@ -817,13 +1091,8 @@ def _causes(p: _Proc, v: RankVerdict) -> list[Cause]:
                 )
             )
         elif p.ofi_failed or any("ibfabric" in n or "OFI" in n for n in p.net_init_failed):
-            out.append(
-                Cause(
-                    "inter",
-                    "no EFA device in the pod: aws-ofi-nccl loaded but libfabric found "
-                    "no efa endpoint (request vpc.amazonaws.com/efa, check /dev/infiniband)",
-                )
-            )
+            said = p.ofi_failed[0] if p.ofi_failed else f"Failed to initialize NET plugin {p.net_init_failed[0]}"
+            out.append(Cause("inter", f"aws-ofi-nccl failed to initialise on this rank: the log says '{said}'; {_ofi_hint(said)}"))
         elif not p.ofi_seen and v.inter_node == InterNode.SOCKET:
             out.append(Cause("inter", "aws-ofi-nccl never initialized (no NET/OFI line from this rank)"))
     if v.inter_node == InterNode.LIBFABRIC and p.provider and p.provider != "efa":
