@@ -215,3 +215,35 @@ def test_flight_recorder_on_real_gloo_dumps(tmp_path):
     assert (f["group"], f["seq"], f["op"], f["hung"]) == ("0 (default_pg)", 5, "gloo:all_reduce", [1])
     assert f["text"].startswith("process group 0 (default_pg): collective #5 gloo:all_reduce (input [[8]] Float)")
     assert "was entered by rank 0 and never by rank 1 (last entered: rank 1: #4 gloo:broadcast" in f["text"]
+
+
+@pytest.mark.integration
+def test_rayft_train_records_its_job_and_its_check_reads_the_embedded_rays_files(tmp_path):
+    # `rayft train` on an embedded Ray (no dashboard): the run records its job, and ray.verify_transport reads the
+    # workers' session log files; a gloo run logs no NCCL line, so the check fails the run and says why
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH_"))} | {"PYTHONPATH": str(ROOT / "src")}
+    sets = [
+        "train.max_steps=2",
+        "train.warmup_steps=1",
+        "train.num_workers=2",
+        "train.cpus_per_worker=0.5",
+        "checkpoint.every_steps=null",
+        "checkpoint.save_final=false",
+        "checkpoint.export_hf=false",
+        f"checkpoint.storage_path={tmp_path / 'runs'}",
+        "checkpoint.name=checked",
+        "ray.verify_transport=any",
+    ]
+    r = rayft(env, "train", "examples/quickstart.yaml", *(a for s in sets for a in ("--set", s)), timeout=400)
+    run_dir = tmp_path / "runs" / "checked"
+    err = " ".join(r.stderr.split())
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "rayft run summary" in r.stdout + r.stderr  # the run finished first
+    assert "error: ray.verify_transport=any: the workers' logs hold no NCCL line (a gloo run on CPU workers" in err, err[-2000:]
+    [recorded] = json.loads((run_dir / "rayft_ray_jobs.json").read_text())["jobs"]
+    assert Path(recorded["logs_dir"]).is_dir()
+    r = rayft(env, "doctor", "--run", str(run_dir))
+    err = " ".join(r.stderr.split())
+    assert r.returncode == 2, err
+    assert f"read the logs of 2 Ray Train workers of Ray job {recorded['job_id']}" in err
+    assert "no NCCL lines found (run with NCCL_DEBUG=INFO and pass the workers' output)" in err
