@@ -138,3 +138,13 @@ def test_cli(tmp_path):
     assert res.exit_code == 0 and "every rank entered the same collectives" in res.stderr
     res = runner.invoke(app, ["doctor", "--flight-recorder", str(tmp_path / "nope")])
     assert res.exit_code == 2 and "is not a folder" in res.stderr
+
+
+def test_cli_with_a_log_too_judges_both(tmp_path):
+    log = Path(__file__).parent / "fixtures" / "nccl" / "efa_2x8.log"
+    hang = write_dumps(tmp_path / "hang", {0: [entry(5, "nccl:all_reduce", "started")], 1: [entry(4, "nccl:all_reduce")]})
+    res = runner.invoke(app, ["doctor", str(log), "--expect", "efa", "--flight-recorder", str(hang)])
+    assert res.exit_code == 1  # the log passes, the dumps show a hang
+    assert "all 16 ranks used efa" in res.stderr and "hang: process group 0 (default_pg): collective #5" in res.stderr
+    ok = write_dumps(tmp_path / "ok", {0: [entry(5, "nccl:all_reduce")], 1: [entry(5, "nccl:all_reduce")]})
+    assert runner.invoke(app, ["doctor", str(log), "--expect", "efa", "--flight-recorder", str(ok)]).exit_code == 0

@@ -294,15 +294,14 @@ def doctor(
     """
     if env_faults not in ("fail", "warn"):
         fail(f"--env-faults {env_faults}: give fail or warn", 2)
-    if flight_recorder is not None:
-        rc = _flight_recorder(flight_recorder, as_json)
-        if rc:
-            raise typer.Exit(rc)
-        if not (logs or job or run):
-            return
     sources = sum(bool(x) for x in (logs, job, run))
     if sources > 1:
         fail("give log files, --job or --run: one of them", 2)
+    fr_rc = 0
+    if flight_recorder is not None:
+        fr_rc = _flight_recorder(flight_recorder, as_json and not sources)
+        if not sources:
+            raise typer.Exit(fr_rc)
     if job or run:
         named = _fetched(job, run, address, token_file)
     else:
@@ -312,7 +311,7 @@ def doctor(
                 raise typer.Exit(2)
             logs = ["-"]
         named = _read(logs)
-    rc = _judge_runs(named, expect, instance_type, env_faults == "fail", as_json)
+    rc = max(fr_rc, _judge_runs(named, expect, instance_type, env_faults == "fail", as_json))
     if rc:
         raise typer.Exit(rc)
 
