@@ -6,9 +6,9 @@ network is never touched) and what it *did* connect when channels are set up:
     Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM
     Channel 00/0 : 7[7] -> 8[0] [send] via NET/Libfabric/0/GDRDMA
 
-This module reads both, keyed by process (hostname and pid from NCCL's ``host:pid:tid [dev]``
-prefix, or Ray's ``(RayTrainWorker pid=N, ip=...)`` prefix), and turns them into one
-:class:`RankVerdict` per rank: the inter-node transport (EFA through aws-ofi-nccl, another
+:mod:`rayft.nccl.processes` gathers both by process (hostname and pid from NCCL's
+``host:pid:tid [dev]`` prefix, or Ray's ``(RayTrainWorker pid=N, ip=...)`` prefix); this module
+turns them into one :class:`RankVerdict` per rank: the inter-node transport (EFA through aws-ofi-nccl, another
 libfabric provider, InfiniBand, Socket), the intra-node transport (P2P, SHM, or the network),
 GPUDirect RDMA, the interface, and the likely causes of a fallback
 (:func:`rayft.nccl.doctor.check` compares them with what a run expected).
@@ -17,7 +17,9 @@ One text is one job: ranks are told apart by their number, and a P2P/SHM link lo
 sender is credited to the receiving rank by number. When a text holds more than one job (two
 runs' logs concatenated, a restarted run), the same rank shows up in several processes; the
 doctor then splits the processes by NCCL's ``commId`` where the log has it, never credits a
-link to an ambiguous rank, and says so in every verdict's ``mixed``.
+link to an ambiguous rank, and says so in every verdict's ``mixed``. Ranks whose lines Ray's log
+deduplication folded into other workers' are credited with what the folded copies say, where they
+agree (see the section "Ray's folded lines" below).
 
 Pure functions over text: no file or process I/O.
 """
@@ -29,7 +31,30 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
-from rayft.nccl.lines import NcclLine, RayRanks, parse_lines, ray_ranks
+from rayft.nccl.lines import NcclLine, RayRanks
+from rayft.nccl.processes import (
+    ASSIGNED_NET,
+    CHANNEL,
+    ENV_SET,
+    NET_INIT_FAILED,
+    OFI_FAILED,
+    OFI_PROVIDER,
+    PLUGIN_LOADED,
+    PLUGIN_MISSING,
+    USING_NETWORK,
+    Comm,
+    Key,
+    Link,
+    Pool,
+    Proc,
+    classify_via,
+    collect,
+    feed,
+    host_key,
+    plugin_evidence,
+    share_plugin_evidence,
+    share_topology,
+)
 
 __all__ = [
     "Cause",
@@ -63,18 +88,6 @@ class IntraNode(str, Enum):
     NET = "network"  # through the network transport (e.g. NET/Socket with P2P and SHM disabled)
     NONE = "none"  # no other GPU on this host
     UNKNOWN = "unknown"  # local peers exist but no channel lines were logged
-
-
-@dataclass(frozen=True)
-class Link:
-    """One connection a rank logged: ``Channel 03/0 : 3[3] -> 4[4] via P2P/CUMEM``."""
-
-    peer: int  # the other end, in the communicator's rank numbering
-    via: str  # the text after "via", e.g. "NET/AWS Libfabric/0/GDRDMA"
-    kind: str  # "P2P", "SHM", "NET", "NVLS", "other"
-    net: str | None = None  # NET only: "Socket", "IB", "AWS Libfabric", "Libfabric", ...
-    gdr: bool = False
-    same_host: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -138,284 +151,9 @@ class RankVerdict:
         return who
 
 
-# --------------------------------------------------------------------------------------------
-# Per-message patterns (wordings of NCCL 2.4 .. 2.28 and aws-ofi-nccl 1.x).
-
-_COMM_INFO = re.compile(
-    r"\bcomm (?P<ptr>0x[0-9a-fA-F]+) rank (?P<rank>\d+) nRanks (?P<nranks>\d+) nNodes (?P<nnodes>\d+)"
-    r" localRanks (?P<lranks>\d+) localRank (?P<lrank>\d+)"
-)
-_COMM_INIT = re.compile(
-    r"\bcomm (?P<ptr>0x[0-9a-fA-F]+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) cudaDev (?P<dev>\d+)"
-    r"(?: nvmlDev \d+)? busId (?P<bus>[0-9a-fA-F]+)(?:.*?\bcommId (?P<cid>0x[0-9a-fA-F]+))?"
-)
-_CHANNEL = re.compile(
-    r"\b(?:Channel|Ring|Tree) \d+(?:/\d+)? : (?P<src>\d+)(?:\[[0-9a-fA-F]+\])? -> (?P<dst>\d+)"
-    r"(?:\[[0-9a-fA-F]+\])?(?: \[(?P<dir>send|receive)\])? via (?P<via>.+)$"
-)
-_USING_NETWORK = re.compile(r"\bUsing (?:internal )?[Nn]etwork (?!plugin)(?P<net>[A-Za-z][\w ]*?)\s*\.?$")
-_ASSIGNED_NET = re.compile(r"\bAssigned NET plugin (?P<net>.+?) to comm")
-_SOCKET_IFS = re.compile(r"NET/Socket ?: Using (?P<ifs>.+)$")
-_IFACE = re.compile(r"\[\d+\](?P<name>[^:\s\[]+):(?P<addr>\S+?)<\d+>")
-_BOOTSTRAP = re.compile(r"Bootstrap ?: Using (?:\[\d+\])?(?P<name>[^:\s]+):(?P<addr>\S+?)<\d+>")
-_IB_DEVS = re.compile(r"NET/IB ?: Using (?P<devs>[^;]*)")
-_IB_DEV = re.compile(r"\[\d+\](?P<dev>\S+)")
-_OFI_PROVIDER = re.compile(r"NET/OFI Selected [Pp]rovider is (?P<prov>[\w;+-]+)")
-_OFI_FABRIC = re.compile(r"fabric is (?P<fabric>[^\s(,]+)")
-_OFI_NICS = re.compile(r"\(found (?P<n>\d+) nics?\)")
-_OFI_VERSION = re.compile(r"NET/OFI (?:Using|Initializing) aws-ofi-nccl (?P<v>\S+)")
-_LIBFABRIC_VERSION = re.compile(r"NET/OFI Using Libfabric version (?P<v>\S+)")
-_PLUGIN_LOADED = re.compile(r"NET/Plugin ?: Loaded (?:net|NET) plugin (?P<name>.+?)(?: \(v\d+\))?\.?$")
-_PLUGIN_MISSING = re.compile(
-    r"NET/Plugin ?:.*(?:Could not find:? libnccl-net|No plugin found|Plugin load.*returned|"
-    r"libnccl-net[\w.-]*: cannot open shared object)",
-    re.I,
-)
-_NET_INIT_FAILED = re.compile(r"Failed to initialize NET plugin (?P<name>.+?)\.?$")
-_OFI_FAILED = re.compile(
-    r"fi_getinfo.*(?:failed|empty)|No eligible providers|Unable to find a protocol|"
-    r"Couldn't find any optimal provider|aws-ofi-nccl initialization failed|No NIC info|"
-    r"OFI plugin initNet\(\) failed",
-    re.I,
-)
-_ENV_SET = re.compile(r"\b(?P<var>(?:NCCL|FI)_[A-Z0-9_]+) set by environment to (?P<val>\S+?)\.?$")
-_SHM_FAILED = re.compile(r"/dev/shm|posix_fallocate|shared memory segment|ncclShmOpen", re.I)
-_GRAPH_TYPE = re.compile(r"\bPattern \d+, crossNic \d+, nChannels \d+, .*\btype (?P<intra>[A-Z]+)/(?P<inter>[A-Z]+)")
-_COLL_CHANNELS = re.compile(r"^(?P<coll>\d+) coll channels,.*?(?:(?P<nvls>\d+) nvls channels)?")
-_GDR_HCA = re.compile(r"GPU Direct RDMA (?P<state>Enabled|Disabled) for (?:HCA|GPU)")
-_VERSION = re.compile(r"^NCCL version (?P<v>\S+)")
-_OFI_PLATFORM = re.compile(r"NET/OFI Running on (?P<type>[a-z0-9][\w.-]*\.\w+) platform")
-
 _LINK_LOCAL = re.compile(r"^(?:169\.254\.|fe80:)", re.I)
 _LOOPBACK = re.compile(r"^(?:127\.|::1$)")
 _SUSPECT_IFACE = re.compile(r"^(?:lo|docker\d*|virbr\d*|cni\d*|flannel.*|kube-ipvs\d*)$")
-
-
-@dataclass
-class _Comm:
-    ptr: str
-    rank: int
-    nranks: int
-    nnodes: int | None = None
-    local_ranks: int | None = None
-    local_rank: int | None = None
-    comm_id: str | None = None  # NCCL's commId: the same in every rank of one communicator
-
-
-@dataclass
-class _Proc:
-    host: str | None
-    pid: int
-    ips: set[str] = field(default_factory=set)
-    nlines: int = 0
-    comms: dict[str, _Comm] = field(default_factory=dict)
-    tid_comm: dict[int, str] = field(default_factory=dict)
-    links: list[tuple[str | None, Link]] = field(default_factory=list)  # (comm ptr, link)
-    cuda_dev: int | None = None
-    bus_id: str | None = None
-    using_network: list[str] = field(default_factory=list)
-    socket_ifs: list[tuple[str, str]] = field(default_factory=list)
-    ib_devs: list[str] = field(default_factory=list)
-    bootstrap: tuple[str, str] | None = None
-    ofi_seen: bool = False
-    ofi_version: str | None = None
-    libfabric_version: str | None = None
-    provider: str | None = None
-    fabric: str | None = None
-    nics: int | None = None
-    platform: str | None = None
-    plugin_loaded: str | None = None
-    plugin_missing: bool = False
-    ofi_failed: list[str] = field(default_factory=list)
-    net_init_failed: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-    shm_failed: list[str] = field(default_factory=list)
-    graph_intra: set[str] = field(default_factory=set)
-    coll_channels: int | None = None
-    nvls_channels: int | None = None
-    gdr_hca: set[str] = field(default_factory=set)
-    version: str | None = None
-    repeated: int = 0
-    borrowed: int | None = None  # pid whose plugin lines stand in for this process's folded ones
-    credited: list[str] = field(default_factory=list)  # messages taken from Ray's folded lines
-    unknown_why: str | None = None  # why its inter-node transport cannot be told, where the log says
-
-    def primary(self) -> _Comm | None:
-        """The communicator that names this process's rank: the largest one seen (the world)."""
-        if not self.comms:
-            return None
-        return max(self.comms.values(), key=lambda c: c.nranks)
-
-
-def _classify_via(via: str) -> tuple[str, str | None, bool]:
-    """``"NET/AWS Libfabric/0/GDRDMA"`` -> ``("NET", "AWS Libfabric", True)``."""
-    v = via.strip()
-    if v.startswith("P2P"):
-        return "P2P", None, False
-    if v.startswith("SHM") or "shared memory" in v:
-        return "SHM", None, False
-    if v.startswith("NVLS"):
-        return "NVLS", None, False
-    if v.startswith("NET/"):
-        return "NET", v.split("/")[1].strip() or "?", "GDRDMA" in v
-    return "other", None, False  # CollNet and the like
-
-
-def _feed(proc: _Proc, ln: NcclLine) -> None:
-    msg = ln.msg
-    proc.nlines += 1
-    if ln.repeated > 1:
-        proc.repeated += ln.repeated - 1
-    if ln.ray_ip:
-        proc.ips.add(ln.ray_ip)
-
-    if m := _CHANNEL.search(msg):
-        kind, net, gdr = _classify_via(m["via"])
-        src, dst = int(m["src"]), int(m["dst"])
-        ptr = proc.tid_comm.get(ln.tid) if ln.tid is not None else None
-        comm = proc.comms.get(ptr) if ptr else proc.primary()
-        me = comm.rank if comm else None
-        if m["dir"] == "receive":
-            peer = src
-        elif m["dir"] == "send":
-            peer = dst
-        else:
-            peer = dst if src == me or me is None else src
-        proc.links.append((comm.ptr if comm else None, Link(peer, m["via"].strip(), kind, net, gdr)))
-        return
-    if m := _COMM_INFO.search(msg):
-        c = proc.comms.setdefault(m["ptr"], _Comm(m["ptr"], int(m["rank"]), int(m["nranks"])))
-        c.nnodes, c.local_ranks, c.local_rank = int(m["nnodes"]), int(m["lranks"]), int(m["lrank"])
-        if ln.tid is not None:
-            proc.tid_comm[ln.tid] = m["ptr"]
-        return
-    if m := _COMM_INIT.search(msg):
-        c = proc.comms.setdefault(m["ptr"], _Comm(m["ptr"], int(m["rank"]), int(m["nranks"])))
-        proc.cuda_dev, proc.bus_id = int(m["dev"]), m["bus"]
-        if m["cid"] and "Destroy" not in msg:
-            c.comm_id = c.comm_id or m["cid"]
-        if ln.tid is not None and "Destroy" not in msg:
-            proc.tid_comm[ln.tid] = m["ptr"]
-        return
-    if m := _ENV_SET.search(msg):
-        proc.env[m["var"]] = m["val"]
-    if (m := _USING_NETWORK.search(msg)) or (m := _ASSIGNED_NET.search(msg)):
-        if m["net"] not in proc.using_network:
-            proc.using_network.append(m["net"])
-        return
-    if m := _SOCKET_IFS.search(msg):
-        proc.socket_ifs = [(i["name"], i["addr"]) for i in _IFACE.finditer(m["ifs"])]
-        return
-    if m := _BOOTSTRAP.search(msg):
-        proc.bootstrap = (m["name"], m["addr"])
-        return
-    if "NET/IB" in msg and (m := _IB_DEVS.search(msg)):
-        proc.ib_devs = [d["dev"] for d in _IB_DEV.finditer(m["devs"])]
-        return
-    if "NET/OFI" in msg:
-        proc.ofi_seen = True
-        if m := _OFI_PROVIDER.search(msg):
-            proc.provider = m["prov"].split(";")[0]
-            if f := _OFI_FABRIC.search(msg):
-                proc.fabric = f["fabric"]
-            if n := _OFI_NICS.search(msg):
-                proc.nics = int(n["n"])
-        elif m := _OFI_VERSION.search(msg):
-            proc.ofi_version = m["v"]
-        elif m := _OFI_PLATFORM.search(msg):
-            proc.platform = m["type"]
-        elif m := _LIBFABRIC_VERSION.search(msg):
-            proc.libfabric_version = m["v"]
-    if _OFI_FAILED.search(msg):
-        proc.ofi_failed.append(msg)
-        return
-    if m := _PLUGIN_LOADED.search(msg):
-        proc.plugin_loaded = m["name"]
-        return
-    if _PLUGIN_MISSING.search(msg):
-        proc.plugin_missing = True
-        return
-    if m := _NET_INIT_FAILED.search(msg):
-        proc.net_init_failed.append(m["name"])
-        return
-    if ln.level == "WARN" and _SHM_FAILED.search(msg):
-        proc.shm_failed.append(msg)
-        return
-    if m := _GRAPH_TYPE.search(msg):
-        proc.graph_intra.add(m["intra"])
-        return
-    if m := _COLL_CHANNELS.search(msg):
-        proc.coll_channels = max(proc.coll_channels or 0, int(m["coll"]))
-        if m["nvls"]:
-            proc.nvls_channels = max(proc.nvls_channels or 0, int(m["nvls"]))
-        return
-    if m := _GDR_HCA.search(msg):
-        proc.gdr_hca.add(m["state"])
-        return
-    if m := _VERSION.search(msg):
-        proc.version = m["v"]
-
-
-# --------------------------------------------------------------------------------------------
-# From lines to processes to verdicts.
-
-
-_Key = tuple[str | None, int]
-_Pool = list[tuple[NcclLine, int]]  # Ray's folded lines: (the printed one, copies by workers the log does not name)
-
-
-def _collect(text: str) -> tuple[dict[_Key, _Proc], RayRanks, _Pool]:
-    lines = parse_lines(text)
-    # NCCL hostnames glued to a previous fragment ("P2P/CUMEMvm" for "vm"): fold them into the
-    # process whose host is a suffix and shares the pid, seen more often.
-    counts: dict[_Key, int] = defaultdict(int)
-    for ln in lines:
-        counts[(ln.host, ln.pid)] += 1
-    alias: dict[_Key, _Key] = {}
-    for host, pid in counts:
-        if host is None:
-            continue
-        best = None
-        for h2, p2 in counts:
-            if p2 == pid and h2 and h2 != host and host.endswith(h2) and counts[(h2, p2)] > counts[(host, pid)]:
-                if best is None or len(h2) > len(best):
-                    best = h2
-        if best:
-            alias[(host, pid)] = (best, pid)
-    # Lines with only Ray's prefix: attach to the one NCCL process with that pid (and ip).
-    by_pid: dict[int, list[_Key]] = defaultdict(list)
-    for key in counts:
-        if key[0] is not None and key not in alias:
-            by_pid[key[1]].append(key)
-
-    # A glued head's hostname swallowed the tail of the message before it: give it back.
-    for i, ln in enumerate(lines):
-        if ln.glued and (ln.host, ln.pid) in alias:
-            true_host = alias[(ln.host, ln.pid)][0]
-            tail = ln.host[: len(ln.host) - len(true_host)]
-            lines[i - 1] = replace(lines[i - 1], msg=lines[i - 1].msg + tail)
-
-    procs: dict[_Key, _Proc] = {}
-    pool: _Pool = []
-    for ln in lines:
-        key = alias.get((ln.host, ln.pid), (ln.host, ln.pid))
-        if key[0] is None and len(by_pid.get(ln.pid, [])) == 1:
-            key = by_pid[ln.pid][0]
-        proc = procs.get(key)
-        if proc is None:
-            proc = procs[key] = _Proc(key[0], key[1])
-        _feed(proc, ln)
-        if ln.repeated > 1 and not ln.glued:
-            pool.append((ln, ln.repeated - 1))
-    return procs, ray_ranks(text), pool
-
-
-def _host_key(p: _Proc) -> str:
-    if p.host:
-        return p.host
-    if p.ips:
-        return sorted(p.ips)[0]
-    return f"pid{p.pid}"
 
 
 def label_ranks(ranks: list[int]) -> str:
@@ -460,7 +198,7 @@ def verdicts_from_text(text: str) -> list[RankVerdict]:
     by job, each with ``job`` set), links are never credited to a rank that stays ambiguous, and
     every verdict's ``mixed`` says what clashed; :func:`check` reports it as a problem.
     """
-    procs, ray, pool = _collect(text)
+    procs, ray, pool = collect(text)
     if not procs:
         return []
     clashes = _rank_clashes(procs)
@@ -469,7 +207,7 @@ def verdicts_from_text(text: str) -> list[RankVerdict]:
 
     groups = _split_by_comm_id(procs)
     verdicts: list[RankVerdict] = []
-    unresolved: dict[int, list[_Proc]] = {}
+    unresolved: dict[int, list[Proc]] = {}
     for g in groups:
         left = _rank_clashes(g)
         unresolved.update(left)
@@ -497,11 +235,11 @@ def mixed_jobs(verdicts: list[RankVerdict]) -> str | None:
     return next((v.mixed for v in verdicts if v.mixed), None)
 
 
-def _world_and_ranks(procs: dict[_Key, _Proc], ray: RayRanks) -> tuple[int | None, dict[_Key, int | None]]:
+def _world_and_ranks(procs: dict[Key, Proc], ray: RayRanks) -> tuple[int | None, dict[Key, int | None]]:
     """The job's world size and each process's rank in it (from the world communicator, else
     from Ray Train's rank lines)."""
     world = max((c.nranks for p in procs.values() for c in p.comms.values()), default=None) or ray.world
-    rank_of: dict[_Key, int | None] = {}
+    rank_of: dict[Key, int | None] = {}
     for key, p in procs.items():
         c = p.primary()
         if c and (world is None or c.nranks == world):
@@ -512,7 +250,7 @@ def _world_and_ranks(procs: dict[_Key, _Proc], ray: RayRanks) -> tuple[int | Non
     return world, rank_of
 
 
-def _rank_clashes(procs: dict[_Key, _Proc]) -> dict[int, list[_Proc]]:
+def _rank_clashes(procs: dict[Key, Proc]) -> dict[int, list[Proc]]:
     """Rank numbers claimed by more than one process: the text holds more than one job.
 
     A process claims the rank of its largest communicator. Two processes with the same rank in
@@ -522,7 +260,7 @@ def _rank_clashes(procs: dict[_Key, _Proc]) -> dict[int, list[_Proc]]:
     two keys that may be one process (same pid, one hostname a fragment of the other) are one.
     """
     world = max((c.nranks for p in procs.values() for c in p.comms.values()), default=None)
-    claims: dict[int, list[tuple[_Proc, int]]] = defaultdict(list)
+    claims: dict[int, list[tuple[Proc, int]]] = defaultdict(list)
     for p in procs.values():
         c = p.primary()
         if c is None:
@@ -530,7 +268,7 @@ def _rank_clashes(procs: dict[_Key, _Proc]) -> dict[int, list[_Proc]]:
         same = next((q for q, _ in claims[c.rank] if _maybe_same_process(p, q)), None)
         if same is None:
             claims[c.rank].append((p, c.nranks))
-    out: dict[int, list[_Proc]] = {}
+    out: dict[int, list[Proc]] = {}
     for r, ps in claims.items():
         sizes = {n for _, n in ps}
         if len(ps) > 1 and not (len(sizes) == 1 and world is not None and next(iter(sizes)) < world):
@@ -538,7 +276,7 @@ def _rank_clashes(procs: dict[_Key, _Proc]) -> dict[int, list[_Proc]]:
     return out
 
 
-def _maybe_same_process(p: _Proc, q: _Proc) -> bool:
+def _maybe_same_process(p: Proc, q: Proc) -> bool:
     if p.pid != q.pid:
         return False
     if not p.host or not q.host:
@@ -546,18 +284,18 @@ def _maybe_same_process(p: _Proc, q: _Proc) -> bool:
     return p.host.endswith(q.host) or q.host.endswith(p.host)
 
 
-def _split_by_comm_id(procs: dict[_Key, _Proc]) -> list[dict[_Key, _Proc]]:
+def _split_by_comm_id(procs: dict[Key, Proc]) -> list[dict[Key, Proc]]:
     """Processes grouped into jobs: two processes are in one job when they share a communicator
     (the same NCCL ``commId``). Processes whose log has no commId form one more group."""
-    parent: dict[_Key, _Key] = {k: k for k in procs}
+    parent: dict[Key, Key] = {k: k for k in procs}
 
-    def find(k: _Key) -> _Key:
+    def find(k: Key) -> Key:
         while parent[k] != k:
             parent[k] = parent[parent[k]]
             k = parent[k]
         return k
 
-    owner: dict[str, _Key] = {}
+    owner: dict[str, Key] = {}
     for key, p in procs.items():
         for c in p.comms.values():
             if not c.comm_id:
@@ -566,7 +304,7 @@ def _split_by_comm_id(procs: dict[_Key, _Proc]) -> list[dict[_Key, _Proc]]:
                 parent[find(key)] = find(owner[c.comm_id])
             else:
                 owner[c.comm_id] = key
-    groups: dict[_Key | None, dict[_Key, _Proc]] = {}
+    groups: dict[Key | None, dict[Key, Proc]] = {}
     for key, p in procs.items():
         has_id = any(c.comm_id for c in p.comms.values())
         groups.setdefault(find(key) if has_id else None, {})[key] = p
@@ -574,9 +312,9 @@ def _split_by_comm_id(procs: dict[_Key, _Proc]) -> list[dict[_Key, _Proc]]:
 
 
 def _job_verdicts(
-    procs: dict[_Key, _Proc],
+    procs: dict[Key, Proc],
     ray: RayRanks,
-    pool: _Pool,
+    pool: Pool,
     ambiguous: frozenset[int] | set[int] = frozenset(),
 ) -> list[RankVerdict]:
     """Verdicts for the processes of one job; ``ambiguous`` ranks get no link credited by number;
@@ -589,19 +327,19 @@ def _job_verdicts(
     for key, p in procs.items():
         r = rank_of[key]
         if r is not None:
-            rank_host.setdefault(r, _host_key(p))
-    ip_host = {ip: _host_key(p) for p in procs.values() for ip in p.ips}
+            rank_host.setdefault(r, host_key(p))
+    ip_host = {ip: host_key(p) for p in procs.values() for ip in p.ips}
     for r, ip in ray.ip.items():
         if world is not None and r < world and r not in rank_host and ip in ip_host:
             rank_host[r] = ip_host[ip]
-    hosts = set(rank_host.values()) | {_host_key(p) for p in procs.values()}
+    hosts = set(rank_host.values()) | {host_key(p) for p in procs.values()}
     complete = world is not None and len(rank_host) == world
     n_hosts = len(hosts) if complete else None
     nnodes_nccl = max((c.nnodes or 0 for p in procs.values() for c in p.comms.values()), default=0) or None
 
     single_host = n_hosts == 1 or (n_hosts is None and nnodes_nccl == 1)
-    _share_plugin_evidence(procs)
-    _share_topology(procs)
+    share_plugin_evidence(procs)
+    share_topology(procs)
     facts = _pool_facts(pool)
     for p in procs.values():
         _credit_seen(p, facts, multi_node=not single_host)
@@ -618,11 +356,11 @@ def _job_verdicts(
     # lines and those of the peers that send to it): the folded channel lines, where they agree.
     on_host = defaultdict(int)
     for p in procs.values():
-        on_host[_host_key(p)] += 1
+        on_host[host_key(p)] += 1
     for key, p in procs.items():
         r = rank_of[key]
         c = p.primary()
-        local_peers = (c.local_ranks or 0) > 1 if c and c.local_ranks else (single_host and (world or 0) > 1) or on_host[_host_key(p)] > 1
+        local_peers = (c.local_ranks or 0) > 1 if c and c.local_ranks else (single_host and (world or 0) > 1) or on_host[host_key(p)] > 1
         has_intra = any(ln.same_host for ln, _ in links[key]) or (r is not None and bool(incoming.get(r)))
         if local_peers and not has_intra and (credit := _channel_credit(facts, 1)):
             links[key].append((credit[0], False))
@@ -669,7 +407,7 @@ class _Job:
     """What is known of one job as a whole, for crediting its unseen ranks."""
 
     world: int | None
-    procs: dict[_Key, _Proc]
+    procs: dict[Key, Proc]
     ray: RayRanks
     rank_host: dict[int, str]
     n_hosts: int | None
@@ -684,28 +422,28 @@ _Facts = dict[str, dict[str | None, tuple[NcclLine, int]]]  # family -> value ->
 def _pool_family(ln: NcclLine) -> tuple[str, str | None] | None:
     """The fact a folded line's copies give (family, value); value None: the copies may differ."""
     msg = ln.msg
-    if m := _CHANNEL.search(msg):
-        kind = _classify_via(m["via"])[0]
+    if m := CHANNEL.search(msg):
+        kind = classify_via(m["via"])[0]
         return ("net-channel", None) if m["dir"] else ("channel", kind)
     for family, rx, group in (
-        ("network", _USING_NETWORK, "net"),
-        ("network", _ASSIGNED_NET, "net"),
-        ("provider", _OFI_PROVIDER, "prov"),
-        ("plugin", _PLUGIN_LOADED, "name"),
+        ("network", USING_NETWORK, "net"),
+        ("network", ASSIGNED_NET, "net"),
+        ("provider", OFI_PROVIDER, "prov"),
+        ("plugin", PLUGIN_LOADED, "name"),
     ):
         if m := rx.search(msg):
             return family, None if _DIGIT.search(m[group]) else m[group].split(";")[0]
-    if _PLUGIN_MISSING.search(msg):
+    if PLUGIN_MISSING.search(msg):
         return "plugin", "missing"
-    if _OFI_FAILED.search(msg) or _NET_INIT_FAILED.search(msg):
+    if OFI_FAILED.search(msg) or NET_INIT_FAILED.search(msg):
         return "ofi-failed", ln.key
-    if m := _ENV_SET.search(msg):
+    if m := ENV_SET.search(msg):
         same = not _DIGIT.search(m["var"] + m["val"])
         return f"env {m['var'] if same else '?'}", m["val"] if same else None
     return None
 
 
-def _pool_facts(pool: _Pool) -> _Facts:
+def _pool_facts(pool: Pool) -> _Facts:
     facts: _Facts = defaultdict(dict)
     for ln, copies in pool:
         fv = _pool_family(ln)
@@ -732,8 +470,8 @@ def _said(facts: _Facts, family: str) -> str:
     return " and ".join(parts)
 
 
-def _feed_credit(p: _Proc, ln: NcclLine) -> None:
-    _feed(p, replace(ln, host=p.host, pid=p.pid, tid=None, repeated=1, ray_ip=None))
+def _feed_credit(p: Proc, ln: NcclLine) -> None:
+    feed(p, replace(ln, host=p.host, pid=p.pid, tid=None, repeated=1, ray_ip=None))
     p.nlines -= 1
 
 
@@ -743,18 +481,18 @@ def _channel_credit(facts: _Facts, need: int) -> tuple[Link, str] | None:
     got = _one_value(facts, "channel", need)
     if got is None:
         return None
-    m = _CHANNEL.search(got[0].msg)
-    kind, net, gdr = _classify_via(m["via"])
+    m = CHANNEL.search(got[0].msg)
+    kind, net, gdr = classify_via(m["via"])
     return Link(-1, m["via"].strip(), kind, net, gdr, same_host=True), got[0].msg
 
 
-def _credit_seen(p: _Proc, facts: _Facts, multi_node: bool) -> None:
+def _credit_seen(p: Proc, facts: _Facts, multi_node: bool) -> None:
     """A process with lines of its own that lacks its network plugin's or chosen network's lines:
     take them from the folded ones where every copy agrees (and say so, or say why not)."""
     if not facts or not p.nlines:
         return
     taken: list[str] = []
-    if not _plugin_evidence(p):
+    if not plugin_evidence(p):
         for family in ("plugin", "ofi-failed", "provider"):
             if got := _one_value(facts, family, 1):
                 _feed_credit(p, got[0])
@@ -787,7 +525,7 @@ def _unseen_verdicts(missing: list[int], job: _Job, facts: _Facts, incoming: dic
             note = "no NCCL line from this rank in the log (Ray's log deduplication folds identical lines: set RAY_DEDUP_LOGS=0)"
             out.append(RankVerdict(rank=r, world_size=job.world, host=host, pid=pid, ip=ip, evidence="none", notes=[note]))
             continue
-        p = _Proc(host, pid if pid is not None else -1)
+        p = Proc(host, pid if pid is not None else -1)
         if ip:
             p.ips.add(ip)
         credited: list[str] = []
@@ -802,7 +540,7 @@ def _unseen_verdicts(missing: list[int], job: _Job, facts: _Facts, incoming: dic
             local = sum(1 for h in job.rank_host.values() if h == host) or None
         else:
             local = next(iter(local_counts)) if len(local_counts) == 1 else None
-        p.comms["folded"] = _Comm("folded", r, job.world or 0, job.nnodes_nccl, local)
+        p.comms["folded"] = Comm("folded", r, job.world or 0, job.nnodes_nccl, local)
         own: list[Link] = []
         kinds = {k for k in facts.get("channel", {}) if k is not None}
         if (local or 0) > 1 and (credit := _channel_credit(facts, len(missing))):
@@ -811,7 +549,7 @@ def _unseen_verdicts(missing: list[int], job: _Job, facts: _Facts, incoming: dic
             credited.append(f"{n} folded channel lines 'via {_short_via(own[-1])}'")
         donors = [q for q in job.procs.values() if q.graph_intra or q.coll_channels]
         if host is not None or job.single_host:
-            donors = [q for q in donors if job.single_host or _host_key(q) == host]
+            donors = [q for q in donors if job.single_host or host_key(q) == host]
         elif len({_p2p_link(q) for q in donors}) > 1:  # host unknown: only where every host agrees
             donors = []
         donor = donors[0] if donors else None
@@ -847,46 +585,10 @@ def _unseen_verdicts(missing: list[int], job: _Job, facts: _Facts, incoming: dic
     return out
 
 
-def _plugin_evidence(p: _Proc) -> bool:
-    return p.plugin_missing or p.ofi_seen or bool(p.plugin_loaded) or bool(p.ofi_failed) or bool(p.net_init_failed)
-
-
-def _share_plugin_evidence(procs: dict[_Key, _Proc]) -> None:
-    """Give a process whose plugin lines are missing (Ray folded them into another worker's
-    ``[repeated Nx across cluster]`` line) the plugin evidence of a process on the same host."""
-    donors = [p for p in procs.values() if _plugin_evidence(p)]
-    for p in procs.values():
-        if _plugin_evidence(p) or not p.nlines:
-            continue
-        same = [d for d in donors if _host_key(d) == _host_key(p)]
-        if not same:
-            continue
-        d = max(same, key=lambda d: d.repeated)
-        p.plugin_missing, p.ofi_seen, p.plugin_loaded = d.plugin_missing, d.ofi_seen, d.plugin_loaded
-        p.ofi_failed, p.net_init_failed = list(d.ofi_failed), list(d.net_init_failed)
-        p.provider = p.provider or d.provider
-        p.fabric, p.nics = p.fabric or d.fabric, p.nics or d.nics
-        p.ofi_version = p.ofi_version or d.ofi_version
-        p.libfabric_version = p.libfabric_version or d.libfabric_version
-        p.borrowed = d.pid
-
-
-def _share_topology(procs: dict[_Key, _Proc]) -> None:
-    """A process whose topology lines (graph type, channel counts) are missing, Ray having folded
-    them into another worker's, takes those of a process on the same host: one host, one topology."""
-    donors = [p for p in procs.values() if p.graph_intra or p.coll_channels]
-    for p in procs.values():
-        if p.graph_intra or p.coll_channels:
-            continue
-        d = next((d for d in donors if _host_key(d) == _host_key(p)), None)
-        if d is not None:
-            p.graph_intra, p.coll_channels, p.nvls_channels = set(d.graph_intra), d.coll_channels, d.nvls_channels
-
-
-def _resolve_links(p: _Proc, world: int | None, rank_host: dict[int, str], single_host: bool) -> list[tuple[Link, bool]]:
+def _resolve_links(p: Proc, world: int | None, rank_host: dict[int, str], single_host: bool) -> list[tuple[Link, bool]]:
     """The process's links with ``same_host`` filled in, each with whether its communicator is
     the world (so that its rank numbers are world ranks)."""
-    me = _host_key(p)
+    me = host_key(p)
     out: list[tuple[Link, bool]] = []
     for ptr, ln in p.links:
         comm = p.comms.get(ptr) if ptr else p.primary()
@@ -904,7 +606,7 @@ def _resolve_links(p: _Proc, world: int | None, rank_host: dict[int, str], singl
 
 
 def _verdict(
-    p: _Proc,
+    p: Proc,
     rank: int | None,
     world: int | None,
     links: list[Link],
@@ -1023,7 +725,7 @@ def _short_via(ln: Link) -> str:
     return ln.via
 
 
-def _p2p_link(p: _Proc) -> str | None:
+def _p2p_link(p: Proc) -> str | None:
     if "NVL" in p.graph_intra or (p.nvls_channels or 0) > 0:
         return "NVLink"
     if p.graph_intra and p.graph_intra <= {"PIX", "PXB", "PHB", "SYS", "PCI", "NODE"}:
@@ -1063,7 +765,7 @@ def _ofi_hint(said: str) -> str:
     )
 
 
-def _causes(p: _Proc, v: RankVerdict) -> list[Cause]:
+def _causes(p: Proc, v: RankVerdict) -> list[Cause]:
     """Likely reasons this rank did not get EFA / P2P, from the evidence in its own lines."""
     out: list[Cause] = []
     env = p.env
