@@ -246,6 +246,13 @@ class TrainConfig(_Section):
         "and NCCL buffers are outside the cap, so slightly more fits than on the real card). GPU workers only.",
     )
     seed: int = 0
+    nccl_flight_recorder: bool = Field(
+        default=False,
+        description="PyTorch's NCCL flight recorder in every worker: each rank keeps its last 2000 collectives and, when "
+        "c10d's watchdog times one out, dumps them to RUN_DIR/flight_recorder/rank_<N> (read them with "
+        "`rayft doctor --flight-recorder RUN_DIR/flight_recorder`: the collective and the ranks that never entered it). "
+        "Needs a run directory every node sees (not s3://).",
+    )
     log_every: int = Field(default=1, ge=1)
     eval_every: int | None = Field(
         default=None,
@@ -316,6 +323,13 @@ class RayConfig(_Section):
     max_failures: int = Field(default=0, ge=-1, description="Worker-group restarts allowed (-1: unlimited).")
     num_cpus: int | None = Field(default=None, ge=1, description="CPUs of the embedded local Ray (default: all).")
     log_to_driver: bool = False
+    verify_transport: Literal["efa", "nvlink", "socket", "any"] | None = Field(
+        default=None,
+        description="At the end of the run, read every Ray Train worker's NCCL log through Ray's log API (`rayft doctor`) "
+        "and fail the run (exit 1) unless every rank used this transport (any: only failures and environment faults "
+        "fail it); sets NCCL_DEBUG=INFO in the workers. The Ray job is recorded in the run directory either way, "
+        "for `rayft doctor --run RUN_DIR`.",
+    )
 
 
 class RayftConfig(_Section):

@@ -190,12 +190,14 @@ def test_mixed_ranks_some_efa_some_socket():
     assert [v.intra_detail for v in vs] == ["P2P/IPC"] * 8  # rank 6's glued line repaired
     assert [v.provider for v in vs] == ["efa"] * 4 + [None] * 4
     assert vs[0].nccl_version == "2.21.5+cuda12.4"
-    assert [causes(v) for v in vs] == [[]] * 4 + [["no EFA device in the pod"]] * 4
+    # the cause names the initialisation failure these ranks logged (issue 20), not a guess
+    assert [causes(v) for v in vs] == [[]] * 4 + [["aws-ofi-nccl failed to initialise on this rank"]] * 4
     problems = check(vs, "efa")
     assert problems == [
-        f"ranks 4-7 (on {b}) used Socket between hosts, not EFA. Likely cause: no EFA device in the pod: "
-        "aws-ofi-nccl loaded but libfabric found no efa endpoint (request vpc.amazonaws.com/efa, check "
-        "/dev/infiniband)"
+        f"ranks 4-7 (on {b}) used Socket between hosts, not EFA. Likely cause: aws-ofi-nccl failed to initialise on this rank: "
+        "the log says 'NET/OFI OFI fi_getinfo() call failed: No data available'; libfabric offered this process no EFA "
+        "endpoint: its pod must request vpc.amazonaws.com/efa and see /dev/infiniband/uverbs* (`fi_info -p efa` in the pod "
+        "shows what libfabric finds)"
     ]
 
 
@@ -395,7 +397,10 @@ def test_cli_exit_codes(tmp_path):
 
     bad = runner.invoke(app, ["doctor", mixed, "--expect", "efa"])
     assert bad.exit_code == 1
-    assert "ranks 4-7" in bad.stderr and "no EFA device in the pod" in bad.stderr
+    err = " ".join(bad.stderr.split())
+    assert (
+        "ranks 4-7" in err and "aws-ofi-nccl failed to initialise on this rank: the log says 'NET/OFI OFI fi_getinfo() call failed" in err
+    )
 
     assert runner.invoke(app, ["doctor", mixed]).exit_code == 0  # --expect any: report only
 
@@ -520,6 +525,8 @@ def test_cli_exit_code_is_the_worst_over_all_files(tmp_path):
 
 def test_single_job_logs_are_never_flagged_as_mixed():
     for log in sorted(FIXTURES.glob("*.log")):
+        if log.name == "two_jobs_restart.log":  # the one that holds two jobs (tests/unit/test_doctor_faults.py)
+            continue
         vs = verdicts_from_text(log.read_text())
         assert vs and mixed_jobs(vs) is None, log.name
         assert all(v.mixed is None for v in vs)

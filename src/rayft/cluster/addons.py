@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import yaml
 
-from rayft.cluster.instances import EFA_RESOURCE, GPU_RESOURCE
+from rayft.cluster.instances import EFA_RESOURCE, GPU_RESOURCE, UnknownInstanceTypeError, get_instance
 from rayft.cluster.runner import Result, Runner
 from rayft.cluster.spec import ClusterConfig
 
@@ -306,7 +306,9 @@ class Readiness:
 
 
 def check_ready(runner: Runner, daemonsets: list[str], gpu_nodes: int, gpus_per_node: int, efa: bool) -> Readiness:
-    """Ready: every DaemonSet ready on all GPU nodes; every GPU node has its GPUs (and EFA) allocatable."""
+    """Ready: every DaemonSet ready on all GPU nodes; every GPU node has its GPUs allocatable and, with
+    ``efa``, all its EFA interfaces (the instance catalog's count for the node's type; at least one
+    for a type not in the catalog)."""
     r = Readiness(ready=True)
     for name in daemonsets:
         ds = _json_or_none(runner.run(daemonset_argv(name), check=False))
@@ -323,10 +325,22 @@ def check_ready(runner: Runner, daemonsets: list[str], gpu_nodes: int, gpus_per_
         if node.gpus < gpus_per_node:
             r.ready = False
             r.problems.append(f"{node.name}: {GPU_RESOURCE} allocatable {node.gpus}, want {gpus_per_node}")
-        if efa and node.efa < 1:
+        want = _efa_wanted(node.instance_type) if efa else 0
+        if node.efa < want:
             r.ready = False
-            r.problems.append(f"{node.name}: {EFA_RESOURCE} allocatable {node.efa}, want ≥ 1")
+            if want == 1:
+                r.problems.append(f"{node.name}: {EFA_RESOURCE} allocatable {node.efa}, want ≥ 1")
+            else:  # a p5.48xlarge offering 1 of its 32 EFA interfaces runs NCCL on a fraction of its network
+                r.problems.append(f"{node.name}: {EFA_RESOURCE} allocatable {node.efa}, want {want} (all of {node.instance_type}'s)")
     return r
+
+
+def _efa_wanted(instance_type: str) -> int:
+    """EFA interfaces a GPU node of ``instance_type`` should offer: the catalog's count, else at least one."""
+    try:
+        return max(1, get_instance(instance_type).max_efa_interfaces)
+    except UnknownInstanceTypeError:
+        return 1
 
 
 # --------------------------------------------------------------------------- install / remove

@@ -1,70 +1,55 @@
-"""Which transport NCCL really used, per rank, read from NCCL_DEBUG=INFO output.
+"""Judging one run's NCCL log: the transport against what the run expected, and what failed it.
 
-NCCL prints what it *could* use at init ("Using network Socket" even on one host, where the
-network is never touched) and what it *did* connect when channels are set up:
-
-    Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM
-    Channel 00/0 : 7[7] -> 8[0] [send] via NET/Libfabric/0/GDRDMA
-
-This module reads both, keyed by process (hostname and pid from NCCL's ``host:pid:tid [dev]``
-prefix, or Ray's ``(RayTrainWorker pid=N, ip=...)`` prefix), and turns them into one
-:class:`RankVerdict` per rank: the inter-node transport (EFA through aws-ofi-nccl, another
-libfabric provider, InfiniBand, Socket), the intra-node transport (P2P, SHM, or the network),
-GPUDirect RDMA, the interface, and the likely causes of a fallback. :func:`check` compares the
-verdicts with what a run expected.
-
-One text is one job: ranks are told apart by their number, and a P2P/SHM link logged by the
-sender is credited to the receiving rank by number. When a text holds more than one job (two
-runs' logs concatenated, a restarted run), the same rank shows up in several processes; the
-doctor then splits the processes by NCCL's ``commId`` where the log has it, never credits a
-link to an ambiguous rank, and says so in every verdict's ``mixed`` (and in :func:`check`).
+The verdicts come from :mod:`rayft.nccl.verdicts` (per rank: which transport NCCL really used),
+read from text whose Ray and shipping structure :mod:`rayft.nccl.lines` undoes. This module says
+whether they meet an expectation (:func:`rank_problem` for one rank, :func:`check` for a run), and
+:func:`judge` puts everything that fails a run into one :class:`Report`: a wrong transport, a
+failure after the transport was chosen (:mod:`rayft.nccl.health`), an environment fault
+(:mod:`rayft.nccl.environment`), a text holding more than one job.
 
 Pure functions over text: no file or process I/O.
 """
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import Enum
+
+from rayft.nccl.environment import Fault, environment_faults, instance_of
+from rayft.nccl.health import Failure, Timeout, failures, timeouts
+from rayft.nccl.lines import NcclLine, parse_lines
+from rayft.nccl.verdicts import (
+    Cause,
+    InterNode,
+    IntraNode,
+    Link,
+    RankVerdict,
+    label_ranks,
+    mixed_jobs,
+    verdicts_from_text,
+)
 
 __all__ = [
     "Cause",
     "Expect",
+    "Failure",
+    "Fault",
     "InterNode",
     "IntraNode",
     "Link",
+    "NcclLine",
     "RankVerdict",
+    "Report",
+    "Timeout",
     "check",
+    "judge",
     "label_ranks",
     "mixed_jobs",
     "parse_lines",
     "rank_problem",
     "verdicts_from_text",
 ]
-
-
-class InterNode(str, Enum):
-    """How a rank reached GPUs on other hosts."""
-
-    EFA = "EFA"  # aws-ofi-nccl (libfabric) with the efa provider
-    LIBFABRIC = "Libfabric"  # aws-ofi-nccl with another provider (tcp, sockets, ...)
-    IB = "InfiniBand"  # NCCL's internal IB verbs transport (IB or RoCE)
-    SOCKET = "Socket"  # NCCL's internal TCP socket transport: the slow fallback
-    NONE = "none"  # no peers on other hosts (single-node job)
-    UNKNOWN = "unknown"  # multi-node, but the log shows neither channels nor the chosen network
-
-
-class IntraNode(str, Enum):
-    """How a rank reached GPUs on its own host (the worst transport seen wins)."""
-
-    P2P = "P2P"  # CUDA peer-to-peer (NVLink or PCIe): P2P/CUMEM, P2P/IPC, P2P/direct pointer
-    NVLS = "NVLS"  # NVLink SHARP
-    SHM = "SHM"  # through host shared memory
-    NET = "network"  # through the network transport (e.g. NET/Socket with P2P and SHM disabled)
-    NONE = "none"  # no other GPU on this host
-    UNKNOWN = "unknown"  # local peers exist but no channel lines were logged
 
 
 class Expect(str, Enum):
@@ -76,870 +61,6 @@ class Expect(str, Enum):
     ANY = "any"  # report only
 
 
-@dataclass(frozen=True)
-class NcclLine:
-    """One NCCL debug message, with where it came from."""
-
-    host: str | None  # NCCL's hostname (None when only Ray's prefix survived)
-    pid: int
-    tid: int | None
-    level: str  # INFO / WARN / ...
-    msg: str  # the text after "NCCL INFO "
-    ray_ip: str | None = None
-    repeated: int = 1  # Ray's "[repeated Nx across cluster]"
-    glued: bool = False  # followed another message on the same physical line
-
-
-@dataclass(frozen=True)
-class Link:
-    """One connection a rank logged: ``Channel 03/0 : 3[3] -> 4[4] via P2P/CUMEM``."""
-
-    peer: int  # the other end, in the communicator's rank numbering
-    via: str  # the text after "via", e.g. "NET/AWS Libfabric/0/GDRDMA"
-    kind: str  # "P2P", "SHM", "NET", "NVLS", "other"
-    net: str | None = None  # NET only: "Socket", "IB", "AWS Libfabric", "Libfabric", ...
-    gdr: bool = False
-    same_host: bool | None = None
-
-
-@dataclass(frozen=True)
-class Cause:
-    """A likely reason for a fallback; ``scope`` says which expectation it explains."""
-
-    scope: str  # "inter" (EFA / network), "intra" (P2P / SHM), "both"
-    text: str
-
-    def __str__(self) -> str:
-        return self.text
-
-
-@dataclass
-class RankVerdict:
-    """What one rank (one process) used, and why it may not be what was wanted."""
-
-    rank: int | None
-    world_size: int | None
-    host: str | None
-    pid: int | None
-    ip: str | None = None
-    local_rank: int | None = None
-    cuda_dev: int | None = None
-    bus_id: str | None = None
-    n_nodes: int | None = None  # hosts in the job (from the ranks' hosts, else NCCL's nNodes)
-    inter_node: InterNode = InterNode.UNKNOWN
-    inter_detail: str = ""  # e.g. "aws-ofi-nccl 1.13.2, provider efa, 32 NICs"
-    provider: str | None = None  # libfabric provider when aws-ofi-nccl was loaded
-    intra_node: IntraNode = IntraNode.UNKNOWN
-    intra_detail: str = ""  # e.g. "P2P/CUMEM over NVLink", "SHM/direct/direct"
-    p2p_link: str | None = None  # "NVLink", "PCIe" or None (unknown / not P2P)
-    gdr: bool | None = None  # GPUDirect RDMA on the network links (None: no network links)
-    interface: str | None = None  # data-plane interface(s) of the network transport
-    bootstrap: str | None = None  # bootstrap interface, e.g. "eth0 192.0.2.2"
-    evidence: str = "channels"  # "channels" (connections logged), "init" (only init lines), "none"
-    nccl_version: str | None = None
-    causes: list[Cause] = field(default_factory=list)  # likely reasons for a fallback
-    notes: list[str] = field(default_factory=list)
-    job: str | None = None  # NCCL commId of the rank's world communicator, when logged
-    mixed: str | None = None  # set when the text held more than one job: what clashed, and what was done
-
-    @property
-    def seen(self) -> bool:
-        """False for a rank of the job that left no NCCL line in the log."""
-        return self.evidence != "none"
-
-    @property
-    def where(self) -> str:
-        """Human label: ``rank 3 (host-a pid 412)``."""
-        who = f"rank {self.rank}" if self.rank is not None else "rank ?"
-        if self.host or self.pid:
-            who += f" ({self.host or '?'} pid {self.pid})"
-        return who
-
-
-# --------------------------------------------------------------------------------------------
-# Line splitting: Ray prefixes, repeat suffixes, interleaved and truncated lines.
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_RAY_PREFIX = re.compile(r"^\s*\((?P<actor>[^()]*?)\bpid=(?P<pid>\d+)(?P<rest>[^()]*)\)\s?")
-_RAY_IP = re.compile(r"\bip=(?P<ip>[0-9A-Fa-f.:]+)")
-_REPEATED = re.compile(r"\s*\[repeated (?P<n>\d+)x across cluster\]\s*$")
-_NCCL_HEAD = re.compile(
-    r"(?P<host>[A-Za-z0-9_.\-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>-?\d+)\] "
-    r"(?:[\w./-]+:\d+ )?NCCL (?P<level>INFO|WARN|TRACE|ABORT)\b ?"
-)
-_BARE_HEAD = re.compile(r"\bNCCL (?P<level>INFO|WARN)\b ?")
-_BARE_VERSION = re.compile(r"^\s*NCCL version (?P<v>\S+)")
-
-
-def parse_lines(text: str) -> list[NcclLine]:
-    """Every NCCL message in ``text``, split where lines were interleaved without a newline.
-
-    Lines that carry only Ray's prefix (NCCL's own prefix truncated away) are kept with
-    ``host=None`` and Ray's pid; fragments without any attribution are dropped.
-    """
-    out: list[NcclLine] = []
-    for raw in text.splitlines():
-        line = _ANSI.sub("", raw).replace("\r", "")
-        if "NCCL" not in line:
-            continue
-        ray_pid = ray_ip = None
-        m = _RAY_PREFIX.match(line)
-        if m:
-            ray_pid = int(m["pid"])
-            ipm = _RAY_IP.search(m["rest"])
-            ray_ip = ipm["ip"] if ipm else None
-            line = line[m.end() :]
-        repeated = 1
-        r = _REPEATED.search(line)
-        if r:
-            repeated = int(r["n"])
-            line = line[: r.start()]
-        heads = list(_NCCL_HEAD.finditer(line))
-        if heads:
-            for i, h in enumerate(heads):
-                end = heads[i + 1].start() if i + 1 < len(heads) else len(line)
-                out.append(
-                    NcclLine(
-                        host=h["host"],
-                        pid=int(h["pid"]),
-                        tid=int(h["tid"]),
-                        level=h["level"],
-                        msg=line[h.end() : end].strip(),
-                        ray_ip=ray_ip,
-                        repeated=repeated,
-                        glued=i > 0,
-                    )
-                )
-            continue
-        if ray_pid is None:
-            continue
-        b = _BARE_HEAD.search(line)
-        if b:
-            out.append(NcclLine(None, ray_pid, None, b["level"], line[b.end() :].strip(), ray_ip, repeated))
-        elif v := _BARE_VERSION.match(line):
-            out.append(NcclLine(None, ray_pid, None, "INFO", f"NCCL version {v['v']}", ray_ip, repeated))
-    return out
-
-
-# --------------------------------------------------------------------------------------------
-# Per-message patterns (wordings of NCCL 2.4 .. 2.28 and aws-ofi-nccl 1.x).
-
-_COMM_INFO = re.compile(
-    r"\bcomm (?P<ptr>0x[0-9a-fA-F]+) rank (?P<rank>\d+) nRanks (?P<nranks>\d+) nNodes (?P<nnodes>\d+)"
-    r" localRanks (?P<lranks>\d+) localRank (?P<lrank>\d+)"
-)
-_COMM_INIT = re.compile(
-    r"\bcomm (?P<ptr>0x[0-9a-fA-F]+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) cudaDev (?P<dev>\d+)"
-    r"(?: nvmlDev \d+)? busId (?P<bus>[0-9a-fA-F]+)(?:.*?\bcommId (?P<cid>0x[0-9a-fA-F]+))?"
-)
-_CHANNEL = re.compile(
-    r"\b(?:Channel|Ring|Tree) \d+(?:/\d+)? : (?P<src>\d+)(?:\[[0-9a-fA-F]+\])? -> (?P<dst>\d+)"
-    r"(?:\[[0-9a-fA-F]+\])?(?: \[(?P<dir>send|receive)\])? via (?P<via>.+)$"
-)
-_USING_NETWORK = re.compile(r"\bUsing (?:internal )?[Nn]etwork (?!plugin)(?P<net>[A-Za-z][\w ]*?)\s*\.?$")
-_ASSIGNED_NET = re.compile(r"\bAssigned NET plugin (?P<net>.+?) to comm")
-_SOCKET_IFS = re.compile(r"NET/Socket ?: Using (?P<ifs>.+)$")
-_IFACE = re.compile(r"\[\d+\](?P<name>[^:\s\[]+):(?P<addr>\S+?)<\d+>")
-_BOOTSTRAP = re.compile(r"Bootstrap ?: Using (?:\[\d+\])?(?P<name>[^:\s]+):(?P<addr>\S+?)<\d+>")
-_IB_DEVS = re.compile(r"NET/IB ?: Using (?P<devs>[^;]*)")
-_IB_DEV = re.compile(r"\[\d+\](?P<dev>\S+)")
-_OFI_PROVIDER = re.compile(r"NET/OFI Selected [Pp]rovider is (?P<prov>[\w;+-]+)")
-_OFI_FABRIC = re.compile(r"fabric is (?P<fabric>[^\s(,]+)")
-_OFI_NICS = re.compile(r"\(found (?P<n>\d+) nics?\)")
-_OFI_VERSION = re.compile(r"NET/OFI (?:Using|Initializing) aws-ofi-nccl (?P<v>\S+)")
-_LIBFABRIC_VERSION = re.compile(r"NET/OFI Using Libfabric version (?P<v>\S+)")
-_PLUGIN_LOADED = re.compile(r"NET/Plugin ?: Loaded (?:net|NET) plugin (?P<name>.+?)(?: \(v\d+\))?\.?$")
-_PLUGIN_MISSING = re.compile(
-    r"NET/Plugin ?:.*(?:Could not find:? libnccl-net|No plugin found|Plugin load.*returned|"
-    r"libnccl-net[\w.-]*: cannot open shared object)",
-    re.I,
-)
-_NET_INIT_FAILED = re.compile(r"Failed to initialize NET plugin (?P<name>.+?)\.?$")
-_OFI_FAILED = re.compile(
-    r"fi_getinfo.*(?:failed|empty)|No eligible providers|Unable to find a protocol|"
-    r"Couldn't find any optimal provider|aws-ofi-nccl initialization failed|No NIC info|"
-    r"OFI plugin initNet\(\) failed",
-    re.I,
-)
-_ENV_SET = re.compile(r"\b(?P<var>(?:NCCL|FI)_[A-Z0-9_]+) set by environment to (?P<val>\S+?)\.?$")
-_SHM_FAILED = re.compile(r"/dev/shm|posix_fallocate|shared memory segment|ncclShmOpen", re.I)
-_GRAPH_TYPE = re.compile(r"\bPattern \d+, crossNic \d+, nChannels \d+, .*\btype (?P<intra>[A-Z]+)/(?P<inter>[A-Z]+)")
-_COLL_CHANNELS = re.compile(r"^(?P<coll>\d+) coll channels,.*?(?:(?P<nvls>\d+) nvls channels)?")
-_GDR_HCA = re.compile(r"GPU Direct RDMA (?P<state>Enabled|Disabled) for (?:HCA|GPU)")
-_VERSION = re.compile(r"^NCCL version (?P<v>\S+)")
-# Ray Train's own lines (not NCCL): which pid is which rank.
-_RAY_SETUP = re.compile(r"Setting up process group for: \S+ \[rank=(?P<rank>\d+), world_size=(?P<ws>\d+)\]")
-_RAY_GROUP = re.compile(r"\(ip=(?P<ip>[^,]+), pid=(?P<pid>\d+)\) world_rank=(?P<rank>\d+), local_rank=(?P<lr>\d+)")
-
-_LINK_LOCAL = re.compile(r"^(?:169\.254\.|fe80:)", re.I)
-_LOOPBACK = re.compile(r"^(?:127\.|::1$)")
-_SUSPECT_IFACE = re.compile(r"^(?:lo|docker\d*|virbr\d*|cni\d*|flannel.*|kube-ipvs\d*)$")
-
-
-@dataclass
-class _Comm:
-    ptr: str
-    rank: int
-    nranks: int
-    nnodes: int | None = None
-    local_ranks: int | None = None
-    local_rank: int | None = None
-    comm_id: str | None = None  # NCCL's commId: the same in every rank of one communicator
-
-
-@dataclass
-class _Proc:
-    host: str | None
-    pid: int
-    ips: set[str] = field(default_factory=set)
-    nlines: int = 0
-    comms: dict[str, _Comm] = field(default_factory=dict)
-    tid_comm: dict[int, str] = field(default_factory=dict)
-    links: list[tuple[str | None, Link]] = field(default_factory=list)  # (comm ptr, link)
-    cuda_dev: int | None = None
-    bus_id: str | None = None
-    using_network: list[str] = field(default_factory=list)
-    socket_ifs: list[tuple[str, str]] = field(default_factory=list)
-    ib_devs: list[str] = field(default_factory=list)
-    bootstrap: tuple[str, str] | None = None
-    ofi_seen: bool = False
-    ofi_version: str | None = None
-    libfabric_version: str | None = None
-    provider: str | None = None
-    fabric: str | None = None
-    nics: int | None = None
-    plugin_loaded: str | None = None
-    plugin_missing: bool = False
-    ofi_failed: list[str] = field(default_factory=list)
-    net_init_failed: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-    shm_failed: list[str] = field(default_factory=list)
-    graph_intra: set[str] = field(default_factory=set)
-    coll_channels: int | None = None
-    nvls_channels: int | None = None
-    gdr_hca: set[str] = field(default_factory=set)
-    version: str | None = None
-    repeated: int = 0
-    borrowed: int | None = None  # pid whose plugin lines stand in for this process's folded ones
-
-    def primary(self) -> _Comm | None:
-        """The communicator that names this process's rank: the largest one seen (the world)."""
-        if not self.comms:
-            return None
-        return max(self.comms.values(), key=lambda c: c.nranks)
-
-
-def _classify_via(via: str) -> tuple[str, str | None, bool]:
-    """``"NET/AWS Libfabric/0/GDRDMA"`` -> ``("NET", "AWS Libfabric", True)``."""
-    v = via.strip()
-    if v.startswith("P2P"):
-        return "P2P", None, False
-    if v.startswith("SHM") or "shared memory" in v:
-        return "SHM", None, False
-    if v.startswith("NVLS"):
-        return "NVLS", None, False
-    if v.startswith("NET/"):
-        return "NET", v.split("/")[1].strip() or "?", "GDRDMA" in v
-    return "other", None, False  # CollNet and the like
-
-
-def _feed(proc: _Proc, ln: NcclLine) -> None:
-    msg = ln.msg
-    proc.nlines += 1
-    if ln.repeated > 1:
-        proc.repeated += ln.repeated - 1
-    if ln.ray_ip:
-        proc.ips.add(ln.ray_ip)
-
-    if m := _CHANNEL.search(msg):
-        kind, net, gdr = _classify_via(m["via"])
-        src, dst = int(m["src"]), int(m["dst"])
-        ptr = proc.tid_comm.get(ln.tid) if ln.tid is not None else None
-        comm = proc.comms.get(ptr) if ptr else proc.primary()
-        me = comm.rank if comm else None
-        if m["dir"] == "receive":
-            peer = src
-        elif m["dir"] == "send":
-            peer = dst
-        else:
-            peer = dst if src == me or me is None else src
-        proc.links.append((comm.ptr if comm else None, Link(peer, m["via"].strip(), kind, net, gdr)))
-        return
-    if m := _COMM_INFO.search(msg):
-        c = proc.comms.setdefault(m["ptr"], _Comm(m["ptr"], int(m["rank"]), int(m["nranks"])))
-        c.nnodes, c.local_ranks, c.local_rank = int(m["nnodes"]), int(m["lranks"]), int(m["lrank"])
-        if ln.tid is not None:
-            proc.tid_comm[ln.tid] = m["ptr"]
-        return
-    if m := _COMM_INIT.search(msg):
-        c = proc.comms.setdefault(m["ptr"], _Comm(m["ptr"], int(m["rank"]), int(m["nranks"])))
-        proc.cuda_dev, proc.bus_id = int(m["dev"]), m["bus"]
-        if m["cid"] and "Destroy" not in msg:
-            c.comm_id = c.comm_id or m["cid"]
-        if ln.tid is not None and "Destroy" not in msg:
-            proc.tid_comm[ln.tid] = m["ptr"]
-        return
-    if m := _ENV_SET.search(msg):
-        proc.env[m["var"]] = m["val"]
-    if (m := _USING_NETWORK.search(msg)) or (m := _ASSIGNED_NET.search(msg)):
-        if m["net"] not in proc.using_network:
-            proc.using_network.append(m["net"])
-        return
-    if m := _SOCKET_IFS.search(msg):
-        proc.socket_ifs = [(i["name"], i["addr"]) for i in _IFACE.finditer(m["ifs"])]
-        return
-    if m := _BOOTSTRAP.search(msg):
-        proc.bootstrap = (m["name"], m["addr"])
-        return
-    if "NET/IB" in msg and (m := _IB_DEVS.search(msg)):
-        proc.ib_devs = [d["dev"] for d in _IB_DEV.finditer(m["devs"])]
-        return
-    if "NET/OFI" in msg:
-        proc.ofi_seen = True
-        if m := _OFI_PROVIDER.search(msg):
-            proc.provider = m["prov"].split(";")[0]
-            if f := _OFI_FABRIC.search(msg):
-                proc.fabric = f["fabric"]
-            if n := _OFI_NICS.search(msg):
-                proc.nics = int(n["n"])
-        elif m := _OFI_VERSION.search(msg):
-            proc.ofi_version = m["v"]
-        elif m := _LIBFABRIC_VERSION.search(msg):
-            proc.libfabric_version = m["v"]
-    if _OFI_FAILED.search(msg):
-        proc.ofi_failed.append(msg)
-        return
-    if m := _PLUGIN_LOADED.search(msg):
-        proc.plugin_loaded = m["name"]
-        return
-    if _PLUGIN_MISSING.search(msg):
-        proc.plugin_missing = True
-        return
-    if m := _NET_INIT_FAILED.search(msg):
-        proc.net_init_failed.append(m["name"])
-        return
-    if ln.level == "WARN" and _SHM_FAILED.search(msg):
-        proc.shm_failed.append(msg)
-        return
-    if m := _GRAPH_TYPE.search(msg):
-        proc.graph_intra.add(m["intra"])
-        return
-    if m := _COLL_CHANNELS.search(msg):
-        proc.coll_channels = max(proc.coll_channels or 0, int(m["coll"]))
-        if m["nvls"]:
-            proc.nvls_channels = max(proc.nvls_channels or 0, int(m["nvls"]))
-        return
-    if m := _GDR_HCA.search(msg):
-        proc.gdr_hca.add(m["state"])
-        return
-    if m := _VERSION.search(msg):
-        proc.version = m["v"]
-
-
-# --------------------------------------------------------------------------------------------
-# From lines to processes to verdicts.
-
-
-def _collect(text: str) -> tuple[dict[tuple[str | None, int], _Proc], dict[int, int], int | None]:
-    lines = parse_lines(text)
-    # NCCL hostnames glued to a previous fragment ("P2P/CUMEMvm" for "vm"): fold them into the
-    # process whose host is a suffix and shares the pid, seen more often.
-    counts: dict[tuple[str | None, int], int] = defaultdict(int)
-    for ln in lines:
-        counts[(ln.host, ln.pid)] += 1
-    alias: dict[tuple[str | None, int], tuple[str | None, int]] = {}
-    for host, pid in counts:
-        if host is None:
-            continue
-        best = None
-        for h2, p2 in counts:
-            if p2 == pid and h2 and h2 != host and host.endswith(h2) and counts[(h2, p2)] > counts[(host, pid)]:
-                if best is None or len(h2) > len(best):
-                    best = h2
-        if best:
-            alias[(host, pid)] = (best, pid)
-    # Lines with only Ray's prefix: attach to the one NCCL process with that pid (and ip).
-    by_pid: dict[int, list[tuple[str | None, int]]] = defaultdict(list)
-    for key in counts:
-        if key[0] is not None and key not in alias:
-            by_pid[key[1]].append(key)
-
-    # A glued head's hostname swallowed the tail of the message before it: give it back.
-    for i, ln in enumerate(lines):
-        if ln.glued and (ln.host, ln.pid) in alias:
-            true_host = alias[(ln.host, ln.pid)][0]
-            tail = ln.host[: len(ln.host) - len(true_host)]
-            lines[i - 1] = replace(lines[i - 1], msg=lines[i - 1].msg + tail)
-
-    procs: dict[tuple[str | None, int], _Proc] = {}
-    for ln in lines:
-        key = alias.get((ln.host, ln.pid), (ln.host, ln.pid))
-        if key[0] is None and len(by_pid.get(ln.pid, [])) == 1:
-            key = by_pid[ln.pid][0]
-        proc = procs.get(key)
-        if proc is None:
-            proc = procs[key] = _Proc(key[0], key[1])
-        _feed(proc, ln)
-
-    # Ray Train's rank lines (outside NCCL): pid -> rank, for processes without a comm line.
-    ray_rank: dict[int, int] = {}
-    world: int | None = None
-    for raw in text.splitlines():
-        line = _ANSI.sub("", raw)
-        if m := _RAY_GROUP.search(line):
-            ray_rank[int(m["pid"])] = int(m["rank"])
-        elif (m := _RAY_SETUP.search(line)) and (p := _RAY_PREFIX.match(line)):
-            ray_rank[int(p["pid"])] = int(m["rank"])
-            world = int(m["ws"])
-    return procs, ray_rank, world
-
-
-def _host_key(p: _Proc) -> str:
-    if p.host:
-        return p.host
-    if p.ips:
-        return sorted(p.ips)[0]
-    return f"pid{p.pid}"
-
-
-def label_ranks(ranks: list[int]) -> str:
-    """``[0,1,2,5,8,9]`` -> ``"0-2, 5, 8-9"``."""
-    rs = sorted(set(ranks))
-    parts: list[str] = []
-    i = 0
-    while i < len(rs):
-        j = i
-        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
-            j += 1
-        parts.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
-        i = j + 1
-    return ", ".join(parts)
-
-
-def _net_class(name: str, provider: str | None) -> InterNode:
-    n = name.lower()
-    if n.startswith("socket"):
-        return InterNode.SOCKET
-    if n.startswith("ib"):
-        return InterNode.IB
-    if "libfabric" in n or "ofi" in n:
-        return InterNode.EFA if provider == "efa" else InterNode.LIBFABRIC
-    return InterNode.UNKNOWN
-
-
-_INTER_WORST = [InterNode.SOCKET, InterNode.LIBFABRIC, InterNode.IB, InterNode.EFA]
-_INTRA_WORST = [IntraNode.NET, IntraNode.SHM, IntraNode.P2P, IntraNode.NVLS]
-
-
-_Key = tuple[str | None, int]
-
-
-def verdicts_from_text(text: str) -> list[RankVerdict]:
-    """One :class:`RankVerdict` per rank found in NCCL_DEBUG=INFO ``text`` (sorted by rank).
-
-    ``text`` is one job's output. Ranks of the job (known from ``nRanks``) that left no NCCL line
-    get a verdict with ``evidence == "none"``. Returns ``[]`` when the text holds no NCCL line at all.
-
-    When the same rank number belongs to several processes (the text holds more than one job), the
-    processes are split into jobs by NCCL's ``commId`` where it was logged (verdicts then come job
-    by job, each with ``job`` set), links are never credited to a rank that stays ambiguous, and
-    every verdict's ``mixed`` says what clashed; :func:`check` reports it as a problem.
-    """
-    procs, ray_rank, ray_world = _collect(text)
-    if not procs:
-        return []
-    clashes = _rank_clashes(procs)
-    if not clashes:
-        return _job_verdicts(procs, ray_rank, ray_world)
-
-    groups = _split_by_comm_id(procs)
-    verdicts: list[RankVerdict] = []
-    unresolved: dict[int, list[_Proc]] = {}
-    for g in groups:
-        left = _rank_clashes(g)
-        unresolved.update(left)
-        verdicts.extend(_job_verdicts(g, ray_rank, ray_world, ambiguous=set(left)))
-    said = "; ".join(f"rank {r} is " + " and ".join(f"{p.host or '?'} pid {p.pid}" for p in ps) for r, ps in sorted(clashes.items())[:2])
-    if len(clashes) > 2:
-        said += f"; and so on for ranks {label_ranks(sorted(clashes)[2:])}"
-    msg = f"this log holds more than one NCCL job ({said}): a concatenated log or a restarted run? "
-    if unresolved:
-        one = len(unresolved) == 1
-        msg += (
-            f"Links logged by other ranks were not credited to {'rank' if one else 'ranks'} "
-            f"{label_ranks(list(unresolved))}, whose number names more than one process. "
-        )
-    else:
-        msg += f"Verdicts are given job by job ({len(groups)} jobs, told apart by NCCL's commId). "
-    msg += "Pass each run's log as its own file."
-    for v in verdicts:
-        v.mixed = msg
-    return verdicts
-
-
-def mixed_jobs(verdicts: list[RankVerdict]) -> str | None:
-    """The warning set by :func:`verdicts_from_text` when its text held more than one job, else None."""
-    return next((v.mixed for v in verdicts if v.mixed), None)
-
-
-def _world_and_ranks(
-    procs: dict[_Key, _Proc], ray_rank: dict[int, int], ray_world: int | None
-) -> tuple[int | None, dict[_Key, int | None]]:
-    """The job's world size and each process's rank in it (from the world communicator, else
-    from Ray Train's rank lines)."""
-    world = max((c.nranks for p in procs.values() for c in p.comms.values()), default=None) or ray_world
-    rank_of: dict[_Key, int | None] = {}
-    for key, p in procs.items():
-        c = p.primary()
-        rank_of[key] = c.rank if c and (world is None or c.nranks == world) else ray_rank.get(p.pid)
-    return world, rank_of
-
-
-def _rank_clashes(procs: dict[_Key, _Proc]) -> dict[int, list[_Proc]]:
-    """Rank numbers claimed by more than one process: the text holds more than one job.
-
-    A process claims the rank of its largest communicator. Two processes with the same rank in
-    equal-sized communicators smaller than the largest one may be sibling sub-groups of one job,
-    so they do not count; any other repeat does (two jobs of one size, or of different sizes).
-    Ray Train's rank lines are not used (they key by pid alone, which repeats across pods), and
-    two keys that may be one process (same pid, one hostname a fragment of the other) are one.
-    """
-    world = max((c.nranks for p in procs.values() for c in p.comms.values()), default=None)
-    claims: dict[int, list[tuple[_Proc, int]]] = defaultdict(list)
-    for p in procs.values():
-        c = p.primary()
-        if c is None:
-            continue
-        same = next((q for q, _ in claims[c.rank] if _maybe_same_process(p, q)), None)
-        if same is None:
-            claims[c.rank].append((p, c.nranks))
-    out: dict[int, list[_Proc]] = {}
-    for r, ps in claims.items():
-        sizes = {n for _, n in ps}
-        if len(ps) > 1 and not (len(sizes) == 1 and world is not None and next(iter(sizes)) < world):
-            out[r] = [p for p, _ in ps]
-    return out
-
-
-def _maybe_same_process(p: _Proc, q: _Proc) -> bool:
-    if p.pid != q.pid:
-        return False
-    if not p.host or not q.host:
-        return True
-    return p.host.endswith(q.host) or q.host.endswith(p.host)
-
-
-def _split_by_comm_id(procs: dict[_Key, _Proc]) -> list[dict[_Key, _Proc]]:
-    """Processes grouped into jobs: two processes are in one job when they share a communicator
-    (the same NCCL ``commId``). Processes whose log has no commId form one more group."""
-    parent: dict[_Key, _Key] = {k: k for k in procs}
-
-    def find(k: _Key) -> _Key:
-        while parent[k] != k:
-            parent[k] = parent[parent[k]]
-            k = parent[k]
-        return k
-
-    owner: dict[str, _Key] = {}
-    for key, p in procs.items():
-        for c in p.comms.values():
-            if not c.comm_id:
-                continue
-            if c.comm_id in owner:
-                parent[find(key)] = find(owner[c.comm_id])
-            else:
-                owner[c.comm_id] = key
-    groups: dict[_Key | None, dict[_Key, _Proc]] = {}
-    for key, p in procs.items():
-        has_id = any(c.comm_id for c in p.comms.values())
-        groups.setdefault(find(key) if has_id else None, {})[key] = p
-    return list(groups.values())
-
-
-def _job_verdicts(
-    procs: dict[_Key, _Proc],
-    ray_rank: dict[int, int],
-    ray_world: int | None,
-    ambiguous: frozenset[int] | set[int] = frozenset(),
-) -> list[RankVerdict]:
-    """Verdicts for the processes of one job; ``ambiguous`` ranks get no link credited by number."""
-    world, rank_of = _world_and_ranks(procs, ray_rank, ray_world)
-
-    # rank -> host, from the world communicator (or Ray Train's rank lines).
-    rank_host: dict[int, str] = {}
-    for key, p in procs.items():
-        r = rank_of[key]
-        if r is not None:
-            rank_host.setdefault(r, _host_key(p))
-    hosts = set(rank_host.values()) | {_host_key(p) for p in procs.values()}
-    complete = world is not None and len(rank_host) == world
-    n_hosts = len(hosts) if complete else None
-    nnodes_nccl = max((c.nnodes or 0 for p in procs.values() for c in p.comms.values()), default=0) or None
-
-    single_host = n_hosts == 1 or (n_hosts is None and nnodes_nccl == 1)
-    _share_plugin_evidence(procs)
-    links = {key: _resolve_links(p, world, rank_host, single_host) for key, p in procs.items()}
-    # NCCL logs a P2P/SHM connection on the sending side only: credit it to the receiver too,
-    # found by its rank number (so only where that number names one process).
-    incoming: dict[int, list[Link]] = defaultdict(list)
-    for key, p in procs.items():
-        r = rank_of[key]
-        for ln, in_world in links[key]:
-            if r is not None and in_world and ln.kind in ("P2P", "SHM", "NVLS") and ln.peer not in ambiguous:
-                incoming[ln.peer].append(replace(ln, peer=r))
-    verdicts: list[RankVerdict] = []
-    for key, p in procs.items():
-        r = rank_of[key]
-        own = [ln for ln, _ in links[key]]
-        v = _verdict(p, r, world, own, incoming.get(r, []) if r is not None else [], n_hosts, nnodes_nccl, single_host)
-        c = p.primary()
-        v.job = c.comm_id if c else None
-        verdicts.append(v)
-    seen = {v.rank for v in verdicts if v.rank is not None}
-    if world:
-        for r in range(world):
-            if r not in seen:
-                verdicts.append(
-                    RankVerdict(
-                        rank=r,
-                        world_size=world,
-                        host=None,
-                        pid=None,
-                        evidence="none",
-                        notes=[
-                            "no NCCL line from this rank in the log (Ray's log deduplication folds identical lines: set RAY_DEDUP_LOGS=0)"
-                        ],
-                    )
-                )
-    verdicts.sort(key=lambda v: (v.rank is None, v.rank if v.rank is not None else 0, v.host or "", v.pid or 0))
-    return verdicts
-
-
-def _plugin_evidence(p: _Proc) -> bool:
-    return p.plugin_missing or p.ofi_seen or bool(p.plugin_loaded) or bool(p.ofi_failed) or bool(p.net_init_failed)
-
-
-def _share_plugin_evidence(procs: dict[_Key, _Proc]) -> None:
-    """Give a process whose plugin lines are missing (Ray folded them into another worker's
-    ``[repeated Nx across cluster]`` line) the plugin evidence of a process on the same host."""
-    donors = [p for p in procs.values() if _plugin_evidence(p)]
-    for p in procs.values():
-        if _plugin_evidence(p) or not p.nlines:
-            continue
-        same = [d for d in donors if _host_key(d) == _host_key(p)]
-        if not same:
-            continue
-        d = max(same, key=lambda d: d.repeated)
-        p.plugin_missing, p.ofi_seen, p.plugin_loaded = d.plugin_missing, d.ofi_seen, d.plugin_loaded
-        p.ofi_failed, p.net_init_failed = list(d.ofi_failed), list(d.net_init_failed)
-        p.provider = p.provider or d.provider
-        p.fabric, p.nics = p.fabric or d.fabric, p.nics or d.nics
-        p.ofi_version = p.ofi_version or d.ofi_version
-        p.libfabric_version = p.libfabric_version or d.libfabric_version
-        p.borrowed = d.pid
-
-
-def _resolve_links(p: _Proc, world: int | None, rank_host: dict[int, str], single_host: bool) -> list[tuple[Link, bool]]:
-    """The process's links with ``same_host`` filled in, each with whether its communicator is
-    the world (so that its rank numbers are world ranks)."""
-    me = _host_key(p)
-    out: list[tuple[Link, bool]] = []
-    for ptr, ln in p.links:
-        comm = p.comms.get(ptr) if ptr else p.primary()
-        in_world = comm is not None and world is not None and comm.nranks == world
-        if ln.kind in ("P2P", "SHM", "NVLS"):
-            same = True
-        elif single_host or (comm is not None and comm.nnodes == 1):
-            same = True
-        elif in_world and ln.peer in rank_host:
-            same = rank_host[ln.peer] == me
-        else:
-            same = False
-        out.append((replace(ln, same_host=same), in_world))
-    return out
-
-
-def _verdict(
-    p: _Proc,
-    rank: int | None,
-    world: int | None,
-    links: list[Link],
-    incoming: list[Link],
-    n_hosts: int | None,
-    nnodes_nccl: int | None,
-    single_host: bool,
-) -> RankVerdict:
-    c = p.primary()
-    v = RankVerdict(
-        rank=rank,
-        world_size=world,
-        host=p.host,
-        pid=p.pid,
-        ip=sorted(p.ips)[0] if p.ips else (p.bootstrap[1] if p.bootstrap else None),
-        local_rank=c.local_rank if c else None,
-        cuda_dev=p.cuda_dev,
-        bus_id=p.bus_id,
-        n_nodes=n_hosts or nnodes_nccl,
-        provider=p.provider,
-        nccl_version=p.version,
-        bootstrap=f"{p.bootstrap[0]} {p.bootstrap[1]}" if p.bootstrap else None,
-    )
-    inter = [ln for ln in links if ln.kind == "NET" and not ln.same_host]
-    intra = [ln for ln in links if ln.same_host] + incoming
-    v.evidence = "channels" if links else "init"
-
-    # Inter-node.
-    if inter:
-        classes = {_net_class(ln.net or "", p.provider) for ln in inter}
-        v.inter_node = next((k for k in _INTER_WORST if k in classes), InterNode.UNKNOWN)
-        nets = sorted({f"NET/{ln.net}" for ln in inter})
-        if len(classes) > 1:
-            v.notes.append("inter-node links over several transports: " + ", ".join(nets))
-    elif single_host:
-        v.inter_node = InterNode.NONE
-    elif p.using_network and ((n_hosts or 0) > 1 or (n_hosts is None and (nnodes_nccl or 0) > 1)):
-        v.inter_node = _net_class(p.using_network[-1], p.provider)
-        if v.evidence == "channels":
-            v.notes.append(f"this rank logged no inter-node channel; inter-node transport taken from 'Using network {p.using_network[-1]}'")
-    if v.inter_node in (InterNode.EFA, InterNode.LIBFABRIC):
-        bits = [f"aws-ofi-nccl {p.ofi_version}" if p.ofi_version else "aws-ofi-nccl", f"provider {p.provider or '?'}"]
-        if p.fabric and p.fabric != p.provider:
-            bits.append(f"fabric {p.fabric}")
-        if p.nics:
-            bits.append(f"{p.nics} NICs")
-        if p.libfabric_version:
-            bits.append(f"libfabric {p.libfabric_version}")
-        v.inter_detail = ", ".join(bits)
-    elif inter:
-        v.inter_detail = ", ".join(sorted({f"NET/{ln.net}" for ln in inter}))
-
-    # Intra-node.
-    if intra:
-        order = {"NET": IntraNode.NET, "SHM": IntraNode.SHM, "P2P": IntraNode.P2P, "NVLS": IntraNode.NVLS}
-        found = [order[k] for k in {ln.kind for ln in intra} if k in order]
-        v.intra_node = next((k for k in _INTRA_WORST if k in found), IntraNode.UNKNOWN)
-        vias = sorted({_short_via(ln) for ln in intra if ln.kind != "other"})
-        v.intra_detail = ", ".join(vias)
-        if IntraNode.P2P in found:
-            v.p2p_link = _p2p_link(p)
-            if v.p2p_link and v.intra_node == IntraNode.P2P:
-                v.intra_detail += f" over {v.p2p_link}"
-    elif c is not None and c.local_ranks == 1 and not single_host:
-        v.intra_node = IntraNode.NONE
-    elif world == 1:
-        v.intra_node = IntraNode.NONE
-
-    # GPUDirect RDMA, interface.
-    net_links = inter or [ln for ln in links if ln.kind == "NET"]
-    if net_links:
-        v.gdr = any(ln.gdr for ln in net_links)
-    elif "Enabled" in p.gdr_hca and v.inter_node in (InterNode.IB, InterNode.EFA):
-        v.gdr = True
-    uses_socket = v.inter_node == InterNode.SOCKET or any(ln.net and ln.net.lower().startswith("socket") for ln in links)
-    if uses_socket and p.socket_ifs:
-        v.interface = ", ".join(f"{n} {a}" for n, a in p.socket_ifs)
-    elif v.inter_node == InterNode.IB and p.ib_devs:
-        v.interface = ", ".join(p.ib_devs)
-    elif v.inter_node in (InterNode.EFA, InterNode.LIBFABRIC):
-        v.interface = f"{p.provider or '?'}" + (f" x{p.nics}" if p.nics else "")
-
-    if single_host and c is not None and (c.nnodes or 0) > 1:
-        v.notes.append(f"NCCL counted {c.nnodes} nodes (P2P/SHM unusable) but all ranks are on one host")
-    v.causes = _causes(p, v)
-    if p.borrowed is not None:
-        v.notes.append(f"network plugin lines missing for this rank; used those of pid {p.borrowed} on the same host")
-    if p.repeated:
-        v.notes.append(
-            f"Ray folded {p.repeated} similar lines of other workers into this one's "
-            "('[repeated Nx across cluster]'); set RAY_DEDUP_LOGS=0 for per-rank certainty"
-        )
-    return v
-
-
-def _short_via(ln: Link) -> str:
-    parts = ln.via.split("/")
-    if ln.kind == "NET":
-        return f"NET/{ln.net}" + ("/GDRDMA" if ln.gdr else "")
-    if ln.kind == "P2P":
-        return "/".join(parts[:2])
-    if ln.kind == "SHM":
-        return "SHM" if "shared memory" in ln.via else ln.via
-    return ln.via
-
-
-def _p2p_link(p: _Proc) -> str | None:
-    if "NVL" in p.graph_intra or (p.nvls_channels or 0) > 0:
-        return "NVLink"
-    if p.graph_intra and p.graph_intra <= {"PIX", "PXB", "PHB", "SYS", "PCI", "NODE"}:
-        return "PCIe"
-    # NCCL opens many channels only when the GPU-GPU bandwidth is NVLink-class
-    # (24 on H100/H200 NV18); PCIe topologies get 2-4.
-    if (p.coll_channels or 0) >= 8:
-        return "NVLink"
-    return None
-
-
-def _causes(p: _Proc, v: RankVerdict) -> list[Cause]:
-    """Likely reasons this rank did not get EFA / P2P, from the evidence in its own lines."""
-    out: list[Cause] = []
-    env = p.env
-    if env.get("NCCL_NET", "").lower() == "socket":
-        out.append(Cause("both", "NCCL_NET=Socket set by the environment (forces TCP sockets)"))
-    if env.get("NCCL_P2P_DISABLE") == "1":
-        out.append(Cause("intra", "NCCL_P2P_DISABLE=1 set by the environment (no GPU peer-to-peer)"))
-    if env.get("NCCL_SHM_DISABLE") == "1":
-        out.append(Cause("intra", "NCCL_SHM_DISABLE=1 set by the environment (no shared-memory transport)"))
-    if p.shm_failed:
-        out.append(
-            Cause(
-                "intra",
-                "shared memory too small: NCCL could not create its /dev/shm segment "
-                "(mount a larger /dev/shm, e.g. an emptyDir with medium: Memory)",
-            )
-        )
-    net_like = v.inter_node in (InterNode.SOCKET, InterNode.IB, InterNode.UNKNOWN)
-    if net_like and "NCCL_NET" not in env:
-        if p.plugin_missing and not p.ofi_seen and not p.plugin_loaded:
-            out.append(
-                Cause(
-                    "inter",
-                    "OFI plugin not found: NCCL could not load libnccl-net.so (aws-ofi-nccl not installed or not on LD_LIBRARY_PATH)",
-                )
-            )
-        elif p.ofi_failed or any("ibfabric" in n or "OFI" in n for n in p.net_init_failed):
-            out.append(
-                Cause(
-                    "inter",
-                    "no EFA device in the pod: aws-ofi-nccl loaded but libfabric found "
-                    "no efa endpoint (request vpc.amazonaws.com/efa, check /dev/infiniband)",
-                )
-            )
-        elif not p.ofi_seen and v.inter_node == InterNode.SOCKET:
-            out.append(Cause("inter", "aws-ofi-nccl never initialized (no NET/OFI line from this rank)"))
-    if v.inter_node == InterNode.LIBFABRIC and p.provider and p.provider != "efa":
-        out.append(
-            Cause(
-                "inter",
-                f"libfabric provider is {p.provider}, not efa (FI_PROVIDER set, or no EFA device so libfabric chose a TCP provider)",
-            )
-        )
-    if v.interface and p.socket_ifs:
-        for name, addr in p.socket_ifs:
-            if _LINK_LOCAL.match(addr):
-                out.append(
-                    Cause(
-                        "inter",
-                        f"link-local interface: {name} {addr} cannot route between hosts "
-                        "(set NCCL_SOCKET_IFNAME to the pod's primary interface, e.g. eth0)",
-                    )
-                )
-            elif (_LOOPBACK.match(addr) or _SUSPECT_IFACE.match(name)) and v.n_nodes != 1:
-                out.append(Cause("inter", f"wrong interface: {name} {addr} is not reachable from other hosts (set NCCL_SOCKET_IFNAME)"))
-    if p.bootstrap and _LINK_LOCAL.match(p.bootstrap[1]):
-        out.append(Cause("inter", f"link-local bootstrap interface: {p.bootstrap[0]} {p.bootstrap[1]} (set NCCL_SOCKET_IFNAME)"))
-    return out
-
-
 # --------------------------------------------------------------------------------------------
 # Expectations.
 
@@ -947,8 +68,9 @@ def _causes(p: _Proc, v: RankVerdict) -> list[Cause]:
 def rank_problem(v: RankVerdict, expect: Expect | str) -> str | None:
     """Why ``v`` falls short of ``expect`` (a phrase to follow the rank's name), or None."""
     expect = Expect(expect)
+    why = f" ({v.unknown_why})" if v.unknown_why else ""
     if not v.seen:
-        return "left no NCCL line in the log, so the transport cannot be verified"
+        return "left no NCCL line in the log, so the transport cannot be verified" + why
     if expect == Expect.EFA:
         if v.inter_node == InterNode.EFA:
             return None
@@ -957,7 +79,9 @@ def rank_problem(v: RankVerdict, expect: Expect | str) -> str | None:
         if v.inter_node == InterNode.LIBFABRIC:
             return f"used aws-ofi-nccl with libfabric provider {v.provider}, not efa"
         if v.inter_node == InterNode.UNKNOWN:
-            return "logged no inter-node channel and no chosen network, so EFA cannot be verified"
+            if v.evidence == "folded":
+                return "had an unknown inter-node transport, so EFA cannot be verified" + why
+            return "logged no inter-node channel and no chosen network, so EFA cannot be verified" + why
         return f"used {v.inter_node.value} between hosts, not EFA"
     if expect == Expect.NVLINK:
         if v.intra_node == IntraNode.P2P and v.p2p_link != "PCIe":
@@ -969,7 +93,9 @@ def rank_problem(v: RankVerdict, expect: Expect | str) -> str | None:
         if v.intra_node == IntraNode.NONE:
             return "had no other GPU on its host, so NVLink was never used"
         if v.intra_node == IntraNode.UNKNOWN:
-            return "logged no intra-node channel, so NVLink cannot be verified"
+            if v.evidence == "folded":
+                return "had an unknown intra-node transport, so NVLink cannot be verified" + why
+            return "logged no intra-node channel, so NVLink cannot be verified" + why
         return f"used {v.intra_detail or v.intra_node.value} between local GPUs, not P2P/NVLink"
     if expect == Expect.SOCKET:
         bad = []
@@ -1018,3 +144,68 @@ def check(verdicts: list[RankVerdict], expect: Expect | str) -> list[str]:
             line += ". Likely cause: " + "; ".join(causes)
         out.append(line)
     return ([mixed] if mixed else []) + out
+
+
+# --------------------------------------------------------------------------------------------
+# One run judged as a whole.
+
+
+@dataclass
+class Report:
+    """One run's log judged: the verdicts, and everything that fails the run.
+
+    Attributes:
+        verdicts: one per rank (:func:`verdicts_from_text`); ``[]`` when the log has no NCCL line.
+        expect: what the run should have used.
+        problems: transport problems against ``expect`` (:func:`check`), the mixed-jobs warning first.
+        failures: each rank's first failure after the transport was chosen (:func:`rayft.nccl.health.failures`).
+        timeouts: the collectives that timed out, with the ranks that reported them and those that did not.
+        faults: environment faults (:func:`rayft.nccl.environment.environment_faults`).
+        instance_note: why the instance-type checks were skipped, or None.
+        fail_on_faults: environment faults fail the run (the default) or only warn.
+    """
+
+    verdicts: list[RankVerdict]
+    expect: Expect
+    problems: list[str] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+    timeouts: list[Timeout] = field(default_factory=list)
+    faults: list[Fault] = field(default_factory=list)
+    instance_note: str | None = None
+    fail_on_faults: bool = True
+
+    @property
+    def mixed(self) -> str | None:
+        """The warning that the text held more than one job, or None."""
+        return mixed_jobs(self.verdicts)
+
+    @property
+    def exit_code(self) -> int:
+        """2 bad input (no NCCL line and no failure; more than one job), 1 failed (a wrong transport,
+        a failure, an environment fault unless only warned of), 0 as expected."""
+        if (not self.verdicts and not self.failures) or self.mixed:
+            return 2
+        if self.problems or self.failures or (self.faults and self.fail_on_faults):
+            return 1
+        return 0
+
+
+def judge(text: str, expect: Expect | str = Expect.ANY, instance_type: str | None = None, fail_on_faults: bool = True) -> Report:
+    """Judge one run's output ``text`` (see :class:`Report`).
+
+    ``instance_type``: the EC2 type the run ran on, for the EFA-device and GPUDirect RDMA checks
+    (default: the type aws-ofi-nccl names in the log; none: those checks are skipped).
+    """
+    expect = Expect(expect)
+    verdicts = verdicts_from_text(text)
+    _, note = instance_of(verdicts, instance_type)
+    return Report(
+        verdicts=verdicts,
+        expect=expect,
+        problems=check(verdicts, expect) if verdicts else [],
+        failures=failures(text, verdicts),
+        timeouts=timeouts(text, verdicts),
+        faults=environment_faults(verdicts, instance_type),
+        instance_note=note,
+        fail_on_faults=fail_on_faults,
+    )

@@ -37,6 +37,7 @@ from rayft.train.run_dir import (
 from rayft.train.run_lock import RunLock
 from rayft.train.stop import EXIT_CODES, SignalStop, StopBeforeTraining, create_stop_flag
 from rayft.train.summary import build_summary, stop_record, wall_timeline
+from rayft.train.transport_check import TransportCheck
 
 __all__ = ["TrainError", "TrainStopped", "load_run_data", "run_training"]
 
@@ -158,6 +159,8 @@ def train_run(
     progress = ProgressChannel.open()
     stop_flag = create_stop_flag(f"{name}-{lock.holder.run_id}")
     cleanup.callback(ray.kill, stop_flag)  # the flag lives as long as the run (`rayft stop --wait` waits for that)
+    # the Ray job recorded for `rayft doctor --run`; after a finished run, ray.verify_transport judged (after the summary)
+    cleanup.enter_context(TransportCheck(cfg, run_dir, say=lambda s: console.print(s, highlight=False, markup=False)))
     signals.on_stop = lambda reason: stop_flag.request.remote(reason)
     args = WorkerArgs(
         config=cfg.model_dump(mode="json"),
@@ -184,7 +187,7 @@ def train_run(
             else str(Path(cfg.checkpoint.storage_path).resolve()),
             failure_config=ray.train.FailureConfig(max_failures=cfg.ray.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.checkpoint.keep_last),
-            worker_runtime_env={"env_vars": worker_env_vars()},
+            worker_runtime_env={"env_vars": worker_env_vars(cfg, run_dir)},
         ),
         torch_config=TorchConfig(backend=backend),
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 from pathlib import Path
 from typing import Any
@@ -144,22 +145,56 @@ def nodes_missing_storage(storage_path: str) -> list[str]:
     return [n["NodeManagerAddress"] for n, ok in zip(rest, seen) if not ok]
 
 
-def worker_env_vars() -> dict[str, str]:
+def worker_env_vars(cfg: RayftConfig | None = None, run_dir: str | None = None) -> dict[str, str]:
     """Environment variables the Ray Train workers get on top of their node's.
 
     ``TOKENIZERS_PARALLELISM=false``, plus every ``NCCL_*`` variable set in the driver's
     environment: on an embedded local Ray the workers inherit them anyway, on a remote cluster
     this is how ``NCCL_DEBUG=INFO rayft train ...`` (or ``NCCL_NET=Socket``) reaches the workers.
+    With ``cfg``: ``NCCL_DEBUG=INFO`` unless set, when ``ray.verify_transport`` reads the NCCL logs
+    at the end; PyTorch's flight recorder (:func:`flight_recorder_env`) with
+    ``train.nccl_flight_recorder``, its dumps in ``run_dir``'s :data:`FLIGHT_RECORDER_DIR`.
     """
     env = {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}
     env["TOKENIZERS_PARALLELISM"] = "false"
+    if cfg is not None and cfg.ray.verify_transport:
+        env.setdefault("NCCL_DEBUG", "INFO")
+    if cfg is not None and cfg.train.nccl_flight_recorder and run_dir:
+        env |= flight_recorder_env(os.path.join(run_dir, FLIGHT_RECORDER_DIR))
     return env
+
+
+FLIGHT_RECORDER_DIR = "flight_recorder"  # in the run directory: rank_<N>, one dump per rank
+
+
+def flight_recorder_env(dump_dir: str, torch_version: str | None = None) -> dict[str, str]:
+    """PyTorch's NCCL flight recorder, for every worker: a ring buffer of each rank's last 2000
+    collectives, written to ``dump_dir/rank_<N>`` when c10d's watchdog times a collective out.
+
+    torch 2.9 and later read TORCH_FR_BUFFER_SIZE and TORCH_FR_DUMP_TEMP_FILE (and warn of the
+    older TORCH_NCCL_TRACE_BUFFER_SIZE / TORCH_NCCL_DEBUG_INFO_TEMP_FILE, which earlier versions
+    read); TORCH_NCCL_DUMP_ON_TIMEOUT has one name. ``torch_version`` (default: this process's
+    torch, which the workers share on an embedded Ray or in one image) picks the names.
+    """
+    if torch_version is None:
+        import torch
+
+        torch_version = torch.__version__
+    major, minor = (int(x) for x in re.match(r"(\d+)\.(\d+)", torch_version).groups())
+    new = (major, minor) >= (2, 9)
+    prefix = os.path.join(dump_dir, "rank_")
+    return {
+        "TORCH_FR_BUFFER_SIZE" if new else "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+        "TORCH_FR_DUMP_TEMP_FILE" if new else "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix,
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+    }
 
 
 def check_worker_environment(cfg: RayftConfig, use_gpu: bool) -> None:
     """What the workers will need, checked from the driver before they start: a GPU memory cap
     only for GPU workers, torchao for ``train.float8`` (the driver's environment stands for the
-    workers': embedded Ray, or the same image), and checkpoint storage every node can see.
+    workers': embedded Ray, or the same image), a run directory on a file system for
+    ``train.nccl_flight_recorder``'s dumps, and checkpoint storage every node can see.
 
     Raises:
         TrainError: naming the setting and what to do.
@@ -174,6 +209,11 @@ def check_worker_environment(cfg: RayftConfig, use_gpu: bool) -> None:
             import torchao.float8  # noqa: F401
         except ImportError:
             raise TrainError("train.float8 needs the torchao package (in a clone: pip install -e '.[fp8]')") from None
+    if cfg.train.nccl_flight_recorder and "://" in cfg.checkpoint.storage_path:
+        raise TrainError(
+            f"train.nccl_flight_recorder writes each rank's dump into the run directory, but checkpoint.storage_path="
+            f"{cfg.checkpoint.storage_path} is not a file system: use one every node mounts (e.g. /fsx), or turn the recorder off"
+        )
     blind = nodes_missing_storage(cfg.checkpoint.storage_path)
     if blind:
         raise TrainError(

@@ -1,0 +1,74 @@
+"""The run's side of issue 20: ray.verify_transport and train.nccl_flight_recorder in the config, the
+workers' environment they set, and the checks before the workers start. The end-of-run check
+itself runs against a real local Ray job in tests/integration/test_doctor_job.py."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from rayft.config import ConfigError, load_config
+from rayft.train.errors import TrainError
+from rayft.train.ray_cluster import check_worker_environment, flight_recorder_env, worker_env_vars
+
+
+def config(tmp_path, extra: str = ""):
+    (tmp_path / "d.jsonl").write_text("{}\n")
+    p = tmp_path / "job.yaml"
+    p.write_text(textwrap.dedent("data:\n  train_files: d.jsonl\n") + textwrap.dedent(extra))
+    return load_config(p)
+
+
+def test_config_fields(tmp_path):
+    cfg = config(tmp_path)
+    assert (cfg.ray.verify_transport, cfg.train.nccl_flight_recorder) == (None, False)
+    cfg = config(tmp_path, "ray:\n  verify_transport: efa\ntrain:\n  nccl_flight_recorder: true\n")
+    assert (cfg.ray.verify_transport, cfg.train.nccl_flight_recorder) == ("efa", True)
+    with pytest.raises(ConfigError, match=r"ray.verify_transport \(line 4\)"):
+        config(tmp_path, "ray:\n  verify_transport: infiniband\n")
+
+
+def test_workers_environment(tmp_path, monkeypatch):
+    for k in ("NCCL_DEBUG", "NCCL_NET"):
+        monkeypatch.delenv(k, raising=False)
+    assert worker_env_vars() == {"TOKENIZERS_PARALLELISM": "false"}  # the old call, unchanged
+    cfg = config(tmp_path, "ray:\n  verify_transport: nvlink\ntrain:\n  nccl_flight_recorder: true\n")
+    import torch
+
+    new = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 9)
+    buffer, dump = (
+        ("TORCH_FR_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE") if new else ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+    )
+    assert worker_env_vars(cfg, "/fsx/runs/r1") == {
+        "TOKENIZERS_PARALLELISM": "false",
+        "NCCL_DEBUG": "INFO",  # the check reads NCCL_DEBUG=INFO lines
+        buffer: "2000",
+        dump: "/fsx/runs/r1/flight_recorder/rank_",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+    }
+    monkeypatch.setenv("NCCL_DEBUG", "TRACE")  # the user's own level wins
+    assert worker_env_vars(cfg, "/fsx/runs/r1")["NCCL_DEBUG"] == "TRACE"
+
+
+def test_flight_recorder_names_by_torch_version():
+    assert flight_recorder_env("/d", "2.13.0+cpu") == {
+        "TORCH_FR_BUFFER_SIZE": "2000",
+        "TORCH_FR_DUMP_TEMP_FILE": "/d/rank_",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+    }
+    assert flight_recorder_env("/d", "2.6.0") == {
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/d/rank_",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+    }
+
+
+def test_flight_recorder_needs_a_file_system_for_its_dumps(tmp_path):
+    cfg = config(tmp_path, "train:\n  nccl_flight_recorder: true\ncheckpoint:\n  storage_path: s3://bucket/runs\n")
+    with pytest.raises(TrainError) as e:
+        check_worker_environment(cfg, use_gpu=False)
+    assert str(e.value) == (
+        "train.nccl_flight_recorder writes each rank's dump into the run directory, but checkpoint.storage_path="
+        "s3://bucket/runs is not a file system: use one every node mounts (e.g. /fsx), or turn the recorder off"
+    )
