@@ -301,7 +301,7 @@ class CheckpointConfig(_Section):
     export_hf: bool = True
     on_signal: bool = Field(
         default=True,
-        description="On SIGTERM/SIGINT to the driver: checkpoint the current step before stopping (then resume with --resume).",
+        description="On SIGTERM/SIGINT to the driver (or `rayft stop`): checkpoint the last finished step before stopping (then --resume).",
     )
     signal_grace_s: float = Field(
         default=25.0,

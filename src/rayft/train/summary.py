@@ -51,8 +51,15 @@ def build_summary(
         TrainError: the run ended without reporting a step (and was not stopped).
     """
     if not history and stop is not None:
-        summary = {"run_dir": run_dir, "steps": 0, "total_steps": total, "checkpoints": extra["checkpoints"], "resumes": extra["resumes"],
-                   "wall_s": wall, "stopped": stop}  # fmt: skip
+        summary = {
+            "run_dir": run_dir,
+            "steps": 0,
+            "total_steps": total,
+            "checkpoints": extra["checkpoints"],
+            "resumes": extra["resumes"],
+            "wall_s": wall,
+            "stopped": stop,
+        }
         t = Table(title="rayft run summary", show_header=False)
         t.add_row("run", run_dir)
         t.add_row("stopped", stop_line(stop))
