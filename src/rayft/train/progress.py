@@ -26,8 +26,8 @@ from rayft.train.stop import SignalStop
 @dataclass
 class RunProgress:
     """What the workers reported: ``history`` (one metrics record per reported step, the latest
-    kept after a restart re-ran steps), the export check, finished checkpoints' timings, resumes
-    the initial evaluation, and the workers' early stop (``stopped``)."""
+    kept after a restart re-ran steps), the export check, finished checkpoints' timings, resumes,
+    the initial evaluation and the workers' early stop (``stopped``)."""
 
     history: list[dict] = field(default_factory=list)
     export: dict = field(default_factory=dict)
