@@ -314,8 +314,11 @@ def test_rayft_stop_asks_the_runs_of_the_cluster_to_stop(ray_local):
     said = []
     alive = request_stop("preStop of pod w-1", run="pod-run", wait_s=1.0, say=said.append)
     assert alive == ["rayft-stop-pod-run-0123456789ab"]  # nothing ends this run in the test: still alive after the wait
-    assert ray.get(flag.requested.remote()) == "preStop of pod w-1" and ray.get(other.requested.remote()) is None
+    assert ray.get(flag.requested.remote()) == "preStop of pod w-1" and ray.get(other.requested.remote()) is None  # only that run
     assert said == ["asked rayft-stop-pod-run-0123456789ab to stop", "rayft-stop-pod-run-0123456789ab still running after 1 s"]
+    res = CliRunner().invoke(app, ["stop", "--run", "other", "--reason", "the CLI"])  # the command itself, on the connected Ray
+    assert res.exit_code == 0 and res.stderr.strip() == "asked rayft-stop-other-fedcba987654 to stop"
+    assert ray.get(other.requested.remote()) == "the CLI"
     ray.kill(flag)
     ray.kill(other)
     time.sleep(0.5)

@@ -103,6 +103,10 @@ def test_entrypoint_and_runtime_env():
     assert {"runs/", ".venv/", ".gpu/", ".git/"} <= set(env["excludes"])
     assert env["py_modules"][0].endswith("rayft")
     assert sub.project_root(ROOT / "examples" / "quickstart.yaml") == ROOT
+    assert "RAY_JOB_STOP_WAIT_TIME_S" not in env["env_vars"]
+    assert (
+        sub.runtime_env(ROOT, stop_wait_s=30)["env_vars"]["RAY_JOB_STOP_WAIT_TIME_S"] == "30"
+    )  # Ray's default 3 s would cut rayft's stop short
 
 
 class FakeClient:

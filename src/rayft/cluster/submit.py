@@ -120,17 +120,20 @@ def build_entrypoint(config_rel: str, overrides: list[str], clear_address: bool)
     return " ".join(shlex.quote(p) for p in parts)
 
 
-def runtime_env(working_dir: Path) -> dict[str, Any]:
-    """The job's runtime_env; ``working_dir`` is the zip :func:`submit` writes (or a folder)."""
+def runtime_env(working_dir: Path, stop_wait_s: int | None = None) -> dict[str, Any]:
+    """The job's runtime_env; ``working_dir`` is the zip :func:`submit` writes (or a folder).
+
+    ``stop_wait_s``: seconds Ray's job supervisor waits between the SIGTERM of a job stop (`ray job
+    stop`, Ctrl-C on `rayft submit`) and its SIGKILL (``RAY_JOB_STOP_WAIT_TIME_S``, Ray's default
+    3): set to cover rayft's own stop (``checkpoint.signal_grace_s``), which checkpoints first.
+    """
     import rayft
 
     pkg = Path(rayft.__file__).resolve().parent
-    return {
-        "working_dir": str(working_dir),
-        "py_modules": [str(pkg)],
-        "excludes": EXCLUDES,
-        "env_vars": {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"},
-    }
+    env_vars = {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+    if stop_wait_s is not None:
+        env_vars["RAY_JOB_STOP_WAIT_TIME_S"] = str(stop_wait_s)
+    return {"working_dir": str(working_dir), "py_modules": [str(pkg)], "excludes": EXCLUDES, "env_vars": env_vars}
 
 
 def client_for(address: str, token: str | None):
@@ -210,6 +213,7 @@ def submit(
     working_dir: Path | None = None,
     say: Callable[[str], None] = print,
     yes: bool = False,
+    stop_wait_s: int | None = None,
 ):
     """Submit the job; returns (client, Submission).
 
@@ -232,7 +236,7 @@ def submit(
         except OSError as e:
             raise SubmitError(f"cannot package the working dir {wd}: {e}") from None
         try:
-            job_id = client.submit_job(entrypoint=entry, runtime_env=runtime_env(zipped), submission_id=job_id)
+            job_id = client.submit_job(entrypoint=entry, runtime_env=runtime_env(zipped, stop_wait_s), submission_id=job_id)
         except Exception as e:
             raise SubmitError(f"job submission failed: {_auth_hint(e, token)}") from None
     return client, Submission(addr, job_id, entry, str(wd), token_source)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -56,7 +57,15 @@ def submit(
         return
     try:
         client, sub = do_submit(
-            config, set_ or [], cfg.ray.address, address=address, token_file=token_file, working_dir=working_dir, say=say, yes=yes
+            config,
+            set_ or [],
+            cfg.ray.address,
+            address=address,
+            token_file=token_file,
+            working_dir=working_dir,
+            say=say,
+            yes=yes,
+            stop_wait_s=math.ceil(cfg.checkpoint.signal_grace_s) + 5,  # a job stop lets rayft checkpoint before Ray's SIGKILL
         )
     except SubmitError as e:
         fail(str(e))
