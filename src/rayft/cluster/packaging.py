@@ -33,7 +33,10 @@ from ray._private.thirdparty.pathspec import PathSpec
 #: never uploaded: run outputs, environments, git metadata, caches (folders at any depth)
 ALWAYS_EXCLUDED = ["runs/", ".venv/", "venv/", ".gpu/", ".git/", "__pycache__/", "*.egg-info/", ".pytest_cache/", ".rayft/"]
 #: never uploaded, whatever .gitignore / .rayignore / .rayftignore say
-SECRET_PATTERNS = [".env*", "*.pem", "*.key", "id_*", ".aws/", ".netrc", "credentials*", "*.tfstate"]
+SECRET_PATTERNS = [
+    ".env*", "*.pem", "*.key", "*.p12", "*.pfx", "id_*", ".aws/", ".ssh/", ".kube/", ".netrc", ".git-credentials", ".pypirc",
+    "credentials*", "*.tfstate", "*.tfvars",
+]  # fmt: skip
 #: ignore files read in every folder (gitignore syntax)
 IGNORE_FILES = (".gitignore", ".rayignore", ".rayftignore")
 #: the largest working_dir `rayft submit` uploads without --yes (bytes, files' sizes summed)
