@@ -5,9 +5,10 @@ The digest is BLAKE2b with a 16-byte (128-bit) output from the standard library'
 (:data:`ALGORITHM`), written as 32 hex characters. It detects changed bytes (a bit flip, a torn or
 overwritten block, a truncated or swapped file); it is not a signature against a deliberate forger.
 
-Cost, measured on this project's CPU test machine (2 shared vCPUs of an AMD EPYC VM; see
-``docs/checkpoints.md``): 1.2–1.4 CPU seconds per GB hashed on one thread; a DCP save through
-:class:`HashingFileSystemWriter` took 1.5 CPU seconds per GB more than through the plain writer.
+Cost, measured on this project's 2-vCPU CPU machine (``bench/checkpoint_hash_cost.py``,
+``bench/results/2026-12-01-checkpoint-hash-cost-2cpu.json``): 1.61 CPU seconds per GB hashed; a DCP
+save through :class:`HashingFileSystemWriter` took 1.47 CPU seconds per GB more than through the
+plain writer.
 ``hashlib`` releases the GIL while it hashes, so the ``checkpoint.write_threads`` writer threads of
 a rank hash in parallel, each the file it writes, as far as the host has idle cores.
 """
