@@ -129,3 +129,16 @@ def test_a_lease_taken_by_another_run_is_noticed_and_not_deleted(tmp_path, monke
     lock.release()
     assert lock.lost == f"the lock of {run} was taken by pid 1 on another-host since 2026-12-01T10:00:00+00:00 (run id abc123)"
     assert json.loads((run / LOCK_FILE).read_text())["host"] == "another-host"
+
+
+def test_a_torn_or_garbage_lock_file_is_no_holder(tmp_path, monkeypatch):
+    run = tmp_path / "r6"
+    run.mkdir()
+    (run / LOCK_FILE).write_bytes(b"\x00{not json")  # a torn write, or anything else
+    notes = []
+    with RunLock(str(run), say=notes.append) as lock:  # the flock is free: taken, with no holder to name
+        assert notes == [] and json.loads((run / LOCK_FILE).read_text())["run_id"] == lock.holder.run_id
+    lease_only(monkeypatch)
+    (run / LOCK_FILE).write_text("garbage")
+    with RunLock(str(run), say=notes.append) as lock:  # a lease over an unreadable file: taken too
+        assert notes == [] and json.loads((run / LOCK_FILE).read_text())["run_id"] == lock.holder.run_id
