@@ -55,6 +55,21 @@ class CheckpointError(RuntimeError):
     """A checkpoint or run directory that cannot be used; the message names the path."""
 
 
+def check_same_data(path: str | os.PathLike, saved: str | None, current: str) -> None:
+    """Refuse to resume the checkpoint at ``path``, made from data of fingerprint ``saved``
+    (None: a checkpoint without one), with data of fingerprint ``current``: the data order would
+    not continue. Checked by the driver before workers start and by the workers after a restart.
+
+    Raises:
+        CheckpointError: the fingerprints differ.
+    """
+    if saved not in (None, current):
+        raise CheckpointError(
+            f"{path}: the training data changed since this checkpoint (fingerprint {saved} → {current}); "
+            "resuming would not continue the same data order"
+        )
+
+
 def write_state(path: str, state: dict, model_config, digests: dict[str, str] | None = None) -> None:
     """The model's ``config.json``, then the state file, atomically (last: it marks the checkpoint complete).
 

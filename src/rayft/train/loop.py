@@ -305,11 +305,7 @@ def resume(model: ShardedModel, optimizer, args: WorkerArgs, rows_per_step: int,
     t0 = time.perf_counter()
     state = ckpt_lib.load_sharded(model.module, optimizer, path)
     load_s = time.perf_counter() - t0
-    if state.get("data_fingerprint") not in (None, args.data_fingerprint):
-        raise ckpt_lib.CheckpointError(
-            f"{path}: the training data changed since this checkpoint (fingerprint {state['data_fingerprint']} → "
-            f"{args.data_fingerprint}); resuming would not continue the same data order"
-        )
+    ckpt_lib.check_same_data(path, state.get("data_fingerprint"), args.data_fingerprint)
     world = dist.get_world_size()
     if dist.get_rank() == 0:
         note = f" (saved at world size {state['world_size']}, resharded to {world} by DCP)" if state["world_size"] != world else ""

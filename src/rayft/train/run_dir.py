@@ -96,14 +96,12 @@ def check_resume_data(checkpoint: str, data_fingerprint: str) -> None:
     Raises:
         TrainError: the checkpoint's recorded data fingerprint differs from ``data_fingerprint``.
     """
-    from rayft.train.checkpoint import read_state
+    from rayft.train.checkpoint import CheckpointError, check_same_data, read_state
 
-    saved = read_state(checkpoint).get("data_fingerprint")
-    if saved not in (None, data_fingerprint):
-        raise TrainError(
-            f"{checkpoint}: the training data changed since this checkpoint (fingerprint {saved} → {data_fingerprint}); "
-            "resuming would not continue the same data order"
-        )
+    try:
+        check_same_data(checkpoint, read_state(checkpoint).get("data_fingerprint"), data_fingerprint)
+    except CheckpointError as e:
+        raise TrainError(str(e)) from None
 
 
 class MetricsLog:
