@@ -97,7 +97,7 @@ _Column = Annotated[str, Field(min_length=1)] | None
 class ColumnsConfig(_Section):
     """``data.columns``: the dataset's names for the fields, turn keys and role names the reader
     uses (``{key: name in the data}``, e.g. ``{instruction: prompt, output: response}``); unset keys
-    keep their usual names. Keys are those of ``rayft.data.formats.COLUMN_KEYS``."""
+    keep their usual names. Keys are those of ``rayft.data.records.COLUMN_KEYS``."""
 
     model_config = ConfigDict(serialize_by_alias=True, validate_by_alias=True, validate_by_name=True)
 

@@ -14,7 +14,8 @@ pytest.importorskip("moto", reason="the s3:// reader test needs moto[server] (pi
 boto3 = pytest.importorskip("boto3", reason="the s3:// reader needs boto3")
 zstandard = pytest.importorskip("zstandard", reason="the .zst part of the test needs zstandard")
 
-from rayft.data.formats import DataError, S3Object, expand_files, load_conversations
+from rayft.data.formats import DataError, expand_files, load_conversations
+from rayft.data.sources import S3Object
 
 pytestmark = pytest.mark.integration
 

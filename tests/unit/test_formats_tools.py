@@ -444,7 +444,7 @@ def test_unknown_columns_keys_are_refused(tmp_path):
 
 def test_config_columns(tmp_path):
     from rayft.config import ColumnsConfig, ConfigError, dump_config, load_config
-    from rayft.data.formats import COLUMN_KEYS
+    from rayft.data.records import COLUMN_KEYS
 
     assert sorted(f.alias or n for n, f in ColumnsConfig.model_fields.items()) == sorted(COLUMN_KEYS)
     cfg_file = tmp_path / "job.yaml"

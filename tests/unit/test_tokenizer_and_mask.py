@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from conftest import shared_path
 
-from rayft.data.formats import Conversation, to_conversation
+from rayft.data.examples import Conversation
+from rayft.data.records import to_conversation
 from rayft.data.tokenize import tokenize_conversation, tokenize_dataset
 
 IM_START, IM_END, ENDOFTEXT = 151644, 151645, 151643

@@ -54,7 +54,8 @@ def file_identity(path) -> dict[str, Any]:
     Raises:
         OSError: an unreadable local file. DataError: an S3 error.
     """
-    from rayft.data.formats import DataError, S3Object, s3_client
+    from rayft.data.examples import DataError
+    from rayft.data.sources import S3Object, s3_client
 
     if isinstance(path, S3Object):
         from botocore.exceptions import BotoCoreError, ClientError
@@ -79,7 +80,7 @@ def input_stamps(data_cfg) -> list[Any]:
     Raises:
         OSError: a local file that vanished. DataError: an S3 error.
     """
-    from rayft.data.formats import S3Object, expand_files
+    from rayft.data.sources import S3Object, expand_files
 
     out: list[Any] = []
     for p in expand_files(data_cfg.train_files) + (expand_files(data_cfg.validation_files) if data_cfg.validation_files else []):
@@ -112,10 +113,10 @@ def cache_key(data_cfg, tokenizer, tokenizer_name: str) -> tuple[str, dict[str, 
     """``(key, what was hashed)`` for ``data_cfg`` (a :class:`rayft.config.DataConfig`).
 
     Raises:
-        DataError: an input file that does not exist (from :func:`rayft.data.formats.expand_files`)
+        DataError: an input file that does not exist (from :func:`rayft.data.sources.expand_files`)
             or cannot be read.
     """
-    from rayft.data.formats import expand_files
+    from rayft.data.sources import expand_files
 
     val = None
     if data_cfg.validation_files:

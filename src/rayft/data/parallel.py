@@ -19,7 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
-from rayft.data.formats import Conversation, DataError, TextDocument
+from rayft.data.examples import Conversation, DataError, TextDocument
 from rayft.data.tokenize import TokenizedDataset, assemble, special_prefix, tokenize_example
 
 #: ``data.preprocess: auto`` tokenizes with Ray Data from this many examples on (and only when the

@@ -1,7 +1,7 @@
 """A run's data, ready to train on: read, validate and tokenize (or take from the cache).
 
 Everything here runs before any worker (or GPU) starts, so bad data fail in seconds, with the
-file and line. Errors are the data layer's own :class:`~rayft.data.formats.DataError`.
+file and line. Errors are the data layer's own :class:`~rayft.data.examples.DataError`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.text import Text
 
 from rayft.config import RayftConfig
-from rayft.data.formats import DataError
+from rayft.data.examples import DataError
 
 
 @dataclass
@@ -217,7 +217,7 @@ def tokenize_examples(tokenizer, examples: list, cfg: RayftConfig, connect: Call
 def data_line(label: str, examples: list, ds, seq_len: int) -> str:
     """The report line of a tokenized set: records, examples, trainable and total tokens,
     truncations, split documents and examples dropped for lack of a trainable token."""
-    from rayft.data.formats import TextDocument
+    from rayft.data.examples import TextDocument
 
     n_text = sum(isinstance(c, TextDocument) for c in examples)
     kinds = f" ({len(examples) - n_text} conversations, {n_text} text documents)" if n_text else ""

@@ -1,8 +1,8 @@
 """Training examples ─► token ids + loss mask. One code path per kind of example:
 
-* :class:`~rayft.data.formats.Conversation` (:func:`tokenize_conversation`): rendered with the chat
+* :class:`~rayft.data.examples.Conversation` (:func:`tokenize_conversation`): rendered with the chat
   template (with the record's tools), loss on assistant turns only, tool calls included (below). Longer than ``seq_len``: truncated (``truncated``).
-* :class:`~rayft.data.formats.TextDocument` (:func:`tokenize_text`, continued pre-training): the text
+* :class:`~rayft.data.examples.TextDocument` (:func:`tokenize_text`, continued pre-training): the text
   tokenized *without* the chat template, preceded by the tokenizer's own leading special tokens (BOS
   for Llama-style tokenizers, none for Qwen) and followed by ``tokenizer.eos_token_id``; loss on every
   token. Longer than ``seq_len``: *split* (never truncated, never dropped) into chunks of at most
@@ -23,7 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
-from rayft.data.formats import Conversation, DataError, TextDocument
+from rayft.data.examples import Conversation, DataError, TextDocument
 
 
 @dataclass

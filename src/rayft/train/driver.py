@@ -20,7 +20,7 @@ from typing import Any
 from rich.console import Console
 
 from rayft.config import RayftConfig
-from rayft.data.formats import DataError
+from rayft.data.examples import DataError
 from rayft.data.prepare import PreparedData, open_tokenizer, prepare_data
 from rayft.train.errors import TrainError, TrainStopped
 from rayft.train.progress import show_progress

@@ -1,0 +1,217 @@
+"""Where records come from: data files named by paths, globs, directories and ``s3://`` URIs
+(:func:`expand_files`), what kind each file is by its name (:func:`file_kind`), and reading one
+file's bytes, decompressed (:func:`read_bytes`). The supported kinds are listed in
+:mod:`rayft.data.formats`."""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import io
+import os
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from rayft.data.examples import DataError
+
+DATA_SUFFIXES = (".json", ".jsonl")
+GZIP_SUFFIX = ".gz"
+ZSTD_SUFFIX = ".zst"
+COMPRESSED_SUFFIXES = (GZIP_SUFFIX, ZSTD_SUFFIX)
+PARQUET_SUFFIX = ".parquet"
+UNSUPPORTED_SUFFIXES = (".zstd", ".bz2", ".xz", ".arrow", ".csv", ".tsv", ".tar", ".zip")
+SUPPORTED_NOTE = ".json, .jsonl, .json.gz, .jsonl.gz, .json.zst, .jsonl.zst, .parquet"
+
+
+@dataclass(frozen=True)
+class S3Object:
+    """An object in S3 (``str()`` is its ``s3://bucket/key`` URI), read whole with boto3, which
+    finds credentials, region and endpoint (``AWS_ENDPOINT_URL``) the usual way."""
+
+    bucket: str
+    key: str
+
+    def __str__(self) -> str:
+        return f"s3://{self.bucket}/{self.key}"
+
+    @property
+    def name(self) -> str:
+        return self.key.rsplit("/", 1)[-1]
+
+    def read_bytes(self) -> bytes:
+        """The object's bytes. Raises DataError (no boto3, access denied, no such key...)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return s3_client(str(self)).get_object(Bucket=self.bucket, Key=self.key)["Body"].read()
+        except (BotoCoreError, ClientError) as e:
+            raise DataError(f"{self}: cannot read: {e}") from None
+
+
+DataFile = Path | S3Object
+
+
+def s3_client(uri: str):
+    """A boto3 S3 client (credentials and region from the environment, as boto3 finds them).
+
+    Raises:
+        DataError: boto3 is not installed (naming ``uri``).
+    """
+    try:
+        import boto3
+    except ImportError:
+        raise DataError(f"{uri}: reading s3:// URIs needs boto3 (pip install 'rayft[aws]')") from None
+    return boto3.client("s3")
+
+
+def file_kind(name: str) -> Literal["json", "compressed", "parquet", "unsupported", "other"]:
+    """How a file is read, by the suffixes of its name (case-insensitive); ``other`` = not a data-file
+    suffix; ``compressed``: gzip/zstd-compressed JSON or JSON Lines."""
+    p = Path(name.lower())
+    suf = p.suffix
+    if suf in DATA_SUFFIXES:
+        return "json"
+    if suf == PARQUET_SUFFIX:
+        return "parquet"
+    if suf in COMPRESSED_SUFFIXES:
+        inner = Path(p.stem).suffix
+        if inner in DATA_SUFFIXES:
+            return "compressed"
+        return "unsupported" if inner in UNSUPPORTED_SUFFIXES or inner == PARQUET_SUFFIX else "other"
+    return "unsupported" if suf in UNSUPPORTED_SUFFIXES else "other"
+
+
+def _data_files_of(where: str, files: list) -> list:
+    """The data files among a directory's (or S3 prefix's) ``files`` (sorted, each with ``.name``).
+    Raises DataError when some are of an unsupported kind, or none is a data file."""
+    kinds = {str(p): file_kind(p.name) for p in files}
+    bad = [
+        p.name
+        for p in files
+        if kinds[str(p)] == "unsupported" or (kinds[str(p)] == "other" and p.name.lower().endswith(COMPRESSED_SUFFIXES))
+    ]
+    if bad:
+        raise DataError(
+            f"{where}: holds {bad[:3]}: these files are not supported yet (supported: {SUPPORTED_NOTE}; decompress or convert to JSONL)"
+        )
+    found = [p for p in files if kinds[str(p)] in ("json", "compressed", "parquet")]
+    if not found:
+        raise DataError(f"{where}: directory has no data file ({SUPPORTED_NOTE}) (data.train_files)")
+    return found
+
+
+def _expand_s3(uri: str) -> list[S3Object]:
+    """``s3://bucket/key``: that object if it exists, else the data files directly under the prefix
+    ``key/`` (like a directory; sub-"folders" are not read)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    bucket, _, key = uri[len("s3://") :].partition("/")
+    if not bucket:
+        raise DataError(f"{uri}: no bucket named (expected s3://bucket/prefix)")
+    if glob.has_magic(key):
+        raise DataError(f"{uri}: globs are not supported in s3:// URIs; name an object or a prefix")
+    client = s3_client(uri)
+    try:
+        if key and not key.endswith("/"):
+            try:
+                client.head_object(Bucket=bucket, Key=key)
+                obj = S3Object(bucket, key)
+                if file_kind(obj.name) == "unsupported":
+                    raise DataError(
+                        f"{uri}: this kind of file is not supported yet (supported: {SUPPORTED_NOTE}; decompress or convert to JSONL)"
+                    )
+                return [obj]
+            except ClientError as e:
+                if e.response.get("Error", {}).get("Code") not in ("404", "NoSuchKey", "NotFound"):
+                    raise
+        prefix = key if not key or key.endswith("/") else key + "/"
+        keys = []
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix, Delimiter="/"):
+            keys += [o["Key"] for o in page.get("Contents", []) if not o["Key"].endswith("/")]
+    except (BotoCoreError, ClientError) as e:
+        raise DataError(f"{uri}: cannot list: {e}") from None
+    if not keys:
+        raise DataError(f"{uri}: no such object, and no object under {f's3://{bucket}/{prefix}'} (data.train_files)")
+    return _data_files_of(uri, [S3Object(bucket, k) for k in sorted(keys)])
+
+
+def expand_files(patterns: list[str]) -> list[DataFile]:
+    """Files named by paths, globs, directories and ``s3://bucket/key`` URIs, in sorted order, each
+    once. A directory contributes its ``*.json``, ``*.jsonl``, ``*.json.gz``, ``*.jsonl.gz``,
+    ``*.json.zst``, ``*.jsonl.zst`` and ``*.parquet`` files (any case); a file named explicitly is
+    read as JSON/JSONL unless its suffix says otherwise (``x.gz`` / ``x.zst``: compressed JSON/JSONL).
+    An ``s3://`` URI names one object, or else a prefix read like a directory (:class:`S3Object`).
+
+    Raises:
+        DataError: a pattern that matches nothing, a URI other than ``s3://`` or an s3 glob, a
+            bz2/xz/Arrow/CSV/tar/zip file (not supported yet), a directory holding such files or no
+            data file, a file listed twice, or an S3 error (no credentials, no such bucket, ...).
+    """
+    out: list[DataFile] = []
+    for pat in patterns:
+        if pat.startswith("s3://"):
+            found = _expand_s3(pat)
+        elif "://" in pat:
+            raise DataError(f"{pat}: only s3:// URIs are supported by this reader; copy the file locally or to S3")
+        elif os.path.isdir(pat):
+            found = _data_files_of(pat, sorted(p for p in Path(pat).iterdir() if p.is_file()))
+        else:
+            found = sorted(Path(p) for p in glob.glob(pat)) if glob.has_magic(pat) and not os.path.exists(pat) else [Path(pat)]
+            found = [p for p in found if p.is_file()]
+            if not found:
+                raise DataError(f"{pat or repr(pat)}: no such data file (data.train_files)")
+            for p in found:
+                if file_kind(p.name) == "unsupported":
+                    raise DataError(
+                        f"{p}: this kind of file is not supported yet (supported: {SUPPORTED_NOTE}; decompress or convert to JSONL)"
+                    )
+        out.extend(found)
+    seen: set = set()
+    for p in out:
+        ident = p.resolve() if isinstance(p, Path) else str(p)
+        if ident in seen:
+            raise DataError(f"{p}: listed more than once in data.train_files (its records would be trained twice)")
+        seen.add(ident)
+    return out
+
+
+def _unzstd(raw: bytes, path: DataFile) -> bytes:
+    """zstd-decompressed ``raw`` (every frame, in order). Raises DataError."""
+    try:
+        import zstandard
+    except ImportError:
+        raise DataError(f"{path}: reading .zst files needs the zstandard package (pip install zstandard)") from None
+    out, dctx = [], zstandard.ZstdDecompressor()
+    try:
+        while raw:
+            d = dctx.decompressobj()
+            out.append(d.decompress(raw))
+            if not d.eof:
+                raise DataError(f"{path}: the zstd stream ends early (truncated file?)")
+            raw = d.unused_data
+    except zstandard.ZstdError as e:
+        raise DataError(f"{path}: not valid zstd data ({e})") from None
+    return b"".join(out)
+
+
+def read_bytes(path: DataFile) -> bytes:
+    """The file's bytes, decompressed for ``*.gz`` and ``*.zst``. Raises DataError (kind ``file``)."""
+    try:
+        raw = path.read_bytes()
+        suffix = Path(path.name).suffix.lower()
+        if suffix == ZSTD_SUFFIX:
+            return _unzstd(raw, path)
+        if suffix == GZIP_SUFFIX:
+            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as f:
+                return f.read()
+        return raw
+    except gzip.BadGzipFile as e:
+        raise DataError(f"{path}: not a valid gzip file: {e}") from None
+    except EOFError:
+        raise DataError(f"{path}: the gzip stream ends early (truncated file?)") from None
+    except zlib.error as e:
+        raise DataError(f"{path}: corrupt gzip data ({e})") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot read: {e.strerror or e}") from None
