@@ -71,8 +71,8 @@ def test_real_shared_files_load_every_record():
             r":1: messages\[0\] has unsupported key\(s\) \['tool_calls'\] for a user message",
         ),
         (
-            '{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "weight": 0}]}\n',
-            r":1: messages\[1\] has unsupported key\(s\) \['weight'\]",
+            '{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "weight": 0.5}]}\n',
+            r":1: messages\[1\]\.weight is 0\.5: a turn's weight must be 0 \(not trained\) or 1 \(trained\) \(fractional weights",
         ),
         (
             '{"messages": [{"role": "user", "content": "q"}, {"role": "system", "content": "s"}, {"role": "assistant", "content": "a"}]}\n',

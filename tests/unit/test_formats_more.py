@@ -102,8 +102,8 @@ H, G = {"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}
         (_sg({"from": 1, "value": "q"}, G), "conversations[0].from must be a string, got int"),
         (_sg(H, {"from": "gpt", "value": None}), "conversations[1].value must be a string, got NoneType"),
         (
-            _sg(H, {"from": "gpt", "value": "a", "weight": 0}),
-            "conversations[1] has unsupported key(s) ['weight'] (only 'from' and 'value' are read; per-turn weights are not supported yet)",
+            _sg(H, {"from": "gpt", "value": "a", "weight": 0.5}),
+            "conversations[1].weight is 0.5: a turn's weight must be 0 (not trained) or 1 (trained) (fractional weights are not supported)",
         ),
         (_sg(), "empty conversation"),
         (_sg(H), "no assistant turn (nothing to train on)"),

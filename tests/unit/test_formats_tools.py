@@ -323,7 +323,7 @@ A = {"role": "assistant", "content": "a"}
         ),
         (
             _msgs(U, {"role": "tool", "content": "r", "tool_calls": []}, A),
-            "messages[1] has unsupported key(s) ['tool_calls'] for a tool message (names and per-turn weights are not supported yet; remove them or convert the record)",
+            "messages[1] has unsupported key(s) ['tool_calls'] for a tool message (names are not supported yet; remove them or convert the record)",
         ),
         (_msgs(U, {"role": "tool", "content": "r", "tool_call_id": 7}, A), "messages[1].tool_call_id must be a string, got int"),
         (
@@ -401,7 +401,7 @@ def test_columns_rename_fields_turn_keys_and_roles(tmp_path):
         (
             '{"conversation": [{"speaker": "USER", "content": "q"}]}',
             CHAT_COLS,
-            "conversation[0] has unsupported key(s) ['content'] for a user message (names and per-turn weights are not supported yet; remove them or convert the record)",
+            "conversation[0] has unsupported key(s) ['content'] for a user message (names are not supported yet; remove them or convert the record)",
         ),
         ('{"conversation": [{"role": "USER", "text": "q"}]}', CHAT_COLS, "conversation[0] has no 'speaker' (data.columns.role)"),
         (
@@ -418,7 +418,7 @@ def test_columns_rename_fields_turn_keys_and_roles(tmp_path):
         (
             '{"dialog": [{"who": "human", "value": "q"}]}',
             {"conversations": "dialog", "from": "who", "value": "says"},
-            "dialog[0] has unsupported key(s) ['value'] (only 'who' and 'says' are read; per-turn weights are not supported yet)",
+            "dialog[0] has unsupported key(s) ['value'] (only 'who' and 'says' are read; other keys are not supported yet)",
         ),
         (
             '{"dialog": [{"who": "human"}]}',

@@ -20,9 +20,11 @@ REASON_KINDS = (
     "unknown_role",
     "unsupported_key",
     "unsupported_content",
+    "bad_weight",
     "tool_use",
     "empty_conversation",
     "no_assistant_turn",
+    "no_trained_turn",
     "empty_assistant_turn",
     "misplaced_system",
     "empty_text",
@@ -47,8 +49,10 @@ def bad_record(where: str, kind: str, reason: str) -> DataError:
 
 @dataclass(frozen=True)
 class Conversation:
-    """One chat training example: its messages, where it came from (``source`` = ``file:line``) and
-    the function schemas offered to the model (``tools``, empty without tool use).
+    """One chat training example: its messages, where it came from (``source`` = ``file:line``),
+    the function schemas offered to the model (``tools``, empty without tool use) and ``untrained``:
+    the indices (into ``messages``) of assistant turns that are rendered but not trained (a
+    per-turn weight of 0 in the record); every other assistant turn is trained.
 
     A message is ``{"role": "system"|"user"|"assistant"|"tool", "content": str}``; an assistant
     message may add ``"tool_calls": [{"type": "function", "function": {"name": str, "arguments":
@@ -59,6 +63,7 @@ class Conversation:
     messages: tuple[dict, ...]
     source: str
     tools: tuple[dict, ...] = ()
+    untrained: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

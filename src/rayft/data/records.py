@@ -21,7 +21,11 @@ SHAREGPT_ROLES = {
     "function_call": "function_call",
     "observation": "tool",
 }
-#: Keys a message may have, per role (``messages`` format).
+#: Per-turn training weight keys: ``weight`` (OpenAI's fine-tuning format) and ``loss_weight``
+#: (LLaMA-Factory's). 0: the turn is rendered but not trained; 1: trained (the default). See
+#: :func:`_turn_trained`.
+WEIGHT_KEYS = ("weight", "loss_weight")
+#: Keys a message may have, per role (``messages`` format), besides :data:`WEIGHT_KEYS`.
 MESSAGE_KEYS = {
     "system": {"role", "content"},
     "user": {"role", "content"},
@@ -209,7 +213,8 @@ def _messages(rec: dict, where: str, n: _Names = _PLAIN) -> Conversation:
         raise bad_record(where, "empty_conversation", "empty conversation")
     tools = _tools(rec, where, n)
     roles = n.roles({r: r for r in ROLES})
-    out = []
+    out: list[dict] = []
+    untrained: list[int] = []
     for i, m in enumerate(messages):
         turn = f"{field}[{i}]"
         if not isinstance(m, dict):
@@ -220,13 +225,13 @@ def _messages(rec: dict, where: str, n: _Names = _PLAIN) -> Conversation:
         if not isinstance(name, str) or name not in roles:
             raise bad_record(where, "unknown_role", f"{turn} has unknown {role_key} {name!r} (expected one of {', '.join(roles)})")
         role = roles[name]
-        extra = set(m) - {n(k) for k in MESSAGE_KEYS[role]}
+        extra = set(m) - {n(k) for k in MESSAGE_KEYS[role]} - set(WEIGHT_KEYS)
         if extra:
             raise bad_record(
                 where,
                 "unsupported_key",
                 f"{turn} has unsupported key(s) {sorted(extra)} for a {role} message "
-                "(names and per-turn weights are not supported yet; remove them or convert the record)",
+                "(names are not supported yet; remove them or convert the record)",
             )
         msg: dict = {"role": role}
         calls = m.get(calls_key)
@@ -245,8 +250,10 @@ def _messages(rec: dict, where: str, n: _Names = _PLAIN) -> Conversation:
                 if not isinstance(m[k], str):
                     raise bad_record(where, "wrong_type", f"{turn}.{k} must be a string, got {type(m[k]).__name__}")
                 msg[k] = m[k]
+        if not _turn_trained(m, role, where, turn) and role == "assistant":
+            untrained.append(len(out))
         out.append(msg)
-    return _checked(Conversation(tuple(out), where, tools), field=field)
+    return _checked(Conversation(tuple(out), where, tools, tuple(untrained)), field=field)
 
 
 def _tools(rec: dict, where: str, n: _Names = _PLAIN) -> tuple[dict, ...]:
@@ -371,17 +378,18 @@ def _sharegpt(rec: dict, where: str, n: _Names = _PLAIN) -> Conversation:
     tools = _tools(rec, where, n)
     roles = n.roles(SHAREGPT_ROLES)
     out: list[dict] = [{"role": "system", "content": system}] if system else []
+    untrained: list[int] = []
     for i, t in enumerate(turns):
         turn = f"{field}[{i}]"
         if not isinstance(t, dict):
             raise bad_record(where, "wrong_type", f"{turn} must be an object, got {type(t).__name__}")
-        extra = set(t) - {from_key, value_key}
+        extra = set(t) - {from_key, value_key} - set(WEIGHT_KEYS)
         if extra:
             raise bad_record(
                 where,
                 "unsupported_key",
                 f"{turn} has unsupported key(s) {sorted(extra)} (only {from_key!r} and {value_key!r} are read; "
-                "per-turn weights are not supported yet)",
+                "other keys are not supported yet)",
             )
         frm = t.get(from_key)
         if frm is None:
@@ -398,6 +406,9 @@ def _sharegpt(rec: dict, where: str, n: _Names = _PLAIN) -> Conversation:
         value = t.get(value_key)
         if not isinstance(value, str):
             raise bad_record(where, "wrong_type", f"{turn}.{value_key} must be a string, got {type(value).__name__}")
+        replies = role in ("assistant", "function_call")
+        if not _turn_trained(t, "assistant" if replies else role, where, turn) and replies:
+            untrained.append(len(out))
         if role == "function_call":  # value: JSON of {"name", "arguments"}, or a list of them
             try:
                 calls = json.loads(value)
@@ -415,20 +426,59 @@ def _sharegpt(rec: dict, where: str, n: _Names = _PLAIN) -> Conversation:
             out.append({"role": "assistant", "content": "", "tool_calls": tool_calls})
         else:
             out.append({"role": role, "content": _valid_text(value, where, f"{turn}.{value_key}")})
-    return _checked(Conversation(tuple(out), where, tools), field=field, shift=1 if system else 0, by_index=False)
+    return _checked(Conversation(tuple(out), where, tools, tuple(untrained)), field=field, shift=1 if system else 0, by_index=False)
+
+
+def _turn_trained(turn: dict, role: str, where: str, name: str) -> bool:
+    """Whether a turn is trained, by its per-turn weight (:data:`WEIGHT_KEYS`): absent or null → 1.
+
+    A weight is 0 or 1 (``0.0``/``1.0`` too: LLaMA-Factory writes floats); fractional weights are
+    not supported. On a turn that is not the assistant's only 0 is accepted: LLaMA-Factory writes
+    ``loss_weight: 0.0`` on every system and user turn, which is what rayft does anyway (OpenAI
+    allows ``weight`` on assistant messages only); 1 there would ask to train a prompt, which rayft
+    never does. Both keys on one turn must agree.
+
+    Raises:
+        DataError: any other weight (kind ``bad_weight``), naming the turn.
+    """
+    given = {k: turn[k] for k in WEIGHT_KEYS if turn.get(k) is not None}
+    if not given:
+        return True
+    for k, v in given.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v not in (0, 1):
+            frac = " (fractional weights are not supported)" if isinstance(v, float) and 0 < v < 1 else ""
+            raise bad_record(where, "bad_weight", f"{name}.{k} is {v!r}: a turn's weight must be 0 (not trained) or 1 (trained){frac}")
+    if len(set(given.values())) > 1:
+        raise bad_record(
+            where, "bad_weight", f"{name} has 'weight' {given['weight']!r} and 'loss_weight' {given['loss_weight']!r}: give one"
+        )
+    trained = 1 in given.values()
+    if trained and role != "assistant":
+        k = next(iter(given))
+        raise bad_record(
+            where,
+            "bad_weight",
+            f"{name}.{k} is {given[k]!r} on a {role} turn: only assistant turns are trained (a weight on another turn may only be 0)",
+        )
+    return trained
 
 
 def _checked(conv: Conversation, field: str = "messages", shift: int = 0, by_index: bool = True) -> Conversation:
     """Reject conversations that would train on nothing, or on empty replies. ``field``/``shift``
     name turn *i* of ``conv.messages`` as ``field[i - shift]`` of the record; ``by_index``: an
-    empty assistant turn is named ``assistant turn i`` instead."""
+    empty assistant turn is named ``assistant turn i`` instead. An assistant turn that is not
+    trained (weight 0, in ``conv.untrained``) may be empty; when no assistant turn is trained the
+    conversation has nothing to train on (kind ``no_trained_turn``)."""
     roles = [m["role"] for m in conv.messages]
     if "assistant" not in roles:
         raise bad_record(conv.source, "no_assistant_turn", "no assistant turn (nothing to train on)")
     for i, m in enumerate(conv.messages):
-        if m["role"] == "assistant" and not m["content"].strip() and not m.get("tool_calls"):
+        trained = i not in conv.untrained
+        if m["role"] == "assistant" and trained and not m["content"].strip() and not m.get("tool_calls"):
             name = f"assistant turn {i}" if by_index else f"assistant turn {field}[{i - shift}]"
             raise bad_record(conv.source, "empty_assistant_turn", f"{name} is empty (training on it teaches empty replies)")
         if m["role"] == "system" and i > 0:
             raise bad_record(conv.source, "misplaced_system", f"{field}[{i - shift}] is a system turn after the first message")
+    if all(i in conv.untrained for i, r in enumerate(roles) if r == "assistant"):
+        raise bad_record(conv.source, "no_trained_turn", "every assistant turn has weight 0 (nothing to train on)")
     return conv

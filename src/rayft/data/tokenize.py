@@ -1,7 +1,9 @@
 """Training examples ─► token ids + loss mask. One code path per kind of example:
 
 * :class:`~rayft.data.examples.Conversation` (:func:`tokenize_conversation`): rendered with the chat
-  template (with the record's tools), loss on assistant turns only, tool calls included (below). Longer than ``seq_len``: truncated (``truncated``).
+  template (with the record's tools), loss on assistant turns only, tool calls included (below),
+  except the turns the record gave weight 0 (``Conversation.untrained``: rendered exactly as the
+  others, not trained). Longer than ``seq_len``: truncated (``truncated``).
 * :class:`~rayft.data.examples.TextDocument` (:func:`tokenize_text`, continued pre-training): the text
   tokenized *without* the chat template, preceded by the tokenizer's own leading special tokens (BOS
   for Llama-style tokenizers, none for Qwen) and followed by ``tokenizer.eos_token_id``; loss on every
@@ -19,7 +21,7 @@ character offsets, never by token id, matters: Qwen's pad and eos share an id.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Collection, Sequence
 
 import numpy as np
 
@@ -38,9 +40,12 @@ class TokenizedExample:
 _SENTINEL = "RAYFTSPAN7f3a"
 
 
-def assistant_char_spans(tokenizer, messages: list[dict], text: str, where: str, tools: list[dict] | None = None) -> list[tuple[int, int]]:
+def assistant_char_spans(
+    tokenizer, messages: list[dict], text: str, where: str, tools: list[dict] | None = None, *, skip: Collection[int] = ()
+) -> list[tuple[int, int]]:
     """Character spans ``[start, end)`` of each assistant turn inside ``text`` (the full render with
-    ``tools``), tool calls included; tool results (``tool`` messages) are never in a span.
+    ``tools``), tool calls included, but not of the turns whose index in ``messages`` is in ``skip``
+    (not trained); tool results (``tool`` messages) are never in a span.
 
     Turn *i* starts where its content starts: the position of a sentinel rendered in place of the
     content after ``messages[:i]``. It ends at the end of ``render(messages[:i+1])`` with trailing
@@ -52,7 +57,7 @@ def assistant_char_spans(tokenizer, messages: list[dict], text: str, where: str,
     """
     spans = []
     for i, m in enumerate(messages):
-        if m["role"] != "assistant":
+        if m["role"] != "assistant" or i in skip:
             continue
         probe = tokenizer.apply_chat_template([*messages[:i], {"role": "assistant", "content": _SENTINEL}], tools=tools, tokenize=False)
         start = probe.find(_SENTINEL)
@@ -65,14 +70,15 @@ def assistant_char_spans(tokenizer, messages: list[dict], text: str, where: str,
 
 def tokenize_conversation(tokenizer, conv: Conversation) -> TokenizedExample:
     """Render and tokenize one conversation (with its ``tools``, if any); mark assistant tokens (tool
-    calls included) and their end-of-turn trainable, never tool results.
+    calls included) and their end-of-turn trainable, never tool results, nor the assistant turns in
+    ``conv.untrained`` (weight 0: rendered, so the token ids do not depend on weights, not trained).
 
     Raises:
         DataError: the chat template cannot be masked (see :func:`assistant_char_spans`).
     """
     messages, tools = list(conv.messages), list(conv.tools) or None
     text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)
-    spans = assistant_char_spans(tokenizer, messages, text, conv.source, tools)
+    spans = assistant_char_spans(tokenizer, messages, text, conv.source, tools, skip=conv.untrained)
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids = np.asarray(enc["input_ids"], dtype=np.int32)
     offsets = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
