@@ -68,7 +68,7 @@ def test_real_shared_files_load_every_record():
         ('{"instruction": "a", "output": "  \\n"}\n', r":1: assistant turn 1 is empty"),
         (
             '{"messages": [{"role": "user", "content": "q", "tool_calls": []}, {"role": "assistant", "content": "a"}]}\n',
-            r":1: messages\[0\] has unsupported key\(s\) \['tool_calls'\] for a user message",
+            r":1: messages\[0\] has 'tool_calls': only assistant messages call tools, not a user message \(the calls would be lost\)",
         ),
         (
             '{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "weight": 0.5}]}\n',

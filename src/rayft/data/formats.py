@@ -17,6 +17,25 @@ objects are read with boto3 and reported as ``s3://bucket/key:line``). bz2, xz, 
 zip files are refused with a clear message. A UTF-8 BOM, blank lines and CRLF endings are tolerated
 and noted once per file (``LoadReport.notes``).
 
+Keys of a message or turn that rayft does not read (``name`` on a user or assistant message, ids,
+timestamps, ``metadata``, a text part's ``cache_control``, ...) are ignored, and noted once per file
+with the first record that had one (``file: ignored message key(s) [...] (first at file:line)``).
+Keys that change what a turn means and that rayft cannot honour are refused instead: ``tool_calls``
+on a message that is not the assistant's (or on a ShareGPT turn), the legacy OpenAI
+``function_call``, and reasoning traces (``reasoning_content``, ``reasoning``, ``thinking``), which
+the chat template would drop; a null value counts as absent.
+
+Per-turn training weights: ``weight`` (OpenAI's fine-tuning format) or ``loss_weight``
+(LLaMA-Factory's) on a message or ShareGPT turn. On an assistant turn (a ``function_call`` turn
+included) 0 means rendered but not trained, 1 trained (the default, also when absent or null);
+``0.0``/``1.0`` are read as 0/1. Other values (``0.5``: fractional weights are not supported,
+``"1"``, ``true``) are refused, and so is 1 on another turn (rayft trains assistant turns only; 0
+there is accepted, as LLaMA-Factory writes it on every system and user turn). The weight never
+reaches the chat template: the tokens are those of the same record without weights, and only the
+loss mask changes (``Conversation.untrained``). A conversation whose assistant turns all have
+weight 0 has nothing to train on and is refused (``no_trained_turn``); an assistant turn of weight
+0 may be empty.
+
 Supported record formats (``data.format``; ``auto`` decides per record by its keys, in this order):
 
 * ``messages``: ``{"messages": [{"role": "system"|"user"|"assistant", "content": str}, ...]}``;
@@ -48,9 +67,10 @@ trained like any assistant text, tool results never.
 whose name is mapped and missing is reported with its ``data.columns.<key>``.
 
 Refused, with ``file:line`` and the reason: invalid JSON or UTF-8 (or lone surrogates), several
-JSON values on one line, a record that is not an object, unknown roles or message keys, non-text
-content parts, malformed tool calls or schemas, empty conversations, no assistant turn, an empty assistant turn, a system turn after the
-first message, an empty text document, and wrong types. Every :class:`DataError` of a record carries
+JSON values on one line, a record that is not an object, unknown roles, keys that change a turn's
+meaning (above), non-text content parts, malformed tool calls or schemas, bad per-turn weights,
+empty conversations, no assistant turn or none trained, an empty (trained) assistant turn, a system
+turn after the first message, an empty text document, and wrong types. Every :class:`DataError` of a record carries
 a short reason category (``kind``, one of :data:`REASON_KINDS`).
 
 Bad-record policy (``data.on_bad_record``): ``error`` (default) stops at the first bad record;
@@ -64,7 +84,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from rayft.data.examples import Conversation, DataError, TextDocument
+from rayft.data.examples import Conversation, DataError, Example, TextDocument
 from rayft.data.readers import file_records, read_records
 from rayft.data.records import Format, check_columns, to_example
 from rayft.data.sources import expand_files
@@ -73,6 +93,7 @@ __all__ = [
     "BadRecordPolicy",
     "Conversation",
     "DataError",
+    "IgnoredKeys",
     "LoadReport",
     "SkippedRecords",
     "TextDocument",
@@ -95,22 +116,102 @@ class SkippedRecords:
     reason: str
 
 
+@dataclass
+class IgnoredKeys:
+    """The message keys of one file that were ignored (:func:`~rayft.data.records.to_example`'s
+    ``ignored``): their names, and the first record that had one (``first``, ``file:line``)."""
+
+    keys: set[str]
+    first: str
+
+    def note(self, file: str) -> str:
+        return f"{file}: ignored message key(s) {sorted(self.keys)} (first at {self.first})"
+
+
 class LoadReport(list):
     """What :func:`load_conversations` returns: a ``list`` of examples (:class:`Conversation` /
     :class:`TextDocument`, in file order) that also carries ``skipped``: ``{kind: SkippedRecords}``
     for the bad records skipped under ``on_bad_record="skip"`` (empty otherwise), ``records``: how
-    many records were read (kept + skipped), and ``notes``: one line per file with harmless oddities
-    that were tolerated (``file: tolerated: a UTF-8 BOM at the start, 2 blank lines, CRLF line endings``)."""
+    many records were read (kept + skipped), and ``notes``: lines about each file's harmless
+    oddities, which were tolerated (``file: tolerated: a UTF-8 BOM at the start, 2 blank lines, CRLF
+    line endings``), and its ignored message keys (``file: ignored message key(s) ['id', 'name']
+    (first at file:line)``), at most one line of each per file.
+
+    One record is read into it with :meth:`take`; reports of parts of the input read apart are
+    combined, in input order, with :meth:`merge`."""
 
     def __init__(self, examples=(), skipped: dict[str, SkippedRecords] | None = None, records: int = 0):
         super().__init__(examples)
         self.skipped: dict[str, SkippedRecords] = skipped if skipped is not None else {}
         self.records = records
-        self.notes: list[str] = []
+        #: ``{file: [lines]}``: the readers' notes of tolerated oddities, per file read, in file order
+        self.tolerated: dict[str, list[str]] = {}
+        #: ``{file: IgnoredKeys}``, in file order
+        self.ignored: dict[str, IgnoredKeys] = {}
+
+    @property
+    def notes(self) -> list[str]:
+        """Every note line, file by file: its tolerated oddities, then its ignored keys."""
+        files = list(dict.fromkeys([*self.tolerated, *self.ignored]))
+        return [line for f in files for line in self.notes_of(f)]
+
+    def notes_of(self, file: str) -> list[str]:
+        """The note lines of one file (``str`` of its path or URI)."""
+        return [*self.tolerated.get(file, []), *([self.ignored[file].note(file)] if file in self.ignored else [])]
 
     @property
     def num_skipped(self) -> int:
         return sum(s.count for s in self.skipped.values())
+
+    def take(
+        self,
+        file: str,
+        where: str,
+        value: object,
+        fmt: Format = "auto",
+        columns: dict[str, str] | None = None,
+        *,
+        on_bad_record: BadRecordPolicy = "error",
+        keep: bool = True,
+    ) -> Example | None:
+        """Read one record of ``file`` (``value``: what the reader yielded at ``where``, a
+        :class:`DataError` for a line that is not a JSON record) into the report: count it, turn it
+        into an example (:func:`~rayft.data.records.to_example`; ``columns`` checked by the caller),
+        note its ignored keys, and append the example unless ``keep`` is False.
+
+        Returns:
+            The example, or None when the record was bad and skipped.
+        Raises:
+            DataError: a bad record under ``on_bad_record="error"``.
+        """
+        self.records += 1
+        ignored: set[str] = set()
+        try:
+            if isinstance(value, DataError):
+                raise value
+            ex = to_example(value, where, fmt, columns, ignored=ignored)
+        except DataError as e:
+            if on_bad_record == "error":
+                raise
+            self.skip(e)
+            return None
+        if ignored:
+            seen = self.ignored.get(file)
+            if seen is None:
+                self.ignored[file] = IgnoredKeys(ignored, where)
+            else:
+                seen.keys |= ignored
+        if keep:
+            self.append(ex)
+        return ex
+
+    def skip(self, e: DataError) -> None:
+        """Count the bad record ``e`` as skipped."""
+        s = self.skipped.get(e.kind)
+        if s is None:
+            self.skipped[e.kind] = SkippedRecords(1, e.where, e.reason)
+        else:
+            s.count += 1
 
     def skip_summary(self) -> list[str]:
         """Lines for the console: a header, then one line per reason category (most frequent
@@ -124,13 +225,19 @@ class LoadReport(list):
 
 
 def load_conversations(
-    patterns: list[str], fmt: Format = "auto", on_bad_record: BadRecordPolicy = "error", columns: dict[str, str] | None = None
+    patterns: list[str],
+    fmt: Format = "auto",
+    on_bad_record: BadRecordPolicy = "error",
+    columns: dict[str, str] | None = None,
+    *,
+    keep: bool = True,
 ) -> LoadReport:
     """Every example in the given files, in file order, as a :class:`LoadReport` (a list).
 
     With ``on_bad_record="skip"`` a bad record is left out and counted in ``report.skipped`` under
     its reason category; problems of a whole file (see the module docstring) still raise.
     ``columns`` (``data.columns``) renames fields, turn keys and role names, see :data:`COLUMN_KEYS`.
+    ``keep=False`` checks and counts every record without keeping the examples (the list stays empty).
 
     Raises:
         DataError: with ``"error"``, the first bad record, as ``file:line: reason``; under either
@@ -142,7 +249,8 @@ def load_conversations(
     columns = check_columns(columns)
     report = LoadReport()
     for path in expand_files(patterns):
-        records = file_records(path, report.notes)
+        file = str(path)
+        records = file_records(path, report.tolerated.setdefault(file, []))
         while True:
             try:
                 item = next(records, None)
@@ -155,17 +263,5 @@ def load_conversations(
             if item is None:
                 break
             _n, where, value = item
-            report.records += 1
-            try:
-                if isinstance(value, DataError):
-                    raise value
-                report.append(to_example(value, where, fmt, columns))
-            except DataError as e:
-                if on_bad_record == "error":
-                    raise
-                s = report.skipped.get(e.kind)
-                if s is None:
-                    report.skipped[e.kind] = SkippedRecords(1, e.where, e.reason)
-                else:
-                    s.count += 1
+            report.take(file, where, value, fmt, columns, on_bad_record=on_bad_record, keep=keep)
     return report

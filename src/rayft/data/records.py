@@ -33,6 +33,16 @@ MESSAGE_KEYS = {
     "tool": {"role", "content", "name", "tool_call_id"},
 }
 
+#: Keys of a message or turn that change what it means and that rayft cannot honour: refused (when
+#: not null), never ignored like other unknown keys. ``tool_calls`` is honoured on assistant
+#: messages and refused on any other (see :func:`_other_keys`).
+MEANINGFUL_KEYS = {
+    "function_call": "the legacy OpenAI function call is not read: write it as 'tool_calls'",
+    "reasoning_content": "reasoning traces are not rendered: move the reasoning into the content, or remove the key",
+    "reasoning": "reasoning traces are not rendered: move the reasoning into the content, or remove the key",
+    "thinking": "reasoning traces are not rendered: move the reasoning into the content, or remove the key",
+}
+
 #: ``data.columns`` keys: the names this reader uses, which a dataset may spell otherwise. Record
 #: fields, then keys of a turn, then role names (values of ``role`` / ``from``).
 COLUMN_KEYS = (
@@ -142,15 +152,24 @@ def detect_format(rec: dict, where: str, columns: dict[str, str] | None = None) 
     )
 
 
-def to_example(rec: object, where: str, fmt: Format = "auto", columns: dict[str, str] | None = None) -> Example:
+def to_example(
+    rec: object, where: str, fmt: Format = "auto", columns: dict[str, str] | None = None, *, ignored: set[str] | None = None
+) -> Example:
     """Turn one record into a :class:`Conversation` (messages, sharegpt, alpaca) or a
     :class:`TextDocument` (text). ``columns`` renames fields, turn keys and roles (``{key: the
     dataset's name}``, keys from :data:`COLUMN_KEYS`, checked by the caller with :func:`check_columns`).
 
+    Keys of a message or turn that rayft does not read (``name`` on a user turn, ids, timestamps,
+    ``metadata``, ...) and keys of a text part other than ``type``/``text``/``value`` are ignored;
+    when ``ignored`` is given their names are added to it (a text part's as ``content[].key``),
+    for the caller's once-per-file note. Keys that change a turn's meaning are refused instead
+    (:data:`MEANINGFUL_KEYS`, ``tool_calls`` on a turn that is not the assistant's).
+
     Raises:
         DataError: not an object, unknown format, missing/unknown role, malformed tool use, wrong
-            types, empty conversation or text, no assistant turn (nothing to learn from), or a
-            required mapped column missing (the message names ``data.columns.<key>``).
+            types, empty conversation or text, no assistant turn (nothing to learn from), a bad
+            per-turn weight, or a required mapped column missing (the message names
+            ``data.columns.<key>``).
     """
     if not isinstance(rec, dict):
         raise bad_record(where, "not_an_object", f"a record must be a JSON object, got {type(rec).__name__}")
@@ -164,8 +183,8 @@ def to_example(rec: object, where: str, fmt: Format = "auto", columns: dict[str,
             raise bad_record(where, "tool_use", f"{n('tools')!r} is read only in messages and sharegpt records (alpaca has no tool turns)")
         return _alpaca(rec, where, n)
     if fmt == "sharegpt":
-        return _sharegpt(rec, where, n)
-    return _messages(rec, where, n)
+        return _sharegpt(rec, where, n, ignored)
+    return _messages(rec, where, n, ignored)
 
 
 def to_conversation(rec: object, where: str, fmt: Format = "auto") -> Example:
@@ -202,7 +221,22 @@ def _alpaca(rec: dict, where: str, n: _Names = _PLAIN) -> Conversation:
     return _checked(Conversation(tuple(msgs), where))
 
 
-def _messages(rec: dict, where: str, n: _Names = _PLAIN) -> Conversation:
+def _other_keys(turn: dict, extra: set[str], where: str, name: str, calls: tuple[str, str], ignored: set[str] | None) -> None:
+    """Judge a turn's keys that the reader does not read (``extra``): refuse those that change its
+    meaning (:data:`MEANINGFUL_KEYS`, and ``calls = (key, why)``: tool calls where they cannot be),
+    add the others to ``ignored``. A null value counts as absent."""
+    for k in sorted(extra):
+        if turn[k] is None:
+            continue
+        if k == calls[0]:
+            raise bad_record(where, "unsupported_key", f"{name} has {k!r}: {calls[1]}")
+        if k in MEANINGFUL_KEYS:
+            raise bad_record(where, "unsupported_key", f"{name} has {k!r}: {MEANINGFUL_KEYS[k]}")
+    if ignored is not None:
+        ignored.update(extra)
+
+
+def _messages(rec: dict, where: str, n: _Names = _PLAIN, ignored: set[str] | None = None) -> Conversation:
     field, role_key, content_key, calls_key = n("messages"), n("role"), n("content"), n("tool_calls")
     messages = rec.get(field)
     if messages is None and field != "messages":
@@ -227,12 +261,8 @@ def _messages(rec: dict, where: str, n: _Names = _PLAIN) -> Conversation:
         role = roles[name]
         extra = set(m) - {n(k) for k in MESSAGE_KEYS[role]} - set(WEIGHT_KEYS)
         if extra:
-            raise bad_record(
-                where,
-                "unsupported_key",
-                f"{turn} has unsupported key(s) {sorted(extra)} for a {role} message "
-                "(names are not supported yet; remove them or convert the record)",
-            )
+            calls = (calls_key, f"only assistant messages call tools, not a {role} message (the calls would be lost)")
+            _other_keys(m, extra, where, turn, calls, ignored)
         msg: dict = {"role": role}
         calls = m.get(calls_key)
         if calls is not None:
@@ -244,9 +274,11 @@ def _messages(rec: dict, where: str, n: _Names = _PLAIN) -> Conversation:
         if content_key not in m and content_key != "content" and not msg.get("tool_calls"):
             raise bad_record(where, "missing_field", f"{turn} has no {content_key!r}{n.hint('content')}")
         # an assistant message that calls tools may have no content (OpenAI writes null)
-        msg["content"] = "" if content is None and msg.get("tool_calls") else _content(content, where, f"{turn}.{content_key}")
-        for k in ("name", "tool_call_id"):  # kept for templates that show them (Qwen2.5's does not)
-            if k in m:
+        msg["content"] = (
+            "" if content is None and msg.get("tool_calls") else _content(content, where, f"{turn}.{content_key}", ignored, content_key)
+        )
+        for k in ("name", "tool_call_id"):  # a tool message's, kept for templates that show them (Qwen2.5's does not)
+            if k in m and k in MESSAGE_KEYS[role]:
                 if not isinstance(m[k], str):
                     raise bad_record(where, "wrong_type", f"{turn}.{k} must be a string, got {type(m[k]).__name__}")
                 msg[k] = m[k]
@@ -337,9 +369,10 @@ def _tool_call(call: object, where: str, name: str) -> dict:
     return out
 
 
-def _content(content: object, where: str, name: str) -> str:
+def _content(content: object, where: str, name: str, ignored: set[str] | None = None, key: str = "content") -> str:
     """A message's text: a string, or a list of text parts ``{"type": "text", "text": str}`` (the
-    OpenAI / Hugging Face chat format), joined without a separator."""
+    OpenAI / Hugging Face chat format), joined without a separator. Other keys of a part
+    (``cache_control``, ...) are ignored and added to ``ignored`` as ``<key>[].<part key>``."""
     if isinstance(content, str):
         return _valid_text(content, where, name)
     if not isinstance(content, list):
@@ -354,10 +387,8 @@ def _content(content: object, where: str, name: str) -> str:
             what = "has no 'type'" if kind is None else f"is a {kind!r} part"
             raise bad_record(where, "unsupported_content", f"{pname} {what}: only text parts are supported")
         extra = set(part) - {"type", "text"}
-        if extra:
-            raise bad_record(
-                where, "unsupported_key", f"{pname} has unsupported key(s) {sorted(extra)} (a text part has 'type' and 'text')"
-            )
+        if extra and ignored is not None:
+            ignored.update(f"{key}[].{k}" for k in extra)
         text = part.get("text")
         if not isinstance(text, str):
             raise bad_record(where, "wrong_type", f"{pname}.text must be a string, got {type(text).__name__}")
@@ -365,7 +396,7 @@ def _content(content: object, where: str, name: str) -> str:
     return "".join(texts)
 
 
-def _sharegpt(rec: dict, where: str, n: _Names = _PLAIN) -> Conversation:
+def _sharegpt(rec: dict, where: str, n: _Names = _PLAIN, ignored: set[str] | None = None) -> Conversation:
     field, from_key, value_key = n("conversations"), n("from"), n("value")
     turns = rec.get(field)
     if turns is None:
@@ -385,12 +416,7 @@ def _sharegpt(rec: dict, where: str, n: _Names = _PLAIN) -> Conversation:
             raise bad_record(where, "wrong_type", f"{turn} must be an object, got {type(t).__name__}")
         extra = set(t) - {from_key, value_key} - set(WEIGHT_KEYS)
         if extra:
-            raise bad_record(
-                where,
-                "unsupported_key",
-                f"{turn} has unsupported key(s) {sorted(extra)} (only {from_key!r} and {value_key!r} are read; "
-                "other keys are not supported yet)",
-            )
+            _other_keys(t, extra, where, turn, ("tool_calls", "ShareGPT records call tools in function_call turns"), ignored)
         frm = t.get(from_key)
         if frm is None:
             raise bad_record(where, "missing_role", f"{turn} has no {from_key!r}{n.hint('from')}")
