@@ -127,3 +127,37 @@ def test_null_meaningful_keys_count_as_absent(tmp_path):
     report = load_conversations([str(write(tmp_path, "n.jsonl", line + "\n"))])
     assert report[0].messages == (U, A)
     assert report.ignored[str(tmp_path / "n.jsonl")].keys == {"tool_calls", "function_call", "refusal", "reasoning_content"}
+
+
+# ---------------------------------------------------------------- {"type": "text", "value": ...}
+
+
+def test_text_parts_written_with_value_read_like_text(tmp_path, qwen_tokenizer):
+    from rayft.data.tokenize import tokenize_conversation
+
+    # LLaMA-Factory's messages: content parts with "value", loss_weight on every turn
+    lf = _msgs(
+        {"role": "user", "content": [{"type": "text", "value": "2+2?"}], "loss_weight": 0.0},
+        {"role": "assistant", "content": [{"type": "text", "value": "4"}, {"type": "text", "text": ", exactly."}], "loss_weight": 1.0},
+    )
+    oa = _msgs({"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4, exactly."})
+    a, b = load_conversations([str(write(tmp_path, "lf.jsonl", lf + "\n")), str(write(tmp_path, "oa.jsonl", oa + "\n"))])
+    assert a.messages == b.messages == ({"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4, exactly."})
+    ta, tb = tokenize_conversation(qwen_tokenizer, a), tokenize_conversation(qwen_tokenizer, b)
+    assert ta.input_ids.tolist() == tb.input_ids.tolist() and ta.trainable.tolist() == tb.trainable.tolist()
+
+
+@pytest.mark.parametrize(
+    "part,message",
+    [
+        ({"type": "text", "value": 3}, "messages[1].content[0].value must be a string, got int"),
+        ({"type": "text", "text": "a", "value": "a"}, "messages[1].content[0] has both 'text' and 'value': give the part's text once"),
+        ({"type": "text"}, "messages[1].content[0].text must be a string, got NoneType"),
+        ({"type": "reasoning", "value": "hm"}, "messages[1].content[0] is a 'reasoning' part: only text parts are supported"),
+    ],
+)
+def test_bad_value_parts(tmp_path, part, message):
+    p = write(tmp_path, "bad.jsonl", _msgs(U, {"role": "assistant", "content": [part]}) + "\n")
+    with pytest.raises(DataError) as e:
+        load_conversations([str(p)])
+    assert str(e.value) == f"{p}:1: {message}"

@@ -40,7 +40,8 @@ Supported record formats (``data.format``; ``auto`` decides per record by its ke
 
 * ``messages``: ``{"messages": [{"role": "system"|"user"|"assistant", "content": str}, ...]}``;
   ``content`` may also be a list of text parts ``[{"type": "text", "text": str}, ...]`` (the OpenAI /
-  Hugging Face chat format), joined without a separator; other parts (images, audio) are refused.
+  Hugging Face chat format; LLaMA-Factory writes ``"value"`` for ``"text"``, read alike), joined
+  without a separator; other parts (images, audio, reasoning) are refused.
   Tool use: an assistant message may carry ``tool_calls`` (``[{"type": "function", "function":
   {"name", "arguments"}}]``, ``arguments`` an object or a JSON string of one; ``content`` may then be
   null) and ``{"role": "tool", "content": str}`` messages hold tool results.

@@ -371,7 +371,8 @@ def _tool_call(call: object, where: str, name: str) -> dict:
 
 def _content(content: object, where: str, name: str, ignored: set[str] | None = None, key: str = "content") -> str:
     """A message's text: a string, or a list of text parts ``{"type": "text", "text": str}`` (the
-    OpenAI / Hugging Face chat format), joined without a separator. Other keys of a part
+    OpenAI / Hugging Face chat format) or ``{"type": "text", "value": str}`` (LLaMA-Factory's),
+    joined without a separator. Other keys of a part
     (``cache_control``, ...) are ignored and added to ``ignored`` as ``<key>[].<part key>``."""
     if isinstance(content, str):
         return _valid_text(content, where, name)
@@ -386,13 +387,16 @@ def _content(content: object, where: str, name: str, ignored: set[str] | None = 
         if kind != "text":
             what = "has no 'type'" if kind is None else f"is a {kind!r} part"
             raise bad_record(where, "unsupported_content", f"{pname} {what}: only text parts are supported")
-        extra = set(part) - {"type", "text"}
+        extra = set(part) - {"type", "text", "value"}
         if extra and ignored is not None:
             ignored.update(f"{key}[].{k}" for k in extra)
-        text = part.get("text")
+        if part.get("text") is not None and part.get("value") is not None:
+            raise bad_record(where, "unsupported_content", f"{pname} has both 'text' and 'value': give the part's text once")
+        tkey = "value" if part.get("value") is not None else "text"  # LLaMA-Factory writes "value"
+        text = part.get(tkey)
         if not isinstance(text, str):
-            raise bad_record(where, "wrong_type", f"{pname}.text must be a string, got {type(text).__name__}")
-        texts.append(_valid_text(text, where, f"{pname}.text"))
+            raise bad_record(where, "wrong_type", f"{pname}.{tkey} must be a string, got {type(text).__name__}")
+        texts.append(_valid_text(text, where, f"{pname}.{tkey}"))
     return "".join(texts)
 
 
