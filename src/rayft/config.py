@@ -156,6 +156,12 @@ class DataConfig(_Section):
     ``preprocess``: where tokenization runs: ``local`` (the driver process), ``ray`` (Ray Data over
     every CPU of the cluster, :mod:`rayft.data.parallel`) or ``auto`` (Ray from 20,000 examples on a
     cluster of 2+ CPUs). Both give identical tokens.
+    ``placeholders``: values for template placeholders left in the data (``{name: Rayft, author:
+    ACME}``), such as LLaMA-Factory's identity set's ``{{name}}`` and ``{{author}}``: a key fills
+    ``{{key}}`` and ``<key>`` spelled exactly so (``NAME: Rayft`` fills ``<NAME>``), outside code
+    (:func:`rayft.data.records.fill_placeholders`). Placeholders left unfilled are counted and
+    warned about at load, with their first locations (upper-case ``<NAME>`` markers may also be
+    a PII-scrubbed dataset's redactions: fill those only when they are placeholders).
     ``cache_dir``: tokenized datasets are cached there under a content hash of the inputs, the
     tokenizer and these settings (:mod:`rayft.data.cache`); ``null`` disables the cache.
     Validation (for ``eval_loss``): ``validation_files`` (read like ``train_files``) or
@@ -170,6 +176,10 @@ class DataConfig(_Section):
     format: Literal["auto", "messages", "sharegpt", "alpaca", "text"] = "auto"
     on_bad_record: Literal["error", "skip"] = "error"
     columns: ColumnsConfig = Field(default_factory=ColumnsConfig)
+    placeholders: dict[str, str] = Field(
+        default_factory=dict,
+        description="Values for template placeholders left in the data: {name: ...} fills {{name}}, {NAME: ...} <NAME>.",
+    )
     seq_len: int = Field(
         default=2048, ge=8, description="Maximum tokens per example (longer conversations are truncated, longer text documents split)."
     )
@@ -186,6 +196,16 @@ class DataConfig(_Section):
     @classmethod
     def _one_or_many(cls, v: Any) -> Any:
         return [v] if isinstance(v, str) else v
+
+    @field_validator("placeholders")
+    @classmethod
+    def _placeholder_names(cls, v: dict[str, str]) -> dict[str, str]:
+        for k in v:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
+                raise ValueError(
+                    f"{k!r}: a placeholder's name is letters, digits and '_', not starting with a digit ({{{{name}}}}, <NAME>)"
+                )
+        return v
 
     @model_validator(mode="after")
     def _one_validation_source(self) -> "DataConfig":

@@ -100,6 +100,7 @@ def test_every_input_that_changes_tokens_changes_the_key(tmp_path, qwen_tokenize
         "data.max_examples=7",
         "data.on_bad_record=skip",
         "data.columns={content: text}",
+        "data.placeholders={name: Rayft}",
         "data.validation_fraction=0.25",
         "data.validation_files=[chat.jsonl]",
     ]:

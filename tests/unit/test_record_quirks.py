@@ -5,8 +5,9 @@ import json
 
 import pytest
 
-from rayft.data.examples import DataError
-from rayft.data.formats import IgnoredKeys, load_conversations
+from rayft.data.examples import Conversation, DataError, TextDocument
+from rayft.data.formats import IgnoredKeys, PlaceholderHits, load_conversations
+from rayft.data.records import check_placeholders, fill_placeholders, placeholders_in
 
 GOOD = '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}'
 
@@ -161,3 +162,117 @@ def test_bad_value_parts(tmp_path, part, message):
     with pytest.raises(DataError) as e:
         load_conversations([str(p)])
     assert str(e.value) == f"{p}:1: {message}"
+
+
+# ---------------------------------------------------------------- template placeholders
+
+
+@pytest.mark.parametrize(
+    "text,found",
+    [
+        ("Hello! I am {{name}}, an AI assistant developed by {{author}}.", ["{{name}}", "{{author}}"]),
+        ("I am <NAME>, made by <AUTHOR>. <NAME> is happy to help.", ["<NAME>", "<AUTHOR>"]),
+        ("(<MODEL_NAME>) and <COMPANY2>", ["<MODEL_NAME>", "<COMPANY2>"]),
+        ("{{name}} twice: {{name}}", ["{{name}}"]),
+        # not placeholders: HTML/XML, generics, comparisons, special tokens, keys, code
+        ("<div>hi</div><br/><p>x</p><img src='a.png'/>", []),
+        ("<TABLE><TR><TD>old HTML</TD></TR></TABLE> <BR> <HR>", []),
+        ("List<String> x = new ArrayList<>(); Map<KEY, V> m; Box<T> b; fn f<T>() {}", []),
+        ("if a < b > c then a<b and b>c; x <= y >= z", []),
+        ("<ANSWER>42</ANSWER> <Note>x</Note> <name>XML</name>", []),
+        ("Tokens: <UNK> <PAD> <EOS> <s> </s> <|im_end|>; press <ENTER> or <CTRL>", []),
+        ("<<EOF>> <T> <A> <ab> <Name>", []),
+        ("Vue: `{{ message }}` and `{{name}}` inline; {{ spaced }} and {{{triple}}}", []),
+        ("```html\n<p>{{name}}</p> <NAME>\n```\nafter the fence {{name}}", ["{{name}}"]),
+        ("~~~\n<NAME>\n~~~ and an unclosed ```\n{{author}}", []),
+        ("{{1x}} {{a-b}} {{}} <1AB> <A B>", []),
+    ],
+)
+def test_placeholder_pattern_true_and_false_positives(text, found):
+    assert placeholders_in(TextDocument(text, "t:1")) == found
+
+
+def test_placeholders_across_a_conversation_and_filling():
+    conv = Conversation(
+        (
+            {"role": "user", "content": "Who are you, {{name}}?"},
+            {"role": "assistant", "content": "I am {{name}} by {{author}}; also <NAME>. Code: `{{name}}`"},
+        ),
+        "c:1",
+        untrained=(),
+    )
+    assert placeholders_in(conv) == ["{{name}}", "{{author}}", "<NAME>"]
+    filled = fill_placeholders(conv, {"name": "Rayft", "NAME": "RAYFT"})
+    assert [m["content"] for m in filled.messages] == ["Who are you, Rayft?", "I am Rayft by {{author}}; also RAYFT. Code: `{{name}}`"]
+    assert filled.source == "c:1" and placeholders_in(filled) == ["{{author}}"]
+    assert fill_placeholders(conv, {"other": "x"}) is conv and fill_placeholders(conv, {}) is conv
+    doc = TextDocument("by <AUTHOR>", "d:1")
+    assert fill_placeholders(doc, {"AUTHOR": "ACME"}) == TextDocument("by ACME", "d:1")
+    assert fill_placeholders(doc, {"author": "ACME"}) is doc  # names are exact: author fills {{author}}, not <AUTHOR>
+    with pytest.raises(ValueError, match=r"^data\.placeholders\.my-name: a placeholder's name is letters"):
+        check_placeholders({"my-name": "x"})
+
+
+IDENTITY = [
+    {"instruction": "hi", "input": "", "output": "Hello! I am {{name}}, an AI assistant developed by {{author}}."},
+    {"instruction": "Who are you?", "input": "", "output": "I am {{name}}, an AI assistant developed by {{author}}."},
+    {"instruction": "What is HTML?", "input": "", "output": "A markup language: <p>text</p>."},
+    {"instruction": "What is your name?", "input": "", "output": "You may call me {{name}}."},
+    {"instruction": "Sign it", "input": "", "output": "Regards, <NAME>"},
+    {"instruction": "And again", "input": "", "output": "{{name}} here."},
+]
+
+
+def test_placeholders_are_counted_with_their_first_locations_and_filled(tmp_path):
+    p = write(tmp_path, "identity.json", "[\n" + ",\n".join(json.dumps(r) for r in IDENTITY) + "\n]\n")
+    report = load_conversations([str(p)])
+    assert report.placeholder_records == 5 and report.filled == 0
+    assert report.placeholders == {
+        "{{name}}": PlaceholderHits(4, [f"{p}:2", f"{p}:3", f"{p}:5"]),
+        "{{author}}": PlaceholderHits(2, [f"{p}:2", f"{p}:3"]),
+        "<NAME>": PlaceholderHits(1, [f"{p}:6"]),
+    }
+    assert report.placeholder_summary() == [
+        "data: warning: template placeholders left in 5 of 6 record(s); fill them with data.placeholders "
+        "({name: ..., author: ..., NAME: ...}) or fix the data:",
+        f"  {{{{name}}}}: 4 record(s) (first: {p}:2, {p}:3, {p}:5)",
+        f"  {{{{author}}}}: 2 record(s) (first: {p}:2, {p}:3)",
+        f"  <NAME>: 1 record(s) (first: {p}:6)",
+    ]
+    filled = load_conversations([str(p)], placeholders={"name": "Rayft", "author": "the rayft team"})
+    assert filled[0].messages[-1]["content"] == "Hello! I am Rayft, an AI assistant developed by the rayft team."
+    assert filled.filled == 4 and list(filled.placeholders) == ["<NAME>"]
+    assert filled.placeholder_summary() == [
+        "data: data.placeholders filled template placeholders in 4 record(s)",
+        "data: warning: template placeholders left in 1 of 6 record(s); fill them with data.placeholders ({NAME: ...}) or fix the data:",
+        f"  <NAME>: 1 record(s) (first: {p}:6)",
+    ]
+    assert load_conversations([str(p)], placeholders={"name": "R", "author": "A", "NAME": "R"}).placeholder_summary() == [
+        "data: data.placeholders filled template placeholders in 5 record(s)"
+    ]
+    with pytest.raises(ValueError, match=r"data\.placeholders\.1st"):
+        load_conversations([str(p)], placeholders={"1st": "x"})
+
+
+def test_prepare_prints_placeholder_lines_next_to_the_skip_summary(tmp_path):
+    from rayft.config import ConfigError, load_config
+    from rayft.data.prepare import load_examples
+
+    p = write(tmp_path, "identity.jsonl", "\n".join(json.dumps(r) for r in IDENTITY[:2]) + "\n[1]\n")
+    cfg_file = write(tmp_path, "job.yaml", f"data:\n  train_files: [{p}]\n  on_bad_record: skip\n  placeholders: {{name: Rayft}}\n")
+    cfg = load_config(cfg_file)
+    assert cfg.data.placeholders == {"name": "Rayft"}
+    lines: list[str] = []
+    examples = load_examples(cfg.data.train_files, cfg.data, lines.append, "data.train_files")
+    assert examples[1].messages[-1]["content"] == "I am Rayft, an AI assistant developed by {{author}}."
+    assert lines == [
+        "data: skipped 1 bad record(s) of 3 (data.on_bad_record: skip):",
+        f"  not_an_object: 1 (first: {p}:3: a record must be a JSON object, got list)",
+        "data: data.placeholders filled template placeholders in 2 record(s)",
+        "data: warning: template placeholders left in 2 of 3 record(s); fill them with data.placeholders ({author: ...}) or fix the data:",
+        f"  {{{{author}}}}: 2 record(s) (first: {p}:1, {p}:2)",
+    ]
+    bad = write(tmp_path, "bad.yaml", f"data:\n  train_files: [{p}]\n  placeholders:\n    my name: x\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(bad)
+    assert "data.placeholders (line 3): Value error, 'my name': a placeholder's name is letters, digits and '_'" in str(e.value)

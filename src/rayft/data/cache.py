@@ -8,7 +8,7 @@ The key is a sha256 over everything that decides the tokens (:func:`cache_key`):
 * the tokenizer: its name, a sha256 of ``backend_tokenizer.to_str()`` (vocabulary, merges,
   normalizer, pre-tokenizer, added tokens) — or of the vocabulary for a slow tokenizer —, its chat
   template, its EOS id, and the ``tokenizers``/``transformers`` versions;
-* the settings that change tokenization: ``data.format``, ``data.columns``, ``data.seq_len``,
+* the settings that change tokenization: ``data.format``, ``data.columns``, ``data.placeholders``, ``data.seq_len``,
   ``data.max_examples``, ``data.on_bad_record``, the validation split (``data.validation_files``
   hashed like the training files, or ``data.validation_fraction`` with ``data.seed``), and
   :data:`TOKENIZE_VERSION` (bumped when rayft's tokenization changes).
@@ -37,7 +37,9 @@ import numpy as np
 from rayft.data.tokenize import TokenizedDataset, fingerprint
 
 #: Bump when tokenize.py changes what tokens or masks an example gets: old entries then miss.
-TOKENIZE_VERSION = 1
+#: 2: the readers honour per-turn weights and ignore unread message keys (records an older rayft
+#: refused, or skipped under on_bad_record: skip, are now read).
+TOKENIZE_VERSION = 2
 _ARRAYS = (("tokens", np.int32), ("trainable", np.bool_), ("offsets", np.int64))
 _COUNTS = ("dropped_no_trainable", "truncated", "split_documents")
 
@@ -130,6 +132,7 @@ def cache_key(data_cfg, tokenizer, tokenizer_name: str) -> tuple[str, dict[str, 
         "tokenizer": tokenizer_identity(tokenizer, tokenizer_name),
         "format": data_cfg.format,
         "columns": data_cfg.columns.mapping(),
+        "placeholders": data_cfg.placeholders,
         "seq_len": data_cfg.seq_len,
         "max_examples": data_cfg.max_examples,
         "on_bad_record": data_cfg.on_bad_record,

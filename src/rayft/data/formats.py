@@ -25,6 +25,17 @@ on a message that is not the assistant's (or on a ShareGPT turn), the legacy Ope
 ``function_call``, and reasoning traces (``reasoning_content``, ``reasoning``, ``thinking``), which
 the chat template would drop; a null value counts as absent.
 
+Template placeholders left in the data (``data.placeholders``, ``placeholders=``): ``{{name}}`` (an
+identifier between double braces) and ``<NAME>`` (upper-case letters, digits and ``_``, two or more,
+not right after a letter, digit, ``_`` or ``<``) in any message's content or a text document, outside
+Markdown code blocks and inline code. Not placeholders: lower-case ``<name>`` (an XML tag),
+``<NAME>`` closed by ``</NAME>`` in the same text, HTML element names (``<TABLE>``, ``<BR>``),
+special tokens (``<UNK>``, ``<EOS>``), keyboard keys (``<ENTER>``), ``List<String>``, ``a < b > c``,
+``{{ spaced }}``, ``{{{triple}}}``. A key of ``data.placeholders`` fills ``{{key}}`` and ``<key>``
+spelled exactly so; those left are counted per placeholder with their first locations
+(``LoadReport.placeholders``) and warned about once, next to the skip summary
+(:meth:`LoadReport.placeholder_summary`).
+
 Per-turn training weights: ``weight`` (OpenAI's fine-tuning format) or ``loss_weight``
 (LLaMA-Factory's) on a message or ShareGPT turn. On an assistant turn (a ``function_call`` turn
 included) 0 means rendered but not trained, 1 trained (the default, also when absent or null);
@@ -87,7 +98,15 @@ from typing import Literal
 
 from rayft.data.examples import Conversation, DataError, Example, TextDocument
 from rayft.data.readers import file_records, read_records
-from rayft.data.records import Format, check_columns, to_example
+from rayft.data.records import (
+    Format,
+    check_columns,
+    check_placeholders,
+    fill_placeholders,
+    placeholder_name,
+    placeholders_in,
+    to_example,
+)
 from rayft.data.sources import expand_files
 
 __all__ = [
@@ -96,6 +115,7 @@ __all__ = [
     "DataError",
     "IgnoredKeys",
     "LoadReport",
+    "PlaceholderHits",
     "SkippedRecords",
     "TextDocument",
     "expand_files",
@@ -129,6 +149,19 @@ class IgnoredKeys:
         return f"{file}: ignored message key(s) {sorted(self.keys)} (first at {self.first})"
 
 
+#: How many locations the console shows per placeholder.
+PLACEHOLDER_LOCATIONS = 3
+
+
+@dataclass
+class PlaceholderHits:
+    """One template placeholder left in the data: how many records hold it, and the first
+    :data:`PLACEHOLDER_LOCATIONS` of them (``file:line``)."""
+
+    records: int
+    first: list[str]
+
+
 class LoadReport(list):
     """What :func:`load_conversations` returns: a ``list`` of examples (:class:`Conversation` /
     :class:`TextDocument`, in file order) that also carries ``skipped``: ``{kind: SkippedRecords}``
@@ -136,7 +169,9 @@ class LoadReport(list):
     many records were read (kept + skipped), and ``notes``: lines about each file's harmless
     oddities, which were tolerated (``file: tolerated: a UTF-8 BOM at the start, 2 blank lines, CRLF
     line endings``), and its ignored message keys (``file: ignored message key(s) ['id', 'name']
-    (first at file:line)``), at most one line of each per file.
+    (first at file:line)``), at most one line of each per file; ``placeholders``: ``{placeholder:
+    PlaceholderHits}`` for the template placeholders left in the kept examples (after
+    ``data.placeholders`` filled those it names, counted in ``filled``).
 
     One record is read into it with :meth:`take`; reports of parts of the input read apart are
     combined, in input order, with :meth:`merge`."""
@@ -149,6 +184,11 @@ class LoadReport(list):
         self.tolerated: dict[str, list[str]] = {}
         #: ``{file: IgnoredKeys}``, in file order
         self.ignored: dict[str, IgnoredKeys] = {}
+        #: ``{placeholder as written: PlaceholderHits}``, in order of first appearance
+        self.placeholders: dict[str, PlaceholderHits] = {}
+        #: records holding a placeholder (after filling); records data.placeholders filled
+        self.placeholder_records = 0
+        self.filled = 0
 
     @property
     def notes(self) -> list[str]:
@@ -173,12 +213,15 @@ class LoadReport(list):
         columns: dict[str, str] | None = None,
         *,
         on_bad_record: BadRecordPolicy = "error",
+        placeholders: dict[str, str] | None = None,
         keep: bool = True,
     ) -> Example | None:
         """Read one record of ``file`` (``value``: what the reader yielded at ``where``, a
         :class:`DataError` for a line that is not a JSON record) into the report: count it, turn it
         into an example (:func:`~rayft.data.records.to_example`; ``columns`` checked by the caller),
-        note its ignored keys, and append the example unless ``keep`` is False.
+        note its ignored keys, fill the template placeholders ``placeholders`` names
+        (``data.placeholders``, :func:`~rayft.data.records.fill_placeholders`), count those left
+        (:func:`~rayft.data.records.placeholders_in`), and append the example unless ``keep`` is False.
 
         Returns:
             The example, or None when the record was bad and skipped.
@@ -202,9 +245,44 @@ class LoadReport(list):
                 self.ignored[file] = IgnoredKeys(ignored, where)
             else:
                 seen.keys |= ignored
+        if placeholders:
+            filled = fill_placeholders(ex, placeholders)
+            self.filled += filled is not ex
+            ex = filled
+        self.add_placeholders(where, placeholders_in(ex))
         if keep:
             self.append(ex)
         return ex
+
+    def add_placeholders(self, where: str, found: list[str]) -> None:
+        """Count the placeholders ``found`` in the record at ``where``."""
+        if not found:
+            return
+        self.placeholder_records += 1
+        for p in found:
+            hits = self.placeholders.setdefault(p, PlaceholderHits(0, []))
+            hits.records += 1
+            if len(hits.first) < PLACEHOLDER_LOCATIONS:
+                hits.first.append(where)
+
+    def placeholder_summary(self, limit: int = 20) -> list[str]:
+        """Lines for the console: how many records ``data.placeholders`` filled, and a warning
+        with one line per placeholder left (most frequent first, at most ``limit``):
+        ``  {{name}}: N record(s) (first: file:line, ...)``. Empty when there is neither."""
+        lines = [f"data: data.placeholders filled template placeholders in {self.filled} record(s)"] if self.filled else []
+        if not self.placeholders:
+            return lines
+        names = ", ".join(f"{placeholder_name(p)}: ..." for p in list(self.placeholders)[:4])
+        lines.append(
+            f"data: warning: template placeholders left in {self.placeholder_records} of {self.records} record(s); "
+            f"fill them with data.placeholders ({{{names}}}) or fix the data:"
+        )
+        ranked = sorted(self.placeholders.items(), key=lambda kv: -kv[1].records)
+        for p, hits in ranked[:limit]:
+            lines.append(f"  {p}: {hits.records} record(s) (first: {', '.join(hits.first)})")
+        if len(ranked) > limit:
+            lines.append(f"  ... and {len(ranked) - limit} more placeholder(s)")
+        return lines
 
     def skip(self, e: DataError) -> None:
         """Count the bad record ``e`` as skipped."""
@@ -231,6 +309,7 @@ def load_conversations(
     on_bad_record: BadRecordPolicy = "error",
     columns: dict[str, str] | None = None,
     *,
+    placeholders: dict[str, str] | None = None,
     keep: bool = True,
 ) -> LoadReport:
     """Every example in the given files, in file order, as a :class:`LoadReport` (a list).
@@ -238,16 +317,20 @@ def load_conversations(
     With ``on_bad_record="skip"`` a bad record is left out and counted in ``report.skipped`` under
     its reason category; problems of a whole file (see the module docstring) still raise.
     ``columns`` (``data.columns``) renames fields, turn keys and role names, see :data:`COLUMN_KEYS`.
-    ``keep=False`` checks and counts every record without keeping the examples (the list stays empty).
+    ``placeholders`` (``data.placeholders``) fills the template placeholders it names; those left
+    are counted in ``report.placeholders``. ``keep=False`` checks and counts every record without
+    keeping the examples (the list stays empty).
 
     Raises:
         DataError: with ``"error"``, the first bad record, as ``file:line: reason``; under either
             policy, a missing/unsupported/unreadable file or a broken JSON array.
-        ValueError: a bad ``on_bad_record`` or ``columns`` (unknown key: ``data.columns.<key>``).
+        ValueError: a bad ``on_bad_record``, ``columns`` (unknown key: ``data.columns.<key>``) or
+            ``placeholders`` (``data.placeholders.<key>``).
     """
     if on_bad_record not in ("error", "skip"):
         raise ValueError(f"on_bad_record must be 'error' or 'skip', got {on_bad_record!r}")
     columns = check_columns(columns)
+    placeholders = check_placeholders(placeholders)
     report = LoadReport()
     for path in expand_files(patterns):
         file = str(path)
@@ -264,5 +347,5 @@ def load_conversations(
             if item is None:
                 break
             _n, where, value = item
-            report.take(file, where, value, fmt, columns, on_bad_record=on_bad_record, keep=keep)
+            report.take(file, where, value, fmt, columns, on_bad_record=on_bad_record, placeholders=placeholders, keep=keep)
     return report

@@ -154,7 +154,7 @@ def prepare_data(
 
 
 def load_examples(files: list[str], dc, say: Callable[[str], None], key: str) -> list:
-    """Read ``files`` (printing notes and skips through ``say``).
+    """Read ``files`` (printing notes, skips and template placeholders through ``say``).
 
     Raises:
         DataError: a bad record under ``on_bad_record: error``, or nothing left (``key`` names the
@@ -162,8 +162,8 @@ def load_examples(files: list[str], dc, say: Callable[[str], None], key: str) ->
     """
     from rayft.data.formats import load_conversations
 
-    loaded = load_conversations(files, dc.format, dc.on_bad_record, dc.columns.mapping())
-    for line in [*(f"data: {n}" for n in loaded.notes), *loaded.skip_summary()]:
+    loaded = load_conversations(files, dc.format, dc.on_bad_record, dc.columns.mapping(), placeholders=dc.placeholders)
+    for line in [*(f"data: {n}" for n in loaded.notes), *loaded.skip_summary(), *loaded.placeholder_summary()]:
         say(line)
     if not loaded:
         why = f"all {loaded.records} records were bad and skipped" if loaded.skipped else "no record"
