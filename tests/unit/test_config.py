@@ -427,3 +427,32 @@ def test_the_memory_floor_follows_the_model_and_the_workers(tmp_path):
     # not judged: a hub id (no network at load), and padding mode (micro-batches hold up to micro_batch_size examples)
     assert load_config(plain, ["train.micro_batch_size=1000000000", "model.name_or_path=Qwen/Qwen2.5-1.5B"])
     assert load_config(plain, ["train.micro_batch_size=1000000000", "data.packing=false"])
+
+
+def test_unknown_keys_suggest_the_closest_known_key_of_their_section(tmp_path):
+    p = write(
+        tmp_path,
+        """\
+        traim:
+          lr: 0.1
+        data:
+          trian_files: [x.json]
+          train_files: [x.json]
+        train:
+          micro_batchsize: 4
+          lerning_rate: 0.1
+        cluster:
+          kube: {namespce: ml}
+        """,
+    )
+    with pytest.raises(ConfigError) as e:
+        load_config(p, ["data.columns.frm=who"])
+    assert str(e.value).splitlines() == [
+        f"{p}: invalid config (6 errors)",
+        "  data.columns.frm (from --set): unknown key (did you mean 'from'?)",
+        "  data.trian_files (line 4): unknown key (did you mean 'train_files'?)",
+        "  train.micro_batchsize (line 7): unknown key (did you mean 'micro_batch_size'?)",
+        "  train.lerning_rate (line 8): unknown key",  # nothing close enough (the field is lr)
+        "  cluster.kube.namespce (line 10): unknown key (did you mean 'namespace'?)",
+        "  traim (line 1): unknown key (did you mean 'train'?)",
+    ]
