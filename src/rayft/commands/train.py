@@ -1,4 +1,5 @@
-"""`rayft train`: load the config, then :func:`rayft.train.driver.run_training`."""
+"""`rayft train`: load the config, check that its local data files exist, then
+:func:`rayft.train.driver.run_training`."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Annotated, Optional
 import typer
 
 from rayft.commands.common import ConfigArg, SetOpt, console, load_config_or_exit, print_error
+from rayft.config import RayftConfig
 
 
 def train(
@@ -23,6 +25,7 @@ def train(
     prints the --resume command and exits 143 or 130.
     """
     cfg = load_config_or_exit(config, set_)
+    check_local_data_files(cfg)
     from rayft.train.driver import TrainError, TrainStopped, run_training
 
     try:
@@ -40,3 +43,20 @@ def train(
             sys.stderr.flush()
             os._exit(e.exit_code)
         raise typer.Exit(e.exit_code) from None
+
+
+def check_local_data_files(cfg: RayftConfig) -> None:
+    """Expand ``data.train_files`` and ``data.validation_files`` that are local paths or globs
+    (:func:`rayft.data.sources.expand_files`) before Ray or torch is imported, so a missing file
+    fails in a second rather than after Ray has started; ``s3://`` URIs are listed later, with
+    the data. On a :class:`~rayft.data.examples.DataError`, print it and exit 1 (as the same error
+    found later would)."""
+    from rayft.data.examples import DataError
+    from rayft.data.sources import expand_files
+
+    for key, patterns in (("data.train_files", cfg.data.train_files), ("data.validation_files", cfg.data.validation_files or [])):
+        try:
+            expand_files([p for p in patterns if not p.startswith("s3://")])
+        except DataError as e:
+            print_error("error", DataError(str(e).replace("(data.train_files)", f"({key})"), kind=e.kind))
+            raise typer.Exit(1) from None
