@@ -426,3 +426,23 @@ def test_invalid_utf8_in_a_pretty_printed_object_names_its_line(tmp_path):
     assert str(e.value) == (
         f"{p}:3: invalid UTF-8 (byte 0xff at offset 38) (data.on_bad_record: skip skips single records; this problem stops the whole file)"
     )
+
+
+def test_skip_policy_keeps_every_skipped_location_and_reports_merge(tmp_path):
+    p = write(tmp_path, "mix.jsonl", BAD_MIX)
+    report = load_conversations([str(p)], on_bad_record="skip")
+    assert report.skipped["no_assistant_turn"].locations == [
+        (f"{p}:4", "no assistant turn (nothing to train on)"),
+        (f"{p}:7", "no assistant turn (nothing to train on)"),
+    ]
+    assert sum(len(s.locations) for s in report.skipped.values()) == report.num_skipped == 6
+    # reports of files read apart, merged in input order, equal one read of both
+    q = write(tmp_path, "more.jsonl", "\ufeff" + '{"messages": [{"role": "user", "content": "z"}]}\n' + GOOD + "\n")
+    both = load_conversations([str(p), str(q)], on_bad_record="skip")
+    merged = load_conversations([str(p)], on_bad_record="skip").merge(load_conversations([str(q)], on_bad_record="skip"))
+    assert list(merged) == list(both) and merged.records == both.records == 11
+    assert merged.skipped == both.skipped
+    assert {k: s.locations for k, s in merged.skipped.items()} == {k: s.locations for k, s in both.skipped.items()}
+    assert merged.skipped["no_assistant_turn"].locations[-1] == (f"{q}:1", "no assistant turn (nothing to train on)")
+    assert merged.notes == both.notes == [f"{q}: tolerated: a UTF-8 BOM at the start"]
+    assert merged.skip_summary() == both.skip_summary()

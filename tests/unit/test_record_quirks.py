@@ -276,3 +276,18 @@ def test_prepare_prints_placeholder_lines_next_to_the_skip_summary(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_config(bad)
     assert "data.placeholders (line 3): Value error, 'my name': a placeholder's name is letters, digits and '_'" in str(e.value)
+
+
+def test_merged_reports_keep_placeholder_and_ignored_key_counts(tmp_path):
+    a = write(tmp_path, "a.jsonl", "\n".join(json.dumps({**r, "id": i}) for i, r in enumerate(IDENTITY[:3])) + "\n")
+    b = write(tmp_path, "b.jsonl", "\n".join(json.dumps(r) for r in IDENTITY[3:]) + "\n")
+    both = load_conversations([str(a), str(b)])
+    merged = load_conversations([str(a)]).merge(load_conversations([str(b)]))
+    assert merged.placeholders == both.placeholders
+    assert both.placeholders == {
+        "{{name}}": PlaceholderHits(4, [f"{a}:1", f"{a}:2", f"{b}:1"]),
+        "{{author}}": PlaceholderHits(2, [f"{a}:1", f"{a}:2"]),
+        "<NAME>": PlaceholderHits(1, [f"{b}:2"]),
+    }
+    assert merged.placeholder_summary() == both.placeholder_summary()
+    assert merged.notes == both.notes == []  # 'id' is a record key, not a message key: not noted

@@ -93,7 +93,7 @@ broken JSON array, invalid UTF-8 inside a JSON array) stop the load under either
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from rayft.data.examples import Conversation, DataError, Example, TextDocument
@@ -129,12 +129,14 @@ BadRecordPolicy = Literal["error", "skip"]
 
 @dataclass
 class SkippedRecords:
-    """Bad records of one reason category that were skipped: how many, and the first one's
-    ``file:line`` (``where``) and reason (the message without that prefix)."""
+    """Bad records of one reason category that were skipped: how many, the first one's
+    ``file:line`` (``where``) and reason (the message without that prefix), and every one's
+    ``(where, reason)``, in input order (``locations``; not compared)."""
 
     count: int
     where: str
     reason: str
+    locations: list[tuple[str, str]] = field(default_factory=list, compare=False, repr=False)
 
 
 @dataclass
@@ -165,7 +167,8 @@ class PlaceholderHits:
 class LoadReport(list):
     """What :func:`load_conversations` returns: a ``list`` of examples (:class:`Conversation` /
     :class:`TextDocument`, in file order) that also carries ``skipped``: ``{kind: SkippedRecords}``
-    for the bad records skipped under ``on_bad_record="skip"`` (empty otherwise), ``records``: how
+    for the bad records skipped under ``on_bad_record="skip"`` (empty otherwise; each with every
+    skipped location, for ``rayft data check``), ``records``: how
     many records were read (kept + skipped), and ``notes``: lines about each file's harmless
     oddities, which were tolerated (``file: tolerated: a UTF-8 BOM at the start, 2 blank lines, CRLF
     line endings``), and its ignored message keys (``file: ignored message key(s) ['id', 'name']
@@ -288,9 +291,40 @@ class LoadReport(list):
         """Count the bad record ``e`` as skipped."""
         s = self.skipped.get(e.kind)
         if s is None:
-            self.skipped[e.kind] = SkippedRecords(1, e.where, e.reason)
+            self.skipped[e.kind] = SkippedRecords(1, e.where, e.reason, [(e.where, e.reason)])
         else:
             s.count += 1
+            s.locations.append((e.where, e.reason))
+
+    def merge(self, other: "LoadReport") -> "LoadReport":
+        """Add ``other``, the report of input read after this report's (the next file, or the
+        next part of a file), as if both had been read in one go: its examples, counts, skipped
+        records (this report's first location of a kind stays the first), notes, ignored keys and
+        placeholders. Returns this report."""
+        self.extend(other)
+        self.records += other.records
+        for kind, s in other.skipped.items():
+            mine = self.skipped.get(kind)
+            if mine is None:
+                self.skipped[kind] = SkippedRecords(s.count, s.where, s.reason, list(s.locations))
+            else:
+                mine.count += s.count
+                mine.locations += s.locations
+        for f, lines in other.tolerated.items():
+            mine_lines = self.tolerated.setdefault(f, [])
+            mine_lines += [line for line in lines if line not in mine_lines]
+        for f, ig in other.ignored.items():
+            if f in self.ignored:
+                self.ignored[f].keys |= ig.keys
+            else:
+                self.ignored[f] = IgnoredKeys(set(ig.keys), ig.first)
+        for p, hits in other.placeholders.items():
+            mine_hits = self.placeholders.setdefault(p, PlaceholderHits(0, []))
+            mine_hits.records += hits.records
+            mine_hits.first += hits.first[: PLACEHOLDER_LOCATIONS - len(mine_hits.first)]
+        self.placeholder_records += other.placeholder_records
+        self.filled += other.filled
+        return self
 
     def skip_summary(self) -> list[str]:
         """Lines for the console: a header, then one line per reason category (most frequent

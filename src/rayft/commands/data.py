@@ -1,0 +1,154 @@
+"""`rayft data check`: read data files exactly as `rayft train` reads them, without training or
+tokenizing, and report every bad record (:func:`rayft.data.formats.load_conversations`)."""
+
+from __future__ import annotations
+
+import json
+from enum import Enum
+from typing import Annotated, Any, Optional
+
+import typer
+
+from rayft.commands.common import fail
+
+data_app = typer.Typer(help="Check training data.", no_args_is_help=True)
+
+#: Bad records the console shows per reason (``--json`` lists every one).
+SHOWN_PER_KIND = 20
+
+
+class Format(str, Enum):
+    AUTO = "auto"
+    MESSAGES = "messages"
+    SHAREGPT = "sharegpt"
+    ALPACA = "alpaca"
+    TEXT = "text"
+
+
+class Policy(str, Enum):
+    SKIP = "skip"
+    ERROR = "error"
+
+
+def parse_columns(items: list[str] | None) -> dict[str, str]:
+    """``["role=speaker", ...]`` → ``{"role": "speaker"}``, checked like ``data.columns``.
+
+    Raises:
+        ValueError: an item without ``=``, or a key or value ``data.columns`` refuses.
+    """
+    from rayft.data.records import check_columns
+
+    out: dict[str, str] = {}
+    for item in items or []:
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"--columns {item!r}: expected KEY=NAME, e.g. --columns role=speaker")
+        out[key.strip()] = value.strip()
+    return check_columns(out)
+
+
+def check_file(file: str, fmt: str, columns: dict[str, str], on_bad_record: str) -> dict[str, Any]:
+    """Read one data file (a path or an ``s3://`` URI, as :func:`rayft.data.sources.expand_files`
+    names it) under ``on_bad_record`` and describe it: records read, accepted, bad (per reason
+    kind, with every location), its notes and template placeholders, and ``error``: the problem
+    that stopped it (the first bad record under ``error``; a problem of the whole file under either
+    policy), or None (``records``, ``accepted`` and ``bad`` are then None: not read to the end)."""
+    from rayft.data.examples import DataError
+    from rayft.data.formats import load_conversations
+
+    out: dict[str, Any] = {"file": file, "records": None, "accepted": None, "bad": None, "skipped": {}, "notes": [], "placeholders": {}}
+    try:
+        report = load_conversations([file], fmt, on_bad_record, columns, keep=False)  # type: ignore[arg-type]
+    except DataError as e:  # counts unknown: the file was not read to its end
+        out["error"] = {"where": e.where or None, "kind": e.kind, "message": str(e)}
+        return out
+    out.update(
+        records=report.records,
+        accepted=report.records - report.num_skipped,
+        bad=report.num_skipped,
+        skipped={
+            kind: {"count": s.count, "locations": [{"where": w, "reason": r} for w, r in s.locations]}
+            for kind, s in sorted(report.skipped.items(), key=lambda kv: (-kv[1].count, kv[0]))
+        },
+        notes=report.notes_of(file),
+        placeholders={p: {"records": h.records, "first": h.first} for p, h in report.placeholders.items()},
+        error=None,
+    )
+    return out
+
+
+def render(result: dict[str, Any], on_bad_record: str) -> list[str]:
+    """The console lines of one :func:`check_file` result: at most :data:`SHOWN_PER_KIND` bad
+    records per reason, then how many more."""
+    f = result["file"]
+    if result["error"] is not None:
+        hint = " (--on-bad-record skip lists every bad record)" if on_bad_record == "error" else ""
+        return [f"{f}: stopped{hint}:", f"  {result['error']['message']}"]
+    lines = [f"{f}: {result['records']} records: {result['accepted']} accepted, {result['bad']} bad"]
+    for kind, s in result["skipped"].items():
+        lines.append(f"  {kind}: {s['count']}")
+        lines += [f"    {loc['where']}: {loc['reason']}" for loc in s["locations"][:SHOWN_PER_KIND]]
+        if s["count"] > SHOWN_PER_KIND:
+            lines.append(f"    ... and {s['count'] - SHOWN_PER_KIND} more (--json lists every one)")
+    lines += [f"  note: {n}" for n in result["notes"]]
+    for p, h in result["placeholders"].items():
+        lines.append(f"  placeholder {p} left in {h['records']} record(s) (first: {', '.join(h['first'])}; data.placeholders fills it)")
+    return lines
+
+
+@data_app.command("check")
+def check(
+    files: Annotated[list[str], typer.Argument(help="Data files, globs, directories or s3:// URIs, as in data.train_files.")],
+    format_: Annotated[Format, typer.Option("--format", help="The record format (data.format).", case_sensitive=False)] = Format.AUTO,
+    columns: Annotated[
+        Optional[list[str]],
+        typer.Option("--columns", help="KEY=NAME: the data's name for a field, turn key or role (data.columns); repeatable."),
+    ] = None,
+    on_bad_record: Annotated[
+        Policy,
+        typer.Option(
+            "--on-bad-record",
+            help="skip: read on and list every bad record; error: stop each file at its first, as rayft train does (data.on_bad_record).",
+            case_sensitive=False,
+        ),
+    ] = Policy.SKIP,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the report as JSON on stdout, every bad record's location included.")
+    ] = False,
+) -> None:
+    """Validate data files without training or tokenizing, reading them exactly as `rayft train` does.
+
+    Per file: the records read, accepted and bad, per reason with every bad record's file:line
+    (the console shows 20 per reason), and the notes (tolerated oddities, ignored message keys,
+    template placeholders). Exit 0 when every record is good, 1 when any record or file is bad,
+    2 on a usage error (a file that does not exist, a bad --columns).
+    """
+    from rayft.data.examples import DataError
+    from rayft.data.sources import expand_files
+
+    try:
+        cols = parse_columns(columns)
+    except ValueError as e:
+        fail(str(e), 2)
+    try:
+        paths = [str(p) for p in expand_files(files)]
+    except DataError as e:
+        fail(str(e).replace(" (data.train_files)", ""), 2)
+    results = [check_file(p, format_.value, cols, on_bad_record.value) for p in paths]
+    read = [r for r in results if r["error"] is None]
+    records, accepted, bad = (sum(r[k] for r in read) for k in ("records", "accepted", "bad"))
+    stopped = len(results) - len(read)
+    ok = bad == 0 and stopped == 0
+    if as_json:
+        summary = {"ok": ok, "on_bad_record": on_bad_record.value, "format": format_.value, "columns": cols}
+        summary.update(records=records, accepted=accepted, bad=bad, stopped=stopped, files=results)
+        typer.echo(json.dumps(summary, indent=1, ensure_ascii=False))
+    else:
+        for r in results:
+            for line in render(r, on_bad_record.value):
+                typer.echo(line)
+        counts = [f"{records} records, {accepted} accepted, {bad} bad"] if read else []
+        counts += [f"{stopped} stopped"] if stopped else []
+        typer.echo(f"checked {len(results)} file(s): {'; '.join(counts)}")
+    if not ok:
+        raise typer.Exit(1)
