@@ -17,36 +17,6 @@ objects are read with boto3 and reported as ``s3://bucket/key:line``). bz2, xz, 
 zip files are refused with a clear message. A UTF-8 BOM, blank lines and CRLF endings are tolerated
 and noted once per file (``LoadReport.notes``).
 
-Keys of a message or turn that rayft does not read (``name`` on a user or assistant message, ids,
-timestamps, ``metadata``, a text part's ``cache_control``, ...) are ignored, and noted once per file
-with the first record that had one (``file: ignored message key(s) [...] (first at file:line)``).
-Keys that change what a turn means and that rayft cannot honour are refused instead: ``tool_calls``
-on a message that is not the assistant's (or on a ShareGPT turn), the legacy OpenAI
-``function_call``, and reasoning traces (``reasoning_content``, ``reasoning``, ``thinking``), which
-the chat template would drop; a null value counts as absent.
-
-Template placeholders left in the data (``data.placeholders``, ``placeholders=``): ``{{name}}`` (an
-identifier between double braces) and ``<NAME>`` (upper-case letters, digits and ``_``, two or more,
-not right after a letter, digit, ``_`` or ``<``) in any message's content or a text document, outside
-Markdown code blocks and inline code. Not placeholders: lower-case ``<name>`` (an XML tag),
-``<NAME>`` closed by ``</NAME>`` in the same text, HTML element names (``<TABLE>``, ``<BR>``),
-special tokens (``<UNK>``, ``<EOS>``), keyboard keys (``<ENTER>``), ``List<String>``, ``a < b > c``,
-``{{ spaced }}``, ``{{{triple}}}``. A key of ``data.placeholders`` fills ``{{key}}`` and ``<key>``
-spelled exactly so; those left are counted per placeholder with their first locations
-(``LoadReport.placeholders``) and warned about once, next to the skip summary
-(:meth:`LoadReport.placeholder_summary`).
-
-Per-turn training weights: ``weight`` (OpenAI's fine-tuning format) or ``loss_weight``
-(LLaMA-Factory's) on a message or ShareGPT turn. On an assistant turn (a ``function_call`` turn
-included) 0 means rendered but not trained, 1 trained (the default, also when absent or null);
-``0.0``/``1.0`` are read as 0/1. Other values (``0.5``: fractional weights are not supported,
-``"1"``, ``true``) are refused, and so is 1 on another turn (rayft trains assistant turns only; 0
-there is accepted, as LLaMA-Factory writes it on every system and user turn). The weight never
-reaches the chat template: the tokens are those of the same record without weights, and only the
-loss mask changes (``Conversation.untrained``). A conversation whose assistant turns all have
-weight 0 has nothing to train on and is refused (``no_trained_turn``); an assistant turn of weight
-0 may be empty.
-
 Supported record formats (``data.format``; ``auto`` decides per record by its keys, in this order):
 
 * ``messages``: ``{"messages": [{"role": "system"|"user"|"assistant", "content": str}, ...]}``;
@@ -78,6 +48,36 @@ trained like any assistant text, tool results never.
 (:data:`COLUMN_KEYS`, e.g. ``{"instruction": "prompt", "output": "response"}``); a required field
 whose name is mapped and missing is reported with its ``data.columns.<key>``.
 
+Keys of a message or turn that rayft does not read (``name`` on a user or assistant message, ids,
+timestamps, ``metadata``, a text part's ``cache_control``, ...) are ignored, and noted once per file
+with the first record that had one (``file: ignored message key(s) [...] (first at file:line)``).
+Keys that change what a turn means and that rayft cannot honour are refused instead: ``tool_calls``
+on a message that is not the assistant's (or on a ShareGPT turn), the legacy OpenAI
+``function_call``, and reasoning traces (``reasoning_content``, ``reasoning``, ``thinking``), which
+the chat template would drop; a null value counts as absent.
+
+Template placeholders left in the data (``data.placeholders``, ``placeholders=``): ``{{name}}`` (an
+identifier between double braces) and ``<NAME>`` (upper-case letters, digits and ``_``, two or more,
+not right after a letter, digit, ``_`` or ``<``) in any message's content or a text document, outside
+Markdown code blocks and inline code. Not placeholders: lower-case ``<name>`` (an XML tag),
+``<NAME>`` closed by ``</NAME>`` in the same text, HTML element names (``<TABLE>``, ``<BR>``),
+special tokens (``<UNK>``, ``<EOS>``), keyboard keys (``<ENTER>``), ``List<String>``, ``a < b > c``,
+``{{ spaced }}``, ``{{{triple}}}``. A key of ``data.placeholders`` fills ``{{key}}`` and ``<key>``
+spelled exactly so; those left are counted per placeholder with their first locations
+(``LoadReport.placeholders``) and warned about once, next to the skip summary
+(:meth:`LoadReport.placeholder_summary`).
+
+Per-turn training weights: ``weight`` (OpenAI's fine-tuning format) or ``loss_weight``
+(LLaMA-Factory's) on a message or ShareGPT turn. On an assistant turn (a ``function_call`` turn
+included) 0 means rendered but not trained, 1 trained (the default, also when absent or null);
+``0.0``/``1.0`` are read as 0/1. Other values (``0.5``: fractional weights are not supported,
+``"1"``, ``true``) are refused, and so is 1 on another turn (rayft trains assistant turns only; 0
+there is accepted, as LLaMA-Factory writes it on every system and user turn). The weight never
+reaches the chat template: the tokens are those of the same record without weights, and only the
+loss mask changes (``Conversation.untrained``). A conversation whose assistant turns all have
+weight 0 has nothing to train on and is refused (``no_trained_turn``); an assistant turn of weight
+0 may be empty.
+
 Refused, with ``file:line`` and the reason: invalid JSON or UTF-8 (or lone surrogates), several
 JSON values on one line, a record that is not an object, unknown roles, keys that change a turn's
 meaning (above), non-text content parts, malformed tool calls or schemas, bad per-turn weights,
@@ -86,7 +86,8 @@ turn after the first message, an empty text document, and wrong types. Every :cl
 a short reason category (``kind``, one of :data:`REASON_KINDS`).
 
 Bad-record policy (``data.on_bad_record``): ``error`` (default) stops at the first bad record;
-``skip`` skips every bad record and counts it per reason category in the :class:`LoadReport`.
+``skip`` skips every bad record and counts it per reason category, with every location, in the
+:class:`LoadReport` (``rayft data check`` lists them all).
 Problems that are not one record's (no such file, an unreadable or corrupt gzip/Parquet file, a
 broken JSON array, invalid UTF-8 inside a JSON array) stop the load under either policy.
 """
