@@ -135,3 +135,27 @@ def test_corrupt_object_names_its_uri(s3):
     with pytest.raises(DataError) as e:
         load_conversations(["s3://data/z"])
     assert str(e.value) == "s3://data/z/x.jsonl.gz: not a valid gzip file: Not a gzipped file (b'{\"')"
+
+
+def test_data_check_reads_an_s3_prefix_like_training(s3):
+    import json
+
+    from typer.testing import CliRunner
+
+    from rayft.cli import app
+
+    s3.put_object(Bucket="data", Key="check/a.jsonl", Body=(GOOD + '\n{"messages": []}\n' + GOOD + "\n").encode())
+    s3.put_object(Bucket="data", Key="check/b.jsonl", Body=(GOOD + "\n").encode())
+    r = CliRunner().invoke(app, ["data", "check", "s3://data/check"])
+    assert r.exit_code == 1, r.output
+    assert r.stdout.splitlines() == [
+        "s3://data/check/a.jsonl: 3 records: 2 accepted, 1 bad",
+        "  empty_conversation: 1",
+        "    s3://data/check/a.jsonl:2: empty conversation",
+        "s3://data/check/b.jsonl: 1 records: 1 accepted, 0 bad",
+        "checked 2 file(s): 4 records, 3 accepted, 1 bad",
+    ]
+    doc = json.loads(CliRunner().invoke(app, ["data", "check", "s3://data/check/b.jsonl", "--json"]).stdout)
+    assert (doc["ok"], doc["records"], [f["file"] for f in doc["files"]]) == (True, 1, ["s3://data/check/b.jsonl"])
+    r = CliRunner().invoke(app, ["data", "check", "s3://data/nothing-here"])
+    assert r.exit_code == 2 and r.stderr.startswith("error: s3://data/nothing-here: no such object")
