@@ -263,8 +263,8 @@ def _messages(rec: dict, where: str, n: _Names = _PLAIN, ignored: set[str] | Non
         role = roles[name]
         extra = set(m) - {n(k) for k in MESSAGE_KEYS[role]} - set(WEIGHT_KEYS)
         if extra:
-            calls = (calls_key, f"only assistant messages call tools, not a {role} message (the calls would be lost)")
-            _other_keys(m, extra, where, turn, calls, ignored)
+            refused = (calls_key, f"only assistant messages call tools, not a {role} message (the calls would be lost)")
+            _other_keys(m, extra, where, turn, refused, ignored)
         msg: dict = {"role": role}
         calls = m.get(calls_key)
         if calls is not None:
@@ -374,8 +374,8 @@ def _tool_call(call: object, where: str, name: str) -> dict:
 def _content(content: object, where: str, name: str, ignored: set[str] | None = None, key: str = "content") -> str:
     """A message's text: a string, or a list of text parts ``{"type": "text", "text": str}`` (the
     OpenAI / Hugging Face chat format) or ``{"type": "text", "value": str}`` (LLaMA-Factory's),
-    joined without a separator. Other keys of a part
-    (``cache_control``, ...) are ignored and added to ``ignored`` as ``<key>[].<part key>``."""
+    joined without a separator. Other keys of a part (``cache_control``, ...) are ignored and
+    added to ``ignored`` as ``<key>[].<part key>`` (``key``: the message's content key)."""
     if isinstance(content, str):
         return _valid_text(content, where, name)
     if not isinstance(content, list):
