@@ -70,6 +70,7 @@ def test_best_fit_decreasing_rule_on_a_small_case():
     rows = pack_rows(lengths, np.arange(9)[::-1], 10)
     assert rows.lists() == [[1, 6], [3, 8, 7], [5, 4, 2, 0]]
     assert rows.offsets.tolist() == [0, 2, 5, 9]
+    assert rows.select([2, 0]) == [[5, 4, 2, 0], [1, 6]] and rows.lists(1, 2) == [[3, 8, 7]] and rows.tokens(lengths).tolist() == [9, 9, 8]
     # new rows take row_len // n examples of length n each; the last one the rest
     assert pack_rows(np.full(7, 3), np.arange(7), 10).lists() == [[0, 1, 2], [3, 4, 5], [6]]
     # examples of no tokens go into the first row
