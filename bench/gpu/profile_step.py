@@ -82,12 +82,12 @@ def rnd(i):
 
 
 def packed(i):
-    return {k: v.to(dev) for k, v in collate(ds, plan.rows[i % len(plan)], a.seq, 151643).items()}
+    return {k: v.to(dev) for k, v in collate(ds, plan.step_rows(i % len(plan)), a.seq, 151643).items()}
 
 
 t = time.perf_counter()
 for i in range(10):
-    collate(ds, plan.rows[i % len(plan)], a.seq, 151643)
+    collate(ds, plan.step_rows(i % len(plan)), a.seq, 151643)
 print(f"collate: {100 * (time.perf_counter() - t):.1f} ms per micro-batch", flush=True)
 timed("random tokens, causal", rnd)
 timed("packed rows, restarting position ids", packed)

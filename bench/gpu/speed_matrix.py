@@ -86,7 +86,7 @@ def worker(rank: int, a) -> None:
                 "attn_tokens_sq": torch.tensor(float(a.mb * a.seq * a.seq)),
             }
         else:
-            b = collate(ds, plan.rows[i % len(plan)][rank :: a.gpus], a.seq, 151643, fixed_len=packing)
+            b = collate(ds, plan.step_rows(i % len(plan))[rank :: a.gpus], a.seq, 151643, fixed_len=packing)
         return {k: v.to(dev, non_blocking=True) for k, v in b.items()}
 
     times, toks, sqs = [], [], []

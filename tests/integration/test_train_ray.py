@@ -59,7 +59,7 @@ def reference_first_step_loss(cfg):
     conf = load_model_config(cfg.model)
     model = AutoModelForCausalLM.from_config(conf)
     model.load_state_dict(load_full_state_dict(cfg.model, conf, cfg.train.seed))
-    rows = make_plan(cfg, ds, 2).rows[0]
+    rows = make_plan(cfg, ds, 2).step_rows(0)
     total, count = 0.0, 0
     with torch.no_grad():
         for row in rows:

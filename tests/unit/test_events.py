@@ -85,6 +85,7 @@ def test_worker_args_travel_pickled_and_are_checked_on_arrival():
         config={"data": {"train_files": ["x.jsonl"]}},
         dataset=None,
         validation=None,
+        plan=None,
         pad_id=151643,
         data_fingerprint="abc",
         tokenizer="qwen2.5",

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rayft.data.packing import IGNORE_INDEX, collate, epoch_rows, pack_rows, plan_steps, rank_micro_batches
+from rayft.data.packing import IGNORE_INDEX, collate, epoch_rows, index_dtype, pack_rows, plan_steps, rank_micro_batches
 from rayft.data.tokenize import TokenizedDataset
 
 
@@ -16,34 +16,123 @@ def make_ds(lengths, seed=0, vocab=5000):
     return TokenizedDataset(np.concatenate(toks), np.concatenate(train), np.cumsum([0] + list(lengths)))
 
 
-def test_best_fit_packing_places_every_example_once_within_row_len():
+def test_packing_places_every_example_once_within_row_len():
     rng = np.random.default_rng(1)
     lengths = rng.integers(5, 60, 500)
     rows = pack_rows(lengths, rng.permutation(500), 128)
-    flat = sorted(i for r in rows for i in r)
+    assert rows.offsets.dtype == np.int64 and rows.examples.dtype == np.int32 and rows.offsets[0] == 0
+    flat = sorted(i for r in rows.lists() for i in r)
     assert flat == list(range(500))
-    assert max(lengths[r].sum() for r in rows) <= 128
+    assert rows.tokens(lengths).max() <= 128
+    assert rows.tokens(lengths).tolist() == [int(lengths[r].sum()) for r in rows.lists()]
     efficiency = lengths.sum() / (128 * len(rows))
-    assert efficiency > 0.98  # best fit wastes little (next fit gives 0.86 on the same input)
-    with pytest.raises(ValueError, match="more than the row length"):
-        pack_rows(np.array([10, 200]), np.array([0, 1]), 128)
+    assert efficiency > 0.995  # best fit decreasing: 0.998 here (best fit in visiting order 0.983, next fit 0.835)
+    with pytest.raises(ValueError, match="example 1 has 200 tokens, more than the row length 128"):
+        pack_rows(np.array([10, 200, 300]), np.array([0, 1, 2]), 128)
 
 
-def test_best_fit_rule_on_a_small_case():
-    # rows fill in the visiting order with the tightest row that still fits
-    assert pack_rows(np.array([6, 5, 4, 3, 2]), np.arange(5), 10) == [[0, 2], [1, 3, 4]]
+def sequential_bfd_fills(lengths, order, row_len):
+    """A reference: best fit decreasing one example at a time (a plain list of free spaces); the
+    sorted tokens per row (which of several equally tight rows is taken is not the rule's)."""
+    free = []
+    for i in sorted(order.tolist(), key=lambda i: -lengths[i]):
+        fits = [r for r in range(len(free)) if free[r] >= lengths[i]]
+        if fits:
+            free[min(fits, key=lambda r: free[r])] -= lengths[i]
+        else:
+            free.append(row_len - lengths[i])
+    return sorted(row_len - f for f in free)
+
+
+def test_rows_are_best_fit_decreasing_one_example_at_a_time():
+    # placing all examples of a length at once (buckets of rows by free space) is the same rule as
+    # placing them one by one, longest first, each into the tightest row that holds it
+    rng = np.random.default_rng(7)
+    for _ in range(60):
+        row_len = int(rng.integers(4, 50))
+        lengths = rng.integers(1, row_len + 1, int(rng.integers(1, 150)))
+        order = rng.permutation(len(lengths))
+        rows = pack_rows(lengths, order, row_len)
+        assert sorted(rows.tokens(lengths).tolist()) == sequential_bfd_fills(lengths, order, row_len)
+        assert sorted(rows.examples.tolist()) == list(range(len(lengths)))
+
+
+def test_best_fit_decreasing_rule_on_a_small_case():
+    # The old rule (best fit in visiting order) gave [[8, 7, 6, 5], [4, 3, 2], [1, 0]] here.
+    # Best fit decreasing, rows of 10, visiting order 8, 7, …, 0:
+    #   length 6 (example 1): no row yet → row A = [1], 4 free
+    #   length 5 (example 3): no row with 5 free → row B = [3], 5 free
+    #   length 3 (example 6): tightest row with ≥ 3 free is A (4) → A = [1, 6], 1 free
+    #   length 2 (examples 8, 7, 5, 4, 2, 0, in visiting order): tightest with ≥ 2 free is B (5),
+    #     which takes 5 // 2 = 2 of them → B = [3, 8, 7], 1 free; the other 4 open row C, which
+    #     takes up to 10 // 2 = 5 → C = [5, 4, 2, 0], 2 free
+    lengths = np.array([2, 6, 2, 5, 2, 2, 3, 2, 2])
+    rows = pack_rows(lengths, np.arange(9)[::-1], 10)
+    assert rows.lists() == [[1, 6], [3, 8, 7], [5, 4, 2, 0]]
+    assert rows.offsets.tolist() == [0, 2, 5, 9]
+    assert rows.select([2, 0]) == [[5, 4, 2, 0], [1, 6]] and rows.lists(1, 2) == [[3, 8, 7]] and rows.tokens(lengths).tolist() == [9, 9, 8]
+    # new rows take row_len // n examples of length n each; the last one the rest
+    assert pack_rows(np.full(7, 3), np.arange(7), 10).lists() == [[0, 1, 2], [3, 4, 5], [6]]
+    # examples of no tokens go into the first row
+    assert pack_rows(np.array([0, 4, 0]), np.arange(3), 10).lists() == [[1, 0, 2]]
+
+
+def test_padding_mode_is_one_example_per_row_in_the_shuffled_order():
+    lengths = np.random.default_rng(0).integers(5, 60, 50)
+    rows = epoch_rows(lengths, 2, 3, 128, packing=False, shuffle=True)
+    assert rows.offsets.tolist() == list(range(51))
+    assert rows.examples.tolist() == np.random.default_rng([3, 2]).permutation(50).tolist()
+    assert epoch_rows(lengths, 2, 3, 128, packing=False, shuffle=False).examples.tolist() == list(range(50))
+
+
+def same_plan(a, b):
+    return all(
+        np.array_equal(x, y) and x.dtype == y.dtype
+        for x, y in [
+            (a.rows.offsets, b.rows.offsets),
+            (a.rows.examples, b.rows.examples),
+            (a.step_offsets, b.step_offsets),
+            (a.epoch_of_step, b.epoch_of_step),
+        ]
+    )
 
 
 def test_plan_is_deterministic_and_depends_on_seed_and_epoch():
     ds = make_ds(np.random.default_rng(0).integers(5, 60, 200))
     kw = dict(rows_per_step=4, row_len=128, packing=True, shuffle=True, epochs=2, max_steps=None)
-    a, b = plan_steps(ds, seed=3, **kw), plan_steps(ds, seed=3, **kw)
-    assert a.rows == b.rows
-    assert plan_steps(ds, seed=4, **kw).rows != a.rows
-    assert epoch_rows(ds, 0, 3, 128, True, True) != epoch_rows(ds, 1, 3, 128, True, True)
-    assert set(a.epoch_of_step) == {0, 1}
-    limited = plan_steps(ds, seed=3, **{**kw, "max_steps": 5})
-    assert limited.rows == a.rows[:5]
+    a, b = plan_steps(ds, seed=3, **kw), plan_steps(ds.lengths(), seed=3, **kw)
+    assert same_plan(a, b)
+    assert a.step_offsets.dtype == np.int64 and a.epoch_of_step.dtype == np.int32 and a.rows.examples.dtype == np.int32
+    assert not np.array_equal(plan_steps(ds, seed=4, **kw).rows.examples, a.rows.examples)
+    e0, e1 = epoch_rows(ds.lengths(), 0, 3, 128, True, True), epoch_rows(ds.lengths(), 1, 3, 128, True, True)
+    assert e0.lists() != e1.lists()
+    assert sorted(e0.examples.tolist()) == sorted(e1.examples.tolist()) == list(range(200))
+    assert set(a.epoch_of_step.tolist()) == {0, 1} and a.epoch(len(a) - 1) == 1 and isinstance(a.epoch(0), int)
+    assert a.epochs(200) == 2.0
+    # the steps cut each epoch's rows in order; an epoch's last step may be short
+    per_epoch = len(e0)
+    assert a.step_rows(0) == e0.lists(0, 4) and a.step_rows(per_epoch // 4 + 1) == e1.lists(0, 4)
+    assert len(a) == 2 * -(-per_epoch // 4) and a.n_rows == len(e0) + len(e1)
+    assert [len(a.step_rows(s)) for s in range(len(a))].count(per_epoch % 4 or 4) >= 2
+
+
+def test_max_steps_gives_a_prefix_of_the_same_plan_across_epochs():
+    ds = make_ds(np.random.default_rng(0).integers(5, 60, 200))
+    kw = dict(rows_per_step=4, row_len=128, packing=True, shuffle=True, seed=3, epochs=3)
+    full = plan_steps(ds, max_steps=None, **kw)
+    per_epoch = len(full) // 3
+    for k in (0, 5, per_epoch, per_epoch + 2):
+        limited = plan_steps(ds, max_steps=k, **kw)
+        assert len(limited) == k
+        assert [limited.step_rows(s) for s in range(k)] == [full.step_rows(s) for s in range(k)]
+        assert np.array_equal(limited.step_offsets, full.step_offsets[: k + 1])
+        assert np.array_equal(limited.rows.offsets, full.rows.offsets[: limited.n_rows + 1])
+        assert np.array_equal(limited.rows.examples, full.rows.examples[: limited.rows.offsets[-1]])
+    more = plan_steps(ds, max_steps=4 * per_epoch + 1, **kw)  # max_steps past `epochs`: more epochs
+    assert len(more) == 4 * per_epoch + 1 and more.epoch(len(more) - 1) == 4
+    assert [more.step_rows(s) for s in range(len(full))] == [full.step_rows(s) for s in range(len(full))]
+    with pytest.raises(ValueError, match="empty dataset"):
+        plan_steps(np.zeros(0, np.int64), max_steps=None, **kw)
 
 
 def test_ranks_get_disjoint_shards_covering_the_step():
@@ -53,6 +142,14 @@ def test_ranks_get_disjoint_shards_covering_the_step():
     got = sorted(i for s in shards for mb in s for row in mb for i in row)
     assert got == list(range(10))
     assert shards[3] == [[[3], [7]], []]  # rank 3's second micro-batch is empty
+
+
+def test_an_epochs_short_last_step_gives_empty_micro_batches():
+    ds = make_ds([5] * 10)  # padding mode: 10 rows, 8 a step (2 ranks × 2 rows × 2 micro-batches)
+    plan = plan_steps(ds, rows_per_step=8, row_len=16, packing=False, shuffle=False, seed=0, epochs=1, max_steps=None)
+    assert plan.step_offsets.tolist() == [0, 8, 10]
+    last = [rank_micro_batches(plan.step_rows(1), r, 2, 2, 2) for r in range(2)]
+    assert last == [[[[8]], []], [[[9]], []]]
 
 
 def test_collate_shifts_labels_and_restarts_positions():
@@ -79,7 +176,10 @@ def test_packing_efficiency_is_non_pad_over_row_tokens():
     plan = plan_steps(ds, rows_per_step=2, row_len=10, packing=True, shuffle=False, seed=0, epochs=1, max_steps=None)
     assert plan.packing_efficiency(ds, 10) == 1.0
     plan = plan_steps(ds, rows_per_step=2, row_len=16, packing=True, shuffle=False, seed=0, epochs=1, max_steps=None)
-    assert plan.packing_efficiency(ds, 16) == 20 / (len(plan.rows[0]) * 16)
+    assert plan.step_rows(0) == [[0, 1, 2], [3, 4]]  # 6, 5, 4 into one row (1 free); 3 opens the next, 2 joins it
+    assert plan.packing_efficiency(ds, 16) == 20 / (plan.n_rows * 16)
+    assert plan.packing_efficiency(ds.lengths(), 16) == plan.packing_efficiency(ds, 16)
+    assert index_dtype(2**31 - 1) is np.int32 and index_dtype(2**31) is np.int64
 
 
 def test_epochs_counts_passes_over_the_data_also_when_max_steps_stops_early():

@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
-from rayft.data.packing import collate, epoch_rows
+from rayft.data.packing import Rows, collate, epoch_rows
 
 
-def eval_rows(val_ds, cfg) -> list[list[int]]:
-    """The validation rows (lists of example indices), in order: packed, not shuffled."""
-    return epoch_rows(val_ds, 0, cfg.data.seed, cfg.data.seq_len, cfg.data.packing, shuffle=False)
+def eval_rows(val_ds, cfg) -> Rows:
+    """The validation rows, in order: packed (``data.packing``), not shuffled. ``val_ds``: the
+    validation examples (``lengths()``)."""
+    return epoch_rows(val_ds.lengths(), 0, cfg.data.seed, cfg.data.seq_len, cfg.data.packing, shuffle=False)
 
 
 def eval_is_due(step_done: int, total_steps: int, every: int | None) -> bool:
@@ -29,7 +31,7 @@ def eval_is_due(step_done: int, total_steps: int, every: int | None) -> bool:
     return step_done == total_steps or (every is not None and step_done % every == 0)
 
 
-def evaluate(model, val_ds, rows: list[list[int]], cfg, pad_id: int, device: torch.device, loss_fn) -> dict[str, float]:
+def evaluate(model, val_ds, rows: Rows, cfg, pad_id: int, device: torch.device, loss_fn) -> dict[str, float]:
     """Collective (every rank calls it): the model's mean loss over the validation set.
 
     Args:
@@ -43,7 +45,7 @@ def evaluate(model, val_ds, rows: list[list[int]], cfg, pad_id: int, device: tor
     """
     rank, world = dist.get_rank(), dist.get_world_size()
     mbs = cfg.train.micro_batch_size
-    mine = rows[rank::world]
+    mine = np.arange(rank, len(rows), world)  # this rank's row indices
     n_micro = math.ceil(len(rows) / (world * mbs))  # the same on every rank
     module = model.module
     was_training = module.training
@@ -51,7 +53,7 @@ def evaluate(model, val_ds, rows: list[list[int]], cfg, pad_id: int, device: tor
     totals = torch.zeros(2, dtype=torch.float64, device=device)  # [sum of token losses, trainable targets]
     with torch.no_grad():
         for k in range(n_micro):
-            b = collate(val_ds, mine[k * mbs : (k + 1) * mbs], cfg.data.seq_len, pad_id, fixed_len=cfg.data.packing)
+            b = collate(val_ds, rows.select(mine[k * mbs : (k + 1) * mbs]), cfg.data.seq_len, pad_id, fixed_len=cfg.data.packing)
             batch = {key: v.to(device, non_blocking=True) for key, v in b.items()}
             totals[0] += loss_fn(model, batch).double()
             totals[1] += batch["num_trainable"].double()
@@ -70,7 +72,7 @@ class Evaluator:
 
     def __init__(self, cfg, val_ds, pad_id: int, device: torch.device, loss_fn):
         self.cfg, self.val, self.pad_id, self.device, self.loss_fn = cfg, val_ds, pad_id, device, loss_fn
-        self.rows = eval_rows(val_ds, cfg) if val_ds is not None else []
+        self.rows = eval_rows(val_ds, cfg) if val_ds is not None else None
 
     def is_due(self, step_done: int, total_steps: int) -> bool:
         return self.val is not None and eval_is_due(step_done, total_steps, self.cfg.train.eval_every)

@@ -33,7 +33,15 @@ from rayft.train.worker_args import WorkerArgs
 
 
 def make_plan(cfg: RayftConfig, ds, world_size: int) -> StepPlan:
-    """The run's step plan (identical on the driver and on every worker)."""
+    """The run's step plan for ``world_size`` workers: the one place a config becomes a plan.
+
+    The driver calls it once per run (the workers receive the result, see :func:`setup_worker`);
+    ``ds``: the training data (``len``, ``lengths()``). A pure function of the example lengths,
+    ``data.seed``/``packing``/``shuffle``/``seq_len``, the batch settings and ``world_size``.
+
+    Raises:
+        ValueError: no example; with packing, an example longer than ``data.seq_len``.
+    """
     return plan_steps(
         ds,
         rows_per_step=world_size * cfg.train.micro_batch_size * cfg.train.grad_accum_steps,
@@ -56,7 +64,7 @@ class Worker:
     world: int
     device: torch.device
     data: Any  # TokenizedDataset
-    plan: StepPlan
+    plan: StepPlan  # the driver's, for this world size
     model: ShardedModel
     model_conf: Any  # transformers PretrainedConfig
     optimizer: torch.optim.Optimizer
@@ -78,7 +86,7 @@ class Worker:
     def batches(self, step: int) -> list[dict[str, torch.Tensor]]:
         """This rank's micro-batches of ``step``, on the device."""
         tc, dc = self.cfg.train, self.cfg.data
-        micro = rank_micro_batches(self.plan.rows[step], self.rank, self.world, tc.micro_batch_size, tc.grad_accum_steps)
+        micro = rank_micro_batches(self.plan.step_rows(step), self.rank, self.world, tc.micro_batch_size, tc.grad_accum_steps)
         min_rows = tc.micro_batch_size if dc.packing else 1
         return [
             {
@@ -104,7 +112,7 @@ class Worker:
         tc = self.cfg.train
         return {
             "step": step + 1,
-            "epoch": self.plan.epoch_of_step[step],
+            "epoch": self.plan.epoch(step),
             "world_size": self.world,
             "loss": loss,
             "global_batch_rows": self.world * tc.micro_batch_size * tc.grad_accum_steps,
@@ -157,10 +165,14 @@ def train_func(loop_config: dict[str, Any]) -> None:
 
 
 def setup_worker(args: WorkerArgs) -> Worker:
-    """Collective: everything before the first step — device and memory cap, data, step plan, the
-    sharded model and its weights, optimizer, resume, the checkpoint writer and the initial
-    evaluation. ``setup_timings``: ``setup_s`` (this function, seconds) and
-    ``setup_model_build_s`` (model build and weight broadcast)."""
+    """Collective: everything before the first step — device and memory cap, data, the driver's
+    step plan, the sharded model and its weights, optimizer, resume, the checkpoint writer and the
+    initial evaluation. ``setup_timings``: ``setup_s`` (this function, seconds) and
+    ``setup_model_build_s`` (model build and weight broadcast).
+
+    Raises:
+        RuntimeError: the plan was made for another global batch than this worker group's.
+    """
     t_enter = time.perf_counter()
     cfg = args.parsed_config()
     tc = cfg.train
@@ -172,7 +184,10 @@ def setup_worker(args: WorkerArgs) -> Worker:
     if tc.gpu_memory_limit_gib is not None:
         cap_gpu_memory(device, tc.gpu_memory_limit_gib)
     data = ray.get(args.dataset)
-    plan = make_plan(cfg, data, world)
+    plan = ray.get(args.plan)  # made once by the driver (make_plan), not recomputed here
+    rows_per_step = world * tc.micro_batch_size * tc.grad_accum_steps
+    if plan.rows_per_step != rows_per_step:
+        raise RuntimeError(f"the step plan is for {plan.rows_per_step} rows a step, this worker group takes {rows_per_step}")
 
     t_model = time.perf_counter()
     model = build_sharded_model(
@@ -193,7 +208,7 @@ def setup_worker(args: WorkerArgs) -> Worker:
     model_conf = load_model_config(cfg.model)
     optimizer = build_optimizer(model.module, tc, device)
     progress = args.progress.for_rank(rank)
-    start_step = resume(model, optimizer, args, world * tc.micro_batch_size * tc.grad_accum_steps, progress)
+    start_step = resume(model, optimizer, args, rows_per_step, progress)
 
     saver = ckpt_lib.CheckpointWriter(cfg.checkpoint, model_conf)
     validation = ray.get(args.validation) if args.validation is not None else None
@@ -257,7 +272,7 @@ def step_record(
     return {
         "step": step + 1,
         "total_steps": w.total_steps,
-        "epoch": w.plan.epoch_of_step[step],
+        "epoch": w.plan.epoch(step),
         "loss": result.loss,
         "lr": lr,
         "grad_norm": result.grad_norm,

@@ -24,6 +24,8 @@ class WorkerArgs:
             worker, so a worker never runs an unvalidated config).
         dataset: ``ray.ObjectRef`` of the training :class:`~rayft.data.tokenize.TokenizedDataset`.
         validation: ``ray.ObjectRef`` of the validation TokenizedDataset, or None.
+        plan: ``ray.ObjectRef`` of the run's :class:`~rayft.data.packing.StepPlan`, made once by
+            the driver (:func:`rayft.train.loop.make_plan`) for this worker group's size.
         pad_id: the tokenizer's padding token id.
         data_fingerprint: :func:`rayft.data.tokenize.fingerprint` of the training data (a resume
             refuses a checkpoint of other data).
@@ -37,6 +39,7 @@ class WorkerArgs:
     config: dict[str, Any]
     dataset: Any
     validation: Any
+    plan: Any
     pad_id: int
     data_fingerprint: str
     tokenizer: str
