@@ -90,7 +90,7 @@ BAD = [
     (
         "no_trained_turn",
         '{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "loss_weight": 0}]}',
-        "every assistant turn has weight 0 (nothing to train on)",
+        "every assistant turn has weight 0 or training false (nothing to train on)",
     ),
     ("empty_text", '{"text": ""}', "field 'text' is empty (nothing to train on)"),
     ("invalid_utf8", b'{"text": "\xff"}', "invalid UTF-8 (byte 0xff"),

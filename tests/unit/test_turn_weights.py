@@ -1,5 +1,7 @@
 """Per-turn training weights (OpenAI's ``weight``, LLaMA-Factory's ``loss_weight``): 0 = rendered,
-not trained; 1 = trained. Token ids never depend on them; the mask loses exactly the weight-0 turns."""
+not trained; 1 = trained; axolotl's ``training`` / ``train`` flags alike (false = 0, true = 1). Token
+ids never depend on them; the mask loses exactly the weight-0 turns. Loss-mask keys rayft cannot
+honour are refused, never ignored."""
 
 import json
 
@@ -131,12 +133,12 @@ U, A = {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}
         (
             _msgs(U, {**A, "weight": 1, "loss_weight": 0}),
             "bad_weight",
-            "messages[1] has 'weight' 1 and 'loss_weight' 0: give one",
+            "messages[1] has 'weight' 1 and 'loss_weight' 0: they disagree, give one",
         ),
         (
             _msgs(U, {**A, "weight": 0}, U, {**A, "loss_weight": 0.0}),
             "no_trained_turn",
-            "every assistant turn has weight 0 (nothing to train on)",
+            "every assistant turn has weight 0 or training false (nothing to train on)",
         ),
         (
             json.dumps({"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a", "weight": 0.25}]}),
@@ -151,7 +153,7 @@ U, A = {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}
         (
             json.dumps({"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a", "loss_weight": 0}]}),
             "no_trained_turn",
-            "every assistant turn has weight 0 (nothing to train on)",
+            "every assistant turn has weight 0 or training false (nothing to train on)",
         ),
     ],
 )
@@ -162,6 +164,116 @@ def test_bad_weights_name_the_record_and_turn(tmp_path, line, kind, message):
     assert str(e.value) == f"{p}:2: {message}" and e.value.kind == kind
     report = load_conversations([str(p)], on_bad_record="skip")
     assert len(report) == 1 and report.skipped == {kind: SkippedRecords(1, f"{p}:2", message)}
+
+
+# ---------------------------------------------------------------- axolotl's training flags
+
+
+def test_training_flags_false_are_not_trained_like_weight_zero(qwen_tokenizer):
+    # the reviewer's record: both assistant turns marked untrained used to be trained (flags ignored as extra keys)
+    flagged = [MSGS[0], {**MSGS[1], "training": False}, MSGS[2], {**MSGS[3], "train": False}]
+    with pytest.raises(DataError, match=r"every assistant turn has weight 0 or training false"):
+        to_example({"messages": flagged}, "f.jsonl:1")
+    conv = to_example({"messages": [MSGS[0], {**MSGS[1], "training": False}, MSGS[2], {**MSGS[3], "training": True}]}, "f.jsonl:1")
+    weighted = to_example({"messages": [MSGS[0], {**MSGS[1], "weight": 0}, MSGS[2], MSGS[3]]}, "w.jsonl:1")
+    assert conv.untrained == weighted.untrained == (1,) and conv.messages == weighted.messages
+    ex, ref = tokenize_conversation(qwen_tokenizer, conv), tokenize_conversation(qwen_tokenizer, weighted)
+    assert ex.input_ids.tolist() == ref.input_ids.tolist() and ex.trainable.tolist() == ref.trainable.tolist()
+    assert qwen_tokenizer.decode(ex.input_ids[ex.trainable]) == "Sorry: 2+2 = 4.<|im_end|>"
+    # axolotl's docs write training: false on the system and user turns too; the flags agree with weights
+    sys_user = [{"role": "system", "content": "s", "training": False}, {**MSGS[0], "train": False}]
+    agree = to_example({"messages": [*sys_user, {**MSGS[1], "training": False, "weight": 0, "loss_weight": 0.0}, MSGS[2], MSGS[3]]}, "a:1")
+    assert agree.untrained == (2,)
+    assert to_example({"messages": [MSGS[0], {**MSGS[1], "training": True, "weight": 1, "train": True}]}, "t:1").untrained == ()
+    assert to_example({"messages": [MSGS[0], {**MSGS[1], "training": None}]}, "n:1").untrained == ()  # null: absent
+
+
+def test_sharegpt_training_flags(tmp_path):
+    rec = {
+        "conversations": [
+            {"from": "human", "value": "hi", "training": False},
+            {"from": "gpt", "value": "bad", "training": False},
+            {"from": "human", "value": "again"},
+            {"from": "function_call", "value": '{"name": "f", "arguments": {}}', "train": False},
+            {"from": "observation", "value": "ok"},
+            {"from": "gpt", "value": "good", "train": True},
+        ]
+    }
+    (conv,) = load_conversations([str(write(tmp_path, "s.jsonl", json.dumps(rec) + "\n"))])
+    assert conv.untrained == (1, 3) and conv.messages[1] == {"role": "assistant", "content": "bad"}
+    assert load_conversations([str(tmp_path / "s.jsonl")]).notes == []  # read, not ignored
+
+
+@pytest.mark.parametrize(
+    "turn,message",
+    [
+        (
+            {**A, "training": "false"},
+            "messages[1].training is 'false': a turn's training flag must be true (trained) or false (not trained)",
+        ),
+        ({**A, "train": 0}, "messages[1].train is 0: a turn's training flag must be true (trained) or false (not trained)"),
+        ({**A, "training": False, "weight": 1}, "messages[1] has 'weight' 1 and 'training' False: they disagree, give one"),
+        (
+            {**A, "loss_weight": 1.0, "training": True, "train": False},
+            "messages[1] has 'loss_weight' 1.0, 'training' True and 'train' False: they disagree, give one",
+        ),
+    ],
+)
+def test_bad_training_flags_name_the_record_and_turn(tmp_path, turn, message):
+    p = write(tmp_path, "bad.jsonl", _msgs(U, A) + "\n" + _msgs(U, turn, U, A) + "\n")
+    with pytest.raises(DataError) as e:
+        load_conversations([str(p)])
+    assert str(e.value) == f"{p}:2: {message}" and e.value.kind == "bad_weight"
+
+
+def test_a_true_training_flag_on_a_prompt_turn_is_refused(tmp_path):
+    p = write(tmp_path, "u.jsonl", _msgs({**U, "training": True}, A) + "\n")
+    with pytest.raises(DataError) as e:
+        load_conversations([str(p)])
+    assert str(e.value) == (
+        f"{p}:1: messages[0].training is True on a user turn: only assistant turns are trained "
+        "(a training flag on another turn may only be false)"
+    )
+    sharegpt = json.dumps({"conversations": [{"from": "system", "value": "s", "train": True}, {"from": "gpt", "value": "a"}]})
+    with pytest.raises(DataError, match=r":1: conversations\[0\]\.train is True on a system turn: only assistant turns are trained"):
+        load_conversations([str(write(tmp_path, "s.jsonl", sharegpt + "\n"))])
+
+
+WHOLE_TURN = "rayft trains or skips whole turns: mark the turn with 'weight' (0: not trained, 1: trained) or 'training' (false/true)"
+MASK = f"a loss mask whose sense (true: trained, or true: masked out?) differs between tools; {WHOLE_TURN}"
+
+
+@pytest.mark.parametrize(
+    "key,value,reason",
+    [
+        (
+            "train_detail",
+            [{"begin_offset": 0, "end_offset": 3, "train": False}],
+            f"per-span training (axolotl's message_field_training_detail) is not supported; {WHOLE_TURN}",
+        ),
+        ("training_detail", [], f"per-span training (axolotl's message_field_training_detail) is not supported; {WHOLE_TURN}"),
+        ("mask", True, MASK),
+        ("masked", False, MASK),
+        ("loss_mask", [0, 1], MASK),
+        ("trainable", False, f"a training flag rayft does not read under this name; {WHOLE_TURN}"),
+        ("loss", False, f"a per-turn loss flag (XTuner's) is not read, and true on a prompt turn would train it; {WHOLE_TURN}"),
+    ],
+)
+@pytest.mark.parametrize("fmt", ["messages", "sharegpt"])
+def test_loss_mask_keys_rayft_cannot_honour_are_refused_naming_file_line_and_turn(tmp_path, key, value, reason, fmt):
+    if fmt == "messages":
+        line, turn = _msgs(U, {**A, key: value}, U, A), "messages[1]"
+    else:
+        turns = [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a", key: value}]
+        line, turn = json.dumps({"conversations": turns}), "conversations[1]"
+    p = write(tmp_path, "m.jsonl", _msgs(U, A) + "\n" + line + "\n")
+    with pytest.raises(DataError) as e:
+        load_conversations([str(p)])
+    assert str(e.value) == f"{p}:2: {turn} has {key!r}: {reason}" and e.value.kind == "unsupported_key"
+    # null counts as absent, as for the other refused keys
+    ok = _msgs(U, {**A, key: None}) if fmt == "messages" else json.dumps({"conversations": [{"from": "human", "value": "q"},
+                                                                                           {"from": "gpt", "value": "a", key: None}]})  # fmt: skip
+    assert len(load_conversations([str(write(tmp_path, "ok.jsonl", ok + "\n"))])) == 1
 
 
 def test_parquet_weight_column(tmp_path, qwen_tokenizer):

@@ -52,7 +52,7 @@ class Conversation:
     """One chat training example: its messages, where it came from (``source`` = ``file:line``),
     the function schemas offered to the model (``tools``, empty without tool use) and ``untrained``:
     the indices (into ``messages``) of assistant turns that are rendered but not trained (a
-    per-turn weight of 0 in the record); every other assistant turn is trained.
+    per-turn weight of 0 or ``training: false`` in the record); every other assistant turn is trained.
 
     A message is ``{"role": "system"|"user"|"assistant"|"tool", "content": str}``; an assistant
     message may add ``"tool_calls": [{"type": "function", "function": {"name": str, "arguments":

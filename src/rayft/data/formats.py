@@ -53,8 +53,10 @@ timestamps, ``metadata``, a text part's ``cache_control``, ...) are ignored, and
 with the first record that had one (``file: ignored message key(s) [...] (first at file:line)``).
 Keys that change what a turn means and that rayft cannot honour are refused instead: ``tool_calls``
 on a message that is not the assistant's (or on a ShareGPT turn), the legacy OpenAI
-``function_call``, and reasoning traces (``reasoning_content``, ``reasoning``, ``thinking``), which
-the chat template would drop; a null value counts as absent.
+``function_call``, reasoning traces (``reasoning_content``, ``reasoning``, ``thinking``), which
+the chat template would drop, and loss masks rayft cannot honour (axolotl's per-span
+``train_detail``, ``mask``, ``masked``, ``loss_mask``, ``trainable``, XTuner's ``loss``;
+:data:`~rayft.data.records.MEANINGFUL_KEYS`); a null value counts as absent.
 
 Template placeholders left in the data (``data.placeholders``, ``placeholders=``): ``{{name}}`` (an
 identifier between double braces) and ``<NAME>`` (upper-case letters, digits and ``_``, two or more,
@@ -70,9 +72,12 @@ spelled exactly so; those left are counted per placeholder with their first loca
 Per-turn training weights: ``weight`` (OpenAI's fine-tuning format) or ``loss_weight``
 (LLaMA-Factory's) on a message or ShareGPT turn. On an assistant turn (a ``function_call`` turn
 included) 0 means rendered but not trained, 1 trained (the default, also when absent or null);
-``0.0``/``1.0`` are read as 0/1. Other values (``0.5``: fractional weights are not supported,
-``"1"``, ``true``) are refused, and so is 1 on another turn (rayft trains assistant turns only; 0
-there is accepted, as LLaMA-Factory writes it on every system and user turn). The weight never
+``0.0``/``1.0`` are read as 0/1. A ``training`` or ``train`` flag (axolotl's
+``message_field_training``) means the same: ``false`` as 0, ``true`` as 1. Other values (``0.5``:
+fractional weights are not supported, ``"1"``, ``true`` as a weight, ``0`` as a flag) are refused,
+and so are keys of one turn that disagree (``weight: 1`` with ``training: false``) and 1 / ``true``
+on another turn (rayft trains assistant turns only; 0 / ``false`` there is accepted, as
+LLaMA-Factory and axolotl write it on every system and user turn). The weight never
 reaches the chat template: the tokens are those of the same record without weights, and only the
 loss mask changes (``Conversation.untrained``). A conversation whose assistant turns all have
 weight 0 has nothing to train on and is refused (``no_trained_turn``); an assistant turn of weight

@@ -27,7 +27,13 @@ SHAREGPT_ROLES = {
 #: (LLaMA-Factory's). 0: the turn is rendered but not trained; 1: trained (the default). See
 #: :func:`_turn_trained`.
 WEIGHT_KEYS = ("weight", "loss_weight")
-#: Keys a message may have, per role (``messages`` format), besides :data:`WEIGHT_KEYS`.
+#: Per-turn training flags: ``training`` and ``train`` (axolotl's ``message_field_training``, as its
+#: docs and tests name it). false: the turn is rendered but not trained (weight 0); true: trained
+#: (weight 1).
+FLAG_KEYS = ("training", "train")
+#: Every key that says whether a turn is trained (:func:`_turn_trained`).
+TRAINED_KEYS = WEIGHT_KEYS + FLAG_KEYS
+#: Keys a message may have, per role (``messages`` format), besides :data:`TRAINED_KEYS`.
 MESSAGE_KEYS = {
     "system": {"role", "content"},
     "user": {"role", "content"},
@@ -38,11 +44,20 @@ MESSAGE_KEYS = {
 #: Keys of a message or turn that change what it means and that rayft cannot honour: refused (when
 #: not null), never ignored like other unknown keys. ``tool_calls`` is honoured on assistant
 #: messages and refused on any other (see :func:`_other_keys`).
+_WHOLE_TURN = "rayft trains or skips whole turns: mark the turn with 'weight' (0: not trained, 1: trained) or 'training' (false/true)"
 MEANINGFUL_KEYS = {
     "function_call": "the legacy OpenAI function call is not read: write it as 'tool_calls'",
     "reasoning_content": "reasoning traces are not rendered: move the reasoning into the content, or remove the key",
     "reasoning": "reasoning traces are not rendered: move the reasoning into the content, or remove the key",
     "thinking": "reasoning traces are not rendered: move the reasoning into the content, or remove the key",
+    # loss masks rayft cannot honour, or whose sense differs between tools
+    "train_detail": f"per-span training (axolotl's message_field_training_detail) is not supported; {_WHOLE_TURN}",
+    "training_detail": f"per-span training (axolotl's message_field_training_detail) is not supported; {_WHOLE_TURN}",
+    "mask": f"a loss mask whose sense (true: trained, or true: masked out?) differs between tools; {_WHOLE_TURN}",
+    "masked": f"a loss mask whose sense (true: trained, or true: masked out?) differs between tools; {_WHOLE_TURN}",
+    "loss_mask": f"a loss mask whose sense (true: trained, or true: masked out?) differs between tools; {_WHOLE_TURN}",
+    "trainable": f"a training flag rayft does not read under this name; {_WHOLE_TURN}",
+    "loss": f"a per-turn loss flag (XTuner's) is not read, and true on a prompt turn would train it; {_WHOLE_TURN}",
 }
 
 #: ``data.columns`` keys: the names this reader uses, which a dataset may spell otherwise. Record
@@ -261,7 +276,7 @@ def _messages(rec: dict, where: str, n: _Names = _PLAIN, ignored: set[str] | Non
         if not isinstance(name, str) or name not in roles:
             raise bad_record(where, "unknown_role", f"{turn} has unknown {role_key} {name!r} (expected one of {', '.join(roles)})")
         role = roles[name]
-        extra = set(m) - {n(k) for k in MESSAGE_KEYS[role]} - set(WEIGHT_KEYS)
+        extra = set(m) - {n(k) for k in MESSAGE_KEYS[role]} - set(TRAINED_KEYS)
         if extra:
             refused = (calls_key, f"only assistant messages call tools, not a {role} message (the calls would be lost)")
             _other_keys(m, extra, where, turn, refused, ignored)
@@ -420,7 +435,7 @@ def _sharegpt(rec: dict, where: str, n: _Names = _PLAIN, ignored: set[str] | Non
         turn = f"{field}[{i}]"
         if not isinstance(t, dict):
             raise bad_record(where, "wrong_type", f"{turn} must be an object, got {type(t).__name__}")
-        extra = set(t) - {from_key, value_key} - set(WEIGHT_KEYS)
+        extra = set(t) - {from_key, value_key} - set(TRAINED_KEYS)
         if extra:
             _other_keys(t, extra, where, turn, ("tool_calls", "ShareGPT records call tools in function_call turns"), ignored)
         frm = t.get(from_key)
@@ -462,36 +477,43 @@ def _sharegpt(rec: dict, where: str, n: _Names = _PLAIN, ignored: set[str] | Non
 
 
 def _turn_trained(turn: dict, role: str, where: str, name: str) -> bool:
-    """Whether a turn is trained, by its per-turn weight (:data:`WEIGHT_KEYS`): absent or null → 1.
+    """Whether a turn is trained, by its per-turn weight (:data:`WEIGHT_KEYS`) or training flag
+    (:data:`FLAG_KEYS`): none given (absent or null) → trained.
 
     A weight is 0 or 1 (``0.0``/``1.0`` too: LLaMA-Factory writes floats); fractional weights are
-    not supported. On a turn that is not the assistant's only 0 is accepted: LLaMA-Factory writes
-    ``loss_weight: 0.0`` on every system and user turn, which is what rayft does anyway (OpenAI
-    allows ``weight`` on assistant messages only); 1 there would ask to train a prompt, which rayft
-    never does. Both keys on one turn must agree.
+    not supported. A flag is ``false`` (as weight 0) or ``true`` (as weight 1). On a turn that is
+    not the assistant's only 0 / false is accepted: LLaMA-Factory writes ``loss_weight: 0.0`` on
+    every system and user turn, axolotl's examples ``training: false``, which is what rayft does
+    anyway (OpenAI allows ``weight`` on assistant messages only); 1 / true there would ask to train
+    a prompt, which rayft never does. Several keys on one turn must agree.
 
     Raises:
-        DataError: any other weight (kind ``bad_weight``), naming the turn.
+        DataError: any other value, or keys that disagree (kind ``bad_weight``), naming the turn.
     """
-    given = {k: turn[k] for k in WEIGHT_KEYS if turn.get(k) is not None}
-    if not given:
-        return True
-    for k, v in given.items():
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v not in (0, 1):
+    given: dict[str, bool] = {}
+    for k in TRAINED_KEYS:
+        v = turn.get(k)
+        if v is None:
+            continue
+        if k in FLAG_KEYS:
+            if not isinstance(v, bool):
+                raise bad_record(
+                    where, "bad_weight", f"{name}.{k} is {v!r}: a turn's training flag must be true (trained) or false (not trained)"
+                )
+        elif isinstance(v, bool) or not isinstance(v, (int, float)) or v not in (0, 1):
             frac = " (fractional weights are not supported)" if isinstance(v, float) and 0 < v < 1 else ""
             raise bad_record(where, "bad_weight", f"{name}.{k} is {v!r}: a turn's weight must be 0 (not trained) or 1 (trained){frac}")
+        given[k] = bool(v)
+    if not given:
+        return True
     if len(set(given.values())) > 1:
-        raise bad_record(
-            where, "bad_weight", f"{name} has 'weight' {given['weight']!r} and 'loss_weight' {given['loss_weight']!r}: give one"
-        )
-    trained = 1 in given.values()
+        keys = [f"{k!r} {turn[k]!r}" for k in given]
+        raise bad_record(where, "bad_weight", f"{name} has {', '.join(keys[:-1])} and {keys[-1]}: they disagree, give one")
+    trained = next(iter(given.values()))
     if trained and role != "assistant":
         k = next(iter(given))
-        raise bad_record(
-            where,
-            "bad_weight",
-            f"{name}.{k} is {given[k]!r} on a {role} turn: only assistant turns are trained (a weight on another turn may only be 0)",
-        )
+        may = "a training flag on another turn may only be false" if k in FLAG_KEYS else "a weight on another turn may only be 0"
+        raise bad_record(where, "bad_weight", f"{name}.{k} is {turn[k]!r} on a {role} turn: only assistant turns are trained ({may})")
     return trained
 
 
@@ -499,8 +521,8 @@ def _checked(conv: Conversation, field: str = "messages", shift: int = 0, by_ind
     """Reject conversations that would train on nothing, or on empty replies. ``field``/``shift``
     name turn *i* of ``conv.messages`` as ``field[i - shift]`` of the record; ``by_index``: an
     empty assistant turn is named ``assistant turn i`` instead. An assistant turn that is not
-    trained (weight 0, in ``conv.untrained``) may be empty; when no assistant turn is trained the
-    conversation has nothing to train on (kind ``no_trained_turn``)."""
+    trained (weight 0 or training false, in ``conv.untrained``) may be empty; when no assistant turn
+    is trained the conversation has nothing to train on (kind ``no_trained_turn``)."""
     roles = [m["role"] for m in conv.messages]
     if "assistant" not in roles:
         raise bad_record(conv.source, "no_assistant_turn", "no assistant turn (nothing to train on)")
@@ -512,7 +534,7 @@ def _checked(conv: Conversation, field: str = "messages", shift: int = 0, by_ind
         if m["role"] == "system" and i > 0:
             raise bad_record(conv.source, "misplaced_system", f"{field}[{i - shift}] is a system turn after the first message")
     if all(i in conv.untrained for i, r in enumerate(roles) if r == "assistant"):
-        raise bad_record(conv.source, "no_trained_turn", "every assistant turn has weight 0 (nothing to train on)")
+        raise bad_record(conv.source, "no_trained_turn", "every assistant turn has weight 0 or training false (nothing to train on)")
     return conv
 
 
