@@ -161,7 +161,7 @@ class DataConfig(_Section):
     ``placeholders``: values for template placeholders left in the data (``{name: Rayft, author:
     ACME}``), such as LLaMA-Factory's identity set's ``{{name}}`` and ``{{author}}``: a key fills
     ``{{key}}`` and ``<key>`` spelled exactly so (``NAME: Rayft`` fills ``<NAME>``), outside code
-    (:func:`rayft.data.records.fill_placeholders`). Placeholders left unfilled are counted and
+    (:func:`rayft.data.placeholders.fill_placeholders`). Placeholders left unfilled are counted and
     warned about at load, with their first locations (upper-case ``<NAME>`` markers may also be
     a PII-scrubbed dataset's redactions: fill those only when they are placeholders).
     ``cache_dir``: tokenized datasets are cached there under a content hash of the inputs, the

@@ -7,7 +7,7 @@ import pytest
 
 from rayft.data.examples import Conversation, DataError, TextDocument
 from rayft.data.formats import IgnoredKeys, PlaceholderHits, load_conversations
-from rayft.data.records import check_placeholders, fill_placeholders, placeholders_in
+from rayft.data.placeholders import check_placeholders, fill_placeholders, placeholders_in
 
 GOOD = '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}'
 

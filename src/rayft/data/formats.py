@@ -103,16 +103,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from rayft.data.examples import Conversation, DataError, Example, TextDocument
+from rayft.data.placeholders import check_placeholders, fill_placeholders, placeholder_name, placeholders_in
 from rayft.data.readers import file_records, read_records
-from rayft.data.records import (
-    Format,
-    check_columns,
-    check_placeholders,
-    fill_placeholders,
-    placeholder_name,
-    placeholders_in,
-    to_example,
-)
+from rayft.data.records import Format, check_columns, to_example
 from rayft.data.sources import expand_files
 
 __all__ = [
@@ -229,8 +222,8 @@ class LoadReport(list):
         :class:`DataError` for a line that is not a JSON record) into the report: count it, turn it
         into an example (:func:`~rayft.data.records.to_example`; ``columns`` checked by the caller),
         note its ignored keys, fill the template placeholders ``placeholders`` names
-        (``data.placeholders``, :func:`~rayft.data.records.fill_placeholders`), count those left
-        (:func:`~rayft.data.records.placeholders_in`), and append the example unless ``keep`` is False.
+        (``data.placeholders``, :func:`~rayft.data.placeholders.fill_placeholders`), count those left
+        (:func:`~rayft.data.placeholders.placeholders_in`), and append the example unless ``keep`` is False.
 
         Returns:
             The example, or None when the record was bad and skipped.

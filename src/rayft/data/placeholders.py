@@ -1,0 +1,116 @@
+"""Template placeholders left in the data (``{{name}}``, ``<NAME>``): finding them outside code
+(:func:`placeholders_in`), and filling them from ``data.placeholders`` (:func:`fill_placeholders`).
+The rules are described in :mod:`rayft.data.formats`."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from rayft.data.examples import Example, TextDocument
+
+#: A template placeholder left in the data: ``{{name}}`` (an identifier between double braces, not
+#: inside triple braces), or ``<NAME>`` (2+ upper-case letters, digits or ``_``, starting with a
+#: letter, not preceded by a letter, digit, ``_`` or ``<``, so that ``List<STRING>`` and ``<<EOF>>``
+#: are not placeholders). Lower-case ``<name>`` is never one: it cannot be told from an XML tag.
+_PLACEHOLDER = re.compile(r"(?<!\{)\{\{([A-Za-z_][A-Za-z0-9_]*)\}\}(?!\})|(?<![A-Za-z0-9_<])<([A-Z][A-Z0-9_]*[A-Z0-9])>")
+#: Code, where ``{{name}}`` and ``<NAME>`` are code (Jinja, Vue, Go templates, shell): Markdown
+#: fenced blocks (an unclosed fence runs to the end) and inline code spans.
+_CODE = re.compile(r"```.*?(?:```|\Z)|~~~.*?(?:~~~|\Z)|`[^`\n]+`", re.S)
+#: Upper-case ``<NAME>`` words that are not placeholders: HTML elements (old HTML is written in
+#: capitals), tokenizer special tokens, keyboard keys.
+NOT_PLACEHOLDERS = frozenset(
+    """A ABBR ACRONYM ADDRESS AREA ARTICLE ASIDE AUDIO B BASE BDI BDO BIG BLOCKQUOTE BODY BR BUTTON CANVAS
+    CAPTION CENTER CITE CODE COL COLGROUP DATA DATALIST DD DEL DETAILS DFN DIALOG DIR DIV DL DT EM EMBED
+    FIELDSET FIGCAPTION FIGURE FONT FOOTER FORM FRAME FRAMESET H1 H2 H3 H4 H5 H6 HEAD HEADER HGROUP HR HTML I
+    IFRAME IMG INPUT INS KBD LABEL LEGEND LI LINK MAIN MAP MARK MENU META METER NAV NOBR NOFRAMES NOSCRIPT
+    OBJECT OL OPTGROUP OPTION OUTPUT P PARAM PICTURE PRE PROGRESS Q RP RT RUBY S SAMP SCRIPT SEARCH SECTION
+    SELECT SLOT SMALL SOURCE SPAN STRIKE STRONG STYLE SUB SUMMARY SUP SVG TABLE TBODY TD TEMPLATE TEXTAREA
+    TFOOT TH THEAD TIME TITLE TR TRACK TT U UL VAR VIDEO WBR XMP
+    BOS EOS EOT PAD UNK SEP CLS MASK SOS EOF
+    ENTER RETURN TAB ESC SPACE CTRL ALT SHIFT DEL BACKSPACE UP DOWN LEFT RIGHT HOME END PGUP PGDN INSERT""".split()
+)
+
+
+def _prose(text: str) -> list[tuple[int, int]]:
+    """``[start, end)`` ranges of ``text`` outside code (:data:`_CODE`)."""
+    out, pos = [], 0
+    for m in _CODE.finditer(text):
+        out.append((pos, m.start()))
+        pos = m.end()
+    out.append((pos, len(text)))
+    return out
+
+
+def _placeholder_matches(text: str) -> list[re.Match]:
+    """The placeholders of ``text`` (:data:`_PLACEHOLDER`) outside code, in order; an upper-case
+    ``<NAME>`` is left out when it is in :data:`NOT_PLACEHOLDERS` or closed by ``</NAME>`` in the
+    same text (an XML-style tag)."""
+    if "{{" not in text and "<" not in text:
+        return []
+    found = []
+    for a, b in _prose(text):
+        for m in _PLACEHOLDER.finditer(text, a, b):
+            angle = m.group(2)
+            if angle and (angle in NOT_PLACEHOLDERS or re.search(rf"</{angle}\s*>", text, re.I)):
+                continue
+            found.append(m)
+    return found
+
+
+def _texts(example: Example) -> list[str]:
+    return [example.text] if isinstance(example, TextDocument) else [m["content"] for m in example.messages]
+
+
+def placeholders_in(example: Example) -> list[str]:
+    """The template placeholders left in an example's text (every message's content, or the
+    document), as written (``{{name}}``, ``<NAME>``), each once, in order of first appearance.
+
+    The patterns are narrow on purpose (:data:`_PLACEHOLDER`): text in Markdown code blocks and
+    inline code is skipped, and ``<div>``, ``<br/>``, ``<TABLE>``, ``List<String>``, ``a < b > c``,
+    ``<T>``, ``<UNK>`` are not placeholders."""
+    return list(dict.fromkeys(m.group(0) for t in _texts(example) for m in _placeholder_matches(t)))
+
+
+def placeholder_name(placeholder: str) -> str:
+    """``{{name}}`` → ``name``, ``<NAME>`` → ``NAME``: its key in ``data.placeholders``."""
+    return placeholder[2:-2] if placeholder.startswith("{{") else placeholder[1:-1]
+
+
+def check_placeholders(mapping: dict[str, str] | None) -> dict[str, str]:
+    """Validate a ``data.placeholders`` mapping: identifier keys (``[A-Za-z_][A-Za-z0-9_]*``),
+    string values.
+
+    Raises:
+        ValueError: naming ``data.placeholders.<key>``.
+    """
+    for k, v in (mapping or {}).items():
+        if not isinstance(k, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
+            raise ValueError(f"data.placeholders.{k}: a placeholder's name is letters, digits and '_', not starting with a digit")
+        if not isinstance(v, str):
+            raise ValueError(f"data.placeholders.{k}: must be a string, got {type(v).__name__}")
+    return dict(mapping or {})
+
+
+def fill_placeholders(example: Example, mapping: dict[str, str]) -> Example:
+    """The example with each placeholder named in ``mapping`` (``data.placeholders``; a key
+    fills ``{{key}}`` and ``<key>`` exactly as named, so ``name`` fills ``{{name}}`` and ``NAME``
+    fills ``<NAME>``) replaced by its value, where :func:`placeholders_in` finds placeholders (not
+    in code). Returns ``example`` itself when nothing was filled."""
+    if not mapping:
+        return example
+
+    def fill(text: str) -> str:
+        out, pos = [], 0
+        for m in _placeholder_matches(text):
+            value = mapping.get(m.group(1) or m.group(2))
+            if value is not None:
+                out += [text[pos : m.start()], value]
+                pos = m.end()
+        return "".join(out) + text[pos:] if out else text
+
+    if isinstance(example, TextDocument):
+        text = fill(example.text)
+        return example if text == example.text else dataclasses.replace(example, text=text)
+    messages = tuple({**m, "content": fill(m["content"])} for m in example.messages)
+    return example if messages == example.messages else dataclasses.replace(example, messages=messages)
