@@ -192,6 +192,31 @@ def test_placeholder_pattern_true_and_false_positives(text, found):
     assert placeholders_in(TextDocument(text, "t:1")) == found
 
 
+def test_a_large_tag_heavy_document_is_scanned_for_closing_tags_once(monkeypatch):
+    # 40,000 <ROW> tags (the reviewer's case: one whole-text search per tag took 8.5 s at 320 KB)
+    from rayft.data import placeholders
+
+    scans = []
+    closing = placeholders._CLOSING
+
+    class Counted:
+        def finditer(self, text, *args):
+            scans.append(len(text))
+            return closing.finditer(text, *args)
+
+    monkeypatch.setattr(placeholders, "_CLOSING", Counted())
+    rows = "".join(f"<ROW><CELL>{i}</CELL> <ID{i % 7}> " for i in range(40_000))
+    closed = TextDocument(rows + "</row >\nSigned: <NAME>, <ROW_END>.", "big:1")
+    assert placeholders_in(closed) == [f"<ID{k}>" for k in range(7)] + ["<NAME>", "<ROW_END>"]  # <ROW>, <CELL>: closed tags
+    assert len(scans) == 1
+    unclosed = TextDocument(rows.replace("</CELL>", "") + "<NAME>", "big:2")
+    assert placeholders_in(unclosed) == ["<ROW>", "<CELL>"] + [f"<ID{k}>" for k in range(7)] + ["<NAME>"]
+    assert len(scans) == 1  # no '</' in it: not scanned for closing tags at all
+    filled = fill_placeholders(closed, {"NAME": "Ann", "ID3": "#"})
+    assert filled.text.endswith("Signed: Ann, <ROW_END>.") and filled.text.count("<ID3>") == 0 and filled.text.count(" # ") == 5714
+    assert len(scans) == 2
+
+
 def test_placeholders_across_a_conversation_and_filling():
     conv = Conversation(
         (

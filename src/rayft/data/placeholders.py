@@ -42,18 +42,33 @@ def _prose(text: str) -> list[tuple[int, int]]:
     return out
 
 
+#: A closing tag ``</name>`` (any case, blanks before the ``>``): its name.
+_CLOSING = re.compile(r"</([A-Za-z][A-Za-z0-9_]*)\s*>")
+
+
+def _closed_names(text: str) -> frozenset[str]:
+    """The names of the closing tags anywhere in ``text`` (code included), upper-cased: one scan."""
+    return frozenset(m.group(1).upper() for m in _CLOSING.finditer(text)) if "</" in text else frozenset()
+
+
 def _placeholder_matches(text: str) -> list[re.Match]:
     """The placeholders of ``text`` (:data:`_PLACEHOLDER`) outside code, in order; an upper-case
-    ``<NAME>`` is left out when it is in :data:`NOT_PLACEHOLDERS` or closed by ``</NAME>`` in the
-    same text (an XML-style tag)."""
+    ``<NAME>`` is left out when it is in :data:`NOT_PLACEHOLDERS` or closed by ``</NAME>`` (any
+    case) in the same text (an XML-style tag). Linear in ``text``: the closing tags are collected
+    once (:func:`_closed_names`), not searched for per ``<NAME>``."""
     if "{{" not in text and "<" not in text:
         return []
     found = []
+    closed: frozenset[str] | None = None
     for a, b in _prose(text):
         for m in _PLACEHOLDER.finditer(text, a, b):
             angle = m.group(2)
-            if angle and (angle in NOT_PLACEHOLDERS or re.search(rf"</{angle}\s*>", text, re.I)):
+            if angle and angle in NOT_PLACEHOLDERS:
                 continue
+            if angle:
+                closed = _closed_names(text) if closed is None else closed
+                if angle in closed:
+                    continue
             found.append(m)
     return found
 
