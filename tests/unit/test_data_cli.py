@@ -220,3 +220,35 @@ def test_data_check_columns_and_format(tmp_path):
             "--columns", "assistant=BOT", "--format", "messages")  # fmt: skip
     assert r.exit_code == 0, r.output
     assert r.stdout.splitlines()[0] == f"{p}: 1 records: 1 accepted, 0 bad"
+
+
+def test_data_check_fills_placeholders_as_the_config_would(tmp_path):
+    p = tmp_path / "id.json"
+    records = [
+        {"instruction": "Who are you?", "output": "I am {{name}} by <AUTHOR>. Press <CR> to go on."},
+        {"instruction": "Name?", "output": "{{name}}, in `{{name}}` code"},
+        {"instruction": "Hi", "output": "Hello."},
+    ]
+    p.write_text("[\n" + ",\n".join(json.dumps(r) for r in records) + "\n]\n")  # records on lines 2, 3 and 4
+    r = run(p)
+    assert r.exit_code == 0, r.output
+    assert r.stdout.splitlines()[1:3] == [
+        f"  placeholder {{{{name}}}} left in 2 record(s) (first: {p}:2, {p}:3; data.placeholders fills it)",
+        f"  placeholder <AUTHOR> left in 1 record(s) (first: {p}:2; data.placeholders fills it)",
+    ]  # <CR> is a key, not a placeholder
+    r = run(p, "--placeholders", "name=Rayft", "--placeholders", "AUTHOR=the rayft team")
+    assert r.exit_code == 0, r.output
+    assert r.stdout.splitlines() == [
+        f"{p}: 3 records: 3 accepted, 0 bad",
+        "  filled template placeholders in 2 record(s) (--placeholders)",
+        "checked 1 file(s): 3 records, 3 accepted, 0 bad",
+    ]
+    doc = json.loads(run(p, "--placeholders", "name=Rayft", "--json").stdout)
+    assert doc["placeholders"] == {"name": "Rayft"} and doc["files"][0]["filled"] == 2
+    assert doc["files"][0]["placeholders"] == {"<AUTHOR>": {"records": 1, "first": [f"{p}:2"]}}
+    # exactly what rayft train's loader fills
+    assert load_conversations([str(p)], placeholders={"name": "Rayft"}).filled == 2
+    r = run(p, "--placeholders", "my-name=x")
+    assert r.exit_code == 2 and r.stderr.startswith("error: data.placeholders.my-name: a placeholder's name is letters")
+    r = run(p, "--placeholders", "name")
+    assert r.exit_code == 2 and "expected KEY=VALUE, e.g. --placeholders name=Rayft" in r.stderr

@@ -186,6 +186,10 @@ def test_bad_value_parts(tmp_path, part, message):
         ("```html\n<p>{{name}}</p> <NAME>\n```\nafter the fence {{name}}", ["{{name}}"]),
         ("~~~\n<NAME>\n~~~ and an unclosed ```\n{{author}}", []),
         ("{{1x}} {{a-b}} {{}} <1AB> <A B>", []),
+        # control characters and keys (Vim's <CR>, <F1>), role and sequence markers
+        ("In vim, :w<CR> then <LF> <BS> <NL> <TAB> <ESC> <F1> <F5> <F12>; usage: prog <FILE>", ["<FILE>"]),
+        ("<USER>: hi <ASSISTANT>: yo <SYSTEM> <START> <END> <EOS> <BOS> <PAD> <UNK> <SEP> <CLS> <MASK>", []),
+        ("<F13> <F0> are not keys", ["<F13>", "<F0>"]),
     ],
 )
 def test_placeholder_pattern_true_and_false_positives(text, found):

@@ -47,18 +47,40 @@ def parse_columns(items: list[str] | None) -> dict[str, str]:
     return check_columns(out)
 
 
-def check_file(file: str, fmt: str, columns: dict[str, str], on_bad_record: str) -> dict[str, Any]:
+def parse_placeholders(items: list[str] | None) -> dict[str, str]:
+    """``["name=Rayft", ...]`` → ``{"name": "Rayft"}`` (the value as given, blanks kept; it may be
+    empty), checked like ``data.placeholders``.
+
+    Raises:
+        ValueError: an item without ``=``, or a name ``data.placeholders`` refuses.
+    """
+    from rayft.data.placeholders import check_placeholders
+
+    out: dict[str, str] = {}
+    for item in items or []:
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"--placeholders {item!r}: expected KEY=VALUE, e.g. --placeholders name=Rayft")
+        out[key.strip()] = value
+    return check_placeholders(out)
+
+
+def check_file(
+    file: str, fmt: str, columns: dict[str, str], on_bad_record: str, placeholders: dict[str, str] | None = None
+) -> dict[str, Any]:
     """Read one data file (a path or an ``s3://`` URI, as :func:`rayft.data.sources.expand_files`
     names it) under ``on_bad_record`` and describe it: records read, accepted, bad (per reason
-    kind, with every location), its notes and template placeholders, and ``error``: the problem
-    that stopped it (the first bad record under ``error``; a problem of the whole file under either
+    kind, with every location), its notes, how many records ``placeholders`` (``data.placeholders``)
+    filled (``filled``) and the template placeholders left, and ``error``: the problem that
+    stopped it (the first bad record under ``error``; a problem of the whole file under either
     policy), or None (``records``, ``accepted`` and ``bad`` are then None: not read to the end)."""
     from rayft.data.examples import DataError
     from rayft.data.formats import load_conversations
 
-    out: dict[str, Any] = {"file": file, "records": None, "accepted": None, "bad": None, "skipped": {}, "notes": [], "placeholders": {}}
+    out: dict[str, Any] = {"file": file, "records": None, "accepted": None, "bad": None, "skipped": {}, "notes": []}
+    out.update(filled=None, placeholders={})
     try:
-        report = load_conversations([file], fmt, on_bad_record, columns, keep=False)  # type: ignore[arg-type]
+        report = load_conversations([file], fmt, on_bad_record, columns, placeholders=placeholders, keep=False)  # type: ignore[arg-type]
     except DataError as e:  # counts unknown: the file was not read to its end
         out["error"] = {"where": e.where or None, "kind": e.kind, "message": str(e)}
         return out
@@ -71,6 +93,7 @@ def check_file(file: str, fmt: str, columns: dict[str, str], on_bad_record: str)
             for kind, s in sorted(report.skipped.items(), key=lambda kv: (-kv[1].count, kv[0]))
         },
         notes=report.notes_of(file),
+        filled=report.filled,
         placeholders={p: {"records": h.records, "first": h.first} for p, h in report.placeholders.items()},
         error=None,
     )
@@ -91,6 +114,8 @@ def render(result: dict[str, Any], on_bad_record: str) -> list[str]:
         if s["count"] > SHOWN_PER_KIND:
             lines.append(f"    ... and {s['count'] - SHOWN_PER_KIND} more (--json lists every one)")
     lines += [f"  note: {n}" for n in result["notes"]]
+    if result["filled"]:
+        lines.append(f"  filled template placeholders in {result['filled']} record(s) (--placeholders)")
     for p, h in result["placeholders"].items():
         lines.append(f"  placeholder {p} left in {h['records']} record(s) (first: {', '.join(h['first'])}; data.placeholders fills it)")
     return lines
@@ -103,6 +128,14 @@ def check(
     columns: Annotated[
         Optional[list[str]],
         typer.Option("--columns", help="KEY=NAME: the data's name for a field, turn key or role (data.columns); repeatable."),
+    ] = None,
+    placeholders: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--placeholders",
+            help="KEY=VALUE: fill the template placeholder {{KEY}}, or <KEY> for an upper-case KEY, with VALUE, as "
+            "data.placeholders does; repeatable.",
+        ),
     ] = None,
     on_bad_record: Annotated[
         Policy,
@@ -120,27 +153,28 @@ def check(
 
     Per file: the records read, accepted and bad, per reason with every bad record's file:line
     (the console shows 20 per reason), and the notes (tolerated oddities, ignored message keys,
-    template placeholders). Exit 0 when every record is good, 1 when any record or file is bad,
-    2 on a usage error (a file that does not exist, a bad --columns).
+    template placeholders, those --placeholders filled). Exit 0 when every record is good, 1 when
+    any record or file is bad, 2 on a usage error (a file that does not exist, a bad --columns or
+    --placeholders).
     """
     from rayft.data.examples import DataError
     from rayft.data.sources import expand_files
 
     try:
-        cols = parse_columns(columns)
+        cols, fills = parse_columns(columns), parse_placeholders(placeholders)
     except ValueError as e:
         fail(str(e), 2)
     try:
         paths = [str(p) for p in expand_files(files)]
     except DataError as e:
         fail(str(e).replace(" (data.train_files)", ""), 2)
-    results = [check_file(p, format_.value, cols, on_bad_record.value) for p in paths]
+    results = [check_file(p, format_.value, cols, on_bad_record.value, fills) for p in paths]
     read = [r for r in results if r["error"] is None]
     records, accepted, bad = (sum(r[k] for r in read) for k in ("records", "accepted", "bad"))
     stopped = len(results) - len(read)
     ok = bad == 0 and stopped == 0
     if as_json:
-        summary = {"ok": ok, "on_bad_record": on_bad_record.value, "format": format_.value, "columns": cols}
+        summary = {"ok": ok, "on_bad_record": on_bad_record.value, "format": format_.value, "columns": cols, "placeholders": fills}
         summary.update(records=records, accepted=accepted, bad=bad, stopped=stopped, files=results)
         typer.echo(json.dumps(summary, indent=1, ensure_ascii=False))
     else:

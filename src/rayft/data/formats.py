@@ -63,7 +63,8 @@ identifier between double braces) and ``<NAME>`` (upper-case letters, digits and
 not right after a letter, digit, ``_`` or ``<``) in any message's content or a text document, outside
 Markdown code blocks and inline code. Not placeholders: lower-case ``<name>`` (an XML tag),
 ``<NAME>`` closed by ``</NAME>`` in the same text, HTML element names (``<TABLE>``, ``<BR>``),
-special tokens (``<UNK>``, ``<EOS>``), keyboard keys (``<ENTER>``), ``List<String>``, ``a < b > c``,
+special tokens and role markers (``<UNK>``, ``<EOS>``, ``<USER>``), keys and control characters
+(``<ENTER>``, ``<CR>``, ``<F1>``; :data:`~rayft.data.placeholders.NOT_PLACEHOLDERS`), ``List<String>``, ``a < b > c``,
 ``{{ spaced }}``, ``{{{triple}}}``. A key of ``data.placeholders`` fills ``{{key}}`` and ``<key>``
 spelled exactly so; those left are counted per placeholder with their first locations
 (``LoadReport.placeholders``) and warned about once, next to the skip summary

@@ -18,7 +18,8 @@ _PLACEHOLDER = re.compile(r"(?<!\{)\{\{([A-Za-z_][A-Za-z0-9_]*)\}\}(?!\})|(?<![A
 #: fenced blocks (an unclosed fence runs to the end) and inline code spans.
 _CODE = re.compile(r"```.*?(?:```|\Z)|~~~.*?(?:~~~|\Z)|`[^`\n]+`", re.S)
 #: Upper-case ``<NAME>`` words that are not placeholders: HTML elements (old HTML is written in
-#: capitals), tokenizer special tokens, keyboard keys.
+#: capitals), tokenizer special tokens, chat role and sequence markers, keyboard keys and control
+#: characters (Vim's ``<CR>``, ``<F1>``).
 NOT_PLACEHOLDERS = frozenset(
     """A ABBR ACRONYM ADDRESS AREA ARTICLE ASIDE AUDIO B BASE BDI BDO BIG BLOCKQUOTE BODY BR BUTTON CANVAS
     CAPTION CENTER CITE CODE COL COLGROUP DATA DATALIST DD DEL DETAILS DFN DIALOG DIR DIV DL DT EM EMBED
@@ -27,8 +28,10 @@ NOT_PLACEHOLDERS = frozenset(
     OBJECT OL OPTGROUP OPTION OUTPUT P PARAM PICTURE PRE PROGRESS Q RP RT RUBY S SAMP SCRIPT SEARCH SECTION
     SELECT SLOT SMALL SOURCE SPAN STRIKE STRONG STYLE SUB SUMMARY SUP SVG TABLE TBODY TD TEMPLATE TEXTAREA
     TFOOT TH THEAD TIME TITLE TR TRACK TT U UL VAR VIDEO WBR XMP
-    BOS EOS EOT PAD UNK SEP CLS MASK SOS EOF
-    ENTER RETURN TAB ESC SPACE CTRL ALT SHIFT DEL BACKSPACE UP DOWN LEFT RIGHT HOME END PGUP PGDN INSERT""".split()
+    BOS EOS EOT PAD UNK SEP CLS MASK SOS EOF USER ASSISTANT SYSTEM START
+    ENTER RETURN TAB ESC SPACE CTRL ALT SHIFT DEL BACKSPACE UP DOWN LEFT RIGHT HOME END PGUP PGDN INSERT
+    CR LF BS NL""".split()
+    + [f"F{i}" for i in range(1, 13)]
 )
 
 
