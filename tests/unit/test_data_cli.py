@@ -248,6 +248,17 @@ def test_data_check_fills_placeholders_as_the_config_would(tmp_path):
     assert doc["files"][0]["placeholders"] == {"<AUTHOR>": {"records": 1, "first": [f"{p}:2"]}}
     # exactly what rayft train's loader fills
     assert load_conversations([str(p)], placeholders={"name": "Rayft"}).filled == 2
+    # checked again once filled, as training checks it: an emptied reply is a bad record
+    q = tmp_path / "q.jsonl"
+    q.write_text(json.dumps({"instruction": "q", "output": "{{name}}"}) + "\n")
+    assert run(q, "--placeholders", "name=R").exit_code == 0
+    r = run(q, "--placeholders", "name=")
+    assert r.exit_code == 1
+    assert r.stdout.splitlines()[:3] == [
+        f"{q}: 1 records: 0 accepted, 1 bad",
+        "  empty_assistant_turn: 1",
+        f"    {q}:1: assistant turn 1 is empty once data.placeholders filled it (name) (training on it teaches empty replies)",
+    ]
     r = run(p, "--placeholders", "my-name=x")
     assert r.exit_code == 2 and r.stderr.startswith("error: data.placeholders.my-name: a placeholder's name is letters")
     r = run(p, "--placeholders", "name")

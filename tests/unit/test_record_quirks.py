@@ -242,6 +242,46 @@ def test_placeholders_across_a_conversation_and_filling():
         check_placeholders({"my-name": "x"})
 
 
+def test_a_placeholder_that_empties_a_trained_reply_or_a_text_is_a_bad_record(tmp_path):
+    lines = [
+        json.dumps({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "{{x}}"}]}),  # the reviewer's
+        json.dumps({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": " {{x}}\n"}]}),
+        json.dumps({"conversations": [{"from": "human", "value": "{{x}}"}, {"from": "gpt", "value": "ok {{x}}"}]}),  # fine
+        json.dumps(
+            {
+                "messages": [
+                    {"role": "user", "content": "q"},
+                    {"role": "assistant", "content": "{{x}}", "weight": 0},
+                    {"role": "user", "content": "q"},
+                    {"role": "assistant", "content": "a"},
+                ]
+            }  # fmt: skip
+        ),  # an untrained turn may be empty
+        json.dumps({"text": "<NAME> "}),
+        json.dumps({"text": "{{x}} and more"}),
+    ]
+    p = write(tmp_path, "f.jsonl", "\n".join(lines) + "\n")
+    assert len(load_conversations([str(p)], placeholders={"x": "y"})) == 6
+    with pytest.raises(DataError) as e:
+        load_conversations([str(p)], placeholders={"x": "", "NAME": ""})
+    assert (
+        str(e.value)
+        == f"{p}:1: assistant turn 1 is empty once data.placeholders filled it (NAME, x) (training on it teaches empty replies)"
+    )
+    assert e.value.kind == "empty_assistant_turn"
+    report = load_conversations([str(p)], placeholders={"x": "", "NAME": ""}, on_bad_record="skip")
+    assert [ex.source for ex in report] == [f"{p}:3", f"{p}:4", f"{p}:6"]
+    assert report[0].messages == ({"role": "user", "content": ""}, {"role": "assistant", "content": "ok "})
+    assert report[1].messages[1]["content"] == "" and report[1].untrained == (1,)
+    assert report[2].text == " and more"
+    assert {k: [w for w, _ in s.locations] for k, s in report.skipped.items()} == {
+        "empty_assistant_turn": [f"{p}:1", f"{p}:2"],
+        "empty_text": [f"{p}:5"],
+    }
+    assert report.skipped["empty_text"].reason == "the text is empty once data.placeholders filled it (NAME, x) (nothing to train on)"
+    assert report.filled == 3 and report.records == 6
+
+
 IDENTITY = [
     {"instruction": "hi", "input": "", "output": "Hello! I am {{name}}, an AI assistant developed by {{author}}."},
     {"instruction": "Who are you?", "input": "", "output": "I am {{name}}, an AI assistant developed by {{author}}."},

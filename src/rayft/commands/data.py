@@ -134,7 +134,7 @@ def check(
         typer.Option(
             "--placeholders",
             help="KEY=VALUE: fill the template placeholder {{KEY}}, or <KEY> for an upper-case KEY, with VALUE, as "
-            "data.placeholders does; repeatable.",
+            "data.placeholders does (the filled records are checked again); repeatable.",
         ),
     ] = None,
     on_bad_record: Annotated[

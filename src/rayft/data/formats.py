@@ -223,7 +223,8 @@ class LoadReport(list):
         :class:`DataError` for a line that is not a JSON record) into the report: count it, turn it
         into an example (:func:`~rayft.data.records.to_example`; ``columns`` checked by the caller),
         note its ignored keys, fill the template placeholders ``placeholders`` names
-        (``data.placeholders``, :func:`~rayft.data.placeholders.fill_placeholders`), count those left
+        (``data.placeholders``, :func:`~rayft.data.placeholders.fill_placeholders`; a record whose
+        reply or text the values empty is a bad record), count those left
         (:func:`~rayft.data.placeholders.placeholders_in`), and append the example unless ``keep`` is False.
 
         Returns:
@@ -237,6 +238,7 @@ class LoadReport(list):
             if isinstance(value, DataError):
                 raise value
             ex = to_example(value, where, fmt, columns, ignored=ignored)
+            filled = fill_placeholders(ex, placeholders) if placeholders else ex  # checked again: a value may empty a reply
         except DataError as e:
             if on_bad_record == "error":
                 raise
@@ -248,10 +250,8 @@ class LoadReport(list):
                 self.ignored[file] = IgnoredKeys(ignored, where)
             else:
                 seen.keys |= ignored
-        if placeholders:
-            filled = fill_placeholders(ex, placeholders)
-            self.filled += filled is not ex
-            ex = filled
+        self.filled += filled is not ex
+        ex = filled
         self.add_placeholders(where, placeholders_in(ex))
         if keep:
             self.append(ex)

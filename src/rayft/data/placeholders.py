@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from rayft.data.examples import Example, TextDocument
+from rayft.data.examples import Example, TextDocument, bad_record
 
 #: A template placeholder left in the data: ``{{name}}`` (an identifier between double braces, not
 #: inside triple braces), or ``<NAME>`` (2+ upper-case letters, digits or ``_``, starting with a
@@ -111,10 +111,19 @@ def check_placeholders(mapping: dict[str, str] | None) -> dict[str, str]:
 
 
 def fill_placeholders(example: Example, mapping: dict[str, str]) -> Example:
-    """The example with each placeholder named in ``mapping`` (``data.placeholders``; a key
-    fills ``{{key}}`` and ``<key>`` exactly as named, so ``name`` fills ``{{name}}`` and ``NAME``
-    fills ``<NAME>``) replaced by its value, where :func:`placeholders_in` finds placeholders (not
-    in code). Returns ``example`` itself when nothing was filled."""
+    """The example with each placeholder named in ``mapping`` (``data.placeholders``) replaced by
+    its value, where :func:`placeholders_in` finds placeholders (not in code). A key fills the
+    placeholder spelled exactly so: ``name`` fills ``{{name}}``; an upper-case key such as
+    ``NAME`` fills ``{{NAME}}`` and ``<NAME>`` (lower-case ``<name>`` is never a placeholder, see
+    :data:`_PLACEHOLDER`). Returns ``example`` itself when nothing was filled.
+
+    The filled example is checked again, as the record was: a value may empty what must not be
+    empty.
+
+    Raises:
+        DataError: a trained assistant turn (without tool calls) or a text document that is empty
+            once filled (kinds ``empty_assistant_turn``, ``empty_text``), at the example's ``source``.
+    """
     if not mapping:
         return example
 
@@ -127,8 +136,21 @@ def fill_placeholders(example: Example, mapping: dict[str, str]) -> Example:
                 pos = m.end()
         return "".join(out) + text[pos:] if out else text
 
+    what = f"once data.placeholders filled it ({', '.join(sorted(mapping))})"
     if isinstance(example, TextDocument):
         text = fill(example.text)
-        return example if text == example.text else dataclasses.replace(example, text=text)
+        if text == example.text:
+            return example
+        if not text.strip():
+            raise bad_record(example.source, "empty_text", f"the text is empty {what} (nothing to train on)")
+        return dataclasses.replace(example, text=text)
     messages = tuple({**m, "content": fill(m["content"])} for m in example.messages)
-    return example if messages == example.messages else dataclasses.replace(example, messages=messages)
+    if messages == example.messages:
+        return example
+    for i, (m, before) in enumerate(zip(messages, example.messages)):
+        emptied = m["content"] != before["content"] and not m["content"].strip() and not m.get("tool_calls")
+        if emptied and m["role"] == "assistant" and i not in example.untrained:
+            raise bad_record(
+                example.source, "empty_assistant_turn", f"assistant turn {i} is empty {what} (training on it teaches empty replies)"
+            )
+    return dataclasses.replace(example, messages=messages)
