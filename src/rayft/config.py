@@ -160,8 +160,10 @@ class DataConfig(_Section):
     cluster of 2+ CPUs). Both give identical tokens.
     ``placeholders``: values for template placeholders left in the data (``{name: Rayft, author:
     ACME}``), such as LLaMA-Factory's identity set's ``{{name}}`` and ``{{author}}``: a key fills
-    ``{{key}}`` and ``<key>`` spelled exactly so (``NAME: Rayft`` fills ``<NAME>``), outside code
-    (:func:`rayft.data.placeholders.fill_placeholders`). Placeholders left unfilled are counted and
+    the placeholder spelled exactly so, outside code: ``name`` fills ``{{name}}``; an upper-case key
+    (``NAME``) fills ``{{NAME}}`` and ``<NAME>``; a lower-case ``<name>`` is never a placeholder (it
+    cannot be told from an XML tag) (:func:`rayft.data.placeholders.fill_placeholders`; a record the
+    values empty is a bad record). Placeholders left unfilled are counted and
     warned about at load, with their first locations (upper-case ``<NAME>`` markers may also be
     a PII-scrubbed dataset's redactions: fill those only when they are placeholders).
     ``cache_dir``: tokenized datasets are cached there under a content hash of the inputs, the
@@ -180,7 +182,8 @@ class DataConfig(_Section):
     columns: ColumnsConfig = Field(default_factory=ColumnsConfig)
     placeholders: dict[str, str] = Field(
         default_factory=dict,
-        description="Values for template placeholders left in the data: {name: ...} fills {{name}}, {NAME: ...} <NAME>.",
+        description="Values for template placeholders left in the data: {name: ...} fills {{name}}; an upper-case key "
+        "{NAME: ...} fills {{NAME}} and <NAME> (lower-case <name> is never a placeholder).",
     )
     seq_len: int = Field(
         default=2048, ge=8, description="Maximum tokens per example (longer conversations are truncated, longer text documents split)."

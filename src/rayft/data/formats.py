@@ -65,8 +65,10 @@ Markdown code blocks and inline code. Not placeholders: lower-case ``<name>`` (a
 ``<NAME>`` closed by ``</NAME>`` in the same text, HTML element names (``<TABLE>``, ``<BR>``),
 special tokens and role markers (``<UNK>``, ``<EOS>``, ``<USER>``), keys and control characters
 (``<ENTER>``, ``<CR>``, ``<F1>``; :data:`~rayft.data.placeholders.NOT_PLACEHOLDERS`), ``List<String>``, ``a < b > c``,
-``{{ spaced }}``, ``{{{triple}}}``. A key of ``data.placeholders`` fills ``{{key}}`` and ``<key>``
-spelled exactly so; those left are counted per placeholder with their first locations
+``{{ spaced }}``, ``{{{triple}}}``. A key of ``data.placeholders`` fills the placeholder spelled
+exactly so: ``name`` fills ``{{name}}``, an upper-case key (``NAME``) ``{{NAME}}`` and ``<NAME>``
+(lower-case ``<name>`` is never detected, so never filled); a record the values empty (a trained
+reply, a text) is a bad record. Placeholders left are counted per placeholder with their first locations
 (``LoadReport.placeholders``) and warned about once, next to the skip summary
 (:meth:`LoadReport.placeholder_summary`).
 
