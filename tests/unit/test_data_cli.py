@@ -263,3 +263,27 @@ def test_data_check_fills_placeholders_as_the_config_would(tmp_path):
     assert r.exit_code == 2 and r.stderr.startswith("error: data.placeholders.my-name: a placeholder's name is letters")
     r = run(p, "--placeholders", "name")
     assert r.exit_code == 2 and "expected KEY=VALUE, e.g. --placeholders name=Rayft" in r.stderr
+
+
+def test_data_check_fails_when_there_is_no_record_at_all(tmp_path):
+    # rayft train stops on such input ("empty dataset: no record"): data check must not pass it
+    empty, blank = tmp_path / "empty.jsonl", tmp_path / "blank.jsonl"
+    empty.write_bytes(b"")
+    blank.write_text("\n  \n")
+    for files in ([empty], [empty, blank]):
+        r = run(*files)
+        assert r.exit_code == 1, r.output
+        assert r.stdout.splitlines() == [
+            *(f"{f}: 0 records: 0 accepted, 0 bad" for f in files),  # a 0-byte file has no "tolerated: 1 blank line" note
+            f"checked {len(files)} file(s): 0 records, 0 accepted, 0 bad",
+            "no record in any file: nothing to train on (rayft train stops with 'empty dataset: no record')",
+        ]
+    doc = json.loads(run(empty, "--json").stdout)
+    assert (doc["ok"], doc["empty"], doc["records"], doc["files"][0]["notes"]) == (False, True, 0, [])
+    assert load_conversations([str(empty)]).notes == [] and load_conversations([str(blank)]).notes == []
+    good = tmp_path / "good.jsonl"
+    good.write_text(GOOD + "\n\n" + GOOD + "\n")
+    r = run(empty, good)
+    assert r.exit_code == 0 and r.stdout.splitlines()[-1] == "checked 2 file(s): 2 records, 2 accepted, 0 bad"
+    assert f"  note: {good}: tolerated: 1 blank line" in r.stdout.splitlines()  # blank lines between records are still noted
+    assert json.loads(run(good, "--json").stdout)["empty"] is False

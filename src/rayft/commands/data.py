@@ -154,8 +154,8 @@ def check(
     Per file: the records read, accepted and bad, per reason with every bad record's file:line
     (the console shows 20 per reason), and the notes (tolerated oddities, ignored message keys,
     template placeholders, those --placeholders filled). Exit 0 when every record is good, 1 when
-    any record or file is bad, 2 on a usage error (a file that does not exist, a bad --columns or
-    --placeholders).
+    any record or file is bad or there is no record at all, 2 on a usage error (a file that does
+    not exist, a bad --columns or --placeholders).
     """
     from rayft.data.examples import DataError
     from rayft.data.sources import expand_files
@@ -172,10 +172,11 @@ def check(
     read = [r for r in results if r["error"] is None]
     records, accepted, bad = (sum(r[k] for r in read) for k in ("records", "accepted", "bad"))
     stopped = len(results) - len(read)
-    ok = bad == 0 and stopped == 0
+    empty = stopped == 0 and records == 0  # rayft train stops on it: "empty dataset: no record"
+    ok = bad == 0 and stopped == 0 and not empty
     if as_json:
         summary = {"ok": ok, "on_bad_record": on_bad_record.value, "format": format_.value, "columns": cols, "placeholders": fills}
-        summary.update(records=records, accepted=accepted, bad=bad, stopped=stopped, files=results)
+        summary.update(records=records, accepted=accepted, bad=bad, stopped=stopped, empty=empty, files=results)
         typer.echo(json.dumps(summary, indent=1, ensure_ascii=False))
     else:
         for r in results:
@@ -184,5 +185,7 @@ def check(
         counts = [f"{records} records, {accepted} accepted, {bad} bad"] if read else []
         counts += [f"{stopped} stopped"] if stopped else []
         typer.echo(f"checked {len(results)} file(s): {'; '.join(counts)}")
+        if empty:
+            typer.echo("no record in any file: nothing to train on (rayft train stops with 'empty dataset: no record')")
     if not ok:
         raise typer.Exit(1)

@@ -34,9 +34,10 @@ _BOM = b"\xef\xbb\xbf"
 
 def _tolerated(path: DataFile, bom: bool, body: bytes, jsonl: bool) -> str | None:
     """One note for the harmless oddities of a file, or None: a UTF-8 BOM, blank lines between
-    JSON Lines records, CRLF line endings."""
+    JSON Lines records, CRLF line endings. A file with nothing but blanks has no blank-line note
+    (a 0-byte file is empty, not one blank line)."""
     found = ["a UTF-8 BOM at the start"] if bom else []
-    if jsonl:
+    if jsonl and body.strip():
         blank = sum(1 for line in body.rstrip(b"\r\n").split(b"\n") if not line.strip())
         if blank:
             found.append(f"{blank} blank line{'s' if blank > 1 else ''}")
