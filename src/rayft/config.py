@@ -10,19 +10,18 @@ and :class:`ConfigError`.
 
 from __future__ import annotations
 
-import difflib
 import glob
 import os
 import re
-import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_serializer, model_validator
 
 from rayft.cluster.spec import ClusterConfig
 from rayft.config_base import ConfigModel, path_field
+from rayft.config_suggest import did_you_mean
 
 
 class ConfigError(ValueError):
@@ -542,49 +541,6 @@ def _where(dotted: str, loc: tuple[Any, ...], path: Path | None, overridden: set
     return ""
 
 
-def _models_in(annotation: Any) -> list[type[BaseModel]]:
-    """The pydantic models a field of this type holds (through Optional, unions, Annotated, lists
-    and dicts)."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
-    origin = typing.get_origin(annotation)
-    if origin is None:
-        return []
-    args = typing.get_args(annotation)
-    if origin is typing.Annotated:
-        args = args[:1]
-    elif origin is dict:
-        args = args[1:]
-    return [m for a in args if a is not Ellipsis for m in _models_in(a)]
-
-
-def _keys_at(loc: tuple[Any, ...]) -> list[str]:
-    """The keys the section at ``loc`` (a dotted path's parts, list indices included) accepts:
-    its fields' names (aliases where they have one); ``[]`` when ``loc`` leads to no section."""
-    models: list[type[BaseModel]] = [RayftConfig]
-    for key in loc:
-        if isinstance(key, int):
-            continue  # a list element: the element's model, already in models
-        found = []
-        for model in models:
-            for name, field in model.model_fields.items():
-                if key in (name, field.alias):
-                    found += _models_in(field.annotation)
-        if not found:
-            return []
-        models = found
-    return [field.alias or name for model in models for name, field in model.model_fields.items()]
-
-
-def did_you_mean(loc: tuple[Any, ...]) -> str:
-    """`` (did you mean 'train_files'?)`` for an unknown key at ``loc`` whose name is close to one its
-    section accepts (:func:`difflib.get_close_matches`), else ``""``."""
-    if not loc or not isinstance(loc[-1], str):
-        return ""
-    close = difflib.get_close_matches(loc[-1], _keys_at(loc[:-1]), n=1, cutoff=0.7)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 def _format_validation_error(err: ValidationError, source: str, path: Path | None, overridden: set[str]) -> str:
     # A value failing every member of a union (int | "auto") yields one error per member, each with the
     # member's tag in its location: report them as one error with the alternatives joined by "or".
@@ -603,7 +559,7 @@ def _format_validation_error(err: ValidationError, source: str, path: Path | Non
         where = _where(dotted, loc, path, overridden)
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
-            msg = "unknown key" + did_you_mean(loc)
+            msg = "unknown key" + did_you_mean(RayftConfig, loc)
         elif e["type"] == "missing":
             msg = "required key is missing"
         given = e.get("input")
