@@ -541,6 +541,13 @@ def _where(dotted: str, loc: tuple[Any, ...], path: Path | None, overridden: set
     return ""
 
 
+def where_given(path: str | os.PathLike[str], loc: tuple[Any, ...], overrides: list[str] | None = None) -> str:
+    """`` (line N)``, `` (from --set)`` or ``""``: where the config file at ``path`` with ``--set``
+    ``overrides`` gives the value at ``loc`` (``("data", "train_files", 0)``), as config errors say it."""
+    overridden = {".".join(parse_override(o)[0]) for o in overrides or []}
+    return _where(".".join(str(x) for x in loc if not isinstance(x, int)), loc, Path(path), overridden)
+
+
 def _format_validation_error(err: ValidationError, source: str, path: Path | None, overridden: set[str]) -> str:
     # A value failing every member of a union (int | "auto") yields one error per member, each with the
     # member's tag in its location: report them as one error with the alternatives joined by "or".

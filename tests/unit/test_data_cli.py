@@ -19,12 +19,18 @@ def _imported(stderr: str) -> set[str]:
     return {m.group(1).split(".")[0] for m in re.finditer(r"^import time:\s+\d+ \|\s+\d+ \| +(\S+)$", stderr, re.M)}
 
 
+HERE = "looked for it in {d}, the config file's directory and the current directory"
+
+
 @pytest.mark.parametrize(
     "data,message",
     [
-        ("train_files: [nope.jsonl]", "error: nope.jsonl: no such data file (data.train_files)"),
-        ("train_files: [data/*.jsonl]", "error: data/*.jsonl: no such data file (data.train_files)"),
-        ("{train_files: [ok.jsonl], validation_files: [val*.jsonl]}", "error: val*.jsonl: no such data file (data.validation_files)"),
+        ("train_files: [nope.jsonl]", f"data.train_files[0] (line 2): nope.jsonl: no such data file (a relative path: {HERE})"),
+        ("train_files: [data/*.jsonl]", f"data.train_files[0] (line 2): data/*.jsonl: no such data file (a relative path: {HERE})"),
+        (
+            "{train_files: [ok.jsonl], validation_files: [ok.jsonl, val*.jsonl]}",
+            f"data.validation_files[1] (line 1): val*.jsonl: no such data file (a relative path: {HERE})",
+        ),
     ],
 )
 def test_train_names_a_missing_data_file_before_importing_torch_or_ray(tmp_path, data, message):
@@ -32,17 +38,52 @@ def test_train_names_a_missing_data_file_before_importing_torch_or_ray(tmp_path,
     cfg = tmp_path / "job.yaml"
     cfg.write_text(f"data: {data}\n" if data.startswith("{") else f"data:\n  {data}\n")
     r = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "rayft.cli", "train", str(cfg)],
+        [sys.executable, "-X", "importtime", "-m", "rayft.cli", "train", "job.yaml"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert r.returncode == 1, r.stderr[-2000:]
-    assert r.stderr.splitlines()[-1] == message
+    assert r.stderr.splitlines()[-1] == "error: job.yaml: " + message.format(d=tmp_path)
     mods = _imported(r.stderr)
     assert "rayft" in mods and "yaml" in mods  # the import trace is read right
     assert not mods & {"torch", "ray", "transformers"}, mods & {"torch", "ray", "transformers"}
+
+
+def _train_error(cfg, *args) -> str:
+    """The last stderr line of `rayft train CFG ARGS...` (it stops before Ray starts)."""
+    r = CliRunner().invoke(app, ["train", str(cfg), *args], catch_exceptions=False)
+    assert r.exit_code == 1, r.output
+    return r.stderr.strip().splitlines()[-1]
+
+
+def test_train_names_the_config_line_and_where_a_relative_path_was_looked_for(tmp_path, monkeypatch):
+    jobs, run_dir = tmp_path / "jobs", tmp_path / "elsewhere"
+    jobs.mkdir(), run_dir.mkdir()
+    (jobs / "a.jsonl").write_text('{"text": "x"}\n')
+    cfg = jobs / "job.yaml"
+    cfg.write_text("model:\n  name_or_path: qwen2-tiny\ndata:\n  train_files:\n    - a.jsonl\n    - missing.jsonl\n")
+    monkeypatch.chdir(run_dir)
+    assert _train_error(cfg) == (
+        f"error: {cfg}: data.train_files[1] (line 6): missing.jsonl: no such data file (a relative path: looked for it in "
+        f"{jobs}, the config file's directory, then in {run_dir}, the current directory)"
+    )
+    assert _train_error(cfg, "--set", f"data.train_files=[{tmp_path}/nope.jsonl]") == (
+        f"error: {cfg}: data.train_files[0] (from --set): {tmp_path}/nope.jsonl: no such data file"  # absolute: nothing searched
+    )
+    # a file listed twice names its key and line, validation files included
+    cfg.write_text(f"data:\n  train_files: [a.jsonl]\n  validation_files:\n    - {jobs}/a.jsonl\n    - ./a.jsonl\n")
+    monkeypatch.chdir(jobs)
+    assert _train_error(cfg) == (
+        f"error: {cfg}: data.validation_files (line 3): {jobs}/a.jsonl: listed more than once in data.validation_files "
+        "(its records would be trained twice)"
+    )
+    cfg.write_text("data:\n  train_files: [a.jsonl, ., a.jsonl]\n")
+    assert _train_error(cfg) == (
+        f"error: {cfg}: data.train_files (line 2): {jobs}/a.jsonl: listed more than once in data.train_files "
+        "(its records would be trained twice)"
+    )
 
 
 # ---------------------------------------------------------------- rayft data check

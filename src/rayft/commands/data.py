@@ -165,9 +165,9 @@ def check(
     except ValueError as e:
         fail(str(e), 2)
     try:
-        paths = [str(p) for p in expand_files(files)]
+        paths = [str(p) for p in expand_files(files, key=None)]  # arguments, not a config key
     except DataError as e:
-        fail(str(e).replace(" (data.train_files)", ""), 2)
+        fail(str(e), 2)
     results = [check_file(p, format_.value, cols, on_bad_record.value, fills) for p in paths]
     read = [r for r in results if r["error"] is None]
     records, accepted, bad = (sum(r[k] for r in read) for k in ("records", "accepted", "bad"))

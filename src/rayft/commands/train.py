@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-from typing import Annotated, Optional
+from typing import Annotated, NoReturn, Optional
 
 import typer
 
@@ -25,7 +25,7 @@ def train(
     prints the --resume command and exits 143 or 130.
     """
     cfg = load_config_or_exit(config, set_)
-    check_local_data_files(cfg)
+    check_local_data_files(cfg, config, set_)
     from rayft.train.driver import TrainError, TrainStopped, run_training
 
     try:
@@ -45,18 +45,45 @@ def train(
         raise typer.Exit(e.exit_code) from None
 
 
-def check_local_data_files(cfg: RayftConfig) -> None:
+def check_local_data_files(cfg: RayftConfig, config: str | os.PathLike[str], overrides: list[str] | None = None) -> None:
     """Expand ``data.train_files`` and ``data.validation_files`` that are local paths or globs
     (:func:`rayft.data.sources.expand_files`) before Ray or torch is imported, so a missing file
     fails in a second rather than after Ray has started; ``s3://`` URIs are listed later, with
     the data. On a :class:`~rayft.data.examples.DataError`, print it and exit 1 (as the same error
-    found later would)."""
+    found later would), naming the config file, the key and its line (or ``--set``), and for a
+    relative path that matches nothing, where it was looked for: the config file's directory
+    (:func:`rayft.config.load_config` resolves relative paths there when they exist there), then
+    the current directory."""
+    from rayft.config import where_given
     from rayft.data.examples import DataError
     from rayft.data.sources import expand_files
 
-    for key, patterns in (("data.train_files", cfg.data.train_files), ("data.validation_files", cfg.data.validation_files or [])):
+    def stop(key: str, loc: tuple, e: DataError, note: str = "") -> NoReturn:
+        where = where_given(config, ("data", key, *loc), overrides)
+        print_error("error", DataError(f"{config}: data.{key}{''.join(f'[{i}]' for i in loc)}{where}: {e}{note}", kind=e.kind))
+        raise typer.Exit(1) from None
+
+    for key, patterns in (("train_files", cfg.data.train_files), ("validation_files", cfg.data.validation_files or [])):
+        local = [(i, p) for i, p in enumerate(patterns) if not p.startswith("s3://")]
+        for i, p in local:
+            try:
+                expand_files([p], key=None)
+            except DataError as e:
+                stop(key, (i,), e, _searched(p, config))
         try:
-            expand_files([p for p in patterns if not p.startswith("s3://")])
+            expand_files([p for _, p in local], key=f"data.{key}")  # a file listed twice
         except DataError as e:
-            print_error("error", DataError(str(e).replace("(data.train_files)", f"({key})"), kind=e.kind))
-            raise typer.Exit(1) from None
+            stop(key, (), e)
+
+
+def _searched(pattern: str, config: str | os.PathLike[str]) -> str:
+    """Where a relative ``pattern`` that matches nothing was looked for (the config file's
+    directory, then the current directory), for the message; ``""`` for any other pattern."""
+    import glob
+
+    if "://" in pattern or os.path.isabs(pattern) or os.path.exists(pattern) or glob.glob(pattern):
+        return ""
+    here, base = os.path.abspath(os.getcwd()), os.path.dirname(os.path.abspath(config))
+    if base == here:
+        return f" (a relative path: looked for it in {base}, the config file's directory and the current directory)"
+    return f" (a relative path: looked for it in {base}, the config file's directory, then in {here}, the current directory)"

@@ -83,7 +83,12 @@ def file_kind(name: str) -> Literal["json", "compressed", "parquet", "unsupporte
     return "unsupported" if suf in UNSUPPORTED_SUFFIXES else "other"
 
 
-def _data_files_of(where: str, files: list) -> list:
+def _key_note(key: str | None) -> str:
+    """`` (data.train_files)``: the config key a message is about (none for ``None``)."""
+    return f" ({key})" if key else ""
+
+
+def _data_files_of(where: str, files: list, key: str | None = "data.train_files") -> list:
     """The data files among a directory's (or S3 prefix's) ``files`` (sorted, each with ``.name``).
     Raises DataError when some are of an unsupported kind, or none is a data file."""
     kinds = {str(p): file_kind(p.name) for p in files}
@@ -98,11 +103,11 @@ def _data_files_of(where: str, files: list) -> list:
         )
     found = [p for p in files if kinds[str(p)] in ("json", "compressed", "parquet")]
     if not found:
-        raise DataError(f"{where}: directory has no data file ({SUPPORTED_NOTE}) (data.train_files)")
+        raise DataError(f"{where}: directory has no data file ({SUPPORTED_NOTE}){_key_note(key)}")
     return found
 
 
-def _expand_s3(uri: str) -> list[S3Object]:
+def _expand_s3(uri: str, key_name: str | None = "data.train_files") -> list[S3Object]:
     """``s3://bucket/key``: that object if it exists, else the data files directly under the prefix
     ``key/`` (like a directory; sub-"folders" are not read)."""
     from botocore.exceptions import BotoCoreError, ClientError
@@ -133,13 +138,14 @@ def _expand_s3(uri: str) -> list[S3Object]:
     except (BotoCoreError, ClientError) as e:
         raise DataError(f"{uri}: cannot list: {e}") from None
     if not keys:
-        raise DataError(f"{uri}: no such object, and no object under {f's3://{bucket}/{prefix}'} (data.train_files)")
-    return _data_files_of(uri, [S3Object(bucket, k) for k in sorted(keys)])
+        raise DataError(f"{uri}: no such object, and no object under {f's3://{bucket}/{prefix}'}{_key_note(key_name)}")
+    return _data_files_of(uri, [S3Object(bucket, k) for k in sorted(keys)], key_name)
 
 
-def expand_files(patterns: list[str]) -> list[DataFile]:
+def expand_files(patterns: list[str], key: str | None = "data.train_files") -> list[DataFile]:
     """Files named by paths, globs, directories and ``s3://bucket/key`` URIs, in sorted order, each
-    once. A directory contributes its ``*.json``, ``*.jsonl``, ``*.json.gz``, ``*.jsonl.gz``,
+    once. ``key``: the config key the patterns come from, named in messages (``None``: no key, as
+    for ``rayft data check``'s arguments). A directory contributes its ``*.json``, ``*.jsonl``, ``*.json.gz``, ``*.jsonl.gz``,
     ``*.json.zst``, ``*.jsonl.zst`` and ``*.parquet`` files (any case); a file named explicitly is
     read as JSON/JSONL unless its suffix says otherwise (``x.gz`` / ``x.zst``: compressed JSON/JSONL).
     An ``s3://`` URI names one object, or else a prefix read like a directory (:class:`S3Object`).
@@ -152,16 +158,16 @@ def expand_files(patterns: list[str]) -> list[DataFile]:
     out: list[DataFile] = []
     for pat in patterns:
         if pat.startswith("s3://"):
-            found = _expand_s3(pat)
+            found = _expand_s3(pat, key)
         elif "://" in pat:
             raise DataError(f"{pat}: only s3:// URIs are supported by this reader; copy the file locally or to S3")
         elif os.path.isdir(pat):
-            found = _data_files_of(pat, sorted(p for p in Path(pat).iterdir() if p.is_file()))
+            found = _data_files_of(pat, sorted(p for p in Path(pat).iterdir() if p.is_file()), key)
         else:
             found = sorted(Path(p) for p in glob.glob(pat)) if glob.has_magic(pat) and not os.path.exists(pat) else [Path(pat)]
             found = [p for p in found if p.is_file()]
             if not found:
-                raise DataError(f"{pat or repr(pat)}: no such data file (data.train_files)")
+                raise DataError(f"{pat or repr(pat)}: no such data file{_key_note(key)}")
             for p in found:
                 if file_kind(p.name) == "unsupported":
                     raise DataError(
@@ -172,7 +178,7 @@ def expand_files(patterns: list[str]) -> list[DataFile]:
     for p in out:
         ident = p.resolve() if isinstance(p, Path) else str(p)
         if ident in seen:
-            raise DataError(f"{p}: listed more than once in data.train_files (its records would be trained twice)")
+            raise DataError(f"{p}: listed more than once{' in ' + key if key else ''} (its records would be trained twice)")
         seen.add(ident)
     return out
 
