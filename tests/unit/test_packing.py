@@ -1,10 +1,13 @@
 """Packing, the step plan, sharding, and packed-vs-alone loss equality."""
 
+import functools
+
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
+from rayft.data import packing
 from rayft.data.packing import IGNORE_INDEX, collate, epoch_rows, index_dtype, pack_rows, plan_steps, rank_micro_batches
 from rayft.data.tokenize import TokenizedDataset
 
@@ -75,6 +78,48 @@ def test_best_fit_decreasing_rule_on_a_small_case():
     assert pack_rows(np.full(7, 3), np.arange(7), 10).lists() == [[0, 1, 2], [3, 4, 5], [6]]
     # examples of no tokens go into the first row
     assert pack_rows(np.array([0, 4, 0]), np.arange(3), 10).lists() == [[1, 0, 2]]
+
+
+def plain_spaces_from(buckets, n):
+    """The reference scan: every non-empty bucket of ``n`` or more free tokens, all found before the
+    first placement of length ``n`` (what pack_rows did before the chunked scan)."""
+    return (np.flatnonzero(buckets.count[n:]) + n).tolist()
+
+
+def test_the_chunked_bucket_scan_gives_the_rows_of_the_plain_scan(monkeypatch):
+    chunked = packing._Buckets.spaces_from
+    rng = np.random.default_rng(11)
+    for case in range(120):
+        row_len = int(rng.choice([1, 2, 7, 33, 64, 65, 200, 1500, 5000]))
+        n = int(rng.integers(1, 300))
+        low = 0 if case % 5 == 0 else 1  # some examples of no tokens
+        if case % 3 == 0:
+            lengths = rng.integers(low, row_len + 1, n)
+        elif case % 3 == 1:  # mostly short, a few long: rows with much free space
+            lengths = np.clip(rng.geometric(min(1.0, 8 / row_len), n), low, row_len)
+        else:  # few distinct lengths
+            lengths = rng.choice(rng.integers(low, row_len + 1, 4), n)
+        order = rng.permutation(n)
+        with monkeypatch.context() as m:
+            m.setattr(packing._Buckets, "spaces_from", plain_spaces_from)
+            want = pack_rows(lengths, order, row_len, np.random.default_rng(case))
+        for first in (1, 2, 3, 64, 1024, None):
+            with monkeypatch.context() as m:
+                if first is not None:  # None: the default chunk size
+                    m.setattr(packing._Buckets, "spaces_from", functools.partialmethod(chunked, first=first))
+                got = pack_rows(lengths, order, row_len, np.random.default_rng(case))
+            assert np.array_equal(got.offsets, want.offsets) and np.array_equal(got.examples, want.examples), (case, first)
+            assert got.examples.dtype == want.examples.dtype
+
+
+def test_the_chunked_scan_stops_early():
+    buckets = packing._Buckets(100_000)
+    buckets.put(70, np.arange(3))
+    buckets.put(90_000, np.arange(3, 5))
+    spaces = buckets.spaces_from(10, first=4)
+    assert next(spaces) == 70  # found in chunks of 4, 8, 16, 32 buckets: the counts above 70 untouched so far
+    assert list(spaces) == [90_000]
+    assert list(buckets.spaces_from(90_001)) == [] and list(buckets.spaces_from(100_000)) == []
 
 
 def test_padding_mode_is_one_example_per_row_in_the_shuffled_order():

@@ -10,10 +10,15 @@ afterwards, so every epoch differs and row order does not follow length. Padding
 puts one example per row, in the shuffled order.
 
 Cost: Python loops over the distinct lengths and, for each, the free-space buckets it fills (both
-at most ``row_len + 1``), never over the examples; numpy does the per-example work. One epoch's plan of 10M examples drawn from the real files' lengths (``seq_len`` 2048) takes
-2.3 CPU s on the 2-CPU development machine; the best fit before (examples in visiting order, free
-space in a sorted Python list) was quadratic: 18.4 CPU s at 4M. Packing efficiency went from 99.3 %
-to 99.8 % there, and up on each sample file (``bench/plan_time.py``,
+at most ``row_len + 1``), never over the examples; numpy does the per-example work. For each length
+``n`` numpy also scans the bucket counts from ``n`` up for rows that fit, in chunks of 1024, 2048,
+... buckets that stop once the length is placed (:meth:`_Buckets.spaces_from`): that term is at
+most ``row_len`` × the distinct lengths counts, in practice a chunk or two per length (200k
+examples of uniform lengths at ``row_len`` 131072: about 3 CPU s; a scan of every bucket above
+``n`` took 13 s). One epoch's plan of 10M examples drawn from the real files' lengths (``seq_len``
+2048) takes 2.3 CPU s on the 2-CPU development machine; the best fit before (examples in visiting
+order, free space in a sorted Python list) was quadratic: 18.4 CPU s at 4M. Packing efficiency went
+from 99.3 % to 99.8 % there, and up on each sample file (``bench/plan_time.py``,
 ``bench/results/2026-12-01-plan-time-2cpu.json``).
 
 Inside a row, position ids restart at 0 for every document; the padding tail continues the last
@@ -29,7 +34,7 @@ a resumed run sees exactly the rows an uninterrupted run would. The data is any 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Iterator, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -122,6 +127,19 @@ class _Buckets:
             self.chunks[space].append(ids)
             self.count[space] += len(ids)
 
+    def spaces_from(self, n: int, first: int = 1024) -> Iterator[int]:
+        """The non-empty buckets of ``n`` or more free tokens, ascending, found lazily: ``count`` is
+        scanned in chunks of ``first`` buckets, then twice as many each time, so a caller that stops
+        at bucket ``b`` has scanned at most ``2 (b - n) + first`` counts, not all ``row_len - n``.
+        The same buckets, in the same order, as ``flatnonzero(count[n:]) + n`` taken before the
+        first step, as long as the caller changes only the bucket it was last given and buckets
+        below it (:func:`pack_rows` moves rows from bucket ``s`` to emptier buckets, below ``s``)."""
+        start, width, end = n, first, len(self.count)
+        while start < end:
+            stop = min(end, start + width)
+            yield from (np.flatnonzero(self.count[start:stop]) + start).tolist()
+            start, width = stop, width * 2
+
 
 def pack_rows(lengths: np.ndarray, order: np.ndarray, row_len: int, shuffle_rows: np.random.Generator | None = None) -> Rows:
     """Best-fit-decreasing packing of the examples in ``order`` into rows of at most ``row_len`` tokens.
@@ -160,7 +178,7 @@ def pack_rows(lengths: np.ndarray, order: np.ndarray, row_len: int, shuffle_rows
             placed.append((np.zeros(1, np.int64), left, pos))
             n_rows, pos = max(n_rows, 1), pos + left
             continue
-        for space in (np.flatnonzero(buckets.count[n:]) + n).tolist():  # the tightest rows that fit, first
+        for space in buckets.spaces_from(n):  # the tightest rows that fit, first (found lazily: the loop stops early)
             per, k = space // n, int(buckets.count[space])
             full = min(k, left // per)  # rows filled with `per` examples each
             if full:
