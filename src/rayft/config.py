@@ -188,7 +188,11 @@ class DataConfig(_Section):
         default=2048, ge=8, description="Maximum tokens per example (longer conversations are truncated, longer text documents split)."
     )
     packing: bool = Field(default=True, description="Pack several examples per row (no cross-document attention); else one per row.")
-    shuffle: bool = True
+    shuffle: bool = Field(
+        default=True,
+        description="Shuffle the examples, and the packed rows, every epoch (seeded by data.seed); false: file order "
+        "(packed rows ordered by their first example).",
+    )
     seed: int = 0
     max_examples: int | None = Field(default=None, ge=1)
     preprocess: Literal["auto", "local", "ray"] = "auto"

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from rayft.data import packing
-from rayft.data.packing import IGNORE_INDEX, collate, epoch_rows, index_dtype, pack_rows, plan_steps, rank_micro_batches
+from rayft.data.packing import IGNORE_INDEX, Rows, collate, epoch_rows, index_dtype, pack_rows, plan_steps, rank_micro_batches
 from rayft.data.tokenize import TokenizedDataset
 
 
@@ -120,6 +120,33 @@ def test_the_chunked_scan_stops_early():
     assert next(spaces) == 70  # found in chunks of 4, 8, 16, 32 buckets: the counts above 70 untouched so far
     assert list(spaces) == [90_000]
     assert list(buckets.spaces_from(90_001)) == [] and list(buckets.spaces_from(100_000)) == []
+
+
+def test_without_shuffle_packed_rows_follow_the_files():
+    # data.shuffle: false: rows ordered by their smallest example index (the packer opens them longest first)
+    lengths = np.array([2, 6, 2, 5, 2, 2, 3, 2, 2])
+    assert pack_rows(lengths, np.arange(9), 10).lists() == [[1, 6], [3, 0, 2], [4, 5, 7, 8]]
+    assert epoch_rows(lengths, 0, 0, 10, packing=True, shuffle=False).lists() == [[3, 0, 2], [1, 6], [4, 5, 7, 8]]
+    lengths = np.random.default_rng(3).integers(1, 129, 500)
+    rows = epoch_rows(lengths, 0, 0, 128, packing=True, shuffle=False)
+    firsts = [min(r) for r in rows.lists()]
+    assert firsts == sorted(firsts) and firsts[0] == 0
+    opened = pack_rows(lengths, np.arange(500), 128)
+    assert sorted(rows.lists()) == sorted(opened.lists()) and rows.lists() != opened.lists()  # the same rows, reordered
+    assert rows.examples.dtype == opened.examples.dtype == np.int32 and rows.offsets.dtype == np.int64
+    assert epoch_rows(lengths, 1, 9, 128, packing=True, shuffle=False).lists() == rows.lists()  # every epoch alike
+    plan = plan_steps(lengths, rows_per_step=8, row_len=128, packing=True, shuffle=False, seed=0, epochs=1, max_steps=None)
+    assert plan.rows.lists() == rows.lists()
+    assert [min(r) for r in plan.step_rows(0)] == [0, 1, 2, 3, 5, 6, 7, 8]  # the first step starts with the files' first examples
+    assert np.median(rows.lists()[0] + rows.lists()[1]) < 100 < 400 < np.median(rows.lists()[-1] + rows.lists()[-2])
+    one = Rows(np.array([0, 2]), np.array([5, 1], np.int32))
+    assert one.by_first_example() is one and Rows(np.zeros(1, np.int64), np.zeros(0, np.int32)).by_first_example().lists() == []
+    # rows and plans hold arrays: compared by identity (eq=False), never element-wise
+    assert (
+        rows != epoch_rows(lengths, 0, 0, 128, packing=True, shuffle=False)
+        and rows == rows
+        and plan != plan_steps(lengths, rows_per_step=8, row_len=128, packing=True, shuffle=False, seed=0, epochs=1, max_steps=None)
+    )
 
 
 def test_padding_mode_is_one_example_per_row_in_the_shuffled_order():

@@ -6,8 +6,11 @@ idea): examples are grouped by length, longest first, and each goes into the ope
 free space, so all examples of one length are placed at once: a row with ``s`` free tokens takes
 ``s // n`` examples of length ``n`` (the tightest rows first), and new rows take ``row_len // n``
 each. Within one length, examples are taken in the epoch's shuffled order; the rows are shuffled
-afterwards, so every epoch differs and row order does not follow length. Padding mode (no packing)
-puts one example per row, in the shuffled order.
+afterwards, so every epoch differs and row order does not follow length. Without shuffle
+(``data.shuffle: false``) examples are taken in file order and the rows are ordered by their
+smallest example index, so training roughly follows the files (rows opened longest first would
+otherwise put the longest examples at the start). Padding mode (no packing) puts one example per
+row, in the shuffled (or file) order.
 
 Cost: Python loops over the distinct lengths and, for each, the free-space buckets it fills (both
 at most ``row_len + 1``), never over the examples; numpy does the per-example work. For each length
@@ -64,7 +67,7 @@ def index_dtype(n_examples: int) -> type:
     return np.int32 if n_examples < 2**31 else np.int64
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Rows:
     """Rows of examples as flat arrays (CSR): row *r* holds ``examples[offsets[r]:offsets[r + 1]]``.
 
@@ -97,6 +100,18 @@ class Rows:
         csum = np.zeros(len(self.examples) + 1, dtype=np.int64)
         np.cumsum(np.asarray(lengths, dtype=np.int64)[self.examples], out=csum[1:])
         return csum[self.offsets[1:]] - csum[self.offsets[:-1]]
+
+    def by_first_example(self) -> "Rows":
+        """The same rows (none empty), ordered by their smallest example index; each row's examples
+        keep their order."""
+        if len(self) < 2:
+            return self
+        order = np.argsort(np.minimum.reduceat(self.examples, self.offsets[:-1]), kind="stable")
+        sizes = np.diff(self.offsets)[order]
+        offsets = np.zeros(len(self) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        take = np.repeat(self.offsets[:-1][order] - offsets[:-1], sizes) + np.arange(offsets[-1])
+        return Rows(offsets, self.examples[take])
 
 
 class _Buckets:
@@ -235,7 +250,8 @@ def epoch_rows(lengths: np.ndarray, epoch: int, seed: int, row_len: int, packing
     ``lengths``: tokens per example, int [n]. The examples are visited in
     ``np.random.default_rng([seed, epoch]).permutation(n)`` order (``range(n)`` without
     ``shuffle``); with ``packing`` they are packed by :func:`pack_rows` and the rows shuffled with
-    the same generator, else each is one row.
+    the same generator (without ``shuffle``: ordered by their smallest example index,
+    :meth:`Rows.by_first_example`, so they follow the files), else each is one row.
 
     Raises:
         ValueError: with ``packing``, an example longer than ``row_len``.
@@ -246,10 +262,12 @@ def epoch_rows(lengths: np.ndarray, epoch: int, seed: int, row_len: int, packing
     order = rng.permutation(n) if shuffle else np.arange(n)
     if not packing:
         return Rows(np.arange(n + 1, dtype=np.int64), order.astype(index_dtype(n)))
-    return pack_rows(lengths, order, row_len, rng if shuffle else None)
+    if shuffle:
+        return pack_rows(lengths, order, row_len, rng)
+    return pack_rows(lengths, order, row_len).by_first_example()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class StepPlan:
     """Which rows every optimizer step of the run uses, as flat arrays.
 
