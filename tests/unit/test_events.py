@@ -106,3 +106,42 @@ def test_step_clock_laps_and_skips(monkeypatch):
     assert clock.lap() == 2.0  # 10 → 12
     clock.skip()  # a checkpoint until 20: not step time
     assert clock.lap() == 1.0
+
+
+def test_the_resume_line_warns_when_the_packing_rule_or_the_global_batch_changed():
+    from rayft.data.packing import PACKING_RULE, packing_rule
+    from rayft.train.loop import resume_note
+
+    assert (packing_rule(True), packing_rule(False)) == (PACKING_RULE, "none") == ("bfd-1", "none")
+    same = {"step": 4, "world_size": 2, "global_batch_rows": 8, "packing": "bfd-1"}
+    assert resume_note(same, 2, 8, "bfd-1") == ""
+    assert resume_note(same, 1, 8, "bfd-1") == " (saved at world size 2, resharded to 1 by DCP)"
+    older = {"step": 4, "world_size": 2, "global_batch_rows": 8}  # written before the rule was recorded
+    assert resume_note(older, 2, 8, "bfd-1") == (
+        "; WARNING: the checkpoint records no packing rule (written before rayft recorded it), this run packs with 'bfd-1', "
+        "so the rows, and the data order, differ from the original run's from here on"
+    )
+    assert resume_note(older, 2, 8, "none") == ""  # padding mode's rows never changed
+    assert resume_note({**same, "packing": "bfd-0"}, 2, 16, "bfd-1") == (
+        "; WARNING: the global batch changed from 8 to 16 rows, so the data order differs from the original run "
+        "(keep workers × micro_batch_size × grad_accum_steps); WARNING: the checkpoint records packing rule 'bfd-0', "
+        "this run packs with 'bfd-1', so the rows, and the data order, differ from the original run's from here on"
+    )
+    assert "records packing rule 'bfd-1', this run packs with 'none'" in resume_note(same, 2, 8, "none")
+
+
+def test_a_checkpoints_state_records_the_packing_rule():
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from rayft.config import RayftConfig
+    from rayft.data.packing import plan_steps
+    from rayft.train.loop import Worker
+
+    for packing, rule in ((True, "bfd-1"), (False, "none")):
+        cfg = RayftConfig.model_validate({"data": {"train_files": ["x.jsonl"], "packing": packing}, "train": {"micro_batch_size": 2}})
+        plan = plan_steps(np.full(8, 5), rows_per_step=4, row_len=16, packing=packing, shuffle=True, seed=0, epochs=1, max_steps=None)
+        w = SimpleNamespace(cfg=cfg, plan=plan, world=2, args=SimpleNamespace(data_fingerprint="f", tokenizer="t"))
+        state = Worker.checkpoint_state(w, 0, 1.5)
+        assert state["packing"] == rule and state["global_batch_rows"] == 4 and state["step"] == 1

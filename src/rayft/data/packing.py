@@ -10,7 +10,8 @@ afterwards, so every epoch differs and row order does not follow length. Without
 (``data.shuffle: false``) examples are taken in file order and the rows are ordered by their
 smallest example index, so training roughly follows the files (rows opened longest first would
 otherwise put the longest examples at the start). Padding mode (no packing) puts one example per
-row, in the shuffled (or file) order.
+row, in the shuffled (or file) order. The rule's version, :data:`PACKING_RULE`, is stored in
+checkpoints: a resume under another rule sees other rows, and says so.
 
 Cost: Python loops over the distinct lengths and, for each, the free-space buckets it fills (both
 at most ``row_len + 1``), never over the examples; numpy does the per-example work. For each length
@@ -43,6 +44,17 @@ import numpy as np
 import torch
 
 IGNORE_INDEX = -100
+#: The packing rule's version (best fit decreasing; rows shuffled, or in order of their first
+#: example), stored in each checkpoint's state (``"packing"``; ``"none"`` in padding mode): a
+#: checkpoint of another rule, or of none (written before it was recorded), resumes with other
+#: rows, which the resume warns about (:func:`rayft.train.loop.resume_note`).
+PACKING_RULE = "bfd-1"
+
+
+def packing_rule(packing: bool) -> str:
+    """What a checkpoint records of the rows' rule: :data:`PACKING_RULE`, or ``"none"`` in padding
+    mode (one example per row, unchanged since before the rule was recorded)."""
+    return PACKING_RULE if packing else "none"
 
 
 class Examples(Protocol):

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from rayft.config import RayftConfig
-from rayft.data.packing import StepPlan, collate, plan_steps, rank_micro_batches
+from rayft.data.packing import StepPlan, collate, packing_rule, plan_steps, rank_micro_batches
 from rayft.train import checkpoint as ckpt_lib
 from rayft.train.device import cap_gpu_memory
 from rayft.train.evaluate import Evaluator
@@ -116,6 +116,7 @@ class Worker:
             "world_size": self.world,
             "loss": loss,
             "global_batch_rows": self.world * tc.micro_batch_size * tc.grad_accum_steps,
+            "packing": packing_rule(self.cfg.data.packing),
             "data_fingerprint": self.args.data_fingerprint,
             "tokenizer": self.args.tokenizer,
         }
@@ -208,7 +209,7 @@ def setup_worker(args: WorkerArgs) -> Worker:
     model_conf = load_model_config(cfg.model)
     optimizer = build_optimizer(model.module, tc, device)
     progress = args.progress.for_rank(rank)
-    start_step = resume(model, optimizer, args, rows_per_step, progress)
+    start_step = resume(model, optimizer, args, rows_per_step, packing_rule(cfg.data.packing), progress)
 
     saver = ckpt_lib.CheckpointWriter(cfg.checkpoint, model_conf)
     validation = ray.get(args.validation) if args.validation is not None else None
@@ -303,8 +304,9 @@ def report_checkpoints(timings: list[dict], progress: ProgressChannel) -> None:
         progress.send(CheckpointEvent(timing), wait=True)
 
 
-def resume(model: ShardedModel, optimizer, args: WorkerArgs, rows_per_step: int, progress: ProgressChannel) -> int:
+def resume(model: ShardedModel, optimizer, args: WorkerArgs, rows_per_step: int, rule: str, progress: ProgressChannel) -> int:
     """Collective: load the checkpoint to continue from, if any, and return its step (else 0).
+    Rank 0 prints the resume, with :func:`resume_note`'s warnings (``rule``: this run's packing rule).
 
     That is Ray Train's latest checkpoint after a worker-group restart, else the one ``--resume``
     chose (see :func:`checkpoint.resolve_resume_dir` for incomplete, corrupt and unregistered ones:
@@ -323,12 +325,30 @@ def resume(model: ShardedModel, optimizer, args: WorkerArgs, rows_per_step: int,
     ckpt_lib.check_same_data(path, state.get("data_fingerprint"), args.data_fingerprint)
     world = dist.get_world_size()
     if dist.get_rank() == 0:
-        note = f" (saved at world size {state['world_size']}, resharded to {world} by DCP)" if state["world_size"] != world else ""
-        if state.get("global_batch_rows", rows_per_step) != rows_per_step:
-            note += (
-                f"; WARNING: the global batch changed from {state['global_batch_rows']} to {rows_per_step} rows, so the "
-                "data order differs from the original run (keep workers × micro_batch_size × grad_accum_steps)"
-            )
+        note = resume_note(state, world, rows_per_step, rule)
         print(f"[rayft] resumed from step {state['step']} of {path}{note}", flush=True)
     progress.send(ResumedEvent(int(state["step"]), state["world_size"], world, load_s), wait=True)
     return int(state["step"])
+
+
+def resume_note(state: dict[str, Any], world: int, rows_per_step: int, rule: str) -> str:
+    """What the resume line adds about the checkpoint's ``state`` (its state file's fields): a
+    reshard to ``world`` workers, and warnings when the data order differs from the original run's:
+    another global batch than ``rows_per_step`` rows, or another packing rule than ``rule``
+    (:func:`rayft.data.packing.packing_rule`; a checkpoint without one was written before rules were
+    recorded, by a packer whose rows may differ: best fit in visiting order, or rows in opening order
+    without shuffle)."""
+    note = f" (saved at world size {state['world_size']}, resharded to {world} by DCP)" if state["world_size"] != world else ""
+    if state.get("global_batch_rows", rows_per_step) != rows_per_step:
+        note += (
+            f"; WARNING: the global batch changed from {state['global_batch_rows']} to {rows_per_step} rows, so the "
+            "data order differs from the original run (keep workers × micro_batch_size × grad_accum_steps)"
+        )
+    saved = state.get("packing")
+    if saved != rule and not (saved is None and rule == "none"):  # padding mode's rows never changed
+        was = f"packing rule {saved!r}" if saved is not None else "no packing rule (written before rayft recorded it)"
+        note += (
+            f"; WARNING: the checkpoint records {was}, this run packs with {rule!r}, so the rows, and the data order, "
+            "differ from the original run's from here on"
+        )
+    return note
