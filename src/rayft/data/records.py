@@ -39,10 +39,12 @@ MESSAGE_KEYS = {
     "tool": {"role", "content", "name", "tool_call_id"},
 }
 
+#: The hint of a refused loss-mask key.
+_WHOLE_TURN = "rayft trains or skips whole turns: mark the turn with 'weight' (0: not trained, 1: trained) or 'training' (false/true)"
+
 #: Keys of a message or turn that change what it means and that rayft cannot honour: refused (when
 #: not null), never ignored like other unknown keys. ``tool_calls`` is honoured on assistant
 #: messages and refused on any other (see :func:`_other_keys`).
-_WHOLE_TURN = "rayft trains or skips whole turns: mark the turn with 'weight' (0: not trained, 1: trained) or 'training' (false/true)"
 MEANINGFUL_KEYS = {
     "function_call": "the legacy OpenAI function call is not read: write it as 'tool_calls'",
     "reasoning_content": "reasoning traces are not rendered: move the reasoning into the content, or remove the key",
