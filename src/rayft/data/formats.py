@@ -64,13 +64,13 @@ not right after a letter, digit, ``_`` or ``<``) in any message's content or a t
 Markdown code blocks and inline code. Not placeholders: lower-case ``<name>`` (an XML tag),
 ``<NAME>`` closed by ``</NAME>`` in the same text, HTML element names (``<TABLE>``, ``<BR>``),
 special tokens and role markers (``<UNK>``, ``<EOS>``, ``<USER>``), keys and control characters
-(``<ENTER>``, ``<CR>``, ``<F1>``; :data:`~rayft.data.placeholders.NOT_PLACEHOLDERS`), ``List<String>``, ``a < b > c``,
-``{{ spaced }}``, ``{{{triple}}}``. A key of ``data.placeholders`` fills the placeholder spelled
-exactly so: ``name`` fills ``{{name}}``, an upper-case key (``NAME``) ``{{NAME}}`` and ``<NAME>``
-(lower-case ``<name>`` is never detected, so never filled); a record the values empty (a trained
-reply, a text) is a bad record. Placeholders left are counted per placeholder with their first locations
-(``LoadReport.placeholders``) and warned about once, next to the skip summary
-(:meth:`LoadReport.placeholder_summary`).
+(``<ENTER>``, ``<CR>``, ``<F1>``; :data:`~rayft.data.placeholders.NOT_PLACEHOLDERS`),
+``List<String>``, ``a < b > c``, ``{{ spaced }}``, ``{{{triple}}}``. A key of ``data.placeholders``
+fills the placeholder spelled exactly so: ``name`` fills ``{{name}}``, an upper-case key (``NAME``)
+``{{NAME}}`` and ``<NAME>`` (lower-case ``<name>`` is never detected, so never filled); a record the
+values empty (a trained reply, a text) is a bad record. Placeholders left are counted per
+placeholder with their first locations (``LoadReport.placeholders``) and warned about once, next to
+the skip summary (:meth:`LoadReport.placeholder_summary`).
 
 Per-turn training weights: ``weight`` (OpenAI's fine-tuning format) or ``loss_weight``
 (LLaMA-Factory's) on a message or ShareGPT turn. On an assistant turn (a ``function_call`` turn
@@ -80,9 +80,9 @@ included) 0 means rendered but not trained, 1 trained (the default, also when ab
 fractional weights are not supported, ``"1"``, ``true`` as a weight, ``0`` as a flag) are refused,
 and so are keys of one turn that disagree (``weight: 1`` with ``training: false``) and 1 / ``true``
 on another turn (rayft trains assistant turns only; 0 / ``false`` there is accepted, as
-LLaMA-Factory and axolotl write it on every system and user turn). The weight never
-reaches the chat template: the tokens are those of the same record without weights, and only the
-loss mask changes (``Conversation.untrained``). A conversation whose assistant turns all have
+LLaMA-Factory and axolotl write it on every system and user turn). The weight never reaches the
+chat template: the tokens are those of the same record without weights, and only the loss mask
+changes (``Conversation.untrained``). A conversation whose assistant turns all have
 weight 0 has nothing to train on and is refused (``no_trained_turn``); an assistant turn of weight
 0 may be empty.
 

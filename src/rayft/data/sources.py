@@ -144,11 +144,12 @@ def _expand_s3(uri: str, key_name: str | None = "data.train_files") -> list[S3Ob
 
 def expand_files(patterns: list[str], key: str | None = "data.train_files") -> list[DataFile]:
     """Files named by paths, globs, directories and ``s3://bucket/key`` URIs, in sorted order, each
-    once. ``key``: the config key the patterns come from, named in messages (``None``: no key, as
-    for ``rayft data check``'s arguments). A directory contributes its ``*.json``, ``*.jsonl``, ``*.json.gz``, ``*.jsonl.gz``,
+    once. A directory contributes its ``*.json``, ``*.jsonl``, ``*.json.gz``, ``*.jsonl.gz``,
     ``*.json.zst``, ``*.jsonl.zst`` and ``*.parquet`` files (any case); a file named explicitly is
     read as JSON/JSONL unless its suffix says otherwise (``x.gz`` / ``x.zst``: compressed JSON/JSONL).
     An ``s3://`` URI names one object, or else a prefix read like a directory (:class:`S3Object`).
+    ``key``: the config key the patterns come from, named in messages (``None``: none, as for
+    ``rayft data check``'s arguments).
 
     Raises:
         DataError: a pattern that matches nothing, a URI other than ``s3://`` or an s3 glob, a
