@@ -27,8 +27,9 @@ SUPPORTED_NOTE = ".json, .jsonl, .json.gz, .jsonl.gz, .json.zst, .jsonl.zst, .pa
 
 @dataclass(frozen=True)
 class S3Object:
-    """An object in S3 (``str()`` is its ``s3://bucket/key`` URI), read whole with boto3, which
-    finds credentials, region and endpoint (``AWS_ENDPOINT_URL``) the usual way."""
+    """An object in S3 (``str()`` is its ``s3://bucket/key`` URI). Listed with boto3
+    (:func:`expand_files`), read through pyarrow's S3 filesystem (:func:`arrow_fs`); both find
+    credentials, region and endpoint (``AWS_ENDPOINT_URL``) the usual way."""
 
     bucket: str
     key: str
@@ -41,16 +42,55 @@ class S3Object:
         return self.key.rsplit("/", 1)[-1]
 
     def read_bytes(self) -> bytes:
-        """The object's bytes. Raises DataError (no boto3, access denied, no such key...)."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
+        """The object's bytes. Raises DataError (access denied, no such key...)."""
         try:
-            return s3_client(str(self)).get_object(Bucket=self.bucket, Key=self.key)["Body"].read()
-        except (BotoCoreError, ClientError) as e:
+            fs, path = arrow_fs(str(self))
+            with fs.open_input_stream(path) as f:
+                return f.read()
+        except OSError as e:
             raise DataError(f"{self}: cannot read: {e}") from None
 
 
 DataFile = Path | S3Object
+
+
+def arrow_fs(where: str | Path):
+    """``(pyarrow filesystem, path in it)`` for a local path (made absolute) or an ``s3://`` URI
+    (:meth:`pyarrow.fs.FileSystem.from_uri`: credentials, region and ``AWS_ENDPOINT_URL`` from the
+    environment, as the AWS SDK finds them)."""
+    import pyarrow.fs as pafs
+
+    where = str(where)
+    if where.startswith("s3://"):
+        return pafs.FileSystem.from_uri(where)
+    return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(where))
+
+
+def open_input(path: DataFile):
+    """A random-access pyarrow file of ``path`` (ranged reads: ``read_at(nbytes, offset)``).
+
+    Raises:
+        DataError: it cannot be opened (``path: cannot read: ...``).
+    """
+    try:
+        fs, p = arrow_fs(path)
+        return fs.open_input_file(p)
+    except OSError as e:
+        raise DataError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
+
+
+def file_size(path: DataFile) -> int:
+    """The size of ``path`` in bytes. Raises DataError."""
+    if isinstance(path, Path):
+        try:
+            return path.stat().st_size
+        except OSError as e:
+            raise DataError(f"{path}: cannot read: {e.strerror or e}") from None
+    fs, p = arrow_fs(path)
+    try:
+        return fs.get_file_info(p).size
+    except OSError as e:
+        raise DataError(f"{path}: cannot read: {e}") from None
 
 
 def s3_client(uri: str):

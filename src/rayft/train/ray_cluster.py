@@ -145,6 +145,36 @@ def nodes_missing_storage(storage_path: str) -> list[str]:
     return [n["NodeManagerAddress"] for n, ok in zip(rest, seen) if not ok]
 
 
+def shared_store_root(cfg: RayftConfig, root: str, run_dir: str, connect, say) -> str:
+    """Where the token store goes on this run's Ray cluster: ``root`` (``data.cache_dir``) when it
+    is an ``s3://`` URI, when Ray is the embedded single-node one, or when every node sees it;
+    else (a node-local directory on a multi-node cluster) the run directory's ``tokenized/``, on
+    the checkpoint storage every node sees, with a note saying so (``say``). ``connect`` reaches
+    Ray (a cluster named by ray.address / RAY_ADDRESS) first.
+
+    Raises:
+        TrainError: neither ``data.cache_dir`` nor ``checkpoint.storage_path`` is seen by every node.
+    """
+    if "://" in root or not (cfg.ray.address or os.environ.get("RAY_ADDRESS")):
+        return root
+    connect()
+    blind = nodes_missing_storage(root)
+    if not blind:
+        return root
+    if nodes_missing_storage(cfg.checkpoint.storage_path):
+        raise TrainError(
+            f"data.cache_dir={cfg.data.cache_dir} is node-local (Ray nodes {', '.join(blind)} cannot see it) and so is "
+            f"checkpoint.storage_path={cfg.checkpoint.storage_path}: put data.cache_dir on a file system every node mounts "
+            "(e.g. /fsx/rayft/tokenized) or an s3://bucket/prefix URI"
+        )
+    new = f"{run_dir.rstrip('/')}/tokenized"
+    say(
+        f"data: data.cache_dir={cfg.data.cache_dir} is node-local (Ray nodes {', '.join(blind)} cannot see it): the token store "
+        f"goes under the run directory, {new}; set data.cache_dir to a shared path or an s3:// URI to reuse it across runs"
+    )
+    return new
+
+
 def worker_env_vars(cfg: RayftConfig | None = None, run_dir: str | None = None) -> dict[str, str]:
     """Environment variables the Ray Train workers get on top of their node's.
 
