@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from rayft.commands import bench, checkpoint, cluster, config, doctor, export, manifest, stop, submit, train
+from rayft.commands import bench, checkpoint, cluster, config, data, doctor, export, manifest, stop, submit, train
 
 app = typer.Typer(
     name="rayft",
@@ -23,6 +23,7 @@ app.command("doctor")(doctor.doctor)
 app.command("stop")(stop.stop)
 app.add_typer(config.config_app, name="config")
 app.add_typer(checkpoint.checkpoint_app, name="checkpoint")  # verify
+app.add_typer(data.data_app, name="data")  # prepare
 app.add_typer(cluster.cluster_app, name="cluster")  # plan, up, status, down, and local (rayft.commands.cluster_local)
 app.add_typer(bench.bench_app, name="bench")
 
