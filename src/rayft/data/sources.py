@@ -45,7 +45,7 @@ class S3Object:
         """The object's bytes. Raises DataError (access denied, no such key...)."""
         try:
             fs, path = arrow_fs(str(self))
-            with fs.open_input_stream(path) as f:
+            with fs.open_input_stream(path, compression=None) as f:
                 return f.read()
         except OSError as e:
             raise DataError(f"{self}: cannot read: {e}") from None

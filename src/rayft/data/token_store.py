@@ -121,7 +121,7 @@ def write_file(location: str, rel: str, write) -> dict[str, Any]:
     local = "://" not in location
     target = f"{path}.tmp-{uuid.uuid4().hex[:12]}" if local else path
     try:
-        with fs.open_output_stream(target) as out:
+        with fs.open_output_stream(target, compression=None) as out:
             h = _Hashing(out)
             write(h)
         if local:
@@ -144,7 +144,7 @@ def write_array(location: str, rel: str, arr: np.ndarray) -> dict[str, Any]:
 def read_bytes(location: str, rel: str) -> bytes:
     """The whole file ``<location>/<rel>``. Raises OSError."""
     fs, base = _fs(location)
-    with fs.open_input_stream(f"{base.rstrip('/')}/{rel}") as f:
+    with fs.open_input_stream(f"{base.rstrip('/')}/{rel}", compression=None) as f:
         return f.read()
 
 

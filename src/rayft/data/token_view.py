@@ -55,7 +55,7 @@ def download_verified(location: str, info: dict[str, Any]) -> str:
     fs, base = arrow_fs(location)
     h, size = hashlib.sha256(), 0
     try:
-        with fs.open_input_stream(f"{base.rstrip('/')}/{info['file']}") as src, open(tmp, "wb") as out:
+        with fs.open_input_stream(f"{base.rstrip('/')}/{info['file']}", compression=None) as src, open(tmp, "wb") as out:
             while chunk := src.read(1 << 22):
                 h.update(chunk)
                 size += len(chunk)
