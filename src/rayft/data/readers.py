@@ -231,6 +231,9 @@ def arrow_stream_records(path: DataFile, label: str | None = None) -> Iterator[t
 
 
 def file_records(path: DataFile, notes: list[str] | None = None) -> Iterator[tuple[int, str, object]]:
+    """``(line or row, "file:line", value)`` per record of one file, by its kind (see the module docstring)."""
+    if getattr(path, "reader", None) == "arrow":
+        return arrow_stream_records(path)
     return parquet_records(path) if file_kind(path.name) == "parquet" else _json_records(path, notes)
 
 

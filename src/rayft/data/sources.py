@@ -8,7 +8,9 @@ from __future__ import annotations
 import glob
 import gzip
 import io
+import json
 import os
+import re
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,7 +53,35 @@ class S3Object:
             raise DataError(f"{self}: cannot read: {e}") from None
 
 
-DataFile = Path | S3Object
+@dataclass(frozen=True)
+class ArrowFile:
+    """An Arrow IPC stream file of a Hugging Face ``datasets`` dataset: a ``data-*.arrow`` file of a
+    ``save_to_disk`` directory, or of the ``datasets`` cache for a Hub dataset id. ``label`` names
+    it in messages (rows: ``label:row N``); ``reader`` tells :mod:`rayft.data.readers` how to read it."""
+
+    path: Path
+    label: str
+    reader = "arrow"
+
+    def __str__(self) -> str:
+        return self.label
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def read_bytes(self) -> bytes:
+        return self.path.read_bytes()
+
+
+DataFile = Path | S3Object | ArrowFile
+
+#: a Hugging Face Hub dataset id (``org/name``): read through the ``datasets`` library
+HUB_PREFIX = "hf://datasets/"
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
 def arrow_fs(where: str | Path):
@@ -60,7 +90,7 @@ def arrow_fs(where: str | Path):
     environment, as the AWS SDK finds them)."""
     import pyarrow.fs as pafs
 
-    where = str(where)
+    where = os.fspath(where) if isinstance(where, ArrowFile) else str(where)
     if where.startswith("s3://"):
         return pafs.FileSystem.from_uri(where)
     return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(where))
@@ -193,10 +223,16 @@ def expand_files(patterns: list[str]) -> list[DataFile]:
     for pat in patterns:
         if pat.startswith("s3://"):
             found = _expand_s3(pat)
+        elif pat.startswith(HUB_PREFIX):
+            found = hub_dataset_files(pat[len(HUB_PREFIX) :].strip("/"), pat)
         elif "://" in pat:
             raise DataError(f"{pat}: only s3:// URIs are supported by this reader; copy the file locally or to S3")
+        elif os.path.isdir(pat) and is_hf_dataset_dir(Path(pat)):
+            found = hf_dataset_dir_files(Path(pat))
         elif os.path.isdir(pat):
             found = _data_files_of(pat, sorted(p for p in Path(pat).iterdir() if p.is_file()))
+        elif not os.path.exists(pat) and not glob.has_magic(pat) and _HUB_ID.fullmatch(pat) and file_kind(pat) == "other":
+            found = hub_dataset_files(pat, pat)
         else:
             found = sorted(Path(p) for p in glob.glob(pat)) if glob.has_magic(pat) and not os.path.exists(pat) else [Path(pat)]
             found = [p for p in found if p.is_file()]
@@ -210,11 +246,66 @@ def expand_files(patterns: list[str]) -> list[DataFile]:
         out.extend(found)
     seen: set = set()
     for p in out:
-        ident = p.resolve() if isinstance(p, Path) else str(p)
+        ident = p.resolve() if isinstance(p, Path) else p.path.resolve() if isinstance(p, ArrowFile) else str(p)
         if ident in seen:
             raise DataError(f"{p}: listed more than once in data.train_files (its records would be trained twice)")
         seen.add(ident)
     return out
+
+
+def is_hf_dataset_dir(d: Path) -> bool:
+    """A directory written by ``datasets``' ``save_to_disk`` (``state.json`` + ``dataset_info.json``,
+    or ``dataset_dict.json`` for a DatasetDict)."""
+    return ((d / "state.json").is_file() and (d / "dataset_info.json").is_file()) or (d / "dataset_dict.json").is_file()
+
+
+def hf_dataset_dir_files(d: Path) -> list[ArrowFile]:
+    """The ``data-*.arrow`` files of a ``save_to_disk`` directory, in ``state.json``'s order.
+
+    Raises:
+        DataError: a DatasetDict directory (name one split's directory), or an unreadable state.json.
+    """
+    if (d / "dataset_dict.json").is_file():
+        splits = sorted(p.name for p in d.iterdir() if p.is_dir())
+        raise DataError(
+            f"{d}: a Hugging Face DatasetDict directory; name one split's directory, e.g. {d / (splits[0] if splits else 'train')}"
+        )
+    try:
+        state = json.loads((d / "state.json").read_text())
+        names = [f["filename"] for f in state["_data_files"]]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DataError(f"{d}/state.json: not a readable Hugging Face datasets state file ({e})") from None
+    return [ArrowFile(d / n, str(d / n)) for n in names]
+
+
+def hub_dataset_files(dataset_id: str, pat: str) -> list[ArrowFile]:
+    """The Arrow files of Hugging Face Hub dataset ``dataset_id``'s ``train`` split, loaded (or found
+    in the cache) by ``datasets.load_dataset``; rows are reported as ``hf://datasets/<id>/<file>:row N``.
+
+    Raises:
+        DataError: ``datasets`` is not installed, or the dataset cannot be loaded (offline, no such
+            dataset), naming the id and what to do.
+    """
+    how = (
+        f"where the network reaches the Hub, run datasets.load_dataset({dataset_id!r}, split='train').save_to_disk(DIR) "
+        "and give DIR in data.train_files"
+    )
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(
+            f"{pat}: no such data file or directory; as a Hugging Face Hub dataset id it needs the datasets package "
+            f"(pip install datasets), or {how}"
+        ) from None
+    try:
+        ds = datasets.load_dataset(dataset_id, split="train")
+    except Exception as e:  # offline, no such dataset, no train split, gated...
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise DataError(f"{pat}: cannot load the Hugging Face Hub dataset {dataset_id!r} ({type(e).__name__}: {first}); {how}") from None
+    files = [Path(f["filename"]) for f in ds.cache_files]
+    if not files:
+        raise DataError(f"{pat}: the Hugging Face dataset {dataset_id!r} has no Arrow file in the cache (held in memory); {how}")
+    return [ArrowFile(f, f"{HUB_PREFIX}{dataset_id}/{f.name}") for f in files]
 
 
 def _unzstd(raw: bytes, path: DataFile) -> bytes:
