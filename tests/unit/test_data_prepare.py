@@ -81,3 +81,34 @@ def test_prepare_refuses_synthetic_data(tmp_path, extra):
         ["data", "prepare", str(job(tmp_path)), "--set", "data.train_files=[]", "--set", "data.validation_fraction=null", "--set", extra],
     )
     assert res.exit_code == 2 and "data.synthetic has nothing to prepare" in res.output
+
+
+def test_a_node_local_cache_dir_on_a_multi_node_cluster(monkeypatch):
+    """rayft train puts the store under the run directory (checkpoint storage every node sees), with a
+    note; with that storage node-local too, it refuses, naming data.cache_dir."""
+    import rayft.train.ray_cluster as rc
+    from rayft.config import RayftConfig
+    from rayft.train.errors import TrainError
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    cfg = RayftConfig.model_validate(
+        {
+            "data": {"train_files": ["x.jsonl"], "cache_dir": "/local/cache"},
+            "ray": {"address": "10.0.0.1:6379"},
+            "checkpoint": {"storage_path": "/fsx/runs"},
+        }
+    )
+    blind = {"/local/cache": ["10.0.0.2"], "/fsx/runs": []}
+    monkeypatch.setattr(rc, "nodes_missing_storage", lambda p: blind[p])
+    said, connected = [], []
+    assert rc.shared_store_root(cfg, "/local/cache", "/fsx/runs/r1", lambda: connected.append(1), said.append) == "/fsx/runs/r1/tokenized"
+    assert connected == [1] and said == [
+        "data: data.cache_dir=/local/cache is node-local (Ray nodes 10.0.0.2 cannot see it): the token store goes under the run "
+        "directory, /fsx/runs/r1/tokenized; set data.cache_dir to a shared path or an s3:// URI to reuse it across runs"
+    ]
+    assert rc.shared_store_root(cfg, "s3://b/cache", "/fsx/runs/r1", None, said.append) == "s3://b/cache"
+    blind["/fsx/runs"] = ["10.0.0.2"]
+    with pytest.raises(TrainError, match=r"data.cache_dir=/local/cache is node-local .* and so is checkpoint.storage_path=/fsx/runs"):
+        rc.shared_store_root(cfg, "/local/cache", "/fsx/runs/r1", lambda: None, said.append)
+    local = RayftConfig.model_validate({"data": {"train_files": ["x.jsonl"]}})  # the embedded Ray: one node, nothing to check
+    assert rc.shared_store_root(local, "/local/cache", "/runs/r1", None, said.append) == "/local/cache"
