@@ -73,6 +73,19 @@ def download_verified(location: str, info: dict[str, Any]) -> str:
     return dest
 
 
+def _raise_open_files_limit() -> None:
+    """Lift this process's soft limit on open files to its hard limit (at most 1M)."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = min(hard if hard != resource.RLIM_INFINITY else 1 << 20, 1 << 20)
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
 class StoreView:
     """The selected examples of one part of a token store (see the module docstring).
 
@@ -119,6 +132,8 @@ class StoreView:
     def _shard(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         got = self._open.get(k)
         if got is None:
+            if not self._open:
+                _raise_open_files_limit()  # each mapped file keeps a descriptor: 3 per shard a worker touches
             files = self.shards[k]["files"]
             got = tuple(np.load(self._path(files[name]), mmap_mode="r", allow_pickle=False) for name in _MAPPED)
             self._open[k] = got
