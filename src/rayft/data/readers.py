@@ -1,7 +1,11 @@
-"""One data file ─► its records, each with its line (``file:line``; ``file:row N`` for Parquet):
-JSON arrays, single JSON objects and JSON Lines (gzip/zstd-compressed too), and Parquet files.
-A bad JSON Lines line is yielded as a :class:`~rayft.data.examples.DataError` value so that the
-caller's bad-record policy can skip it; problems of the whole file are raised."""
+"""One data file (or a stretch of it) ─► its records, each with its line (``file:line``; ``file:row
+N`` for Parquet and Arrow): JSON arrays, single JSON objects and JSON Lines (gzip/zstd-compressed
+too), Parquet files (optionally a run of row groups) and the Arrow stream files of Hugging Face
+``datasets``. :func:`jsonl_records` reads whole lines starting at a given line number and byte
+offset, so a byte range of a file (:mod:`rayft.data.ingest`) gives exactly the records and
+messages of the whole file. A bad JSON Lines line is yielded as a
+:class:`~rayft.data.examples.DataError` value so that the caller's bad-record policy can skip it;
+problems of the whole file are raised."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
-"""Where records come from: data files named by paths, globs, directories and ``s3://`` URIs
-(:func:`expand_files`), what kind each file is by its name (:func:`file_kind`), and reading one
-file's bytes, decompressed (:func:`read_bytes`). The supported kinds are listed in
-:mod:`rayft.data.formats`."""
+"""Where records come from: data files named by paths, globs, directories, ``s3://`` URIs,
+Hugging Face ``datasets`` directories and Hub ids (:func:`expand_files`), what kind each file is by
+its name (:func:`file_kind`), reading one file's bytes, decompressed (:func:`read_bytes`), and
+pyarrow filesystems for every file I/O (:func:`arrow_fs`, :func:`open_input` for ranged reads).
+The supported kinds are listed in :mod:`rayft.data.formats`."""
 
 from __future__ import annotations
 
