@@ -122,16 +122,22 @@ def child(args: argparse.Namespace) -> None:
 
     cfg = RayftConfig.model_validate(
         {
+            "model": {"name_or_path": "qwen2-tiny"},  # its tokenizer is Qwen2.5's: the store `rayft train` on it finds
             "data": {"train_files": [args.file], "seq_len": 2048, "preprocess": args.mode, "cache_dir": args.cache},
             "ray": {"num_cpus": args.cpus},
         }
     )
-    if args.tokenizer == "whitespace":
+    name = "whitespace"
+    if args.child == "view":
+        tok = None  # a worker holds no tokenizer
+    elif args.tokenizer == "whitespace":
         tok = WhitespaceTokenizer()
     else:
         from rayft.data.tokenizer import load_tokenizer
+        from rayft.train.model import default_tokenizer
 
-        tok = load_tokenizer("qwen2.5")
+        name = default_tokenizer(cfg.model)
+        tok = load_tokenizer(name)
     rss0 = psutil.Process().memory_info().rss
     out: dict = {"rss_before_mib": rss0 / 2**20}
     if args.child in ("prepare", "hit"):
@@ -139,17 +145,22 @@ def child(args: argparse.Namespace) -> None:
         from rayft.train.ray_cluster import connect_ray
 
         c0, w0 = time.process_time(), time.perf_counter()
-        d = prepare_data(cfg, Console(quiet=True), tok, "bench", connect=lambda: connect_ray(cfg))
+        d = prepare_data(cfg, Console(quiet=True), tok, name, connect=lambda: connect_ray(cfg))
         out.update(wall_s=time.perf_counter() - w0, cpu_s=time.process_time() - c0, examples=len(d.train), cache=d.cache)
         out["tokens"] = int(d.train.lengths().sum())
         if args.child == "prepare":
             import pickle
 
             Path(args.view).write_bytes(pickle.dumps(d.train))
-    else:  # view: a worker's side
+    else:  # view: a worker's side (numpy and the view's module imported before the baseline)
         import pickle
 
         import numpy as np
+
+        import rayft.data.token_view  # noqa: F401
+
+        rss0 = psutil.Process().memory_info().rss
+        out["rss_before_mib"] = rss0 / 2**20
 
         blob = Path(args.view).read_bytes()
         w0 = time.perf_counter()

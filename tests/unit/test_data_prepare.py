@@ -108,7 +108,7 @@ def test_a_node_local_cache_dir_on_a_multi_node_cluster(monkeypatch):
     ]
     assert rc.shared_store_root(cfg, "s3://b/cache", "/fsx/runs/r1", None, said.append) == "s3://b/cache"
     blind["/fsx/runs"] = ["10.0.0.2"]
-    with pytest.raises(TrainError, match=r"data.cache_dir=/local/cache is node-local .* and so is checkpoint.storage_path=/fsx/runs"):
+    with pytest.raises(TrainError, match=r"checkpoint.storage_path=/fsx/runs is node-local: Ray nodes 10.0.0.2 cannot see it"):
         rc.shared_store_root(cfg, "/local/cache", "/fsx/runs/r1", lambda: None, said.append)
     local = RayftConfig.model_validate({"data": {"train_files": ["x.jsonl"]}})  # the embedded Ray: one node, nothing to check
     assert rc.shared_store_root(local, "/local/cache", "/runs/r1", None, said.append) == "/local/cache"

@@ -153,26 +153,35 @@ def shared_store_root(cfg: RayftConfig, root: str, run_dir: str, connect, say) -
     Ray (a cluster named by ray.address / RAY_ADDRESS) first.
 
     Raises:
-        TrainError: neither ``data.cache_dir`` nor ``checkpoint.storage_path`` is seen by every node.
+        TrainError: the checkpoint storage is node-local too (as :func:`check_worker_environment`
+            says it, before any file is read).
     """
-    if "://" in root or not (cfg.ray.address or os.environ.get("RAY_ADDRESS")):
+    import ray
+
+    if "://" in root or not (cfg.ray.address or os.environ.get("RAY_ADDRESS") or ray.is_initialized()):
         return root
     connect()
     blind = nodes_missing_storage(root)
     if not blind:
         return root
-    if nodes_missing_storage(cfg.checkpoint.storage_path):
-        raise TrainError(
-            f"data.cache_dir={cfg.data.cache_dir} is node-local (Ray nodes {', '.join(blind)} cannot see it) and so is "
-            f"checkpoint.storage_path={cfg.checkpoint.storage_path}: put data.cache_dir on a file system every node mounts "
-            "(e.g. /fsx/rayft/tokenized) or an s3://bucket/prefix URI"
-        )
+    refuse_node_local_checkpoints(cfg)
     new = f"{run_dir.rstrip('/')}/tokenized"
     say(
         f"data: data.cache_dir={cfg.data.cache_dir} is node-local (Ray nodes {', '.join(blind)} cannot see it): the token store "
         f"goes under the run directory, {new}; set data.cache_dir to a shared path or an s3:// URI to reuse it across runs"
     )
     return new
+
+
+def refuse_node_local_checkpoints(cfg: RayftConfig) -> None:
+    """Raises TrainError when some Ray node cannot see ``checkpoint.storage_path``."""
+    blind = nodes_missing_storage(cfg.checkpoint.storage_path)
+    if blind:
+        raise TrainError(
+            f"checkpoint.storage_path={cfg.checkpoint.storage_path} is node-local: Ray nodes {', '.join(blind)} cannot "
+            "see it, so checkpoints could not be resumed there. Use a file system mounted on every node "
+            "(e.g. FSx for Lustre at /fsx) or an s3://bucket/prefix URI."
+        )
 
 
 def worker_env_vars(cfg: RayftConfig | None = None, run_dir: str | None = None) -> dict[str, str]:
@@ -244,10 +253,4 @@ def check_worker_environment(cfg: RayftConfig, use_gpu: bool) -> None:
             f"train.nccl_flight_recorder writes each rank's dump into the run directory, but checkpoint.storage_path="
             f"{cfg.checkpoint.storage_path} is not a file system: use one every node mounts (e.g. /fsx), or turn the recorder off"
         )
-    blind = nodes_missing_storage(cfg.checkpoint.storage_path)
-    if blind:
-        raise TrainError(
-            f"checkpoint.storage_path={cfg.checkpoint.storage_path} is node-local: Ray nodes {', '.join(blind)} cannot "
-            "see it, so checkpoints could not be resumed there. Use a file system mounted on every node "
-            "(e.g. FSx for Lustre at /fsx) or an s3://bucket/prefix URI."
-        )
+    refuse_node_local_checkpoints(cfg)
