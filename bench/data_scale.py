@@ -285,6 +285,9 @@ def main() -> None:
         None if a.tokenizer == "qwen" else "whitespace tokenizer: a stand-in for the memory series; its rates are not Qwen tokenizer rates"
     )
     print(f"wrote {write_result(out, cmd, figures, cpu={'count': ncpu}, label=a.label, note=note)}")
+    import shutil
+
+    shutil.rmtree(tmp, ignore_errors=True)  # the generated inputs and stores (GBs at 1M records)
 
 
 if __name__ == "__main__":
