@@ -25,7 +25,7 @@ app.add_typer(config.config_app, name="config")
 app.add_typer(checkpoint.checkpoint_app, name="checkpoint")  # verify
 app.add_typer(cluster.cluster_app, name="cluster")  # plan, up, status, down, and local (rayft.commands.cluster_local)
 app.add_typer(bench.bench_app, name="bench")
-app.add_typer(data.data_app, name="data")  # check
+app.add_typer(data.data_app, name="data")  # check, prepare
 
 if __name__ == "__main__":  # pragma: no cover
     app()

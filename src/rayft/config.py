@@ -154,9 +154,9 @@ class DataConfig(_Section):
     .parquet files, the JSON ones optionally gzip (.gz) or zstd (.zst) compressed.
     ``on_bad_record``: ``error`` stops at the first bad record (``file:line: reason``); ``skip``
     skips bad records and reports their counts per reason at the start of training.
-    ``preprocess``: where tokenization runs: ``local`` (the driver process), ``ray`` (Ray Data over
-    every CPU of the cluster, :mod:`rayft.data.parallel`) or ``auto`` (Ray from 20,000 examples on a
-    cluster of 2+ CPUs). Both give identical tokens.
+    ``preprocess``: where ingest (read, validate, tokenize) runs: ``local`` (the driver process),
+    ``ray`` (Ray Data over every CPU of the cluster, :mod:`rayft.data.ingest`) or ``auto`` (Ray from
+    32 MiB of input on a cluster of 2+ CPUs). Both write the same examples.
     ``placeholders``: values for template placeholders left in the data (``{name: Rayft, author:
     ACME}``), such as LLaMA-Factory's identity set's ``{{name}}`` and ``{{author}}``: a key fills
     the placeholder spelled exactly so, outside code: ``name`` fills ``{{name}}``; an upper-case key
@@ -165,8 +165,9 @@ class DataConfig(_Section):
     values empty is a bad record). Placeholders left unfilled are counted and
     warned about at load, with their first locations (upper-case ``<NAME>`` markers may also be
     a PII-scrubbed dataset's redactions: fill those only when they are placeholders).
-    ``cache_dir``: tokenized datasets are cached there under a content hash of the inputs, the
-    tokenizer and these settings (:mod:`rayft.data.cache`); ``null`` disables the cache.
+    ``cache_dir``: where the token store goes (:mod:`rayft.data.token_store`: a local path or an
+    ``s3://`` URI), under a content hash of the inputs, the tokenizer and these settings
+    (:mod:`rayft.data.cache`); ``null``: in the run directory (``<run>/tokenized``).
     Validation (for ``eval_loss``): ``validation_files`` (read like ``train_files``) or
     ``validation_fraction`` (that share of the training records, at least one, chosen by ``seed``
     and held out of training), not both.
@@ -196,7 +197,7 @@ class DataConfig(_Section):
     seed: int = 0
     max_examples: int | None = Field(default=None, ge=1)
     preprocess: Literal["auto", "local", "ray"] = "auto"
-    cache_dir: _CacheDir | None = "~/.cache/rayft/tokenized"
+    cache_dir: _CacheDir | None = "~/.cache/rayft/tokenized"  # null: the run directory's tokenized/
     validation_files: list[_DataFile] | None = Field(default=None, min_length=1)
     validation_fraction: float | None = Field(default=None, gt=0, lt=0.5)
 

@@ -672,7 +672,7 @@ def _prepare_model_and_data(cfg, plan: Plan, world: int, console: Console) -> di
             if cfg.data.synthetic is not None:
                 raise BenchTrainError("workload real needs data.train_files in the config (it has data.synthetic)")
             d = load_run_data(cfg, console)
-            ds = d.train
+            ds = d.train.to_dataset()  # the store's selected examples, in memory (flat arrays for every recipe)
             d.tokenizer.save_pretrained(shared["tokenizer_dir"])
         path = plan.work_dir / f"{w}-data.npz"
         save_dataset(ds, path)

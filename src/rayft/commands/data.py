@@ -1,17 +1,22 @@
-"""`rayft data check`: read data files exactly as `rayft train` reads them, without training or
-tokenizing, and report every bad record (:func:`rayft.data.formats.load_conversations`)."""
+"""`rayft data`: `check` reads data files exactly as `rayft train` reads them, without training or
+tokenizing, and reports every bad record (:func:`rayft.data.formats.load_conversations`); `prepare`
+ingests and tokenizes a config's data into the token store ahead of training
+(:func:`rayft.data.prepare.prepare_data`), with a progress bar, so that `rayft train` on the same
+config opens the store and tokenizes nothing."""
 
 from __future__ import annotations
 
 import json
+import time
 from enum import Enum
 from typing import Annotated, Any, Optional
 
 import typer
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
-from rayft.commands.common import fail
+from rayft.commands.common import ConfigArg, SetOpt, console, fail, load_config_or_exit, say
 
-data_app = typer.Typer(help="Check training data.", no_args_is_help=True)
+data_app = typer.Typer(help="Check training data, or prepare it ahead of a run.", no_args_is_help=True)
 
 #: Bad records the console shows per reason (``--json`` lists every one).
 SHOWN_PER_KIND = 20
@@ -189,3 +194,77 @@ def check(
             typer.echo("no record in any file: nothing to train on (rayft train stops with 'empty dataset: no record')")
     if not ok:
         raise typer.Exit(1)
+
+
+class IngestBar:
+    """The ingest's progress (:class:`rayft.data.prepare.Progress`) as a rich bar: input bytes done
+    of the total, records/s and tokens/s since the start."""
+
+    def __init__(self, progress: Progress):
+        self.progress, self.task, self.t0 = progress, None, time.perf_counter()
+        self.records = self.tokens = 0
+
+    def start(self, total_bytes: int) -> None:
+        self.t0 = time.perf_counter()
+        self.task = self.progress.add_task("ingest", total=max(total_bytes, 1), rates="")
+
+    def advance(self, nbytes: int, records: int, tokens: int) -> None:
+        self.records += records
+        self.tokens += tokens
+        dt = max(time.perf_counter() - self.t0, 1e-9)
+        rates = f"{self.records:,} records, {self.records / dt:,.0f} records/s, {self.tokens / dt:,.0f} tokens/s"
+        if self.task is not None:
+            self.progress.update(self.task, advance=nbytes, rates=rates)
+
+
+@data_app.command("prepare")
+def prepare(config: ConfigArg, set_: SetOpt = None) -> None:
+    """Read, validate and tokenize the data into the token store under data.cache_dir, ahead of training.
+
+    Prints the report lines and where the store is; `rayft train` on the same config (and settings) then tokenizes nothing.
+    """
+    cfg = load_config_or_exit(config, set_)
+    if cfg.data.synthetic is not None:
+        fail("data.synthetic has nothing to prepare (random tokens are made in memory by rayft train)", 2)
+    if not cfg.data.cache_dir:
+        fail(
+            "data.cache_dir is null: rayft data prepare writes the token store under data.cache_dir, where rayft train "
+            "finds it; set data.cache_dir (a shared path or an s3:// URI on a cluster)",
+            2,
+        )
+    from rayft.data.examples import DataError
+    from rayft.data.prepare import open_tokenizer, prepare_data
+    from rayft.train.errors import TrainError
+    from rayft.train.model import default_tokenizer
+    from rayft.train.ray_cluster import connect_ray, nodes_missing_storage
+
+    def locate(root: str) -> str:  # on a multi-node cluster the store must be where every node (and the next run) reads it
+        import os
+
+        if "://" in root or not (cfg.ray.address or os.environ.get("RAY_ADDRESS")):
+            return root
+        connect_ray(cfg)
+        blind = nodes_missing_storage(root)
+        if blind:
+            raise DataError(
+                f"data.cache_dir={cfg.data.cache_dir} is node-local: Ray nodes {', '.join(blind)} cannot see it; "
+                "put it on a file system every node mounts (e.g. /fsx/rayft/tokenized) or an s3://bucket/prefix URI"
+            )
+        return root
+
+    name = default_tokenizer(cfg.model)
+    try:
+        tokenizer = open_tokenizer(name, cfg.model.revision, cfg.model.trust_remote_code)
+        columns = (
+            TextColumn("[progress.description]{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[rates]}"),
+        )
+        with Progress(*columns, console=console, transient=True) as bar:
+            data = prepare_data(cfg, console, tokenizer, name, connect=lambda: connect_ray(cfg), locate=locate, progress=IngestBar(bar))
+    except (DataError, TrainError) as e:
+        fail(str(e))
+    val = f" and {len(data.validation):,} validation examples" if data.validation is not None else ""
+    say(f"data: token store {data.store}: {len(data.train):,} training examples{val}; rayft train {config} uses it without tokenizing")

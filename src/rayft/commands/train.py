@@ -49,14 +49,14 @@ def check_local_data_files(cfg: RayftConfig, config: str | os.PathLike[str], ove
     """Expand ``data.train_files`` and ``data.validation_files`` that are local paths or globs
     (:func:`rayft.data.sources.expand_files`) before Ray or torch is imported, so a missing file
     fails in a second rather than after Ray has started; ``s3://`` URIs are listed later, with
-    the data. On a :class:`~rayft.data.examples.DataError`, print it and exit 1 (as the same error
+    the data, like Hugging Face Hub ids. On a :class:`~rayft.data.examples.DataError`, print it and exit 1 (as the same error
     found later would), naming the config file, the key and its line (or ``--set``), and for a
     relative path that matches nothing, where it was looked for: the config file's directory
     (:func:`rayft.config.load_config` resolves relative paths there when they exist there), then
     the current directory."""
     from rayft.config import where_given
     from rayft.data.examples import DataError
-    from rayft.data.sources import expand_files
+    from rayft.data.sources import expand_files, is_hub_dataset
 
     def stop(key: str, loc: tuple, e: DataError, note: str = "") -> NoReturn:
         where = where_given(config, ("data", key, *loc), overrides)
@@ -64,7 +64,7 @@ def check_local_data_files(cfg: RayftConfig, config: str | os.PathLike[str], ove
         raise typer.Exit(1) from None
 
     for key, patterns in (("train_files", cfg.data.train_files), ("validation_files", cfg.data.validation_files or [])):
-        local = [(i, p) for i, p in enumerate(patterns) if not p.startswith("s3://")]
+        local = [(i, p) for i, p in enumerate(patterns) if not p.startswith("s3://") and not is_hub_dataset(p)]  # read with the data
         for i, p in local:
             try:
                 expand_files([p], key=None)

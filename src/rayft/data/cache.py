@@ -1,6 +1,5 @@
-"""A content-addressed cache of tokenized datasets (``data.cache_dir``).
-
-The key is a sha256 over everything that decides the tokens (:func:`cache_key`):
+"""The content key of a token store (:mod:`rayft.data.token_store`): a sha256 over everything that
+decides the tokens (:func:`cache_key`):
 
 * every input file, in the order it is read: a local file by the sha256 of its bytes (whatever its
   size: hashing runs at disk speed, far faster than parsing); an ``s3://`` object by its URI, size
@@ -11,14 +10,9 @@ The key is a sha256 over everything that decides the tokens (:func:`cache_key`):
 * the settings that change tokenization: ``data.format``, ``data.columns``, ``data.placeholders``, ``data.seq_len``,
   ``data.max_examples``, ``data.on_bad_record``, the validation split (``data.validation_files``
   hashed like the training files, or ``data.validation_fraction`` with ``data.seed``), and
-  :data:`TOKENIZE_VERSION` (bumped when rayft's tokenization changes).
+  :data:`TOKENIZE_VERSION` (bumped when rayft's tokenization or the store's layout changes).
 
-An entry is a directory ``<cache_dir>/<key>/`` holding ``<part>.tokens.npy`` (int32),
-``<part>.trainable.npy`` (bool), ``<part>.offsets.npy`` (int64) for each part (``train``,
-``validation``) and ``manifest.json`` (key, counts, per-part fingerprints, the driver's report
-lines). It is written to a temporary directory and renamed into place, so a reader never sees half
-an entry. On load the manifest's key, the arrays' dtypes and lengths and each part's fingerprint
-(sha256 of its arrays) are checked; an entry that fails is reported and ignored (then replaced).
+:func:`input_stamps` tells, cheaply, whether an input changed while it was read.
 """
 
 from __future__ import annotations
@@ -26,26 +20,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from rayft.data.tokenize import TokenizedDataset, fingerprint
-
-#: Bump when tokenize.py changes what tokens or masks an example gets: old entries then miss.
-#: 2: the readers honour per-turn weights and ignore unread message keys (records an older rayft
-#: refused, or skipped under on_bad_record: skip, are now read).
-TOKENIZE_VERSION = 2
-_ARRAYS = (("tokens", np.int32), ("trainable", np.bool_), ("offsets", np.int64))
-_COUNTS = ("dropped_no_trainable", "truncated", "split_documents")
-
-
-class CacheError(ValueError):
-    """A cache entry that cannot be used (corrupt, truncated, another key); the message says why."""
+#: Bump when tokenize.py changes what tokens or masks an example gets, or the store's layout changes: old stores then miss.
+#: 2: the readers honour per-turn weights and ignore unread message keys (records an older rayft refused, or skipped
+#: under on_bad_record: skip, are now read); 3: the sharded token store (issue 18).
+TOKENIZE_VERSION = 3
 
 
 def file_identity(path) -> dict[str, Any]:
@@ -139,104 +120,3 @@ def cache_key(data_cfg, tokenizer, tokenizer_name: str) -> tuple[str, dict[str, 
     }
     blob = json.dumps(parts, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest(), parts
-
-
-@dataclass
-class CachedData:
-    """A cache entry: ``parts`` (``{"train": ds, "validation": ds}``, validation optional) and
-    ``info`` (free-form JSON the driver stored with it: its report lines and counts)."""
-
-    parts: dict[str, TokenizedDataset]
-    info: dict[str, Any] = field(default_factory=dict)
-
-
-def entry_dir(cache_dir: str | os.PathLike, key: str) -> Path:
-    return Path(os.path.expanduser(str(cache_dir))) / key
-
-
-def load(cache_dir: str | os.PathLike, key: str) -> CachedData | None:
-    """The entry for ``key``, or None when there is none.
-
-    Raises:
-        CacheError: an entry exists but is unusable (unreadable manifest or array, another key,
-            wrong dtype, inconsistent lengths, a fingerprint that does not match).
-    """
-    d = entry_dir(cache_dir, key)
-    if not d.is_dir():
-        return None
-    try:
-        manifest = json.loads((d / "manifest.json").read_text())
-    except (OSError, ValueError) as e:
-        raise CacheError(f"{d}: unreadable manifest.json ({e})") from None
-    if manifest.get("key") != key:
-        raise CacheError(f"{d}: manifest key {str(manifest.get('key'))[:16]}… is not the entry's {key[:16]}…")
-    parts: dict[str, TokenizedDataset] = {}
-    for part, meta in manifest.get("parts", {}).items():
-        arrays = {}
-        for name, dtype in _ARRAYS:
-            f = d / f"{part}.{name}.npy"
-            try:
-                a = np.load(f, allow_pickle=False)
-            except (OSError, ValueError) as e:
-                raise CacheError(f"{f}: unreadable ({e})") from None
-            if a.dtype != dtype or a.ndim != 1:
-                raise CacheError(f"{f}: dtype {a.dtype} / {a.ndim}-d, expected 1-d {np.dtype(dtype)}")
-            arrays[name] = a
-        tok, train, off = arrays["tokens"], arrays["trainable"], arrays["offsets"]
-        if (
-            len(off) != meta["examples"] + 1
-            or len(tok) != meta["tokens"]
-            or len(train) != len(tok)
-            or off[0] != 0
-            or off[-1] != len(tok)
-            or np.any(np.diff(off) < 0)
-        ):
-            raise CacheError(f"{d}: {part}: array lengths are inconsistent with each other or with the manifest")
-        ds = TokenizedDataset(tok, train, off, **{k: int(meta[k]) for k in _COUNTS})
-        if fingerprint(ds) != meta["fingerprint"]:
-            raise CacheError(f"{d}: {part}: content fingerprint {fingerprint(ds)} does not match the manifest's {meta['fingerprint']}")
-        parts[part] = ds
-    if "train" not in parts:
-        raise CacheError(f"{d}: no train part in manifest.json")
-    return CachedData(parts, manifest.get("info", {}))
-
-
-def save(cache_dir: str | os.PathLike, key: str, data: CachedData, key_parts: dict[str, Any] | None = None) -> Path:
-    """Write the entry atomically (temporary directory, then rename) and return its directory.
-
-    An existing entry for ``key`` is kept when it loads (another process wrote it meanwhile) and
-    replaced when it is corrupt. Raises OSError when the cache directory is not writable.
-    """
-    root = Path(os.path.expanduser(str(cache_dir)))
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{key[:16]}.", dir=root))
-    try:
-        manifest: dict[str, Any] = {"key": key, "hashed": key_parts, "info": data.info, "parts": {}}
-        for part, ds in data.parts.items():
-            for name, dtype in _ARRAYS:
-                np.save(tmp / f"{part}.{name}.npy", np.ascontiguousarray(getattr(ds, name), dtype=dtype), allow_pickle=False)
-            manifest["parts"][part] = {
-                "examples": len(ds),
-                "tokens": len(ds.tokens),
-                "fingerprint": fingerprint(ds),
-                **{k: int(getattr(ds, k)) for k in _COUNTS},
-            }
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, ensure_ascii=False))
-        dest = root / key
-        if dest.exists():
-            try:
-                load(root, key)
-                shutil.rmtree(tmp, ignore_errors=True)  # another process wrote a good entry meanwhile: keep it
-                return dest
-            except CacheError:
-                shutil.rmtree(dest, ignore_errors=True)  # corrupt: replace it
-        try:
-            os.rename(tmp, dest)
-        except OSError:
-            if not (dest / "manifest.json").exists():
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)  # another process finished the same entry first
-        return dest
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise

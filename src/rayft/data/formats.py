@@ -13,8 +13,11 @@ Readers keep the file and line of every record so that each bad record is report
   N counted from 0 as ``table.slice(N, 1)`` reads it; null fields count as absent).
 
 Files are named by path, glob, directory or ``s3://bucket/key`` URI (:func:`expand_files`; S3
-objects are read with boto3 and reported as ``s3://bucket/key:line``). bz2, xz, Arrow, CSV, tar and
-zip files are refused with a clear message. A UTF-8 BOM, blank lines and CRLF endings are tolerated
+objects are listed with boto3, read through pyarrow's S3 filesystem and reported as
+``s3://bucket/key:line``). A Hugging Face ``datasets`` directory (``save_to_disk``) is read through
+its Arrow stream files (rows reported as ``dir/data-00000-of-00001.arrow:row N``), a Hub dataset id
+(``hf://datasets/org/name``, or ``org/name`` when no such path exists) through ``datasets``.
+bz2, xz, loose Arrow, CSV, tar and zip files are refused with a clear message. A UTF-8 BOM, blank lines and CRLF endings are tolerated
 and noted once per file (``LoadReport.notes``).
 
 Supported record formats (``data.format``; ``auto`` decides per record by its keys, in this order):

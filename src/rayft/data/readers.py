@@ -1,11 +1,14 @@
-"""One data file ─► its records, each with its line (``file:line``; ``file:row N`` for Parquet):
-JSON arrays, single JSON objects and JSON Lines (gzip/zstd-compressed too), and Parquet files.
-A bad JSON Lines line is yielded as a :class:`~rayft.data.examples.DataError` value so that the
-caller's bad-record policy can skip it; problems of the whole file are raised."""
+"""One data file (or a stretch of it) ─► its records, each with its line (``file:line``; ``file:row
+N`` for Parquet and Arrow): JSON arrays, single JSON objects and JSON Lines (gzip/zstd-compressed
+too), Parquet files (optionally a run of row groups) and the Arrow stream files of Hugging Face
+``datasets``. :func:`jsonl_records` reads whole lines starting at a given line number and byte
+offset, so a byte range of a file (:mod:`rayft.data.ingest`) gives exactly the records and
+messages of the whole file. A bad JSON Lines line is yielded as a
+:class:`~rayft.data.examples.DataError` value so that the caller's bad-record policy can skip it;
+problems of the whole file are raised."""
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 from typing import Iterator
@@ -99,9 +102,18 @@ def _json_records(path: DataFile, notes: list[str] | None = None) -> Iterator[tu
             yield line, f"{path}:{line}", value
             return
     note(True)
+    yield from jsonl_records(path, body, 1, bom)
+
+
+def jsonl_records(path: DataFile, data: bytes, first_line: int, base_offset: int) -> Iterator[tuple[int, str, object]]:
+    """``(line, "file:line", value)`` per non-blank line of JSON Lines ``data``: whole lines of
+    ``path`` whose first is line ``first_line`` and starts at byte ``base_offset`` of the file
+    (offsets in invalid UTF-8 messages are the file's). A bad line is yielded as a
+    :class:`DataError` value. A whole file's body (after a BOM) and a byte range of it
+    (:mod:`rayft.data.ingest`) are read alike, so both give the same records and messages."""
     dec = json.JSONDecoder()
     offset = 0
-    for lineno, bline in enumerate(body.split(b"\n"), 1):
+    for lineno, bline in enumerate(data.split(b"\n"), first_line):
         start, offset = offset, offset + len(bline) + 1
         where = f"{path}:{lineno}"
         if not bline.strip():
@@ -112,7 +124,7 @@ def _json_records(path: DataFile, notes: list[str] | None = None) -> Iterator[tu
             yield (
                 lineno,
                 where,
-                bad_record(where, "invalid_utf8", f"invalid UTF-8 (byte {bline[e.start]:#04x} at offset {bom + start + e.start})"),
+                bad_record(where, "invalid_utf8", f"invalid UTF-8 (byte {bline[e.start]:#04x} at offset {base_offset + start + e.start})"),
             )
             continue
         if not line:
@@ -179,17 +191,22 @@ def _drop_nulls(v: object) -> object:
     return v
 
 
-def _parquet_records(path: DataFile) -> Iterator[tuple[int, str, object]]:
-    """``(row, "file:row N", record)`` per row of a Parquet file (N from 0)."""
+def parquet_records(path: DataFile, row_groups: tuple[int, int] | None = None, first_row: int = 0) -> Iterator[tuple[int, str, object]]:
+    """``(row, "file:row N", record)`` per row of a Parquet file (N from 0, counted over the whole
+    file): every row, or those of row groups ``[a, b)`` (``row_groups``), whose first row is
+    ``first_row``. Read through pyarrow's filesystems (an S3 object by ranged reads)."""
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
         raise DataError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow)") from None
+    from rayft.data.sources import open_input
+
     try:
-        pf = pq.ParquetFile(io.BytesIO(path.read_bytes()) if isinstance(path, S3Object) else path)
-        batches = pf.iter_batches(batch_size=1024)
-        n = 0
+        pf = pq.ParquetFile(open_input(path) if isinstance(path, S3Object) else path)
+        groups = range(*row_groups) if row_groups is not None else None
+        batches = pf.iter_batches(batch_size=1024, row_groups=groups)
+        n = first_row
         for batch in batches:
             for rec in batch.to_pylist():
                 yield n, f"{path}:row {n}", _drop_nulls(rec)
@@ -198,8 +215,31 @@ def _parquet_records(path: DataFile) -> Iterator[tuple[int, str, object]]:
         raise DataError(f"{path}: not a readable Parquet file ({e})") from None
 
 
+def arrow_stream_records(path: DataFile, label: str | None = None) -> Iterator[tuple[int, str, object]]:
+    """``(row, "file:row N", record)`` per row of an Arrow IPC *stream* file, the ``data-*.arrow``
+    files of a Hugging Face ``datasets`` directory (``save_to_disk``) or cache. ``label`` names the
+    file in messages (default: its path)."""
+    import pyarrow as pa
+
+    from rayft.data.sources import open_input
+
+    label = label or str(path)
+    try:
+        with pa.ipc.open_stream(open_input(path)) as reader:
+            n = 0
+            for batch in reader:
+                for rec in batch.to_pylist():
+                    yield n, f"{label}:row {n}", _drop_nulls(rec)
+                    n += 1
+    except (OSError, pa.ArrowException) as e:
+        raise DataError(f"{label}: not a readable Arrow stream file ({e})") from None
+
+
 def file_records(path: DataFile, notes: list[str] | None = None) -> Iterator[tuple[int, str, object]]:
-    return _parquet_records(path) if file_kind(path.name) == "parquet" else _json_records(path, notes)
+    """``(line or row, "file:line", value)`` per record of one file, by its kind (see the module docstring)."""
+    if getattr(path, "reader", None) == "arrow":
+        return arrow_stream_records(path)
+    return parquet_records(path) if file_kind(path.name) == "parquet" else _json_records(path, notes)
 
 
 def read_records(path: DataFile) -> Iterator[tuple[int, object]]:

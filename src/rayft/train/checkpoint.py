@@ -65,7 +65,8 @@ def check_same_data(path: str | os.PathLike, saved: str | None, current: str) ->
     """
     if saved not in (None, current):
         raise CheckpointError(
-            f"{path}: the training data changed since this checkpoint (fingerprint {saved} → {current}); "
+            f"{path}: the training data changed since this checkpoint (fingerprint {saved} → {current}): it was made "
+            "from other data, or by an earlier rayft (fingerprints changed with the token store, issue 18); "
             "resuming would not continue the same data order"
         )
 

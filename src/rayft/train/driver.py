@@ -4,8 +4,9 @@ The steps live in their own modules: the data (:mod:`rayft.data.prepare`), reach
 checking its resources (:mod:`rayft.train.ray_cluster`), the run directory
 (:mod:`rayft.train.run_dir`), the live display (:mod:`rayft.train.progress`) and the summary
 (:mod:`rayft.train.summary`). Data problems surface before any worker (or GPU) starts. The
-tokenized dataset travels to the workers through the Ray object store, so it works the same on one
-machine and on a cluster.
+tokenized data stay in the token store (:mod:`rayft.data.token_store`), on storage every node
+reads; the workers receive small views of it (:class:`rayft.data.token_view.StoreView`) through
+the Ray object store and read only their examples' shards.
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ from rayft.data.examples import DataError
 from rayft.data.prepare import PreparedData, open_tokenizer, prepare_data
 from rayft.train.errors import TrainError, TrainStopped
 from rayft.train.progress import show_progress
-from rayft.train.ray_cluster import check_worker_environment, connect_ray, resolve_workers, worker_env_vars
+from rayft.train.ray_cluster import check_worker_environment, connect_ray, resolve_workers, shared_store_root, worker_env_vars
 from rayft.train.run_dir import (
     MetricsLog,
     check_resume_data,
+    copy_skipped_records,
     newest_checkpoint_step,
     prepare_run_dir,
     resolve_run,
@@ -42,9 +44,13 @@ from rayft.train.transport_check import TransportCheck
 __all__ = ["TrainError", "TrainStopped", "load_run_data", "run_training"]
 
 
-def load_run_data(cfg: RayftConfig, console: Console, tokenizer=None, connect=None) -> PreparedData:
+def load_run_data(
+    cfg: RayftConfig, console: Console, tokenizer=None, connect=None, run_dir: str | None = None, locate=None
+) -> PreparedData:
     """The run's data (:func:`rayft.data.prepare.prepare_data`) with the model's tokenizer, which
     is loaded here unless given (``tokenizer``: the one :func:`default_tokenizer` names).
+    ``run_dir``: the run directory (the store's root with ``data.cache_dir: null``); ``locate``:
+    see :func:`~rayft.data.prepare.prepare_data` (the driver's cluster-storage check).
 
     Raises:
         TrainError: the data layer's :class:`DataError`, with its message.
@@ -56,7 +62,9 @@ def load_run_data(cfg: RayftConfig, console: Console, tokenizer=None, connect=No
         if tokenizer is None:
             tokenizer = open_tokenizer(name, cfg.model.revision, cfg.model.trust_remote_code)
         vocab = load_model_config(cfg.model).vocab_size if cfg.data.synthetic is not None else None
-        return prepare_data(cfg, console, tokenizer, name, vocab_size=vocab, connect=connect or (lambda: connect_ray(cfg)))
+        return prepare_data(
+            cfg, console, tokenizer, name, vocab_size=vocab, connect=connect or (lambda: connect_ray(cfg)), run_dir=run_dir, locate=locate
+        )
     except DataError as e:
         raise TrainError(str(e)) from None
 
@@ -120,7 +128,6 @@ def train_run(
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from rayft.data.tokenize import fingerprint
     from rayft.train.events import ProgressChannel
     from rayft.train.loop import make_plan, train_func
     from rayft.train.worker_args import WorkerArgs
@@ -132,7 +139,10 @@ def train_run(
         reached.append(connect_ray(cfg))
         signals.install()
 
-    data = load_run_data(cfg, console, connect=connect)
+    def locate(root: str) -> str:  # the token store on a multi-node cluster: storage every node reads
+        return shared_store_root(cfg, root, run_dir, connect, say=lambda s: console.print(s, highlight=False, markup=False))
+
+    data = load_run_data(cfg, console, connect=connect, run_dir=run_dir, locate=locate)
     ds = data.train
     marks["data_ready"] = time.time()
     where = reached[0] if reached else connect_ray(cfg)
@@ -148,7 +158,9 @@ def train_run(
         raise TrainError(f"train.warmup_steps={cfg.train.warmup_steps} but the run has only {total} steps: the LR never reaches train.lr")
     local = "://" not in run_dir
     resume_from = prepare_run_dir(run_dir, resume, cfg, console) if local else None
-    data_fingerprint = fingerprint(ds)
+    data_fingerprint = data.fingerprint  # of the selection (store key, part, example ids): no token read
+    if local and data.skipped_file:
+        copy_skipped_records(data.skipped_file, run_dir)
     if resume_from is not None:
         check_resume_data(resume_from, data_fingerprint)
     backend = cfg.parallel.backend if cfg.parallel.backend != "auto" else ("nccl" if use_gpu else "gloo")
@@ -164,6 +176,9 @@ def train_run(
     signals.on_stop = lambda reason: stop_flag.request.remote(reason)
     args = WorkerArgs(
         config=cfg.model_dump(mode="json"),
+        # Ray Train's idiom is a Ray Data dataset per worker (get_dataset_shard), a stream; but the step
+        # plan packs examples across the whole set, so each worker needs random access to its rows:
+        # a small view of the store (ids and lengths, no token), put once, read by every worker
         dataset=ray.put(ds),
         validation=ray.put(data.validation) if data.validation is not None else None,
         # The plan is put, not recomputed by each worker: it is planned once here (linear, but seconds

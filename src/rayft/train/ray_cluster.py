@@ -145,6 +145,45 @@ def nodes_missing_storage(storage_path: str) -> list[str]:
     return [n["NodeManagerAddress"] for n, ok in zip(rest, seen) if not ok]
 
 
+def shared_store_root(cfg: RayftConfig, root: str, run_dir: str, connect, say) -> str:
+    """Where the token store goes on this run's Ray cluster: ``root`` (``data.cache_dir``) when it
+    is an ``s3://`` URI, when Ray is the embedded single-node one, or when every node sees it;
+    else (a node-local directory on a multi-node cluster) the run directory's ``tokenized/``, on
+    the checkpoint storage every node sees, with a note saying so (``say``). ``connect`` reaches
+    Ray (a cluster named by ray.address / RAY_ADDRESS) first.
+
+    Raises:
+        TrainError: the checkpoint storage is node-local too (as :func:`check_worker_environment`
+            says it, before any file is read).
+    """
+    import ray
+
+    if "://" in root or not (cfg.ray.address or os.environ.get("RAY_ADDRESS") or ray.is_initialized()):
+        return root
+    connect()
+    blind = nodes_missing_storage(root)
+    if not blind:
+        return root
+    refuse_node_local_checkpoints(cfg)
+    new = f"{run_dir.rstrip('/')}/tokenized"
+    say(
+        f"data: data.cache_dir={cfg.data.cache_dir} is node-local (Ray nodes {', '.join(blind)} cannot see it): the token store "
+        f"goes under the run directory, {new}; set data.cache_dir to a shared path or an s3:// URI to reuse it across runs"
+    )
+    return new
+
+
+def refuse_node_local_checkpoints(cfg: RayftConfig) -> None:
+    """Raises TrainError when some Ray node cannot see ``checkpoint.storage_path``."""
+    blind = nodes_missing_storage(cfg.checkpoint.storage_path)
+    if blind:
+        raise TrainError(
+            f"checkpoint.storage_path={cfg.checkpoint.storage_path} is node-local: Ray nodes {', '.join(blind)} cannot "
+            "see it, so checkpoints could not be resumed there. Use a file system mounted on every node "
+            "(e.g. FSx for Lustre at /fsx) or an s3://bucket/prefix URI."
+        )
+
+
 def worker_env_vars(cfg: RayftConfig | None = None, run_dir: str | None = None) -> dict[str, str]:
     """Environment variables the Ray Train workers get on top of their node's.
 
@@ -214,10 +253,4 @@ def check_worker_environment(cfg: RayftConfig, use_gpu: bool) -> None:
             f"train.nccl_flight_recorder writes each rank's dump into the run directory, but checkpoint.storage_path="
             f"{cfg.checkpoint.storage_path} is not a file system: use one every node mounts (e.g. /fsx), or turn the recorder off"
         )
-    blind = nodes_missing_storage(cfg.checkpoint.storage_path)
-    if blind:
-        raise TrainError(
-            f"checkpoint.storage_path={cfg.checkpoint.storage_path} is node-local: Ray nodes {', '.join(blind)} cannot "
-            "see it, so checkpoints could not be resumed there. Use a file system mounted on every node "
-            "(e.g. FSx for Lustre at /fsx) or an s3://bucket/prefix URI."
-        )
+    refuse_node_local_checkpoints(cfg)

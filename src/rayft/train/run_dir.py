@@ -89,6 +89,17 @@ def prepare_run_dir(run_dir: str, resume: str | None, cfg: RayftConfig, console:
     return str(found[1])
 
 
+def copy_skipped_records(src: str, run_dir: str) -> None:
+    """Copy the token store's ``skipped_records.jsonl`` (every record ``data.on_bad_record: skip``
+    skipped: where, kind, reason) into a local run directory."""
+    import pyarrow.fs as pafs
+
+    from rayft.data.sources import arrow_fs
+
+    fs, path = arrow_fs(src)
+    pafs.copy_files(path, str(Path(run_dir) / "skipped_records.jsonl"), source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
+
+
 def check_resume_data(checkpoint: str, data_fingerprint: str) -> None:
     """Refuse, before any worker starts, to resume ``checkpoint`` with other training data (the
     workers check it again after a restart).

@@ -22,13 +22,14 @@ class WorkerArgs:
     Fields:
         config: the resolved :class:`RayftConfig` as JSON-compatible data (validated again on the
             worker, so a worker never runs an unvalidated config).
-        dataset: ``ray.ObjectRef`` of the training :class:`~rayft.data.tokenize.TokenizedDataset`.
-        validation: ``ray.ObjectRef`` of the validation TokenizedDataset, or None.
+        dataset: ``ray.ObjectRef`` of the training data: a :class:`~rayft.data.token_view.StoreView`
+            (``data.synthetic``: a :class:`~rayft.data.tokenize.TokenizedDataset`).
+        validation: ``ray.ObjectRef`` of the validation view, or None.
         plan: ``ray.ObjectRef`` of the run's :class:`~rayft.data.packing.StepPlan`, made once by
             the driver (:func:`rayft.train.loop.make_plan`) for this worker group's size.
         pad_id: the tokenizer's padding token id.
-        data_fingerprint: :func:`rayft.data.tokenize.fingerprint` of the training data (a resume
-            refuses a checkpoint of other data).
+        data_fingerprint: the training selection's fingerprint
+            (:func:`rayft.data.prepare.selection_fingerprint`; a resume refuses a checkpoint of other data).
         tokenizer: the tokenizer's name or directory (written into checkpoints and the export).
         run_dir: the run directory (a local path or an ``s3://`` URI).
         progress: the channel to the driver's display (:class:`ProgressChannel`).

@@ -1,5 +1,6 @@
-"""The tokenized-data cache (hit, a miss on every input that matters, corrupt entries), the
-validation split and the new config keys. Tokenization runs locally here (data.preprocess: local)."""
+"""The token store (a hit reads and tokenizes nothing, a miss on every input that matters, a
+missing or truncated shard or a bad manifest rebuilt), the validation split, max_examples and the
+config keys. Ingest runs locally here (data.preprocess: local)."""
 
 import json
 
@@ -9,6 +10,7 @@ from rich.console import Console
 
 from rayft.config import ConfigError, load_config
 from rayft.data import cache as cache_lib
+from rayft.data import token_store as ts
 from rayft.data.formats import DataError
 from rayft.data.prepare import prepare_data, split_validation
 
@@ -39,43 +41,55 @@ def _shared_tokenizer(qwen_tokenizer):
     SESSION["tokenizer"] = qwen_tokenizer
 
 
-def run(cfg):
+def run(cfg, **kw):
     console = Console(record=True, width=400)
-    d = prepare_data(cfg, console, SESSION["tokenizer"], "qwen2.5")
+    d = prepare_data(cfg, console, SESSION["tokenizer"], "qwen2.5", **kw)
     return d, console.export_text().splitlines()
 
 
+def arrays(view) -> dict:
+    """The selected examples as flat arrays (tokens, trainable, offsets)."""
+    ds = view.to_dataset()
+    return {k: getattr(ds, k) for k in ("tokens", "trainable", "offsets")}
+
+
 def same(a, b) -> bool:
-    return all(
-        np.array_equal(getattr(a, k), getattr(b, k)) and getattr(a, k).dtype == getattr(b, k).dtype
-        for k in ("tokens", "trainable", "offsets")
-    ) and (a.dropped_no_trainable, a.truncated, a.split_documents) == (b.dropped_no_trainable, b.truncated, b.split_documents)
+    x, y = arrays(a), arrays(b)
+    return all(np.array_equal(x[k], y[k]) and x[k].dtype == y[k].dtype for k in x)
 
 
-def test_second_run_uses_the_cache_without_reading_the_files(tmp_path, monkeypatch):
+def test_second_run_uses_the_store_without_reading_the_files(tmp_path, monkeypatch):
     cfg = job(tmp_path)
     first, out1 = run(cfg)
     assert first.cache == "miss" and len(first.train) == 8
     entries = [p for p in (tmp_path / "cache").iterdir()]
     assert len(entries) == 1 and (entries[0] / "manifest.json").exists() and not entries[0].name.startswith(".")
-    assert out1[-1] == f"data: cached the tokenized data in {entries[0]}"
+    assert first.store == str(entries[0]) and out1[-1] == f"data: wrote the tokenized store {entries[0]}"
+    assert sorted(p.name for p in (entries[0] / "train").iterdir()) == sorted(f"000000-000.{k}.npy" for k, _ in ts.SHARD_ARRAYS)
+    mtimes = {p: p.stat().st_mtime_ns for p in entries[0].rglob("*")}
 
-    import rayft.data.formats
+    import rayft.data.ingest
 
     def no_reading(*a, **k):
-        raise AssertionError("the files were read despite a cache hit")
+        raise AssertionError("the files were read despite a store hit")
 
-    monkeypatch.setattr(rayft.data.formats, "load_conversations", no_reading)
-    monkeypatch.setattr("rayft.data.tokenize.tokenize_dataset", no_reading)
+    monkeypatch.setattr(rayft.data.ingest, "ingest_part", no_reading)
+    monkeypatch.setattr(rayft.data.tokenize, "tokenize_example", no_reading)
     second, out2 = run(cfg)
-    assert second.cache == "hit" and same(first.train, second.train)
+    assert second.cache == "hit" and same(first.train, second.train) and second.fingerprint == first.fingerprint
     # the first run's report is printed again, then where it came from
-    assert out2 == [*out1[:-1], f"data: used the tokenized cache {entries[0]} (no file read or tokenized)"]
+    assert out2 == [*out1[:-1], f"data: used the tokenized store {entries[0]} (no file read or tokenized)"]
+    assert {p: p.stat().st_mtime_ns for p in entries[0].rglob("*")} == mtimes  # nothing rewritten
 
 
-def test_cache_dir_null_disables_the_cache(tmp_path):
-    d, _ = run(job(tmp_path, "data.cache_dir=null"))
-    assert d.cache == "off" and not (tmp_path / "cache").exists()
+def test_cache_dir_null_puts_the_store_in_the_run_directory(tmp_path):
+    d, _ = run(job(tmp_path, "data.cache_dir=null"), run_dir=str(tmp_path / "runs" / "r"))
+    assert d.cache == "miss" and not (tmp_path / "cache").exists()
+    assert d.store.startswith(str(tmp_path / "runs" / "r" / "tokenized") + "/") and (tmp_path / "runs/r/tokenized").is_dir()
+    again, out = run(job(tmp_path, "data.cache_dir=null"), run_dir=str(tmp_path / "runs" / "r"))  # a resumed run finds it
+    assert again.cache == "hit" and out[-1].startswith("data: used the tokenized store")
+    lib, _ = run(job(tmp_path, "data.cache_dir=null"))  # a library call without a run directory: a temporary store
+    assert lib.cache == "miss" and "rayft-tokenized-" in lib.store and same(lib.train, d.train)
 
 
 def test_every_input_that_changes_tokens_changes_the_key(tmp_path, qwen_tokenizer):
@@ -150,33 +164,64 @@ def test_changed_byte_seq_len_or_template_misses_end_to_end(tmp_path, monkeypatc
     assert len(list((tmp_path / "cache").iterdir())) == 4
 
 
-@pytest.mark.parametrize("damage", ["truncated array", "flipped token", "manifest key", "manifest json", "wrong dtype"])
-def test_a_corrupt_entry_is_ignored_with_a_warning_and_rebuilt(tmp_path, damage):
+def test_max_examples_gives_the_first_records_and_their_report_line(tmp_path):
+    from rayft.data.formats import load_conversations
+    from rayft.data.tokenize import tokenize_dataset
+
+    d, out = run(job(tmp_path, "data.max_examples=5", "data.validation_fraction=0.25", "data.seed=1"))
+    train_ex, val_ex = split_validation(list(load_conversations([str(tmp_path / "chat.jsonl")]))[:5], 0.25, seed=1)
+    for view, ex in ((d.train, train_ex), (d.validation, val_ex)):
+        ref = tokenize_dataset(d.tokenizer, ex, 64)
+        assert all(np.array_equal(arrays(view)[k], getattr(ref, k)) for k in ("tokens", "trainable", "offsets"))
+    assert out[0].startswith("data: 4 records → 4 examples, ") and out[1].startswith("validation (data.validation_fraction=0.25 of")
+    assert out[1].split(": ", 1)[1].startswith("1 records → 1 examples")
+
+
+@pytest.mark.parametrize("damage", ["missing shard", "truncated shard", "manifest json", "manifest key", "manifest size", "no manifest"])
+def test_a_broken_store_is_detected_with_a_warning_and_rebuilt(tmp_path, damage):
     cfg = job(tmp_path)
     first, _ = run(cfg)
     entry = next((tmp_path / "cache").iterdir())
-    if damage == "truncated array":
-        p = entry / "train.tokens.npy"
-        p.write_bytes(p.read_bytes()[:-10])
-    elif damage == "flipped token":
-        p = entry / "train.tokens.npy"
-        raw = bytearray(p.read_bytes())
-        raw[-3] ^= 0x01
-        p.write_bytes(bytes(raw))
-    elif damage == "manifest key":
-        m = json.loads((entry / "manifest.json").read_text())
-        m["key"] = "0" * 64
-        (entry / "manifest.json").write_text(json.dumps(m))
+    shard = entry / "train" / "000000-000.tokens.npy"
+    manifest = entry / "manifest.json"
+    if damage == "missing shard":
+        shard.unlink()
+    elif damage == "truncated shard":
+        shard.write_bytes(shard.read_bytes()[:-10])
     elif damage == "manifest json":
-        (entry / "manifest.json").write_text("{")
+        manifest.write_text("{")
+    elif damage == "manifest key":
+        m = json.loads(manifest.read_text())
+        m["key"] = "0" * 64
+        manifest.write_text(json.dumps(m))
+    elif damage == "manifest size":
+        m = json.loads(manifest.read_text())
+        m["parts"]["train"]["shards"][0]["files"]["trainable"]["size"] += 1
+        manifest.write_text(json.dumps(m))
     else:
-        np.save(entry / "train.offsets.npy", np.load(entry / "train.offsets.npy").astype(np.int32))
-    with pytest.raises(cache_lib.CacheError):
-        cache_lib.load(tmp_path / "cache", entry.name)
+        manifest.unlink()  # a build that did not finish: rebuilt without a warning
+    if damage != "no manifest":
+        with pytest.raises(ts.StoreError):
+            ts.open_store(str(entry), entry.name)
     again, out = run(cfg)
     assert again.cache == "miss" and same(again.train, first.train)
-    assert out[0].startswith(f"warning: ignoring a corrupt tokenized-data cache entry: {entry}")
-    assert run(cfg)[0].cache == "hit"  # the rebuilt entry is good
+    if damage == "no manifest":
+        assert not out[0].startswith("warning")
+    else:
+        assert out[0].startswith(f"warning: ignoring a broken tokenized store, rebuilding it: {entry}")
+    assert run(cfg)[0].cache == "hit"  # the rebuilt store is good
+
+
+def test_a_store_detects_damage_by_listing_only(tmp_path, monkeypatch):
+    """Opening reads the manifest and the small index arrays, never a tokens or trainable file."""
+    cfg = job(tmp_path)
+    run(cfg)
+    entry = next((tmp_path / "cache").iterdir())
+    read = []
+    real = ts.read_array
+    monkeypatch.setattr(ts, "read_array", lambda loc, rel, *a, **k: read.append(rel) or real(loc, rel, *a, **k))
+    store = ts.open_store(str(entry), entry.name)
+    assert store.parts["train"].records == 8 and read and not any(r.endswith((".tokens.npy", ".trainable.npy")) for r in read)
 
 
 def test_validation_fraction_split_is_deterministic_and_cached(tmp_path):
@@ -198,15 +243,20 @@ def test_validation_fraction_split_is_deterministic_and_cached(tmp_path):
     from rayft.data.formats import load_conversations
     from rayft.data.tokenize import tokenize_dataset
 
-    _, val_ex = split_validation(list(load_conversations([str(tmp_path / "chat.jsonl")])), 0.25, seed=4)
-    assert same(d.validation, tokenize_dataset(d.tokenizer, val_ex, 64))
+    train_ex, val_ex = split_validation(list(load_conversations([str(tmp_path / "chat.jsonl")])), 0.25, seed=4)
+    ref = tokenize_dataset(d.tokenizer, val_ex, 64)
+    assert all(np.array_equal(arrays(d.validation)[k], getattr(ref, k)) for k in ("tokens", "trainable", "offsets"))
+    ref = tokenize_dataset(d.tokenizer, train_ex, 64)
+    assert all(np.array_equal(arrays(d.train)[k], getattr(ref, k)) for k in ("tokens", "trainable", "offsets"))
+    assert d.train.fingerprint != d.validation.fingerprint
 
 
 def test_validation_files_are_tokenized_separately(tmp_path):
     (tmp_path / "val.jsonl").write_text(json.dumps(RECORDS[0]) + "\n")
     d, out = run(job(tmp_path, "data.validation_files=val.jsonl"))
     assert len(d.train) == 8 and len(d.validation) == 1
-    assert np.array_equal(d.validation.tokens, d.train.example(0)[0])
+    assert np.array_equal(d.validation.example(0)[0], d.train.example(0)[0])
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir().__next__().iterdir()) == ["manifest.json", "train", "validation"]
     assert out[1].startswith("validation (data.validation_files): 1 records → 1 examples")
 
 
@@ -221,23 +271,23 @@ def test_config_errors_name_the_keys(tmp_path):
         job(tmp_path, "data.preprocess=threads")
 
 
-def test_a_file_changed_while_it_was_read_is_not_cached(tmp_path, monkeypatch):
-    import rayft.data.formats
+def test_a_file_changed_while_it_was_read_is_not_kept(tmp_path, monkeypatch):
+    import rayft.data.ingest
 
     cfg = job(tmp_path)
-    real_load = rayft.data.formats.load_conversations
+    real_ingest = rayft.data.ingest.ingest_part
 
-    def load_then_edit(*a, **k):
-        out = real_load(*a, **k)
+    def ingest_then_edit(*a, **k):
+        out = real_ingest(*a, **k)
         data = tmp_path / "chat.jsonl"
         data.write_text(data.read_text() + json.dumps(RECORDS[0]) + "\n")  # another writer appends meanwhile
         return out
 
-    monkeypatch.setattr(rayft.data.formats, "load_conversations", load_then_edit)
+    monkeypatch.setattr(rayft.data.ingest, "ingest_part", ingest_then_edit)
     d, out = run(cfg)
-    assert d.cache == "off" and len(d.train) == 8  # trained on what was read, nothing cached
-    assert out[-1] == "warning: an input file changed while it was read; the tokenized data were not cached"
-    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+    assert d.cache == "off" and len(d.train) == 8  # trained on what was read, no manifest: not reused
+    assert out[-1] == "warning: an input file changed while it was read; the tokenized store is not kept for later runs"
+    assert not any((tmp_path / "cache").glob("*/manifest.json"))
 
 
 def test_input_stamps_see_a_rewrite_without_hashing(tmp_path):
