@@ -323,18 +323,26 @@ def test_placeholders_are_counted_with_their_first_locations_and_filled(tmp_path
         load_conversations([str(p)], placeholders={"1st": "x"})
 
 
-def test_prepare_prints_placeholder_lines_next_to_the_skip_summary(tmp_path):
+def test_prepare_prints_placeholder_lines_next_to_the_skip_summary(tmp_path, qwen_tokenizer):
+    from rich.console import Console
+
     from rayft.config import ConfigError, load_config
-    from rayft.data.prepare import load_examples
+    from rayft.data.prepare import prepare_data
 
     p = write(tmp_path, "identity.jsonl", "\n".join(json.dumps(r) for r in IDENTITY[:2]) + "\n[1]\n")
-    cfg_file = write(tmp_path, "job.yaml", f"data:\n  train_files: [{p}]\n  on_bad_record: skip\n  placeholders: {{name: Rayft}}\n")
+    cfg_file = write(
+        tmp_path,
+        "job.yaml",
+        f"data:\n  train_files: [{p}]\n  on_bad_record: skip\n  placeholders: {{name: Rayft}}\n  cache_dir: {tmp_path / 'store'}\n",
+    )
     cfg = load_config(cfg_file)
     assert cfg.data.placeholders == {"name": "Rayft"}
-    lines: list[str] = []
-    examples = load_examples(cfg.data.train_files, cfg.data, lines.append, "data.train_files")
-    assert examples[1].messages[-1]["content"] == "I am Rayft, an AI assistant developed by {{author}}."
-    assert lines == [
+    console = Console(record=True, width=400)
+    data = prepare_data(cfg, console, qwen_tokenizer, "qwen2.5")  # the ingest path rayft train takes
+    tokens, _ = data.train.example(1)
+    assert "I am Rayft, an AI assistant developed by {{author}}.<|im_end|>" in qwen_tokenizer.decode(tokens.tolist())
+    lines = [line for line in console.export_text().splitlines() if "skipped" in line or "placeholder" in line or line.startswith("  ")]
+    assert lines[:5] == [
         "data: skipped 1 bad record(s) of 3 (data.on_bad_record: skip):",
         f"  not_an_object: 1 (first: {p}:3: a record must be a JSON object, got list)",
         "data: data.placeholders filled template placeholders in 2 record(s)",
@@ -360,3 +368,22 @@ def test_merged_reports_keep_placeholder_and_ignored_key_counts(tmp_path):
     }
     assert merged.placeholder_summary() == both.placeholder_summary()
     assert merged.notes == both.notes == []  # 'id' is a record key, not a message key: not noted
+
+
+def test_prepare_notes_ignored_message_keys_once_per_file_through_ingest(tmp_path, qwen_tokenizer):
+    from rich.console import Console
+
+    from rayft.config import load_config
+    from rayft.data.prepare import prepare_data
+
+    rec = {"messages": [{"role": "user", "content": "hi", "name": "ann"}, {"role": "assistant", "content": "hello", "id": "m1"}]}
+    p = write(tmp_path, "named.jsonl", "\r\n".join(json.dumps(rec) for _ in range(3)) + "\r\n")
+    cfg = load_config(write(tmp_path, "job.yaml", f"data:\n  train_files: [{p}]\n  cache_dir: {tmp_path / 'store'}\n"))
+    console = Console(record=True, width=400)
+    data = prepare_data(cfg, console, qwen_tokenizer, "qwen2.5")
+    assert len(data.train) == 3
+    notes = [line for line in console.export_text().splitlines() if line.startswith(f"data: {p}")]
+    assert notes == [
+        f"data: {p}: tolerated: CRLF line endings",
+        f"data: {p}: ignored message key(s) ['id', 'name'] (first at {p}:1)",
+    ]
