@@ -5,12 +5,12 @@
 #    tree's, alternating; same first-step loss and tokens/s within ±2% is the target.
 # 2. Ingest throughput by CPU count: bench/data_scale.py --mode ray --cpus C for C = 1, 2, 4, 8, 16
 #    with the Qwen2.5 tokenizer, SCALE_BASE × C records each (weak scaling: every point runs about as
-#    long, so start-up costs weigh the same); records/s per point in $OUT/scale-cpus-C/.
+#    long, so start-up costs weigh the same); records/s per point in $OUT/scale-cpus-C/. SCALE_CPUS picks the points.
 set -uo pipefail
 source .gpu/setup.sh
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0
-ROUNDS=${ROUNDS:-1} OUT="$OUT" bash bench/gpu/same_figures.sh 2>&1 | tail -n 12
+[ -z "${SKIP_AB:-}" ] && ROUNDS=${ROUNDS:-1} OUT="$OUT" bash bench/gpu/same_figures.sh 2>&1 | tail -n 12  # SKIP_AB=1: the ingest series only
 BASE=${SCALE_BASE:-30000}
 for C in ${SCALE_CPUS:-1 2 4 8 16}; do
   N=$((BASE * C)); mkdir -p "$OUT/scale-cpus-$C"
