@@ -50,6 +50,11 @@ from rayft.data.sources import COMPRESSED_SUFFIXES, DataFile, file_kind, file_si
 #: Uncompressed JSON Lines files larger than this are cut into byte ranges of about this size, and
 #: Parquet files into row-group runs of about this much data (one task each).
 CHUNK_BYTES = 64 * 2**20
+#: With Ray Data the ranges are cut smaller when that gives every CPU of the cluster at least this
+#: many tasks (down to :data:`MIN_CHUNK_BYTES`): with 64 MiB ranges, 117 MiB of input kept 2 of 4
+#: CPUs busy (bench/results/2026-12-01-ingest-scaling-1xh200-host.json).
+TASKS_PER_CPU = 4
+MIN_CHUNK_BYTES = 2**20
 #: ``data.preprocess: auto`` ingests with Ray Data from this many input bytes on (and only on a
 #: cluster of at least :data:`RAY_MIN_CPUS` CPUs): 20,000 alpaca-like records are ~29 MiB, where
 #: Ray started paying on 2 CPUs (bench/results/2026-11-30-preprocess-100k-2cpu.json).
@@ -551,7 +556,7 @@ def ingest_part(
     use_ray_data: bool = False,
     limit: int | None = None,
     progress: Callable[[int, int, int], None] | None = None,
-    chunk_bytes: int = CHUNK_BYTES,
+    chunk_bytes: int | None = None,
     num_actors: int | None = None,
 ) -> PartResult:
     """Ingest ``files`` as part ``part`` of the store at ``settings.location``.
@@ -561,12 +566,25 @@ def ingest_part(
         limit: tokenize only the first ``limit`` accepted records (``data.max_examples``; the
             local path honours it, Ray Data tokenizes everything).
         progress: ``(bytes, records, tokens)`` increments, as tasks advance.
-        chunk_bytes: the range / row-group size (:data:`CHUNK_BYTES`; tests use tiny ones).
+        chunk_bytes: the range / row-group size; default :data:`CHUNK_BYTES`, or with Ray Data
+            :func:`ray_chunk_bytes` of the cluster's CPUs (tests use tiny ones).
         num_actors: Ray Data actors (default: every CPU of the cluster).
     Returns:
         The :class:`PartResult`; its ``error`` is not raised here (the caller orders errors).
     """
     t0 = time.perf_counter()
+    if chunk_bytes is None:
+        chunk_bytes = CHUNK_BYTES
+        if use_ray_data:
+            import ray
+
+            total = 0
+            for f in files:
+                try:
+                    total += file_size(f)
+                except DataError:  # reported with its file when a task reads it
+                    pass
+            chunk_bytes = ray_chunk_bytes(total, num_actors or int(ray.cluster_resources().get("CPU", 1)))
     tasks = plan_tasks(files, part, chunk_bytes)
     ranges = [t for t in tasks if t.kind == "range"]
     if use_ray_data:
@@ -588,6 +606,14 @@ def ingest_part(
     _order_errors(result)
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def ray_chunk_bytes(total_bytes: int, cpus: int) -> int:
+    """The byte-range size for Ray Data ingest of ``total_bytes`` of input on ``cpus`` CPUs:
+    :data:`CHUNK_BYTES`, or less so that there are :data:`TASKS_PER_CPU` tasks per CPU, never
+    under :data:`MIN_CHUNK_BYTES` (a task's fixed costs: a ranged read, a shard's files)."""
+    per_task = total_bytes // max(1, TASKS_PER_CPU * cpus)
+    return int(min(CHUNK_BYTES, max(MIN_CHUNK_BYTES, per_task)))
 
 
 def _order_errors(result: PartResult) -> None:
@@ -635,7 +661,7 @@ def _ingest_ray(tasks, ranges, settings, tokenizer, progress, num_actors) -> Par
         fn_constructor_args=(tokenizer, settings),
         batch_size=1,
         batch_format="numpy",
-        compute=ray.data.ActorPoolStrategy(min_size=1, max_size=n_actors),
+        compute=ray.data.ActorPoolStrategy(size=n_actors),  # every actor starts at once: there are tasks for all
         num_cpus=1,
     )
     done: dict[int, dict[str, Any]] = {}
