@@ -30,15 +30,6 @@ RECORDS = [
 
 
 @pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     d = tmp_path_factory.mktemp("ft")
     (d / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
