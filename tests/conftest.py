@@ -9,9 +9,17 @@ of their folder, so they run in a row and the Ray starts once; a module that nee
 this process (a multi-node ``Cluster``) stops it first with ``embedded_ray.stop()``.
 """
 
+import os
 from pathlib import Path
 
 import pytest
+
+# Ray Train's timing for test runs on one host, in this process and every process it starts (the
+# `rayft train` and `rayft cluster local` processes inherit it): the controller polls its workers
+# every 0.2 s instead of 2 s, so a run ends (and a lost worker is seen) ~3 s sooner; and no
+# preemption watcher (an actor per run that polls for node draining: nothing drains a test host).
+os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
+os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
