@@ -7,15 +7,6 @@ from rayft.benchmarks.collectives import OPS, bus_factor, run_sweep
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 def test_sweep_on_two_gloo_workers(ray_local):
     sizes = [4096, 65536]
     r = run_sweep(2, use_gpu=False, sizes_bytes=sizes, warmup_iters=1, timed_iters=3)

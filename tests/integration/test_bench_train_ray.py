@@ -20,15 +20,6 @@ pytestmark = pytest.mark.integration
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 def inputs(tmp_path, workloads, recipes=("sample-recipe",), seq_len=64):
     if "real" in workloads and not (SHARED / "alpaca_en_demo.json").exists():
         pytest.skip(f"needs {SHARED}/alpaca_*_demo.json (the project's ../shared folder)")

@@ -21,21 +21,6 @@ from rayft.data.tokenize import tokenize_dataset
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    """The embedded Ray of `rayft train` (connect_ray: every Ray service on 127.0.0.1 only), 2 CPUs."""
-    import ray
-
-    from rayft.config import RayftConfig
-    from rayft.train.ray_cluster import connect_ray
-
-    assert (
-        connect_ray(RayftConfig.model_validate({"data": {"train_files": ["unused.jsonl"]}, "ray": {"num_cpus": 2}})) == "embedded local Ray"
-    )
-    yield
-    ray.shutdown()
-
-
 def assert_identical(a, b):
     for k in ("tokens", "trainable", "offsets"):
         x, y = getattr(a, k), getattr(b, k)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -80,9 +81,43 @@ def rayft(env, *args, timeout=120):
     return subprocess.run([sys.executable, "-m", "rayft.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+# `rayft train` on an embedded Ray with ray.verify_transport=any: the last test's run (a 2-step quickstart, short rows)
+CHECKED_SETS = [
+    "train.max_steps=2",
+    "train.warmup_steps=1",
+    "train.num_workers=2",
+    "train.cpus_per_worker=0.5",
+    "data.seq_len=64",
+    "checkpoint.every_steps=null",
+    "checkpoint.save_final=false",
+    "checkpoint.export_hf=false",
+    "checkpoint.name=checked",
+    "ray.verify_transport=any",
+]
+
+
 @pytest.fixture(scope="module")
-def job():
-    """(cluster, env, submission id, run dir) of the finished job."""
+def checked_train(tmp_path_factory):
+    """The last test's `rayft train` (its own process and embedded Ray), started before the cluster of
+    ``job`` so that the two run at the same time (both mostly wait on process starts): (its folder,
+    the process, its environment). Its stdout and stderr go to files there."""
+    tmp = tmp_path_factory.mktemp("checked")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH_"))} | {"PYTHONPATH": str(ROOT / "src")}
+    sets = [*CHECKED_SETS, f"checkpoint.storage_path={tmp / 'runs'}"]
+    cmd = [sys.executable, "-m", "rayft.cli", "train", "examples/quickstart.yaml", *(a for s in sets for a in ("--set", s))]
+    with open(tmp / "stdout.txt", "w") as out, open(tmp / "stderr.txt", "w") as err:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=err, text=True)
+    try:
+        yield tmp, proc, env
+    finally:
+        if proc.poll() is None:  # its test did not run or did not wait: stop it as a user would (it stops its Ray)
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=120)
+
+
+@pytest.fixture(scope="module")
+def job(checked_train):
+    """(cluster, env, submission id, run dir) of the finished job (``checked_train`` runs meanwhile)."""
     state = Path(tempfile.mkdtemp(prefix="rld-", dir="/tmp"))  # short: Ray's socket paths must stay < 108 bytes
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH_"))}
     env["PYTHONPATH"] = str(ROOT / "src")
@@ -218,27 +253,16 @@ def test_flight_recorder_on_real_gloo_dumps(tmp_path):
 
 
 @pytest.mark.integration
-def test_rayft_train_records_its_job_and_its_check_reads_the_embedded_rays_files(tmp_path):
+def test_rayft_train_records_its_job_and_its_check_reads_the_embedded_rays_files(checked_train):
     # `rayft train` on an embedded Ray (no dashboard): the run records its job, and ray.verify_transport reads the
     # workers' session log files; a gloo run logs no NCCL line, so the check fails the run and says why
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH_"))} | {"PYTHONPATH": str(ROOT / "src")}
-    sets = [
-        "train.max_steps=2",
-        "train.warmup_steps=1",
-        "train.num_workers=2",
-        "train.cpus_per_worker=0.5",
-        "checkpoint.every_steps=null",
-        "checkpoint.save_final=false",
-        "checkpoint.export_hf=false",
-        f"checkpoint.storage_path={tmp_path / 'runs'}",
-        "checkpoint.name=checked",
-        "ray.verify_transport=any",
-    ]
-    r = rayft(env, "train", "examples/quickstart.yaml", *(a for s in sets for a in ("--set", s)), timeout=400)
-    run_dir = tmp_path / "runs" / "checked"
-    err = " ".join(r.stderr.split())
-    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-3000:]
-    assert "rayft run summary" in r.stdout + r.stderr  # the run finished first
+    tmp, proc, env = checked_train  # rayft train examples/quickstart.yaml --set ... (CHECKED_SETS, storage_path in tmp)
+    returncode = proc.wait(timeout=400)
+    stdout, stderr = (tmp / "stdout.txt").read_text(), (tmp / "stderr.txt").read_text()
+    run_dir = tmp / "runs" / "checked"
+    err = " ".join(stderr.split())
+    assert returncode == 1, stdout[-2000:] + stderr[-3000:]
+    assert "rayft run summary" in stdout + stderr  # the run finished first
     assert "error: ray.verify_transport=any: the workers' logs hold no NCCL line (a gloo run on CPU workers" in err, err[-2000:]
     [recorded] = json.loads((run_dir / "rayft_ray_jobs.json").read_text())["jobs"]
     assert Path(recorded["logs_dir"]).is_dir()

@@ -29,15 +29,6 @@ RECORDS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 def job(tmp_path, *overrides):
     (tmp_path / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
     cfg_file = tmp_path / "job.yaml"

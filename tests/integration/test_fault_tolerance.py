@@ -6,6 +6,7 @@ minutes of CI on 2 cores)."""
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import threading
@@ -30,15 +31,6 @@ RECORDS = [
 
 
 @pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     d = tmp_path_factory.mktemp("ft")
     (d / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
@@ -47,13 +39,15 @@ def workdir(tmp_path_factory):
 
 def config(workdir, name, *overrides):
     f = workdir / "job.yaml"
-    f.write_text(
+    text = (
         "model: {name_or_path: qwen2-tiny}\n"
         "data: {train_files: [chat.jsonl], seq_len: 64, packing: false, seed: 3}\n"
         "train: {num_workers: 2, use_gpu: false, micro_batch_size: 2, grad_accum_steps: 2, epochs: 4, lr: 3.0e-3, seed: 1}\n"
         f"checkpoint: {{storage_path: {workdir / 'runs'}, every_steps: 2, keep_last: 3, export_hf: false}}\n"
         "ray: {max_failures: 2}\n"
     )
+    if not f.exists() or f.read_text() != text:  # written once: the `rayft train` processes read it while the others run
+        f.write_text(text)
     return load_config(f, [f"checkpoint.name={name}", *overrides])
 
 
@@ -63,7 +57,8 @@ def losses(workdir, name):
 
 
 @pytest.fixture(scope="module")
-def baseline(ray_local, workdir):
+def baseline(ray_local, workdir, cli_runs):
+    # cli_runs: the two `rayft train` processes of the SIGTERM tests run meanwhile (see cli_runs)
     summary = run_training(config(workdir, "base"))
     # async saves (the default): every checkpoint is finalised, in order, each with its timings
     assert [c["step"] for c in summary["checkpoints"]] == [2, 4, 6, 8]
@@ -84,8 +79,8 @@ def test_sigkill_of_a_worker_costs_at_most_one_checkpoint_interval(baseline, wor
         while not ckpt.exists() and time.time() < deadline:
             time.sleep(0.2)
         time.sleep(1.0)  # into step 5
-        # only this test's workers: descendants of this process (it started the embedded Ray)
-        workers = [p for p in psutil.Process().children(recursive=True) if "ray::RayTrainWorker" in " ".join(p.cmdline())]
+        # only this test's workers: descendants of this process (it started the embedded Ray), not of a `rayft train` process
+        workers = [p for p in own_descendants() if "ray::RayTrainWorker" in " ".join(p.cmdline())]
         if workers:
             os.kill(workers[-1].pid, signal.SIGKILL)
             killed.append(workers[-1].pid)
@@ -100,6 +95,18 @@ def test_sigkill_of_a_worker_costs_at_most_one_checkpoint_interval(baseline, wor
     assert sorted(got) == list(range(1, 9))
     for step in range(1, 9):
         assert got[step] == pytest.approx(baseline[step], abs=1e-5), step
+
+
+def own_descendants() -> list[psutil.Process]:
+    """This process's descendants, less the `rayft train` processes it started and theirs (their own Ray)."""
+    procs = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if not any("rayft.cli" in " ".join(a.cmdline()) for a in [p, *p.parents()]):
+                procs.append(p)
+        except psutil.Error:  # ended meanwhile
+            pass
+    return procs
 
 
 def copy_run(workdir, src: str, dst: str, drop=()):
@@ -244,25 +251,81 @@ def wait_for(predicate, timeout, what):
         time.sleep(0.2)
 
 
-def test_sigterm_checkpoints_the_step_and_resumes_exactly_and_a_second_run_is_refused(baseline, workdir):
+class CliRun:
+    """A ``rayft train`` process that a thread signals at its moment (``signal_when``), then waits for:
+    ``returncode`` (None until it ended) and ``error`` (what went wrong while waiting, if anything)."""
+
+    def __init__(self, workdir, name: str):
+        self.log_path = workdir / f"{name}.log"
+        self.log = open(self.log_path, "w")
+        self.proc = start_cli_run(workdir, name, self.log)
+        self.returncode = self.error = None
+        self.thread = None
+
+    def signal_when(self, predicate, timeout: float, what: str) -> None:
+        def run():
+            try:
+                wait_for(predicate, timeout, what)
+                self.proc.send_signal(signal.SIGTERM)
+                self.returncode = self.proc.wait(timeout=60)
+            except BaseException as e:  # noqa: BLE001 -- reported by the test
+                self.error = e
+            finally:
+                self.proc.kill()
+                self.log.close()
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def result(self) -> int | None:
+        """The exit status, once the thread is done (its failure raised here)."""
+        self.thread.join(timeout=400)
+        assert not self.thread.is_alive(), f"{self.log_path.name}: still running"
+        if self.error is not None:
+            raise self.error
+        return self.returncode
+
+
+@pytest.fixture(scope="module")
+def cli_runs(ray_local, workdir):
+    """The SIGTERM tests' two ``rayft train`` processes, started before the uninterrupted run so that
+    they run while the in-process runs do (each mostly waits on process starts and its own Ray:
+    together they take less wall time on 2 cores). ``stopped``: signalled once 5 steps are in its
+    metrics, after a second run of the same checkpoint.name was refused while it held the lock
+    (``refused``: (the error, its seconds)); ``early``: signalled once its workers start."""
     from rayft.train.driver import TrainError
 
+    stopped = CliRun(workdir, "stopped")
     run = workdir / "runs" / "stopped"
-    with open(workdir / "stopped.log", "w") as log:
-        proc = start_cli_run(workdir, "stopped", log)
+    try:
+        wait_for(lambda: (run / ".rayft.lock").exists(), 120, "the lock")
+        t0 = time.monotonic()
         try:
-            wait_for(lambda: (run / ".rayft.lock").exists(), 120, "the lock")
-            t0 = time.monotonic()
-            with pytest.raises(TrainError, match=rf"run directory {run} is in use by pid {proc.pid} on .*pick another checkpoint.name"):
-                run_training(config(workdir, "stopped"))  # the same checkpoint.name, started while the first runs
-            assert time.monotonic() - t0 < 10  # refused at once: before any data or Ray work
-            metrics = run / "rayft_metrics.jsonl"
-            wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 5, 240, "step 5")
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(timeout=60) == 143
-        finally:
-            proc.kill()
-    out = (workdir / "stopped.log").read_text()
+            run_training(config(workdir, "stopped"))  # the same checkpoint.name, started while the first runs
+            refused = (None, time.monotonic() - t0)
+        except TrainError as e:
+            refused = (e, time.monotonic() - t0)
+    finally:
+        metrics = run / "rayft_metrics.jsonl"
+        stopped.signal_when(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 5, 240, "step 5")
+    early = CliRun(workdir, "early")
+    early.signal_when(lambda: " worker(s), backend gloo; " in early.log_path.read_text(), 120, "the workers' start")
+    yield {"stopped": stopped, "refused": refused, "early": early}
+    for r in (stopped, early):
+        r.proc.kill()
+        r.thread.join(timeout=120)
+
+
+def test_sigterm_checkpoints_the_step_and_resumes_exactly_and_a_second_run_is_refused(baseline, workdir, cli_runs):
+    run = workdir / "runs" / "stopped"
+    stopped = cli_runs["stopped"]  # started with the module's runs (cli_runs), SIGTERM once 5 steps were in its metrics
+    error, took = cli_runs["refused"]  # run_training(config(workdir, "stopped")) while it held the lock
+    assert error is not None and re.search(
+        rf"run directory {run} is in use by pid {stopped.proc.pid} on .*pick another checkpoint.name", str(error)
+    ), error
+    assert took < 10  # refused at once: before any data or Ray work
+    assert stopped.result() == 143
+    out = stopped.log_path.read_text()
     summary = json.loads((run / "rayft_summary.json").read_text())
     stop = summary["stopped"]
     assert stop["signal"] == "SIGTERM" and not stop["forced"] and 5 <= stop["steps_done"] < 8
@@ -281,20 +344,14 @@ def test_sigterm_checkpoints_the_step_and_resumes_exactly_and_a_second_run_is_re
         assert got[step] == pytest.approx(baseline[step], abs=1e-5), step
 
 
-def test_sigterm_while_the_workers_start_exits_143_with_nothing_to_resume(workdir):
+def test_sigterm_while_the_workers_start_exits_143_with_nothing_to_resume(workdir, cli_runs):
     run = workdir / "runs" / "early"
-    with open(workdir / "early.log", "w") as log:
-        proc = start_cli_run(workdir, "early", log)
-        try:
-            wait_for(lambda: " worker(s), backend gloo; " in (workdir / "early.log").read_text(), 120, "the workers' start")
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(timeout=60) == 143
-        finally:
-            proc.kill()
+    early = cli_runs["early"]  # started with the module's runs (cli_runs), SIGTERM once its workers started
+    assert early.result() == 143
     summary = json.loads((run / "rayft_summary.json").read_text())
     assert summary["stopped"]["signal"] == "SIGTERM" and summary["stopped"]["steps_done"] == 0
     assert summary["stopped"]["checkpoint_step"] is None and not list(run.glob("checkpoint_*"))
-    out = (workdir / "early.log").read_text()
+    out = early.log_path.read_text()
     # the signal lands just before or just after the workers were started: both end the same way
     assert ("stopped by SIGTERM after 0 step(s); no checkpoint to resume from" in out) or (
         "stopped by SIGTERM before training started; no checkpoint to resume from" in out

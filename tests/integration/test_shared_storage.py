@@ -8,10 +8,11 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def two_node_ray():
+def two_node_ray(embedded_ray):
     import ray
     from ray.cluster_utils import Cluster
 
+    embedded_ray.stop()  # the session's embedded Ray, when a module before this one left it up (see conftest)
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     cluster.add_node(num_cpus=1)
     cluster.wait_for_nodes()

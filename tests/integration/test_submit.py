@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -35,6 +36,8 @@ QUICK = [
     "train.num_workers=2",
     "--set",
     "train.cpus_per_worker=0.5",
+    "--set",
+    "data.seq_len=64",  # short rows: these jobs only need to run
 ]
 
 
@@ -222,22 +225,56 @@ def test_request_without_token_is_refused(cluster):
     assert r.returncode == 1 and "Invalid authentication token" in r.stderr, r.stderr
 
 
+def project(tmp: Path) -> tuple[Path, str, dict[str, str]]:
+    """A config in a folder without a pyproject.toml (that folder is the working_dir), with secrets and
+    ignored files next to it: (the folder, its marker file's name, the files written)."""
+    import secrets
+
+    proj = tmp / "proj"
+    (proj / "data").mkdir(parents=True)
+    shutil.copy(ROOT / "examples" / "data" / "quickstart_chat.jsonl", proj / "data" / "chat.jsonl")
+    quick = (ROOT / "examples" / "quickstart.yaml").read_text().replace("data/quickstart_chat.jsonl", "data/chat.jsonl")
+    (proj / "job.yaml").write_text(quick)
+    marker = f"marker-{secrets.token_hex(4)}.txt"  # tells this job's package from the other tests' on the same nodes
+    files = {
+        marker: "this job's package\n",
+        ".env": "AWS_ACCESS_KEY_ID=AKIAEXAMPLE\nAWS_SECRET_ACCESS_KEY=not-a-real-secret\n",
+        "id_rsa": "-----BEGIN OPENSSH PRIVATE KEY-----\n",
+        ".gitignore": "gitignored.txt\n!.env\n",
+        ".rayftignore": "rayftignored/\n",
+        "gitignored.txt": "x\n",
+        "rayftignored/big.bin": "x\n",
+    }
+    for rel, text in files.items():
+        (proj / rel).parent.mkdir(parents=True, exist_ok=True)
+        (proj / rel).write_text(text)
+    return proj, marker, files
+
+
+@pytest.fixture(scope="module")
+def submitted(cluster, tmp_path_factory):
+    """The module's two real submissions, run at the same time (each is a 2-step quickstart job
+    whose Ray Train workers take 1 of the worker nodes' 2 CPUs; together they take half the wall
+    time on 2 cores): the quickstart from this repository, and ``project()``'s folder.
+    Returns {"quickstart": its `rayft submit`, "project": (folder, marker, its `rayft submit`)}."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    c, env = cluster
+    proj, marker, _ = project(tmp_path_factory.mktemp("submit"))
+    auth = ["--address", c.dashboard_url, "--token-file", c.token_file, *QUICK]
+    with ThreadPoolExecutor(2) as pool:
+        quick = pool.submit(rayft, env, "submit", "examples/quickstart.yaml", *auth, timeout=480)
+        time.sleep(2)  # both upload the same rayft package (py_modules): one after the other
+        own = pool.submit(rayft, env, "submit", str(proj / "job.yaml"), *auth, timeout=480)
+        return {"quickstart": quick.result(), "project": (proj, marker, own.result())}
+
+
 @pytest.mark.integration
-def test_submit_quickstart_with_token(cluster):
+def test_submit_quickstart_with_token(cluster, submitted):
     from ray.job_submission import JobSubmissionClient
 
     c, env = cluster
-    r = rayft(
-        env,
-        "submit",
-        "examples/quickstart.yaml",
-        "--address",
-        c.dashboard_url,
-        "--token-file",
-        c.token_file,
-        *QUICK,
-        timeout=240,
-    )
+    r = submitted["quickstart"]  # rayft submit examples/quickstart.yaml --address URL --token-file FILE *QUICK
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "rayft run summary" in r.stdout  # the job's logs, streamed
     assert "2/2" in r.stdout
@@ -258,42 +295,22 @@ def test_submit_quickstart_with_token(cluster):
 
 
 @pytest.mark.integration
-def test_submit_uploads_exactly_the_listed_files_and_no_secret(cluster, tmp_path):
+def test_submit_uploads_exactly_the_listed_files_and_no_secret(cluster, submitted):
     """A config in a folder without a pyproject.toml: that folder is the working_dir. Its .env and
     id_rsa, and what .gitignore / .rayftignore ignore, are absent from what Ray unpacked on every node
     the job ran on; what Ray unpacked is exactly what `rayft submit --dry-run` lists."""
-    import secrets
-
     from rayft.cluster.packaging import scan
 
     c, env = cluster
-    proj = tmp_path / "proj"
-    (proj / "data").mkdir(parents=True)
-    shutil.copy(ROOT / "examples" / "data" / "quickstart_chat.jsonl", proj / "data" / "chat.jsonl")
-    quick = (ROOT / "examples" / "quickstart.yaml").read_text().replace("data/quickstart_chat.jsonl", "data/chat.jsonl")
-    (proj / "job.yaml").write_text(quick)
-    marker = f"marker-{secrets.token_hex(4)}.txt"  # tells this job's package from the other tests' on the same nodes
-    files = {
-        marker: "this job's package\n",
-        ".env": "AWS_ACCESS_KEY_ID=AKIAEXAMPLE\nAWS_SECRET_ACCESS_KEY=not-a-real-secret\n",
-        "id_rsa": "-----BEGIN OPENSSH PRIVATE KEY-----\n",
-        ".gitignore": "gitignored.txt\n!.env\n",
-        ".rayftignore": "rayftignored/\n",
-        "gitignored.txt": "x\n",
-        "rayftignored/big.bin": "x\n",
-    }
-    for rel, text in files.items():
-        (proj / rel).parent.mkdir(parents=True, exist_ok=True)
-        (proj / rel).write_text(text)
+    proj, marker, r = submitted["project"]  # project()'s folder, submitted with --address, --token-file and QUICK
     listed = scan(proj).files
     assert set(listed) == {".gitignore", ".rayftignore", "data/chat.jsonl", "job.yaml", marker}
 
-    r = rayft(env, "submit", str(proj / "job.yaml"), "--dry-run")
-    assert r.returncode == 0, r.stderr
-    assert tuple(r.stdout.splitlines()) == listed
-    assert "never uploaded (secret patterns): .env, id_rsa" in r.stderr
+    dry = rayft(env, "submit", str(proj / "job.yaml"), "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert tuple(dry.stdout.splitlines()) == listed
+    assert "never uploaded (secret patterns): .env, id_rsa" in dry.stderr
 
-    r = rayft(env, "submit", str(proj / "job.yaml"), "--address", c.dashboard_url, "--token-file", c.token_file, *QUICK, timeout=240)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert f"working_dir {proj.resolve()}: 5 files" in r.stderr
     assert "rayft run summary" in r.stdout

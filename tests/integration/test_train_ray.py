@@ -18,21 +18,6 @@ RECORDS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    """The embedded Ray of `rayft train` (connect_ray: every Ray service on 127.0.0.1 only), 2 CPUs."""
-    import ray
-
-    from rayft.config import RayftConfig
-    from rayft.train.ray_cluster import connect_ray
-
-    assert (
-        connect_ray(RayftConfig.model_validate({"data": {"train_files": ["unused.jsonl"]}, "ray": {"num_cpus": 2}})) == "embedded local Ray"
-    )
-    yield
-    ray.shutdown()
-
-
 def job(tmp_path, *overrides):
     data = tmp_path / "chat.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
