@@ -205,14 +205,18 @@ def parquet_records(path: DataFile, row_groups: tuple[int, int] | None = None, f
     try:
         pf = pq.ParquetFile(open_input(path) if isinstance(path, S3Object) else path)
         groups = range(*row_groups) if row_groups is not None else None
-        batches = pf.iter_batches(batch_size=1024, row_groups=groups)
-        n = first_row
-        for batch in batches:
-            for rec in batch.to_pylist():
-                yield n, f"{path}:row {n}", _drop_nulls(rec)
-                n += 1
+        yield from _rows(pf.iter_batches(batch_size=1024, row_groups=groups), str(path), first_row)
     except (OSError, pa.ArrowException) as e:
         raise DataError(f"{path}: not a readable Parquet file ({e})") from None
+
+
+def _rows(batches, label: str, first_row: int) -> Iterator[tuple[int, str, object]]:
+    """``(row, "label:row N", record)`` per row of Arrow record ``batches``, rows numbered from ``first_row``."""
+    n = first_row
+    for batch in batches:
+        for rec in batch.to_pylist():
+            yield n, f"{label}:row {n}", _drop_nulls(rec)
+            n += 1
 
 
 def arrow_stream_records(path: DataFile, label: str | None = None) -> Iterator[tuple[int, str, object]]:
@@ -226,11 +230,7 @@ def arrow_stream_records(path: DataFile, label: str | None = None) -> Iterator[t
     label = label or str(path)
     try:
         with pa.ipc.open_stream(open_input(path)) as reader:
-            n = 0
-            for batch in reader:
-                for rec in batch.to_pylist():
-                    yield n, f"{label}:row {n}", _drop_nulls(rec)
-                    n += 1
+            yield from _rows(reader, label, 0)
     except (OSError, pa.ArrowException) as e:
         raise DataError(f"{label}: not a readable Arrow stream file ({e})") from None
 
