@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from enum import Enum
+from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
@@ -268,3 +269,68 @@ def prepare(config: ConfigArg, set_: SetOpt = None) -> None:
         fail(str(e))
     val = f" and {len(data.validation):,} validation examples" if data.validation is not None else ""
     say(f"data: token store {data.store}: {len(data.train):,} training examples{val}; rayft train {config} uses it without tokenizing")
+
+
+@data_app.command("show")
+def show(
+    config: ConfigArg,
+    set_: SetOpt = None,
+    n: Annotated[int, typer.Option("--n", min=0, help="How many training examples to render (the first N).")] = 3,
+    html_file: Annotated[
+        Optional[Path], typer.Option("--html", help="Also write the same as a static, self-contained HTML page to this file.")
+    ] = None,
+) -> None:
+    """Show the first N training examples as the model trains on them: trained tokens highlighted, context dim.
+
+    The data is opened (or tokenized) into the token store as `rayft data prepare` does; then the
+    example-length histogram and the packing efficiency of the run's first epoch. Special tokens
+    are shown as written.
+    """
+    from rich.console import Console
+    from rich.text import Text
+
+    from rayft.data import show as view
+
+    cfg = load_config_or_exit(config, set_)
+    if cfg.data.synthetic is not None:
+        fail("data.synthetic has no text to show (random tokens are made in memory by rayft train)", 2)
+    from rayft.data.examples import DataError
+    from rayft.data.prepare import open_tokenizer, prepare_data
+    from rayft.train.errors import TrainError
+    from rayft.train.model import default_tokenizer
+
+    name = default_tokenizer(cfg.model)
+    try:
+        tokenizer = open_tokenizer(name, cfg.model.revision, cfg.model.trust_remote_code)
+        data = prepare_data(cfg, console, tokenizer, name)
+    except (DataError, TrainError) as e:
+        fail(str(e))
+    ds = data.train
+    lengths = ds.lengths()
+    shown = []
+    for i in range(min(n, len(ds))):
+        tokens, trainable = ds.example(i)
+        shown.append((i, view.spans(data.tokenizer, tokens, trainable), int(len(tokens)), int(trainable.sum())))
+    hist = view.length_histogram(lengths)
+    try:
+        from rayft.train.loop import make_plan
+
+        plan = make_plan(cfg, ds, cfg.train.num_workers if isinstance(cfg.train.num_workers, int) else 1)
+        efficiency: float | None = view.first_epoch_efficiency(plan, lengths, cfg.data.seq_len)
+        eff_line = f"packing efficiency, first epoch: {100 * efficiency:.1f}% (non-padding / row tokens of {cfg.data.seq_len})"
+    except ValueError as e:
+        efficiency, eff_line = None, f"packing efficiency: no plan ({e})"
+    out = Console(highlight=False, soft_wrap=True)
+    out.print(Text("trained tokens", style=view.TRAINED_STYLE) + Text(" / ") + Text("context tokens", style=view.CONTEXT_STYLE))
+    for i, parts, size, trained in shown:
+        out.rule(f"example {i}: {size} tokens, {trained} trained", align="left")
+        out.print(view.example_text(parts))
+    out.rule()
+    out.print(view.histogram_table(hist))
+    out.print(f"{len(ds):,} training examples; {eff_line}", markup=False)
+    if html_file is not None:
+        page = view.html_page(
+            f"rayft data show {config}", [(i, parts) for i, parts, _, _ in shown], hist, efficiency, f"{len(ds):,} training examples"
+        )
+        html_file.write_text(page, encoding="utf-8")
+        say(f"data show: wrote {html_file}")
