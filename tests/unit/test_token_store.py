@@ -3,6 +3,7 @@ missing or truncated shard or a bad manifest rebuilt), the validation split, max
 config keys. Ingest runs locally here (data.preprocess: local)."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -299,3 +300,38 @@ def test_input_stamps_see_a_rewrite_without_hashing(tmp_path):
     data = tmp_path / "chat.jsonl"
     data.write_text(data.read_text().replace("Add 1 and 2", "Add 9 and 2"))  # same size, new mtime
     assert input_stamps(cfg.data) != before
+
+
+def test_hash_memo_skips_unchanged_files_and_rehashes_changed_ones(tmp_path):
+    import hashlib
+
+    from rayft.data.cache import HashMemo
+
+    f = tmp_path / "big.jsonl"
+    f.write_bytes(b'{"text": "a"}\n' * 1000)
+    old = f.stat().st_mtime_ns - 10**10  # 10 s ago: not racy, so it is remembered
+    os.utime(f, ns=(old, old))
+    memo_file = tmp_path / "memo.json"
+    real = hashlib.sha256(f.read_bytes()).hexdigest()
+    memo = HashMemo(str(memo_file))
+    assert memo.sha256(str(f)) == real
+    memo.save()
+    assert json.loads(memo_file.read_text())[str(f)][4] == real
+
+    # Same stat: the memo answers without reading the file (an entry forged for this stat is believed)
+    forged = json.loads(memo_file.read_text())
+    forged[str(f)][4] = "0" * 64
+    memo_file.write_text(json.dumps(forged))
+    assert HashMemo(str(memo_file)).sha256(str(f)) == "0" * 64
+    # A rewrite of the same size changes the mtime (and ctime): hashed again
+    f.write_bytes(b'{"text": "b"}\n' * 1000)
+    assert HashMemo(str(memo_file)).sha256(str(f)) == hashlib.sha256(f.read_bytes()).hexdigest() != real
+    # A file written just now is hashed but not remembered (a second write in the same tick would go unseen)
+    fresh = tmp_path / "fresh.jsonl"
+    fresh.write_text("{}\n")
+    m = HashMemo(str(memo_file))
+    m.sha256(str(fresh))
+    assert str(fresh) not in m.entries
+    # off: nothing kept
+    off = HashMemo("off")
+    assert off.sha256(str(f)) == hashlib.sha256(f.read_bytes()).hexdigest() and off.entries == {}

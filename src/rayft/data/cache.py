@@ -2,8 +2,10 @@
 decides the tokens (:func:`cache_key`):
 
 * every input file, in the order it is read: a local file by the sha256 of its bytes (whatever its
-  size: hashing runs at disk speed, far faster than parsing); an ``s3://`` object by its URI, size
-  and ETag (from ``HeadObject``; reading it whole to hash it would cost as much as loading it);
+  size: hashing runs at disk speed, far faster than parsing; a file whose size, mtime, ctime and
+  inode are those it had when it was last hashed is not read again, see :class:`HashMemo`); an
+  ``s3://`` object by its URI, size and ETag (from ``HeadObject``; reading it whole to hash it would
+  cost as much as loading it);
 * the tokenizer: its name, a sha256 of ``backend_tokenizer.to_str()`` (vocabulary, merges,
   normalizer, pre-tokenizer, added tokens) — or of the vocabulary for a slow tokenizer —, its chat
   template, its EOS id, and the ``tokenizers``/``transformers`` versions;
@@ -20,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +32,73 @@ from typing import Any
 TOKENIZE_VERSION = 3
 
 
-def file_identity(path) -> dict[str, Any]:
+class HashMemo:
+    """sha256 of local files remembered by their stat (size, mtime_ns, ctime_ns, inode), so that a
+    restart on 10M records does not read GBs again only to find them unchanged (the rule git's index
+    and DVC's state use). A file modified within :data:`RACY_S` seconds of its hashing is not
+    remembered (a later write in the same timestamp tick would go unseen).
+
+    Kept in ``$RAYFT_HASH_MEMO`` (default ``$XDG_CACHE_HOME/rayft/file-sha256.json``, else
+    ``~/.cache/rayft/...``; ``RAYFT_HASH_MEMO=off`` turns it off); a missing or unreadable memo is an
+    empty one, and one that cannot be written is not an error.
+    """
+
+    RACY_S = 2.0
+
+    def __init__(self, path: str | None = None):
+        path = path or os.environ.get("RAYFT_HASH_MEMO")
+        if path is None:
+            base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+            path = os.path.join(base, "rayft", "file-sha256.json")
+        self.path = None if path == "off" else path
+        self.entries: dict[str, list] = {}
+        self.changed = False
+        if self.path:
+            try:
+                self.entries = json.loads(Path(self.path).read_text())
+            except (OSError, ValueError):
+                self.entries = {}
+
+    @staticmethod
+    def stamp(st: os.stat_result) -> list[int]:
+        return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+    def sha256(self, path: str) -> str:
+        """The sha256 (hex) of the local file ``path``, from the memo when its stat is unchanged.
+
+        Raises:
+            OSError: an unreadable file.
+        """
+        key = str(Path(path).resolve())
+        before = os.stat(key)
+        hit = self.entries.get(key)
+        if hit is not None and hit[:4] == self.stamp(before):
+            return hit[4]
+        h = hashlib.sha256()
+        with open(key, "rb") as f:
+            while chunk := f.read(1 << 22):
+                h.update(chunk)
+        after = os.stat(key)
+        if self.path and self.stamp(after) == self.stamp(before) and time.time() - after.st_mtime_ns / 1e9 > self.RACY_S:
+            self.entries[key] = [*self.stamp(after), h.hexdigest()]
+            self.changed = True
+        return h.hexdigest()
+
+    def save(self) -> None:
+        """Write the memo (atomically) if it changed; errors are ignored (it is only a shortcut)."""
+        if not (self.path and self.changed):
+            return
+        try:
+            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+            tmp = f"{self.path}.{os.getpid()}.tmp"
+            Path(tmp).write_text(json.dumps(self.entries))
+            os.replace(tmp, self.path)
+            self.changed = False
+        except OSError:
+            pass
+
+
+def file_identity(path, memo: HashMemo | None = None) -> dict[str, Any]:
     """What the key records of one input file (a ``Path`` or an ``S3Object``):
     ``{"path", "sha256"}`` of a local file (its absolute path: the cached report lines name it,
     so a copy elsewhere is a miss), ``{"uri", "size", "etag"}`` of an S3 object.
@@ -48,11 +117,7 @@ def file_identity(path) -> dict[str, Any]:
         except (BotoCoreError, ClientError) as e:
             raise DataError(f"{path}: cannot read: {e}") from None
         return {"uri": str(path), "size": head["ContentLength"], "etag": head.get("ETag")}
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return {"path": str(Path(path).resolve()), "sha256": h.hexdigest()}
+    return {"path": str(Path(path).resolve()), "sha256": (memo or HashMemo("off")).sha256(path)}
 
 
 def input_stamps(data_cfg) -> list[Any]:
@@ -101,12 +166,15 @@ def cache_key(data_cfg, tokenizer, tokenizer_name: str) -> tuple[str, dict[str, 
     """
     from rayft.data.sources import expand_files
 
+    memo = HashMemo()
     val = None
     if data_cfg.validation_files:
-        val = [file_identity(p) for p in expand_files(data_cfg.validation_files)]
+        val = [file_identity(p, memo) for p in expand_files(data_cfg.validation_files)]
+    train = [file_identity(p, memo) for p in expand_files(data_cfg.train_files)]
+    memo.save()
     parts = {
         "tokenize_version": TOKENIZE_VERSION,
-        "train_files": [file_identity(p) for p in expand_files(data_cfg.train_files)],
+        "train_files": train,
         "validation_files": val,
         "validation_fraction": data_cfg.validation_fraction,
         "split_seed": data_cfg.seed if data_cfg.validation_fraction else None,
