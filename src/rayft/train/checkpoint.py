@@ -284,6 +284,11 @@ def _choose_local(ray_checkpoint, chosen: str | None, run_dir: str) -> str | Non
     return None
 
 
+def on_gpu(model) -> bool:
+    """Whether ``model`` trains on CUDA (not whether the host has a GPU: CPU workers may run on one)."""
+    return next(model.parameters()).device.type == "cuda"
+
+
 class CheckpointWriter:
     """Decides when to checkpoint (every N steps and/or M minutes) and writes + reports one.
 
@@ -340,7 +345,7 @@ class CheckpointWriter:
         """Allocate the reusable pinned CPU buffers of async saves now (GPU, async only), so that
         no later save pays for the allocation inside the step loop. Call once the optimizer has
         state (after the first step). Returns the seconds it took, or None when there is nothing to do."""
-        if not self.async_save or not torch.cuda.is_available() or self._writer is not None:
+        if not self.async_save or not on_gpu(model) or self._writer is not None:
             return None
         t0 = time.perf_counter()
         msd, osd = get_state_dict(model, optimizer)
@@ -382,7 +387,7 @@ class CheckpointWriter:
         if self.async_save:
             if self._writer is None:
                 # GPU: reusable pinned CPU buffers (fast copies from the second save on); CPU: plain copies.
-                self._writer = self._new_writer(path, cache=torch.cuda.is_available())
+                self._writer = self._new_writer(path, cache=on_gpu(model))
             future = async_save_shards({"model": msd, "optim": osd}, path, self._writer, self._pg)
             self._pending = {
                 "future": future,

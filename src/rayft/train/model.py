@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
@@ -223,11 +224,14 @@ def build_sharded_model(
         param_dtype=dtypes[par.param_dtype] if on_gpu else torch.float32,
         reduce_dtype=dtypes[par.reduce_dtype] if on_gpu else torch.float32,
     )
+    # The mesh is named for the device we train on: FSDP2's default takes the host's accelerator,
+    # so CPU workers (use_gpu: false) on a GPU host would get CUDA gradients on CPU parameters.
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     for layer in decoder_layers(model):
         if compile_layers:
             layer.compile()
-        fully_shard(layer, mp_policy=mp, reshard_after_forward=par.reshard_after_forward)
-    fully_shard(model, mp_policy=mp, reshard_after_forward=par.reshard_after_forward)
+        fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=par.reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=par.reshard_after_forward)
     model.to_empty(device=device)
     if tied and not tied_embeddings(model):
         model.tie_weights()
