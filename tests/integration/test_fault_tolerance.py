@@ -183,37 +183,27 @@ def test_export_refuses_the_corrupt_checkpoint(corrupted):
     assert not (run / "hf-step8").exists()
 
 
-def test_resume_skips_corrupt_and_incomplete_checkpoints_for_the_newest_intact_one(corrupted, baseline, workdir, capfd):
+def test_resume_skips_corrupt_and_incomplete_checkpoints_at_another_world_size(corrupted, baseline, workdir, capfd):
     """Checkpoint 8 corrupt (same size), checkpoint 6 incomplete (one rank's shard never arrived):
-    the resume takes 4, and the losses after it equal the uninterrupted run's."""
+    the resume takes 4, at 1 worker instead of 2 (the same global batch: 4 micro-batches), and the
+    losses after it equal the uninterrupted run's. (One resume run checks both: each run costs ~30 s of CI.)"""
     run, shard, expected, got = corrupted
     (run / "checkpoint_0000006" / "__1_0.distcp").unlink()
-    summary = run_training(config(workdir, "corrupt"), resume=str(run))
+    summary = run_training(config(workdir, "corrupt", "train.num_workers=1", "train.grad_accum_steps=4"), resume=str(run))
     err = " ".join(capfd.readouterr().err.split())  # the console may wrap long lines
     assert "skipping incomplete checkpoint" in err and "checkpoint_0000006" in err
-    assert summary["resumes"][0]["step"] == 4
+    resumed = summary["resumes"][0]
+    assert {k: resumed[k] for k in ("step", "from_world_size", "world_size")} == {"step": 4, "from_world_size": 2, "world_size": 1}
+    assert 0 < resumed["load_s"] < 60
     assert f"warning: checkpoint 8 is corrupt ({shard}: expected blake2b-128 {expected}, got {got}): skipping it" in err
     assert "from its checkpoint of step 4" in err
     got_losses = losses(workdir, "corrupt")
     assert sorted(got_losses) == list(range(1, 9))
     for step in range(1, 9):
-        assert got_losses[step] == pytest.approx(baseline[step], abs=1e-5), step
+        assert got_losses[step] == pytest.approx(baseline[step], abs=1e-4), step
     # the resumed run wrote its step-8 checkpoint afresh: every checkpoint is intact again
     res = CliRunner().invoke(app, ["checkpoint", "verify", str(run)])
     assert res.exit_code == 0 and res.stdout.count(": intact (") == 3
-
-
-def test_resume_at_a_different_world_size(baseline, workdir):
-    # the run stopped after its checkpoint of step 4; continue at 1 worker with the same global batch
-    run = copy_run(workdir, "base", "reshard", drop=("checkpoint_0000006", "checkpoint_0000008"))
-    summary = run_training(config(workdir, "reshard", "train.num_workers=1", "train.grad_accum_steps=4"), resume=str(run))
-    resumed = summary["resumes"][0]
-    assert {k: resumed[k] for k in ("step", "from_world_size", "world_size")} == {"step": 4, "from_world_size": 2, "world_size": 1}
-    assert 0 < resumed["load_s"] < 60
-    got = losses(workdir, "reshard")
-    assert sorted(got) == list(range(1, 9))
-    for step in range(1, 9):
-        assert got[step] == pytest.approx(baseline[step], abs=1e-4), step
 
 
 def test_resume_refuses_changed_data(baseline, workdir, tmp_path):
