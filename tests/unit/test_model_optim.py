@@ -1,6 +1,5 @@
 """The FSDP2 model build (one-rank gloo group on CPU) and the LR schedule."""
 
-
 import pytest
 import torch
 import torch.distributed as dist
