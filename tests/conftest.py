@@ -5,7 +5,7 @@ the modules are spread over `make test`'s two pytest processes.
 ``ray_local``: the embedded Ray of `rayft train` (connect_ray: every Ray service on 127.0.0.1
 only), 2 CPUs. Starting one costs seconds of CI on 2 cores, so every module of a test process that
 asks for it uses the same one, started by the first such module; the unit modules stop it first
-(tests/unit/conftest.py: a unit test must not find Ray up); a module that needs another Ray in this
+(no_ray_in_unit_modules: a unit test must not find Ray up); a module that needs another Ray in this
 process (a multi-node ``Cluster``) stops it too with ``embedded_ray.stop()``.
 
 `make test` runs two pytest processes (pytest-xdist, ``--dist loadgroup``). Most of an integration
@@ -124,3 +124,11 @@ def ray_local(embedded_ray):
     shared by the modules that use it (stopped at the end of the session)."""
     embedded_ray.start()
     return embedded_ray
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_ray_in_unit_modules(request, embedded_ray):
+    """Unit tests run without Ray up in their process: an integration module before them in the same
+    pytest process may have left the shared embedded Ray up."""
+    if Path(request.path).parent.name == "unit":
+        embedded_ray.stop()
