@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from rayft.commands import bench, checkpoint, cluster, config, data, doctor, export, manifest, stop, submit, train
+from rayft.commands import bench, chat, checkpoint, cluster, config, data, doctor, export, generate, manifest, plot, stop, submit, train
 
 app = typer.Typer(
     name="rayft",
@@ -16,6 +16,9 @@ app = typer.Typer(
 
 app.command("train")(train.train)
 app.command("export")(export.export)
+app.command("chat")(chat.chat)
+app.command("generate")(generate.generate)
+app.command("plot")(plot.plot)
 app.command("manifest")(manifest.manifest)
 app.command("capacity")(cluster.capacity)
 app.command("submit")(submit.submit)
