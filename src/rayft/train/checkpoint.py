@@ -38,6 +38,7 @@ from torch.distributed.checkpoint.state_dict import (
 from rayft.train.checkpoint_files import (
     STATE_FILE,
     CheckpointCheck,
+    checkpoint_dirs,
     directory_bytes,
     find_checkpoints,
     free_space_warning,
@@ -101,7 +102,7 @@ def verify_run(run: str | os.PathLike, step: int | None = None) -> list[Checkpoi
     run_dir = Path(run)
     if not run_dir.is_dir():
         raise CheckpointError(f"{run}: no such run directory")
-    dirs = sorted(d for d in run_dir.glob("checkpoint_*") if d.is_dir())
+    dirs = checkpoint_dirs(run_dir)
     if not dirs:
         raise CheckpointError(f"{run}: no checkpoint in this run directory")
     if step is not None:
@@ -273,7 +274,7 @@ def resolve_resume_dir(ray_checkpoint, chosen: str | None, run_dir: str) -> str 
 def _choose_local(ray_checkpoint, chosen: str | None, run_dir: str) -> str | None:
     """:func:`resolve_resume_dir` on a local or shared file system, on one rank (it prints)."""
     complete = find_checkpoints(run_dir)
-    for d in sorted(Path(run_dir).glob("checkpoint_*")):
+    for d in checkpoint_dirs(run_dir):
         if complete and d.name > complete[-1][1].name and not is_complete(d):
             print(f"[rayft] WARNING: {d} is incomplete (interrupted save?); using {complete[-1][1]}", flush=True)
 

@@ -61,7 +61,7 @@ def prepare_run_dir(run_dir: str, resume: str | None, cfg: RayftConfig, console:
             continue it), or ``--resume`` of a directory without a complete checkpoint, or with
             only corrupt ones.
     """
-    from rayft.train.checkpoint_files import CheckpointCheck, find_checkpoints, is_complete, newest_intact
+    from rayft.train.checkpoint_files import CheckpointCheck, checkpoint_dirs, find_checkpoints, is_complete, newest_intact
 
     d = Path(run_dir)
     if not resume:
@@ -72,7 +72,7 @@ def prepare_run_dir(run_dir: str, resume: str | None, cfg: RayftConfig, console:
         return None
     if not d.is_dir():
         raise TrainError(f"--resume {resume}: no run directory at {run_dir}")
-    for c in sorted(d.glob("checkpoint_*")):
+    for c in checkpoint_dirs(d):
         if not is_complete(c):
             console.print(Text.assemble(("warning", "yellow"), f": skipping incomplete checkpoint {c} (interrupted save?)"))
     if not find_checkpoints(d):
