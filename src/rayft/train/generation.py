@@ -86,6 +86,10 @@ def base_generation_config(name_or_path: str, revision: str | None = None, say=N
 
     if is_preset(name_or_path):
         return None
+    if not os.path.isdir(name_or_path) and say is not None:
+        from rayft.train.hub import offline_when_unreachable
+
+        offline_when_unreachable([name_or_path], say)  # the cache only, at once, rather than retries
     try:
         return GenerationConfig.from_pretrained(name_or_path, revision=revision)
     except OSError as e:

@@ -118,12 +118,24 @@ def check_resume_data(checkpoint: str, data_fingerprint: str) -> None:
 class MetricsLog:
     """``rayft_metrics.jsonl`` written as steps arrive (one JSON line each, flushed), so that any
     stop keeps them; :func:`write_run_records` rewrites it at the end without re-run steps. A new
-    run starts the file empty; a resumed one appends to the original run's lines."""
+    run (``resumed_step`` None) starts the file empty; a run resumed from the checkpoint of step
+    ``resumed_step`` keeps the earlier lines up to that step and drops those after it (the steps it
+    runs again), then appends."""
 
-    def __init__(self, run_dir: str, resumed: bool):
+    def __init__(self, run_dir: str, resumed_step: int | None):
         self.path = Path(run_dir) / "rayft_metrics.jsonl"
-        if not resumed:
+        if resumed_step is None or not self.path.exists():
             self.path.write_text("")
+            return
+        kept = []
+        for line in self.path.read_text().splitlines():
+            try:
+                step = json.loads(line)["step"]
+            except (ValueError, KeyError, TypeError):
+                continue  # a line cut by a hard stop: dropped
+            if step <= resumed_step:
+                kept.append(line + "\n")
+        self.path.write_text("".join(kept))
 
     def append(self, record: dict) -> None:
         with self.path.open("a") as f:
