@@ -52,7 +52,10 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path) -> Path:
     Raises:
         TrainError: a run without metrics (:func:`read_metrics`), or two runs with the same name.
     """
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise TrainError("rayft plot needs matplotlib (pip install 'rayft[plot]')") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
