@@ -103,3 +103,19 @@ def test_version_and_help_screens_without_bool_placeholders():
         res = CliRunner().invoke(app, args, terminal_width=200)
         assert res.exit_code == 0 and "--help" in res.output and "<bool>" not in res.output, args
     assert "<path>" in res.output and "<int>" in res.output  # options that take a value keep their type
+
+
+def test_torchao_import_noise_dropped(caplog):
+    import logging
+
+    import rayft  # noqa: F401 -- its import installs the filters
+
+    with caplog.at_level(logging.WARNING):
+        logging.getLogger("torchao").warning(
+            "Failed to load /x/torchao/_C_mxfp8.cpython-310-x86_64-linux-gnu.so: Could not load this library"
+        )
+        logging.getLogger("torch.utils._pytree").warning(
+            "<enum 'KernelPreference'> is an Enum subclass and is now natively supported by ..."
+        )
+        logging.getLogger("torchao").warning("float8 is slow here")
+    assert [r.getMessage() for r in caplog.records] == ["float8 is slow here"]  # other warnings still show

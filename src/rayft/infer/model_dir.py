@@ -71,7 +71,9 @@ def load_model(hf_dir: Path, device=None):
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # no "Loading weights" bar in a chat or before the JSON lines
     device = pick_device(device) if not isinstance(device, torch.device) else device
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(hf_dir))
