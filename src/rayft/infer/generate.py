@@ -72,7 +72,10 @@ def prompt_ids(tokenizer, prompt: Prompt) -> list[int]:
     """The token ids of a prompt: chat turns through the chat template with the generation prompt
     (the template writes its own special tokens), plain text with the tokenizer's usual specials."""
     if prompt.messages is not None:
-        text = tokenizer.apply_chat_template(prompt.messages, tokenize=False, add_generation_prompt=True)
+        try:
+            text = tokenizer.apply_chat_template(prompt.messages, tokenize=False, add_generation_prompt=True)
+        except Exception as e:  # jinja2's errors, or no chat template: named by the prompt's line
+            raise InferError(f"line {prompt.line}: the chat template cannot render these messages ({e})") from None
         return tokenizer.encode(text, add_special_tokens=False)
     return tokenizer.encode(prompt.text)
 
@@ -114,7 +117,8 @@ def generate_all(
     eos = model.generation_config.eos_token_id
     stops = set([eos] if isinstance(eos, int) else eos or [])
     if tokenizer.pad_token_id is None:  # padding needs a pad id; the masked positions never count
-        tokenizer.pad_token_id = model.generation_config.pad_token_id if model.generation_config.pad_token_id is not None else min(stops)
+        fallback = model.generation_config.pad_token_id
+        tokenizer.pad_token_id = fallback if fallback is not None else min(stops, default=0)
     pad = tokenizer.pad_token_id
     device = next(model.parameters()).device
     results: list[dict[str, Any]] = []
