@@ -44,14 +44,14 @@ def bigram_dir(tmp_path_factory, qwen_tokenizer):
     return bigram_export(qwen_tokenizer, tmp_path_factory.mktemp("export") / "hf")
 
 
-def test_export_stops_at_end_of_turn(bigram_dir):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def test_export_stops_at_end_of_turn(bigram_dir, qwen_tokenizer):
+    from transformers import AutoModelForCausalLM
 
     gen = json.loads((bigram_dir / "generation_config.json").read_text())
     assert gen["eos_token_id"] == [151645, 151643]
     assert json.loads((bigram_dir / "config.json").read_text())["use_cache"] is True
     model = AutoModelForCausalLM.from_pretrained(bigram_dir)
-    tok = AutoTokenizer.from_pretrained(bigram_dir)
+    tok = qwen_tokenizer  # the tokenizer the export holds (loading it back is test_generate_...'s part)
     batch = tok.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True, return_tensors="pt", return_dict=True)
     n = batch["input_ids"].shape[1]
     with torch.no_grad():
@@ -101,10 +101,9 @@ def test_generate_greedy_batched_equals_one_by_one(tmp_path, random_dir, qwen_to
 
     model, tok = AutoModelForCausalLM.from_pretrained(random_dir).eval(), qwen_tokenizer  # the export's tokenizer, already loaded
     prompts = read_prompts(f)
-    # the same answers again, and in batches of 2 (other padding: the second batch has none)
-    for batch_size in (3, 2):
-        again = generate_all(model, tok, prompts, max_new_tokens=6, temperature=0, batch_size=batch_size)
-        assert [r["completion"] for r in again] == [r["completion"] for r in got]
+    # the same answers again, in batches of 2 (other padding: the second batch has none)
+    again = generate_all(model, tok, prompts, max_new_tokens=6, temperature=0, batch_size=2)
+    assert [r["completion"] for r in again] == [r["completion"] for r in got]
     # the reference: transformers' greedy generate on each prompt alone (no padding at all)
     for p, rec in zip(prompts, got):
         if p.messages is not None:
