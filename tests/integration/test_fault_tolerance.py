@@ -306,7 +306,7 @@ def cli_runs(ray_local, workdir):
         r.thread.join(timeout=120)
 
 
-def test_sigterm_checkpoints_the_step_and_resumes_exactly_and_a_second_run_is_refused(baseline, workdir, cli_runs):
+def test_sigterm_checkpoints_the_step_and_resumes_exactly_and_a_second_run_is_refused(baseline, workdir, cli_runs, capfd):
     run = workdir / "runs" / "stopped"
     stopped = cli_runs["stopped"]  # started with the module's runs (cli_runs), SIGTERM once 5 steps were in its metrics
     error, took = cli_runs["refused"]  # run_training(config(workdir, "stopped")) while it held the lock
@@ -325,11 +325,19 @@ def test_sigterm_checkpoints_the_step_and_resumes_exactly_and_a_second_run_is_re
     assert f"stopped by SIGTERM after {stop['steps_done']} step(s); checkpoint of step {stop['checkpoint_step']} in {run}" in out
     assert f"resume with: rayft train {workdir / 'job.yaml'} --set checkpoint.name=stopped --resume {run}" in out
     assert not (run / ".rayft.lock").exists()
+    # its output went to a file, not a terminal: a plain progress line for each step (train.log_every 1)
+    assert all(f"step {n}/8 ({100 * n / 8:.0f}%)  loss " in out for n in range(1, stop["steps_done"] + 1)), out[-2000:]
 
+    capfd.readouterr()
     summary = run_training(config(workdir, "stopped"), resume=str(run))
+    resumed_out = capfd.readouterr()
+    assert (run / "checkpoint_manager_snapshot.json").exists()  # Ray Train's bookkeeping, no checkpoint: no warning about it
+    assert "checkpoint_manager_snapshot" not in resumed_out.out + resumed_out.err
     assert summary["resumes"][0]["step"] == stop["checkpoint_step"]
     got = losses(workdir, "stopped")
     assert sorted(got) == list(range(1, 9))
+    lines = (run / "rayft_metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == list(range(1, 9))  # the stopped run's steps kept, each once
     for step in range(1, 9):
         assert got[step] == pytest.approx(baseline[step], abs=1e-5), step
 
