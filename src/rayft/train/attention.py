@@ -10,6 +10,11 @@ attention runs as one variable-length FlashAttention call
 The implementation is registered with transformers under the name :data:`VARLEN`, with a mask
 function that builds no mask at all. ``model.attn_implementation: auto`` picks it on CUDA when
 PyTorch has it, else ``sdpa`` (which is exact on CPU too, only slower).
+
+Attention-logit soft-capping (Gemma 2) is implemented by neither SDPA nor the varlen kernel:
+``auto`` gives such a model transformers' ``flex_attention`` on CUDA (soft-capping and the sliding
+window applied inside the fused kernel) and ``eager`` on the CPU (the reference implementation);
+asking for ``sdpa`` or ``varlen`` for it is an error.
 """
 
 from __future__ import annotations
@@ -38,8 +43,13 @@ def unsupported_attention_features(model_config) -> list[str]:
     out = []
     window = getattr(model_config, "sliding_window", None)
     layer_types = getattr(model_config, "layer_types", None) or []
+    # a window as long as the context (Phi-3.5's 262144 over 131072 positions) is no window
+    longer = bool(window) and window >= getattr(model_config, "max_position_embeddings", float("inf"))
     windowed = (
-        bool(window) and getattr(model_config, "use_sliding_window", True) and any(t != "full_attention" for t in layer_types or ["?"])
+        bool(window)
+        and not longer
+        and getattr(model_config, "use_sliding_window", True)
+        and any(t != "full_attention" for t in layer_types or ["?"])
     )
     if windowed:
         out.append(f"sliding_window={window}")
@@ -48,19 +58,39 @@ def unsupported_attention_features(model_config) -> list[str]:
     return out
 
 
+def softcapped(model_config) -> bool:
+    """True when ``model_config`` soft-caps its attention logits (Gemma 2: ``attn_logit_softcapping``),
+    which SDPA cannot do."""
+    return bool(getattr(model_config, "attn_logit_softcapping", None))
+
+
+def default_attn_implementation(model_config, device: torch.device) -> str:
+    """What ``auto`` means without varlen: ``sdpa``; for a soft-capped model (:func:`softcapped`)
+    ``flex_attention`` on CUDA and ``eager`` elsewhere."""
+    if model_config is not None and softcapped(model_config):
+        return "flex_attention" if device.type == "cuda" else "eager"
+    return "sdpa"
+
+
 def resolve_attn_implementation(name: str, device: torch.device, model_config=None) -> str:
     """The transformers attention implementation to use for ``model.attn_implementation``.
 
     ``auto`` → :data:`VARLEN` where :func:`varlen_available` and the model uses no feature it
-    lacks (:func:`unsupported_attention_features`), else ``sdpa``; ``varlen`` → :data:`VARLEN`.
-    Registers :data:`VARLEN` with transformers when it is chosen.
+    lacks (:func:`unsupported_attention_features`), else :func:`default_attn_implementation`;
+    ``varlen`` → :data:`VARLEN`. Registers :data:`VARLEN` with transformers when it is chosen.
 
     Raises:
-        ValueError: ``varlen`` asked for where it cannot run, or for a model it would get wrong.
+        ValueError: ``varlen`` asked for where it cannot run, or ``varlen``/``sdpa`` for a model
+            they would get wrong (a sliding window for varlen; attention soft-capping for both).
     """
     lacking = unsupported_attention_features(model_config) if model_config is not None else []
     if name == "auto":
-        name = "varlen" if varlen_available(device) and not lacking else "sdpa"
+        name = "varlen" if varlen_available(device) and not lacking else default_attn_implementation(model_config, device)
+    if name == "sdpa" and model_config is not None and softcapped(model_config):
+        raise ValueError(
+            f"model.attn_implementation=sdpa cannot soft-cap attention logits (this model's "
+            f"attn_logit_softcapping={model_config.attn_logit_softcapping}); use auto, eager or flex_attention"
+        )
     if name != "varlen":
         return name
     if lacking:

@@ -39,8 +39,11 @@ def load_model_config(cfg: ModelConfig, attn_implementation: str | None = None) 
 
     ``attn_implementation``: the resolved transformers name (see
     :func:`rayft.train.attention.resolve_attn_implementation`); default ``cfg.attn_implementation``,
-    with ``auto`` and ``varlen`` read as ``sdpa`` (the device-independent choice, e.g. for export).
+    with ``auto`` and ``varlen`` read as the CPU's choice (``sdpa``; ``eager`` for a soft-capped
+    model: :func:`rayft.train.attention.default_attn_implementation`), e.g. for export.
     """
+    from rayft.train.attention import default_attn_implementation
+
     if is_preset(cfg.name_or_path):
         d = dict(PRESETS[cfg.name_or_path.lower()])
         model_type = d.pop("model_type")
@@ -53,7 +56,8 @@ def load_model_config(cfg: ModelConfig, attn_implementation: str | None = None) 
         setattr(conf, k, v)
     conf.use_cache = False
     if attn_implementation is None:
-        attn_implementation = "sdpa" if cfg.attn_implementation in ("auto", "varlen") else cfg.attn_implementation
+        auto = cfg.attn_implementation in ("auto", "varlen")
+        attn_implementation = default_attn_implementation(conf, torch.device("cpu")) if auto else cfg.attn_implementation
     conf._attn_implementation = attn_implementation
     return conf
 
