@@ -12,9 +12,11 @@
   every token after the document's first is a training target exactly once (``split_documents``).
 
 The conversation is rendered once with the tokenizer's chat template. The characters that belong
-to each assistant turn are found by rendering prefixes of the conversation (see
-:func:`assistant_char_spans`), so the turn's content and its end-of-turn token (``<|im_end|>`` in
-ChatML) are trained, and the role header and the newline the template puts after the turn are not. A token is trainable when any of its characters lies in an assistant span. Masking by
+to each assistant turn are found by rendering the conversation with the turn's content replaced by
+a sentinel and the generation prompt of the turns before it (see :func:`assistant_char_spans`), so
+the turn's content, what the template adds to it (Qwen3's ``<think>`` block, tool calls) and its
+end-of-turn token (``<|im_end|>`` in ChatML, ``<|eot_id|>``, ``</s>``, ``<end_of_turn>``, ``<|end|>``)
+are trained, and the role header and the newline the template puts after the turn are not. A token is trainable when any of its characters lies in an assistant span. Masking by
 character offsets, never by token id, matters: Qwen's pad and eos share an id.
 """
 
@@ -38,6 +40,41 @@ class TokenizedExample:
 
 
 _SENTINEL = "RAYFTSPAN7f3a"
+_THINK_END = "</think>"
+
+
+def end_of_turn(tokenizer) -> str:
+    """The text the chat template closes an assistant turn with: the first added token (e.g.
+    ``<|im_end|>``, ``<|eot_id|>``, ``</s>``, ``<end_of_turn>``, ``<|end|>``) that it renders after
+    an assistant reply, or ``""`` when it renders none (the turn then ends with its content).
+    Cached per tokenizer and template."""
+    template = getattr(tokenizer, "chat_template", None)
+    key = (id(tokenizer), template if isinstance(template, str) else repr(template))
+    if key not in _EOT_CACHE:
+        probe = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "x"}, {"role": "assistant", "content": _SENTINEL}], tokenize=False
+        )
+        tail = probe[probe.find(_SENTINEL) + len(_SENTINEL) :]
+        added = [t.content for t in tokenizer.added_tokens_decoder.values() if t.content]
+        hits = [(tail.find(t), -len(t), t) for t in added if t in tail]
+        _EOT_CACHE[key] = min(hits)[2] if hits else ""
+    return _EOT_CACHE[key]
+
+
+_EOT_CACHE: dict[tuple[int, str], str] = {}
+
+
+def _with_sentinel(message: dict) -> dict:
+    """``message`` with its visible content replaced by the sentinel: after a ``</think>`` (and the
+    whitespace that follows it) when there is one, so a template that splits the reasoning off
+    (Qwen3) renders the same reasoning block."""
+    content = message.get("content") or ""
+    cut = content.rfind(_THINK_END)
+    if cut < 0:
+        return {**message, "content": _SENTINEL}
+    cut += len(_THINK_END)
+    cut += len(content[cut:]) - len(content[cut:].lstrip())
+    return {**message, "content": content[:cut] + _SENTINEL}
 
 
 def assistant_char_spans(
@@ -47,24 +84,41 @@ def assistant_char_spans(
     ``tools``), tool calls included, but not of the turns whose index in ``messages`` is in ``skip``
     (not trained); tool results (``tool`` messages) are never in a span.
 
-    Turn *i* starts where its content starts: the position of a sentinel rendered in place of the
-    content after ``messages[:i]``. It ends at the end of ``render(messages[:i+1])`` with trailing
-    whitespace removed, so the end-of-turn token is included and the newline after it is not.
+    The turn's *content* is located by rendering the whole conversation again with that turn's
+    content replaced by a sentinel: the text before the sentinel and the text after it must equal
+    the start and the end of ``text`` (so templates whose rendering of a turn depends on the turns
+    after it, like Qwen3's reasoning blocks or Mistral's system prompt in the last user turn, are
+    handled). The span starts where the template's generation prompt for ``messages[:i]`` ends
+    when that prompt is a prefix of ``text`` (so what the template puts between the header and the
+    content, e.g. Qwen3's ``<think>…</think>`` block, is trained), else where the content starts;
+    it ends after the first :func:`end_of_turn` text at or after the content's end (tool calls in
+    between included), or at the content's end when the template has no end-of-turn token.
 
     Raises:
-        DataError: when the template does not render conversation prefixes as prefixes of the
-            full text (such templates cannot be masked this way).
+        DataError: when the conversation cannot be located in its render this way.
     """
-    spans = []
+    eot = end_of_turn(tokenizer)
+    spans, floor = [], 0
     for i, m in enumerate(messages):
-        if m["role"] != "assistant" or i in skip:
+        if m["role"] != "assistant":
             continue
-        probe = tokenizer.apply_chat_template([*messages[:i], {"role": "assistant", "content": _SENTINEL}], tools=tools, tokenize=False)
-        start = probe.find(_SENTINEL)
-        upto = tokenizer.apply_chat_template(messages[: i + 1], tools=tools, tokenize=False)
-        if start < 0 or not text.startswith(probe[:start]) or not text.startswith(upto):
-            raise DataError(f"{where}: the chat template does not render conversation prefixes as text prefixes")
-        spans.append((start, len(upto.rstrip())))
+        variant = tokenizer.apply_chat_template([*messages[:i], _with_sentinel(m), *messages[i + 1 :]], tools=tools, tokenize=False)
+        at = variant.find(_SENTINEL)
+        after = len(variant) - at - len(_SENTINEL)
+        if at < 0 or variant[:at] != text[:at] or after > len(text) or variant[at + len(_SENTINEL) :] != text[len(text) - after :]:
+            raise DataError(f"{where}: cannot locate assistant turn {i} in the chat template's rendering")
+        content_end = max(len(text) - after, at)
+        end = content_end
+        if eot:
+            found = text.find(eot, content_end)
+            end = found + len(eot) if found >= 0 else content_end
+        if i not in skip:
+            start = at
+            prompt = tokenizer.apply_chat_template(messages[:i], tools=tools, tokenize=False, add_generation_prompt=True) if i else ""
+            if i and floor <= len(prompt) <= at and text.startswith(prompt):
+                start = len(prompt)
+            spans.append((start, end))
+        floor = end
     return spans
 
 
@@ -74,11 +128,17 @@ def tokenize_conversation(tokenizer, conv: Conversation) -> TokenizedExample:
     ``conv.untrained`` (weight 0: rendered, so the token ids do not depend on weights, not trained).
 
     Raises:
-        DataError: the chat template cannot be masked (see :func:`assistant_char_spans`).
+        DataError: the chat template refuses the conversation (its message names the record) or
+            cannot be masked (see :func:`assistant_char_spans`).
     """
+    from jinja2.exceptions import TemplateError
+
     messages, tools = list(conv.messages), list(conv.tools) or None
-    text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)
-    spans = assistant_char_spans(tokenizer, messages, text, conv.source, tools, skip=conv.untrained)
+    try:
+        text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)
+        spans = assistant_char_spans(tokenizer, messages, text, conv.source, tools, skip=conv.untrained)
+    except TemplateError as e:
+        raise DataError(f"{conv.source}: {e}") from e
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids = np.asarray(enc["input_ids"], dtype=np.int32)
     offsets = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
