@@ -7,7 +7,23 @@ from typing import Annotated
 import typer
 
 from rayft import __version__
-from rayft.commands import bench, chat, checkpoint, cluster, config, data, doctor, export, generate, manifest, plot, stop, submit, train
+from rayft.commands import (
+    bench,
+    chat,
+    checkpoint,
+    cluster,
+    config,
+    data,
+    doctor,
+    export,
+    generate,
+    manifest,
+    models,
+    plot,
+    stop,
+    submit,
+    train,
+)
 from rayft.commands.help_format import hide_flag_types
 
 app = typer.Typer(
@@ -45,6 +61,7 @@ app.command("capacity")(cluster.capacity)
 app.command("submit")(submit.submit)
 app.command("doctor")(doctor.doctor)
 app.command("stop")(stop.stop)
+app.command("models")(models.models)
 app.add_typer(config.config_app, name="config")
 app.add_typer(checkpoint.checkpoint_app, name="checkpoint")  # verify
 app.add_typer(cluster.cluster_app, name="cluster")  # plan, up, status, down, and local (rayft.commands.cluster_local)

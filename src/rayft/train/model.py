@@ -26,12 +26,15 @@ from rayft.train.presets import PRESETS, is_preset
 
 
 def default_tokenizer(cfg: ModelConfig) -> str:
-    """The tokenizer to use: explicit, else the offline Qwen2.5 one for presets, else the model's."""
-    from rayft.data.tokenizer import QWEN2_5_TOKENIZER
+    """The tokenizer to use: explicit, else the preset family's (:data:`rayft.train.families.FAMILIES`:
+    built offline for Qwen, Llama 3 and Mistral, a hub id for Gemma and Phi), else the model's."""
+    from rayft.train.families import family_of
 
     if cfg.tokenizer:
         return cfg.tokenizer
-    return QWEN2_5_TOKENIZER if is_preset(cfg.name_or_path) else cfg.name_or_path
+    if is_preset(cfg.name_or_path):
+        return family_of(PRESETS[cfg.name_or_path.lower()]["model_type"]).tokenizer
+    return cfg.name_or_path
 
 
 def load_model_config(cfg: ModelConfig, attn_implementation: str | None = None) -> PretrainedConfig:
@@ -119,8 +122,10 @@ def tied_embeddings(model: torch.nn.Module) -> bool:
 def _reset_rotary_buffers(model: torch.nn.Module, device: torch.device) -> None:
     """Recompute non-persistent buffers, which the state dict does not carry.
 
-    Only RoPE frequencies (modules with ``inv_freq`` and a ``config``) are known; any other
-    non-persistent buffer would be left as uninitialised memory by ``to_empty``, so it is an error.
+    Known: RoPE frequencies (modules with ``inv_freq`` and a ``config``) and the embedding scale
+    of Gemma's scaled embedding (``embed_scale``, from its ``scalar_embed_scale``: √hidden_size);
+    any other non-persistent buffer would be left as uninitialised memory by ``to_empty``, so it is
+    an error.
 
     Raises:
         NotImplementedError: a non-persistent buffer this function cannot recompute.
@@ -131,6 +136,8 @@ def _reset_rotary_buffers(model: torch.nn.Module, device: torch.device) -> None:
                 fresh = type(mod)(config=mod.config)
             for name, buf in fresh.named_buffers(recurse=False):
                 setattr(mod, name, buf)
+        elif mod._non_persistent_buffers_set == {"embed_scale"} and hasattr(mod, "scalar_embed_scale"):
+            mod.embed_scale = torch.tensor(mod.scalar_embed_scale, device=device)
         elif mod._non_persistent_buffers_set:
             raise NotImplementedError(
                 f"{type(model).__name__}: non-persistent buffer(s) {sorted(mod._non_persistent_buffers_set)} in {mname or 'the root'} "
@@ -191,7 +198,8 @@ def build_sharded_model(
     (:class:`~rayft.train.loss.TokenLoss`; ``cross_entropy``: auto|fused|torch;
     ``fused_loss_chunk_mem``: the fused loss's chunk size, liger's ``chunk_mem_const``) runs through
     :meth:`ShardedModel.token_loss_sum`;
-    ``liger_kernels`` swaps in liger-kernel's RMSNorm, SwiGLU and RoPE (Qwen2);
+    ``liger_kernels`` swaps in liger-kernel's RMSNorm, SwiGLU/GeGLU and RoPE (the family's patch:
+    :func:`rayft.train.families.liger_call`);
     ``float8`` converts the decoder layers' linear layers to float8 training (:func:`apply_float8`).
 
     Raises:
@@ -251,18 +259,22 @@ def build_sharded_model(
 
 
 def _apply_liger(model: torch.nn.Module, device: torch.device) -> None:
-    """liger-kernel's Triton RMSNorm, SwiGLU MLP and RoPE on this Qwen2 model instance.
+    """liger-kernel's Triton RMSNorm, SwiGLU/GeGLU MLP and RoPE on this model instance, through the
+    family's patch function (:func:`rayft.train.families.liger_call`).
 
     Raises:
-        ValueError: not a Qwen2 model, no CUDA device, or liger-kernel missing.
+        ValueError: a family liger-kernel does not patch, no CUDA device, or liger-kernel missing.
     """
-    if device.type != "cuda" or getattr(model.config, "model_type", None) != "qwen2":
-        raise ValueError(f"train.liger_kernels needs a CUDA device and a qwen2 model (have {device.type}, {model.config.model_type})")
+    from rayft.train.families import liger_call
+
+    name, kwargs = liger_call(getattr(model.config, "model_type", ""))
+    if device.type != "cuda":
+        raise ValueError(f"train.liger_kernels needs a CUDA device (have {device.type})")
     try:
-        from liger_kernel.transformers import apply_liger_kernel_to_qwen2
+        import liger_kernel.transformers as liger
     except ImportError as e:
         raise ValueError("train.liger_kernels needs the liger-kernel package (pip install liger-kernel)") from e
-    apply_liger_kernel_to_qwen2(rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=False, model=model)
+    getattr(liger, name)(**kwargs, model=model)
 
 
 def check_float8(device: torch.device) -> None:
