@@ -260,7 +260,10 @@ class TrainConfig(_Section):
         "many × (micro-batch tokens × hidden size) values: larger chunks, fewer passes over the fp32 weight gradient. "
         "1 is liger's default and the least memory; 8 was the fastest of 1, 4 and 8 in the step on H200 (bench/NOTES.md §8).",
     )
-    liger_kernels: bool = Field(default=False, description="liger-kernel RMSNorm, SwiGLU/GeGLU and RoPE (CUDA; Qwen2, Qwen3, Llama, Mistral, Gemma 2, Phi-3: rayft.train.families).")
+    liger_kernels: bool = Field(
+        default=False,
+        description="liger-kernel RMSNorm, SwiGLU/GeGLU and RoPE (CUDA; Qwen2, Qwen3, Llama, Mistral, Gemma 2, Phi-3: rayft.train.families).",
+    )
     float8: bool = Field(
         default=False,
         description="float8 matmuls in the decoder layers' linear layers (torchao, tensorwise dynamic scaling, float8 FSDP2 "

@@ -17,11 +17,10 @@ import torch
 import torch.distributed as dist
 from conftest import shared_path
 
-from rayft.data.chat_templates import GEMMA_TEMPLATE, PHI3_TEMPLATE
 from rayft.data.examples import DataError
 from rayft.data.records import to_conversation
 from rayft.data.tokenize import tokenize_conversation, tokenize_dataset
-from rayft.data.tokenizer import build_sentencepiece_tokenizer, load_tokenizer
+from rayft.data.tokenizer import build_standin_tokenizer, load_tokenizer
 
 # The published architecture's tie flag, and the stand-in or offline tokenizer per tiny preset.
 TINY = {
@@ -40,8 +39,6 @@ MARKERS = {
     "gemma-standin": ("<start_of_turn>model\n", "<end_of_turn>"),
     "phi-standin": ("<|assistant|>\n", "<|end|>"),
 }
-PHI_ADDED = ("<|endoftext|>", "<|assistant|>", *(f"<|placeholder{i}|>" for i in range(1, 5)), "<|system|>", "<|end|>",
-             "<|placeholder5|>", "<|placeholder6|>", "<|user|>")  # fmt: skip  (ids 32000..32010 in Phi-3.5's vocabulary)
 
 
 def _mistral_file(name):
@@ -54,20 +51,10 @@ _TOKENIZERS = {}
 
 
 def tokenizer(name):
-    """The offline tokenizers by name; ``gemma-standin`` (Mistral v3's SentencePiece + Gemma's
-    ``<start_of_turn>``/``<end_of_turn>``) and ``phi-standin`` (Mistral v1's 32,000-piece
-    SentencePiece + Phi-3.5's 11 added tokens at ids 32000..32010, as in Phi's vocabulary)."""
+    """The offline tokenizers by name, and the Gemma and Phi stand-ins (build_standin_tokenizer)."""
     if name not in _TOKENIZERS:
-        if name == "gemma-standin":
-            tok = build_sentencepiece_tokenizer(_mistral_file("mistral_instruct_tokenizer_240323.model.v3"), ("<start_of_turn>", "<end_of_turn>"))
-            tok.chat_template = GEMMA_TEMPLATE
-        elif name == "phi-standin":
-            tok = build_sentencepiece_tokenizer(_mistral_file("tokenizer.model.v1"), PHI_ADDED)
-            tok.eos_token = "<|endoftext|>"
-            tok.chat_template = PHI3_TEMPLATE
-        else:
-            tok = load_tokenizer(name)
-        _TOKENIZERS[name] = tok
+        standin = {"gemma-standin": "gemma2", "phi-standin": "phi3"}
+        _TOKENIZERS[name] = build_standin_tokenizer(standin[name]) if name in standin else load_tokenizer(name)
     return _TOKENIZERS[name]
 
 
@@ -149,7 +136,10 @@ def test_llama3_mistral_gemma_phi_render_the_published_text():
     assert tokenizer("gemma-standin").apply_chat_template(conv, tokenize=False) == (
         "<s><start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\nyo<end_of_turn>\n"
     )
-    assert tokenizer("phi-standin").apply_chat_template(conv, tokenize=False) == "<|user|>\nhi<|end|>\n<|assistant|>\nyo <|end|>\n<|endoftext|>"
+    assert (
+        tokenizer("phi-standin").apply_chat_template(conv, tokenize=False)
+        == "<|user|>\nhi<|end|>\n<|assistant|>\nyo <|end|>\n<|endoftext|>"
+    )
     # Mistral: the ids of mistral-common's own v3 encoder, system prompt in the last user turn
     from mistral_common.protocol.instruct.messages import AssistantMessage, SystemMessage, UserMessage
     from mistral_common.protocol.instruct.request import ChatCompletionRequest
@@ -158,7 +148,9 @@ def test_llama3_mistral_gemma_phi_render_the_published_text():
     mt = MistralTokenizer.from_file(str(_mistral_file("mistral_instruct_tokenizer_240323.model.v3")))
     chat = [("system", "Be brief."), ("user", "Hi there"), ("assistant", "Yo man\n\nok"), ("user", "2+2 in 中文?")]
     want = mt.encode_chat_completion(
-        ChatCompletionRequest(messages=[{"system": SystemMessage, "user": UserMessage, "assistant": AssistantMessage}[r](content=c) for r, c in chat])
+        ChatCompletionRequest(
+            messages=[{"system": SystemMessage, "user": UserMessage, "assistant": AssistantMessage}[r](content=c) for r, c in chat]
+        )
     ).tokens
     got = tokenizer("mistral-v3").apply_chat_template([{"role": r, "content": c} for r, c in chat], tokenize=True, return_dict=False)
     assert list(got) == want
@@ -189,7 +181,10 @@ def test_templates_refuse_what_they_cannot_render_naming_the_record():
                                          {"role": "assistant", "content": "a"}]}, "data.jsonl:7", "messages")  # fmt: skip
     with pytest.raises(DataError, match=r"data.jsonl:7: .*Gemma 2 chat template renders no system turn"):
         tokenize_conversation(tokenizer("gemma-standin"), conv)
-    tools = {"tools": [{"name": "f", "parameters": {}}], "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+    tools = {
+        "tools": [{"name": "f", "parameters": {}}],
+        "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+    }
     with pytest.raises(DataError, match=r"t:3: .*Llama 3 chat template renders no tools"):
         tokenize_conversation(tokenizer("llama3"), to_conversation(tools, "t:3", "messages"))
 
@@ -215,7 +210,13 @@ def test_offline_tokenizers_give_the_packages_ids():
     assert len(m) == mistral.n_words == 32768
     q = tokenizer("qwen3")
     assert q("Hello world", add_special_tokens=False)["input_ids"] == [9707, 1879]
-    assert q.convert_tokens_to_ids(["<|im_end|>", "<tool_response>", "</tool_response>", "<think>", "</think>"]) == [151645, 151665, 151666, 151667, 151668]
+    assert q.convert_tokens_to_ids(["<|im_end|>", "<tool_response>", "</tool_response>", "<think>", "</think>"]) == [
+        151645,
+        151665,
+        151666,
+        151667,
+        151668,
+    ]
     assert (q.eos_token_id, q.pad_token_id, len(q)) == (151645, 151643, 151669)
 
 
@@ -234,7 +235,13 @@ def test_liger_and_attention_routing_per_family():
         "qwen2": "apply_liger_kernel_to_qwen2", "qwen3": "apply_liger_kernel_to_qwen3", "llama": "apply_liger_kernel_to_llama",
         "mistral": "apply_liger_kernel_to_mistral", "gemma2": "apply_liger_kernel_to_gemma2", "phi3": "apply_liger_kernel_to_phi3",
     }  # fmt: skip
-    assert routes["gemma2"][1] == {"rope": True, "rms_norm": True, "geglu": True, "cross_entropy": False, "fused_linear_cross_entropy": False}
+    assert routes["gemma2"][1] == {
+        "rope": True,
+        "rms_norm": True,
+        "geglu": True,
+        "cross_entropy": False,
+        "fused_linear_cross_entropy": False,
+    }
     assert routes["llama"][1]["swiglu"] is True and "geglu" not in routes["llama"][1]
     assert {PRESETS[p]["model_type"] for p in PRESETS} <= set(FAMILIES)  # every preset has a family
     with pytest.raises(ValueError, match="no liger-kernel patch for model_type 'gpt2'"):

@@ -46,7 +46,7 @@ LLAMA3_TEMPLATE = (
     "{{- '<|start_header_id|>' + m['role'] + '<|end_header_id|>\\n\\n' + (m['content'] | trim) + '<|eot_id|>' -}}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}{%- endif -%}"
-)
+)  # fmt: skip
 
 # Mistral v3 (7B-Instruct-v0.3): ``[INST] user[/INST]``, `` assistant</s>``; the system prompt
 # prefixes the last user turn.
@@ -65,7 +65,7 @@ MISTRAL_V3_TEMPLATE = (
     "{%- elif m['role'] == 'assistant' and not m['tool_calls'] -%}{{- ' ' + m['content'] + eos_token -}}"
     "{%- else -%}" + _refuse("Mistral v3", "tool calls, tool results or later system turns") + "{%- endif -%}"
     "{%- endfor -%}"
-)
+)  # fmt: skip
 
 # Gemma 2: ``<start_of_turn>user|model\n...<end_of_turn>\n``, content trimmed; no system role.
 GEMMA_TEMPLATE = (

@@ -307,6 +307,42 @@ def build_mistral_v3_tokenizer() -> PreTrainedTokenizerFast:
     return tok
 
 
+# Phi-3.5's 11 added tokens, ids 32000..32010 after its 32,000 SentencePiece pieces
+# (microsoft/Phi-3.5-mini-instruct tokenizer_config.json).
+PHI3_ADDED_TOKENS = ("<|endoftext|>", "<|assistant|>", *(f"<|placeholder{i}|>" for i in range(1, 5)), "<|system|>", "<|end|>",
+                     "<|placeholder5|>", "<|placeholder6|>", "<|user|>")  # fmt: skip
+
+
+def build_standin_tokenizer(model_type: str) -> PreTrainedTokenizerFast:
+    """A stand-in for a tokenizer no package ships, for tests and benchmarks without hub access:
+    the same vocabulary format, the family's turn tokens and chat template, *not* its vocabulary.
+
+    ``gemma2``: Mistral v3's SentencePiece BPE (32,768 pieces, byte fallback, as Gemma's) +
+    ``<start_of_turn>``/``<end_of_turn>`` (ids 32768, 32769; Gemma's are 106, 107) and the Gemma
+    template. ``phi3``: Mistral v1's 32,000-piece SentencePiece (Llama-2-like, as Phi-3's) +
+    :data:`PHI3_ADDED_TOKENS` at Phi's own ids 32000..32010, ``eos`` ``<|endoftext|>``, and the Phi-3
+    template. Both from ``mistral-common``'s files.
+
+    Raises:
+        ValueError: another ``model_type``.
+        ModuleNotFoundError: ``mistral-common`` is not installed.
+    """
+    from rayft.data.chat_templates import GEMMA_TEMPLATE, PHI3_TEMPLATE
+
+    if model_type == "gemma2":
+        tok = build_sentencepiece_tokenizer(
+            _package_file("mistral_common", "data", "mistral_instruct_tokenizer_240323.model.v3"), ("<start_of_turn>", "<end_of_turn>")
+        )
+        tok.chat_template = GEMMA_TEMPLATE
+    elif model_type == "phi3":
+        tok = build_sentencepiece_tokenizer(_package_file("mistral_common", "data", "tokenizer.model.v1"), PHI3_ADDED_TOKENS)
+        tok.eos_token = "<|endoftext|>"
+        tok.chat_template = PHI3_TEMPLATE
+    else:
+        raise ValueError(f"no stand-in tokenizer for model_type {model_type!r} (have: gemma2, phi3)")
+    return tok
+
+
 def _templates() -> dict[str, str]:
     from rayft.data.chat_templates import LLAMA3_TEMPLATE, MISTRAL_V3_TEMPLATE, QWEN3_TEMPLATE
 
