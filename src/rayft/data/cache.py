@@ -28,8 +28,10 @@ from typing import Any
 
 #: Bump when tokenize.py changes what tokens or masks an example gets, or the store's layout changes: old stores then miss.
 #: 2: the readers honour per-turn weights and ignore unread message keys (records an older rayft refused, or skipped
-#: under on_bad_record: skip, are now read); 3: the sharded token store (issue 18).
-TOKENIZE_VERSION = 3
+#: under on_bad_record: skip, are now read); 3: the sharded token store (issue 18); 4: assistant spans found by a
+#: sentinel render and the generation prompt (what a template puts between header and reply, e.g. Qwen3's think
+#: block, is now trained; templates that are not prefix-stable are masked instead of refused; issue 22).
+TOKENIZE_VERSION = 4
 
 
 class HashMemo:
