@@ -9,6 +9,7 @@ from mistral-common) with the families' turn tokens added."""
 
 import json
 import os
+from types import SimpleNamespace
 
 import jinja2
 import numpy as np
@@ -224,7 +225,7 @@ def test_liger_and_attention_routing_per_family():
     from transformers import AutoConfig
 
     from rayft.config import ModelConfig
-    from rayft.train.attention import resolve_attn_implementation
+    from rayft.train.attention import resolve_attn_implementation, unsupported_attention_features
     from rayft.train.families import FAMILIES, liger_call
     from rayft.train.loss import resolve_cross_entropy
     from rayft.train.model import _apply_liger, load_model_config
@@ -247,7 +248,7 @@ def test_liger_and_attention_routing_per_family():
     with pytest.raises(ValueError, match="no liger-kernel patch for model_type 'gpt2'"):
         liger_call("gpt2")
     with pytest.raises(ValueError, match="needs a CUDA device"):
-        _apply_liger(torch.nn.Linear(1, 1).__class__.__new__(type("M", (), {"config": AutoConfig.for_model("llama")})), torch.device("cpu"))
+        _apply_liger(SimpleNamespace(config=AutoConfig.for_model("llama")), torch.device("cpu"))
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     gemma, llama = (load_model_config(ModelConfig(name_or_path=p)) for p in ("gemma2-tiny", "llama3-tiny"))
     assert gemma._attn_implementation == "eager" and llama._attn_implementation == "sdpa"
@@ -259,14 +260,21 @@ def test_liger_and_attention_routing_per_family():
     assert resolve_cross_entropy("auto", cpu, gemma) == "hf" and resolve_cross_entropy("auto", cpu, llama) == "torch"
     phi = load_model_config(ModelConfig(name_or_path="phi-3.5-mini"), "sdpa")
     phi.sliding_window = 262144  # Phi-3.5's published window, longer than its context: no window
-    assert resolve_attn_implementation("auto", cuda, phi) == "rayft_varlen" or not hasattr(torch.nn.attention, "varlen")
+    assert unsupported_attention_features(phi) == []
+    phi.sliding_window = 2047  # Phi-3-mini-4k's: a real window, which varlen does not implement
+    assert unsupported_attention_features(phi) == ["sliding_window=2047"]
 
 
 def test_presets_match_the_published_parameter_counts_and_ties():
-    """Parameter counts of the model cards (to their published precision) and the tie flags."""
-    from rayft.commands.models import preset_rows
+    """`rayft models --json`: parameter counts of the model cards (to their published precision),
+    the tie flags, context lengths and tokenizers."""
+    from typer.testing import CliRunner
 
-    rows = {r["preset"]: r for r in preset_rows()}
+    from rayft.cli import app
+
+    res = CliRunner().invoke(app, ["models", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = {r["preset"]: r for r in map(json.loads, res.stdout.splitlines())}
     published = {"qwen3-0.6b": 0.6e9, "qwen3-1.7b": 1.72e9, "qwen3-4b": 4.0e9, "qwen3-8b": 8.2e9, "llama-3.2-1b": 1.24e9,
                  "llama-3.2-3b": 3.21e9, "llama-3.1-8b": 8.03e9, "mistral-7b-v0.3": 7.25e9, "gemma-2-2b": 2.61e9, "phi-3.5-mini": 3.82e9}  # fmt: skip
     for p, n in published.items():

@@ -195,14 +195,14 @@ def build_qwen2_5_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def build_qwen3_tokenizer() -> PreTrainedTokenizerFast:
-    """Qwen3's tokenizer offline: Qwen2.5's (:func:`build_qwen2_5_tokenizer`) plus
+    """Qwen3's tokenizer offline: Qwen2.5's (:func:`build_qwen2_5_tokenizer`, cached) plus
     :data:`QWEN3_EXTRA_TOKENS` (ids 151665..151668), ``eos`` = ``<|im_end|>`` (151645) and ``pad`` =
     ``<|endoftext|>`` (151643) as published, and the Qwen3 chat template (``<think>`` handling)."""
     from tokenizers import AddedToken
 
     from rayft.data.chat_templates import QWEN3_TEMPLATE
 
-    tok = build_qwen2_5_tokenizer()
+    tok = load_tokenizer(QWEN2_5_TOKENIZER)  # Qwen2.5's, from its cache when built before
     backend = tok.backend_tokenizer
     backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in QWEN3_EXTRA_TOKENS])
     tok = PreTrainedTokenizerFast(
