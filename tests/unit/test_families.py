@@ -8,7 +8,6 @@ templates run on stand-ins of the same vocabulary format (SentencePiece BPE with
 from mistral-common) with the families' turn tokens added."""
 
 import json
-import os
 from types import SimpleNamespace
 
 import jinja2
@@ -49,6 +48,8 @@ def _mistral_file(name):
 
 
 _TOKENIZERS = {}
+# one pytest-xdist process runs the whole module: the tokenizers above are loaded once
+pytestmark = pytest.mark.xdist_group("families")
 
 
 def tokenizer(name):
@@ -287,9 +288,9 @@ def test_presets_match_the_published_parameter_counts_and_ties():
 
 
 @pytest.fixture(scope="module")
-def gloo():
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29617")
-    dist.init_process_group("gloo", rank=0, world_size=1)
+def gloo(tmp_path_factory):
+    store = tmp_path_factory.mktemp("pg") / "store"  # a file store: no TCP port to collide with another test process
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
     yield
     dist.destroy_process_group()
 
