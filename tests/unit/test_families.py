@@ -299,8 +299,9 @@ def gloo(tmp_path_factory):
 def test_tiny_preset_trains_and_exports_with_equal_logits(gloo, preset, tmp_path):
     """3 steps of the worker's train_step on real records (loss falls); a packed row's loss equals
     its documents' losses apart (packing, sliding window and soft-capping honoured); the HF export
-    loads with AutoModelForCausalLM, ties as the architecture does, and gives the same logits."""
-    from transformers import AutoModelForCausalLM
+    loads with AutoModelForCausalLM, ties as the architecture does, gives the same logits, and its
+    generation config stops at the family's end-of-turn token."""
+    from transformers import AutoModelForCausalLM, GenerationConfig
 
     from rayft.config import ModelConfig, ParallelConfig, TrainConfig
     from rayft.data.packing import collate
@@ -328,8 +329,11 @@ def test_tiny_preset_trains_and_exports_with_equal_logits(gloo, preset, tmp_path
     assert losses[0] > losses[1] > losses[2] and losses[0] == pytest.approx(np.log(model.module.config.vocab_size), rel=0.15)
     sd = ckpt_lib.full_model_state_dict(model.module)
     conf = load_model_config(mcfg)
-    ckpt_lib.write_hf_model(sd, conf, None, tmp_path / "hf")
+    ckpt_lib.write_hf_model(sd, conf, tok, tmp_path / "hf")
     hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+    # generation stops at the family's end-of-turn token first (then the EOS ids)
+    eos = GenerationConfig.from_pretrained(tmp_path / "hf").eos_token_id
+    assert (eos if isinstance(eos, list) else [eos])[0] == tok.convert_tokens_to_ids(MARKERS[TINY[preset]][1])
     assert tied_embeddings(hf) == tied_embeddings(model.module) == bool(conf.tie_word_embeddings)
     model.module.eval()
     with torch.no_grad():
