@@ -3,6 +3,7 @@
 import json
 import time
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -60,7 +61,7 @@ def test_two_worker_fsdp2_run_loss_export_and_tied_weights(ray_local, tmp_path):
 
     from rayft.train.checkpoint import export_run, find_checkpoints
 
-    cfg = job(tmp_path)
+    cfg = job(tmp_path, "tracking.tensorboard=true")
     ref_loss, n_rows = reference_first_step_loss(cfg)
     assert n_rows == 5  # 5 rows over 2 ranks × 2 micro-batches × 2: uneven, one micro-batch empty
     summary = run_training(cfg)
@@ -73,6 +74,13 @@ def test_two_worker_fsdp2_run_loss_export_and_tied_weights(ray_local, tmp_path):
     assert losses[0] == pytest.approx(ref_loss, rel=1e-5)
     assert losses[-1] < losses[0] - 1.0  # falls by more than one nat in 6 steps
     assert all(h["trainable_tokens"] > 0 and h["grad_norm"] > 0 for h in hist)
+    # tracking.tensorboard: the driver's event files hold the same per-step losses (float32) and learning rates
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(h["step"], float(np.float32(h["loss"]))) for h in hist]
+    assert [e.value for e in events.Scalars("train/lr")] == [float(np.float32(h["lr"])) for h in hist]
     # worker setup is reported once, with the first step, and includes the model build
     assert hist[0]["time_setup_s"] >= hist[0]["time_setup_model_build_s"] > 0
     assert not any("time_setup_s" in h for h in hist[1:])
