@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from rayft.commands import bench, checkpoint, cluster, config, data, doctor, export, manifest, stop, submit, train
+from rayft.commands import bench, checkpoint, cluster, config, data, doctor, evaluate, export, manifest, stop, submit, train
 
 app = typer.Typer(
     name="rayft",
@@ -16,6 +16,7 @@ app = typer.Typer(
 
 app.command("train")(train.train)
 app.command("export")(export.export)
+app.command("eval")(evaluate.evaluate)
 app.command("manifest")(manifest.manifest)
 app.command("capacity")(cluster.capacity)
 app.command("submit")(submit.submit)
