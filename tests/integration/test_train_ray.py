@@ -57,8 +57,8 @@ def reference_first_step_loss(cfg):
     return total / count, len(rows)
 
 
-def test_two_worker_fsdp2_run_loss_export_and_tied_weights(ray_local, tmp_path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def test_two_worker_fsdp2_run_loss_export_and_tied_weights(ray_local, tmp_path, qwen_tokenizer):
+    from transformers import AutoModelForCausalLM
     from typer.testing import CliRunner
 
     from rayft.cli import app
@@ -92,7 +92,7 @@ def test_two_worker_fsdp2_run_loss_export_and_tied_weights(ray_local, tmp_path):
     ev = json.loads(result.read_text())
     assert ev["step"] == 3 and ev["n-samples"]["rayft_sums"]["effective"] == 3 and not Path(ev["model_dir"]).exists()
     step3 = AutoModelForCausalLM.from_pretrained(export_run(str(run), step=3, out=tmp_path / "step3")).eval()
-    tok = AutoTokenizer.from_pretrained(tmp_path / "step3")
+    tok = qwen_tokenizer  # the run's (and its exports')
     for sample in map(json.loads, result.with_suffix(".samples.jsonl").read_text().splitlines()):
         for (context, choice), (ll, _) in zip(sample["arguments"], sample["filtered_resps"]):
             ctx, whole = (tok(t, add_special_tokens=False)["input_ids"] for t in (context, context + choice))
