@@ -242,6 +242,9 @@ def test_wandb_offline_run_holds_config_history_and_summary(tmp_path, monkeypatc
     _, said = feed(config({"wandb": {"project": "unit", "mode": "offline"}}), tmp_path)
     assert len(said) == 1 and said[0].startswith("tracking: wandb → offline run ")
     (log,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
+    deadline = time.time() + 30  # wandb-core, a process of its own, may still be writing the log when finish() returns
+    while not any(r.WhichOneof("record_type") == "exit" for r in wandb_records(log)) and time.time() < deadline:
+        time.sleep(0.2)
     history, summary, config_items = [], {}, {}
     for rec in wandb_records(log):
         kind = rec.WhichOneof("record_type")
