@@ -319,7 +319,9 @@ def main() -> None:
         figures["train_to_first_step"] = train
     cmd = "python bench/data_scale.py " + " ".join(sys.argv[1:])
     note = (
-        None if a.tokenizer == "qwen" else f"{a.tokenizer} tokenizer: a stand-in for the memory series; its rates are not Qwen tokenizer rates"
+        None
+        if a.tokenizer == "qwen"
+        else f"{a.tokenizer} tokenizer: a stand-in for the memory series; its rates are not Qwen tokenizer rates"
     )
     print(f"wrote {write_result(out, cmd, figures, cpu={'count': ncpu}, label=a.label, note=note)}")
     import shutil

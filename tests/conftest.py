@@ -1,12 +1,17 @@
-"""Shared test helpers: where ../shared is, the offline Qwen2.5 tokenizer (built once), and the
-embedded local Ray that the integration modules share (started once).
+"""Shared test helpers: where ../shared is, the offline Qwen2.5 tokenizer (built once), the
+embedded local Ray that the integration modules share (started once per test process), and how
+the modules are spread over `make test`'s two pytest processes.
 
 ``ray_local``: the embedded Ray of `rayft train` (connect_ray: every Ray service on 127.0.0.1
-only), 2 CPUs. Starting one costs seconds of CI on 2 cores, so every module that asks for it uses
-the same one: it is started (and checked to be the embedded default) when the first such module
-starts and stopped when the last of them in a row ends. Collection puts those modules after the other modules
-of their folder, so they run in a row and the Ray starts once; a module that needs another Ray in
-this process (a multi-node ``Cluster``) stops it first with ``embedded_ray.stop()``.
+only), 2 CPUs. Starting one costs seconds of CI on 2 cores, so every module of a test process that
+asks for it uses the same one, started by the first such module; the unit modules stop it first
+(no_ray_in_unit_modules: a unit test must not find Ray up); a module that needs another Ray in this
+process (a multi-node ``Cluster``) stops it too with ``embedded_ray.stop()``.
+
+`make test` runs two pytest processes (pytest-xdist, ``--dist loadgroup``). Most of an integration
+module's time is Ray starting processes and waiting on them, which leaves CPU for the other process.
+The integration modules are split in two groups of about equal time (:data:`GROUPS`), each run
+whole by one process, in order, before the unit tests, which then go to whichever process is free.
 """
 
 import os
@@ -41,18 +46,42 @@ def qwen_tokenizer():
     return load_tokenizer("qwen2.5")
 
 
-def ray_local_modules(items) -> set[Path]:
-    """The test modules with a test on the shared embedded Ray."""
-    return {Path(it.path) for it in items if "ray_local" in getattr(it, "fixturenames", ())}
+#: The integration modules' xdist groups, in the order they run, each group's seconds about equal
+#: on the 2-core CI machine (measured with ``--durations``). A module not listed runs in group "b".
+GROUPS = {
+    "test_fault_tolerance.py": "a",
+    "test_train_ray.py": "a",
+    "test_data_ray.py": "a",
+    "test_bench_collectives.py": "a",
+    "test_shared_storage.py": "a",
+    "test_submit.py": "b",
+    "test_doctor_job.py": "b",
+    "test_eval_ray.py": "b",
+    "test_bench_train_ray.py": "b",
+    "test_loopback.py": "b",
+}
+ORDER = list(GROUPS)
+
+
+def integration_group(path: Path) -> str | None:
+    return GROUPS.get(path.name, "b") if path.parent.name == "integration" else None
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """Within each folder, the modules on the shared embedded Ray run last (in their own order)."""
-    folders: dict[Path, int] = {}
+    """Integration modules first, in :data:`GROUPS` order, each in its xdist group; then the unit
+    tests (each module keeps its tests' order)."""
     for it in items:
-        folders.setdefault(Path(it.path).parent, len(folders))
-    on_ray = ray_local_modules(items)
-    items.sort(key=lambda it: (folders[Path(it.path).parent], Path(it.path) in on_ray))  # stable: each group keeps its order
+        group = integration_group(Path(it.path))
+        if group is not None:
+            it.add_marker(pytest.mark.xdist_group(group))
+
+    def rank(it) -> tuple[int, int]:
+        path = Path(it.path)
+        if integration_group(path) is None:
+            return (1, 0)
+        return (0, ORDER.index(path.name) if path.name in ORDER else len(ORDER))
+
+    items.sort(key=rank)  # stable
 
 
 class EmbeddedRay:
@@ -90,12 +119,16 @@ def embedded_ray():
 
 
 @pytest.fixture(scope="module")
-def ray_local(request, embedded_ray):
+def ray_local(embedded_ray):
     """The embedded Ray of `rayft train` (connect_ray: every Ray service on 127.0.0.1 only), 2 CPUs,
-    shared by the modules that use it: kept up for the next module only when that one uses it too."""
+    shared by the modules that use it (stopped at the end of the session)."""
     embedded_ray.start()
-    yield embedded_ray
-    items = request.session.items
-    last = max(i for i, it in enumerate(items) if Path(it.path) == Path(request.path))
-    if last + 1 >= len(items) or Path(items[last + 1].path) not in ray_local_modules(items):
+    return embedded_ray
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_ray_in_unit_modules(request, embedded_ray):
+    """Unit tests run without Ray up in their process: an integration module before them in the same
+    pytest process may have left the shared embedded Ray up."""
+    if Path(request.path).parent.name == "unit":
         embedded_ray.stop()

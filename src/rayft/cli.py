@@ -2,9 +2,29 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
-from rayft.commands import bench, checkpoint, cluster, config, data, doctor, evaluate, export, manifest, stop, submit, train
+from rayft import __version__
+from rayft.commands import (
+    bench,
+    chat,
+    checkpoint,
+    cluster,
+    config,
+    data,
+    doctor,
+    evaluate,
+    export,
+    generate,
+    manifest,
+    plot,
+    stop,
+    submit,
+    train,
+)
+from rayft.commands.help_format import hide_flag_types
 
 app = typer.Typer(
     name="rayft",
@@ -13,10 +33,30 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+hide_flag_types()
+
+
+def show_version(value: bool) -> None:
+    if value:
+        typer.echo(f"rayft {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=show_version, is_eager=True, help="Print rayft's version and exit.")
+    ] = False,
+) -> None:
+    """Full-parameter fine-tuning of open LLMs with FSDP2 through Ray Train."""
+
 
 app.command("train")(train.train)
 app.command("export")(export.export)
 app.command("eval")(evaluate.evaluate)
+app.command("chat")(chat.chat)
+app.command("generate")(generate.generate)
+app.command("plot")(plot.plot)
 app.command("manifest")(manifest.manifest)
 app.command("capacity")(cluster.capacity)
 app.command("submit")(submit.submit)

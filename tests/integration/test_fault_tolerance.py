@@ -183,37 +183,27 @@ def test_export_refuses_the_corrupt_checkpoint(corrupted):
     assert not (run / "hf-step8").exists()
 
 
-def test_resume_skips_corrupt_and_incomplete_checkpoints_for_the_newest_intact_one(corrupted, baseline, workdir, capfd):
+def test_resume_skips_corrupt_and_incomplete_checkpoints_at_another_world_size(corrupted, baseline, workdir, capfd):
     """Checkpoint 8 corrupt (same size), checkpoint 6 incomplete (one rank's shard never arrived):
-    the resume takes 4, and the losses after it equal the uninterrupted run's."""
+    the resume takes 4, at 1 worker instead of 2 (the same global batch: 4 micro-batches), and the
+    losses after it equal the uninterrupted run's. (One resume run checks both: each run costs ~30 s of CI.)"""
     run, shard, expected, got = corrupted
     (run / "checkpoint_0000006" / "__1_0.distcp").unlink()
-    summary = run_training(config(workdir, "corrupt"), resume=str(run))
+    summary = run_training(config(workdir, "corrupt", "train.num_workers=1", "train.grad_accum_steps=4"), resume=str(run))
     err = " ".join(capfd.readouterr().err.split())  # the console may wrap long lines
     assert "skipping incomplete checkpoint" in err and "checkpoint_0000006" in err
-    assert summary["resumes"][0]["step"] == 4
+    resumed = summary["resumes"][0]
+    assert {k: resumed[k] for k in ("step", "from_world_size", "world_size")} == {"step": 4, "from_world_size": 2, "world_size": 1}
+    assert 0 < resumed["load_s"] < 60
     assert f"warning: checkpoint 8 is corrupt ({shard}: expected blake2b-128 {expected}, got {got}): skipping it" in err
     assert "from its checkpoint of step 4" in err
     got_losses = losses(workdir, "corrupt")
     assert sorted(got_losses) == list(range(1, 9))
     for step in range(1, 9):
-        assert got_losses[step] == pytest.approx(baseline[step], abs=1e-5), step
+        assert got_losses[step] == pytest.approx(baseline[step], abs=1e-4), step
     # the resumed run wrote its step-8 checkpoint afresh: every checkpoint is intact again
     res = CliRunner().invoke(app, ["checkpoint", "verify", str(run)])
     assert res.exit_code == 0 and res.stdout.count(": intact (") == 3
-
-
-def test_resume_at_a_different_world_size(baseline, workdir):
-    # the run stopped after its checkpoint of step 4; continue at 1 worker with the same global batch
-    run = copy_run(workdir, "base", "reshard", drop=("checkpoint_0000006", "checkpoint_0000008"))
-    summary = run_training(config(workdir, "reshard", "train.num_workers=1", "train.grad_accum_steps=4"), resume=str(run))
-    resumed = summary["resumes"][0]
-    assert {k: resumed[k] for k in ("step", "from_world_size", "world_size")} == {"step": 4, "from_world_size": 2, "world_size": 1}
-    assert 0 < resumed["load_s"] < 60
-    got = losses(workdir, "reshard")
-    assert sorted(got) == list(range(1, 9))
-    for step in range(1, 9):
-        assert got[step] == pytest.approx(baseline[step], abs=1e-4), step
 
 
 def test_resume_refuses_changed_data(baseline, workdir, tmp_path):
@@ -316,7 +306,7 @@ def cli_runs(ray_local, workdir):
         r.thread.join(timeout=120)
 
 
-def test_sigterm_checkpoints_the_step_and_resumes_exactly_and_a_second_run_is_refused(baseline, workdir, cli_runs):
+def test_sigterm_checkpoints_the_step_and_resumes_exactly_and_a_second_run_is_refused(baseline, workdir, cli_runs, capfd):
     run = workdir / "runs" / "stopped"
     stopped = cli_runs["stopped"]  # started with the module's runs (cli_runs), SIGTERM once 5 steps were in its metrics
     error, took = cli_runs["refused"]  # run_training(config(workdir, "stopped")) while it held the lock
@@ -335,11 +325,19 @@ def test_sigterm_checkpoints_the_step_and_resumes_exactly_and_a_second_run_is_re
     assert f"stopped by SIGTERM after {stop['steps_done']} step(s); checkpoint of step {stop['checkpoint_step']} in {run}" in out
     assert f"resume with: rayft train {workdir / 'job.yaml'} --set checkpoint.name=stopped --resume {run}" in out
     assert not (run / ".rayft.lock").exists()
+    # its output went to a file, not a terminal: a plain progress line for each step (train.log_every 1)
+    assert all(f"step {n}/8 ({100 * n / 8:.0f}%)  loss " in out for n in range(1, stop["steps_done"] + 1)), out[-2000:]
 
+    capfd.readouterr()
     summary = run_training(config(workdir, "stopped"), resume=str(run))
+    resumed_out = capfd.readouterr()
+    assert (run / "checkpoint_manager_snapshot.json").exists()  # Ray Train's bookkeeping, no checkpoint: no warning about it
+    assert "checkpoint_manager_snapshot" not in resumed_out.out + resumed_out.err
     assert summary["resumes"][0]["step"] == stop["checkpoint_step"]
     got = losses(workdir, "stopped")
     assert sorted(got) == list(range(1, 9))
+    lines = (run / "rayft_metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == list(range(1, 9))  # the stopped run's steps kept, each once
     for step in range(1, 9):
         assert got[step] == pytest.approx(baseline[step], abs=1e-5), step
 

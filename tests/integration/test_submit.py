@@ -278,6 +278,13 @@ def test_submit_quickstart_with_token(cluster, submitted):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "rayft run summary" in r.stdout  # the job's logs, streamed
     assert "2/2" in r.stdout
+    # no terminal in a job's logs: plain progress lines, and the summary's paths whole, with where they live
+    assert "step 2/2 (100%)  loss " in r.stdout
+    run_dir = next(ln for ln in r.stdout.splitlines() if ln.startswith("run directory: ")).removeprefix("run directory: ").strip()
+    assert "/runtime_resources/working_dir_files/" in run_dir and run_dir.rsplit("/", 2)[-2] == "runs" and "…" not in run_dir
+    assert "which Ray deletes with its session" in r.stdout
+    # Ray's packaging and upload narration is not shown
+    assert not any(s in r.stderr + r.stdout for s in ("Creating a file package", "Pushing file package", "Uploading package"))
     line = next(ln for ln in r.stderr.splitlines() if ln.startswith("job ") and ln.rstrip().endswith("SUCCEEDED"))
     job_id = line.split()[1].rstrip(":")
     client = JobSubmissionClient(c.dashboard_url, headers={"Authorization": f"Bearer {c.token}"})

@@ -115,7 +115,8 @@ def test_s3_inputs_by_ranges_and_row_groups(s3, tmp_path, qwen_tokenizer):
     import pyarrow.parquet as pq
 
     from rayft.data.formats import load_conversations
-    from rayft.data.ingest import Settings, ingest_part, plan_tasks
+    from rayft.data.ingest import Settings, ingest_part
+    from rayft.data.ingest_tasks import plan_tasks
     from rayft.data.sources import expand_files
 
     body = "".join(json.dumps(r) + "\n" for r in RECORDS) + '{"instruction": 1}\n'

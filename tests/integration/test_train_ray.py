@@ -62,6 +62,7 @@ def test_two_worker_fsdp2_run_loss_export_and_tied_weights(ray_local, tmp_path, 
     from typer.testing import CliRunner
 
     from rayft.cli import app
+    from rayft.infer.model_dir import model_dir
     from rayft.train.checkpoint import export_run, find_checkpoints
 
     cfg = job(tmp_path, "tracking.tensorboard=true")
@@ -123,12 +124,20 @@ def test_two_worker_fsdp2_run_loss_export_and_tied_weights(ray_local, tmp_path, 
     # each rank writes checkpoint.write_threads (default 8) files in parallel
     shards = sorted(p.name for p in (run / "checkpoint_0000006").glob("*.distcp"))
     assert shards == [f"__{r}_{i}.distcp" for r in (0, 1) for i in range(8)]
-    again = AutoModelForCausalLM.from_pretrained(export_run(str(run)))
+    # `rayft chat/generate RUN --step 6` export the checkpoint on the fly into a temporary directory
+    with model_dir(run, step=6) as tmp_export:
+        assert tmp_export != run / "hf"
+        again = AutoModelForCausalLM.from_pretrained(tmp_export)
+        gen = json.loads((tmp_export / "generation_config.json").read_text())
+    assert not tmp_export.exists()
+    with model_dir(run) as final:  # no step: the end-of-run export
+        assert final == run / "hf"
     assert again.lm_head.weight is again.model.embed_tokens.weight
     for (k, a), (_, b) in zip(sorted(hf.state_dict().items()), sorted(again.state_dict().items())):
         assert torch.equal(a, b), k
-    tok_ids = again.config.eos_token_id
-    assert tok_ids == 151643
+    assert again.config.eos_token_id == 151643 and again.config.use_cache is True and hf.config.use_cache is True
+    # both exports stop generating at ChatML's end of turn <|im_end|>, then the base EOS
+    assert gen["eos_token_id"] == [151645, 151643] == hf.generation_config.eos_token_id
 
 
 def test_float8_run_trains_checkpoints_and_exports_plain_weights(ray_local, tmp_path):

@@ -670,7 +670,7 @@ def test_table_command_writes_the_good_files_when_one_is_bad(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"figures": {"runs": [{"recipe": "rayft", "workload": "random"}]}}))
     good = synthetic_results(tmp_path / "good.json")
-    out = CliRunner().invoke(app, ["bench", "table", str(bad), str(good)])
+    out = CliRunner().invoke(app, ["bench", "table", str(bad), str(good)], env={"COLUMNS": "500"})  # no wrap inside the long tmp paths
     text = " ".join(out.output.split())
     assert out.exit_code == 1
     assert f"{bad}: not a `rayft bench train` results file (ValueError: figures.runs[0]: no 'status' field)" in text
@@ -778,7 +778,7 @@ def test_table_command_survives_overflow_and_deep_nesting(tmp_path):
     deep = tmp_path / "deep.json"
     deep.write_text("[" * 100_000 + "]" * 100_000)
     good = synthetic_results(tmp_path / "good.json")
-    out = CliRunner().invoke(app, ["bench", "table", str(over), str(deep), str(good)])
+    out = CliRunner().invoke(app, ["bench", "table", str(over), str(deep), str(good)], env={"COLUMNS": "500"})
     text = " ".join(out.output.split())
     assert out.exit_code == 1 and "Traceback" not in out.output
     assert (

@@ -28,9 +28,11 @@ from rayft.train.checkpoint import (
     load_sharded,
     resolve_resume_dir,
     save_shards,
+    verify_run,
     write_state,
 )
 from rayft.train.checkpoint_files import (
+    checkpoint_dirs,
     directory_bytes,
     free_space_warning,
     last_checkpoint_bytes,
@@ -136,9 +138,12 @@ def test_resume_skips_a_corrupt_checkpoint_for_the_newest_intact_one(one_rank_gr
     older = write_checkpoint(run, 4, seed=4)
     newest = write_checkpoint(run, 6, seed=6)
     overwrite_middle(largest_shard(newest))
+    (run / "checkpoint_manager_snapshot.json").write_text("{}")  # Ray Train's bookkeeping: no checkpoint, no warning
+    assert checkpoint_dirs(run) == [older, newest] and [c.step for c in verify_run(run)] == [4, 6]
     # the workers' side: rank 0 verifies, warns, and picks step 4
     assert resolve_resume_dir(None, None, str(run)) == str(older)
     out = capsys.readouterr().out
+    assert "incomplete" not in out
     assert f"[rayft] WARNING: checkpoint 6 is corrupt ({largest_shard(newest)}: expected blake2b-128 " in out
     assert out.rstrip().endswith(": skipping it")
     # a checkpoint the driver verified for --resume is taken without reading it again
@@ -147,6 +152,7 @@ def test_resume_skips_a_corrupt_checkpoint_for_the_newest_intact_one(one_rank_gr
     buf = io.StringIO()
     assert prepare_run_dir(str(run), str(run), None, Console(file=buf, width=400)) == str(older)
     text = buf.getvalue()
+    assert "incomplete" not in text
     assert "warning: checkpoint 6 is corrupt (" in text and "resuming" in text and "from its checkpoint of step 4" in text
     # the loaded weights are the intact checkpoint's
     model, opt = model_and_optimizer(seed=99)

@@ -10,7 +10,8 @@ from bad_records import BAD_BYTES, BAD_LINES, GOOD, jsonl_with
 from conftest import shared_path
 
 from rayft.data.formats import DataError, load_conversations
-from rayft.data.ingest import Settings, ingest_part, plan_tasks
+from rayft.data.ingest import Settings, ingest_part
+from rayft.data.ingest_tasks import plan_tasks
 from rayft.data.sources import expand_files
 
 

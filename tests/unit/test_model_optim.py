@@ -1,7 +1,5 @@
 """The FSDP2 model build (one-rank gloo group on CPU) and the LR schedule."""
 
-import os
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -12,9 +10,9 @@ from rayft.train.optim import lr_at
 
 
 @pytest.fixture(scope="module")
-def one_rank_group():
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29600 + os.getpid() % 1000))
-    dist.init_process_group("gloo", rank=0, world_size=1)
+def one_rank_group(tmp_path_factory):
+    store = tmp_path_factory.mktemp("pg") / "store"  # a file store: no TCP port to collide with another test process
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
     yield
     dist.destroy_process_group()
 

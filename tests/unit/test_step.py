@@ -2,7 +2,6 @@
 targets, the gradient matches the reference model's, the step record has the metrics file's
 fields; and the library's modules import no CLI code (typer; Ray itself imports click)."""
 
-import os
 import subprocess
 import sys
 
@@ -20,9 +19,9 @@ from rayft.train.step import global_counts, micro_batch_loss, train_step
 
 
 @pytest.fixture(scope="module")
-def gloo():
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29611")
-    dist.init_process_group("gloo", rank=0, world_size=1)
+def gloo(tmp_path_factory):
+    store = tmp_path_factory.mktemp("pg") / "store"  # a file store: no TCP port to collide with another test process
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
     yield
     dist.destroy_process_group()
 

@@ -21,7 +21,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
+import logging
 import os
 import secrets
 import shlex
@@ -236,10 +238,30 @@ def submit(
         except OSError as e:
             raise SubmitError(f"cannot package the working dir {wd}: {e}") from None
         try:
-            job_id = client.submit_job(entrypoint=entry, runtime_env=runtime_env(zipped, stop_wait_s), submission_id=job_id)
+            with quiet_ray_packaging():
+                job_id = client.submit_job(entrypoint=entry, runtime_env=runtime_env(zipped, stop_wait_s), submission_id=job_id)
         except Exception as e:
             raise SubmitError(f"job submission failed: {_auth_hint(e, token)}") from None
     return client, Submission(addr, job_id, entry, str(wd), token_source)
+
+
+#: Ray's loggers that narrate packaging and uploading a job's runtime_env at INFO (a dozen lines per submit)
+RAY_PACKAGING_LOGGERS = ("ray._private.runtime_env.packaging", "ray.dashboard.modules.dashboard_sdk", "ray.dashboard.modules.job.sdk")
+
+
+@contextlib.contextmanager
+def quiet_ray_packaging():
+    """While submitting: Ray's INFO lines about creating, pushing and uploading packages are
+    dropped (``describe`` already said what is uploaded); its warnings and errors still show."""
+    loggers = [logging.getLogger(n) for n in RAY_PACKAGING_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
 
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")

@@ -267,7 +267,10 @@ def doctor(
     ] = None,
     run: Annotated[Optional[str], typer.Option(help="Judge the Ray job recorded in this `rayft train` run directory.")] = None,
     address: Annotated[
-        Optional[str], typer.Option(help="Dashboard URL for --job/--run, e.g. http://127.0.0.1:8265 (default: RAY_ADDRESS).")
+        Optional[str],
+        typer.Option(
+            help="Dashboard URL for --job/--run, e.g. a KubeRay head's http://HOST:8265 (default: RAY_ADDRESS, as `rayft cluster local up` exports it)."
+        ),
     ] = None,
     token_file: Annotated[
         Optional[Path], typer.Option(help="File with the cluster's auth token (default: RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ...).")

@@ -36,14 +36,15 @@ def evaluate(
         fail("--tasks: give at least one task name, e.g. --tasks rayft_sums,hellaswag", code=2)
     bs = _batch_size(batch_size)
     from rayft.evals import EvalError
-    from rayft.evals.harness import evaluate_model, results_rows, write_results
-    from rayft.evals.model_dir import open_model_dir
+    from rayft.evals.harness import evaluate_model, results_home, results_rows, write_results
+    from rayft.infer.model_dir import InferError, model_dir
 
     try:
-        with open_model_dir(target, step, say=say) as model:
-            say(f"evaluating {model.path}{f' (step {model.step})' if model.step is not None else ''} on {', '.join(names)}")
+        run_dir, at_step = results_home(Path(target), step) if Path(target).is_dir() else (None, step)
+        with model_dir(target, step, say=say) as path:
+            say(f"evaluating {path}{f' (step {at_step})' if at_step is not None else ''} on {', '.join(names)}")
             results = evaluate_model(
-                model.path,
+                path,
                 names,
                 limit=limit,
                 batch_size=bs,
@@ -52,17 +53,16 @@ def evaluate(
                 device=device,
                 say=say,
             )
-            where = out or (model.run_dir or model.path) / "eval"
-            meta = {"target": str(target), "model_dir": str(model.path), "step": model.step, "tasks": names, "limit": limit}
-            path = write_results(results, where, meta)
-    except EvalError as e:
+            meta = {"target": str(target), "model_dir": str(path), "step": at_step, "tasks": names, "limit": limit}
+            saved = write_results(results, out or (run_dir or Path(path)) / "eval", meta)
+    except (EvalError, InferError) as e:
         fail(str(e))
     from rich.table import Table
 
-    table = Table(title=f"rayft eval: {target}" + (f" (step {model.step})" if model.step is not None else ""))
+    table = Table(title=f"rayft eval: {target}" + (f" (step {at_step})" if at_step is not None else ""))
     for col, justify in (("task", "left"), ("documents", "right"), ("metric", "left"), ("value", "right"), ("± stderr", "right")):
         table.add_column(col, justify=justify)
     for task, n, metric, value, err in results_rows(results):
         table.add_row(task, "" if n is None else str(n), metric, f"{value:.4f}", "" if err is None else f"{err:.4f}")
     console.print(table)
-    say(f"results: {path}")
+    say(f"results: {saved}")

@@ -16,7 +16,10 @@ def submit(
     config: ConfigArg,
     set_: SetOpt = None,
     address: Annotated[
-        Optional[str], typer.Option(help="Dashboard URL, e.g. http://127.0.0.1:8265 (default: ray.address, then RAY_ADDRESS).")
+        Optional[str],
+        typer.Option(
+            help="Dashboard URL: a KubeRay head's http://HOST:8265, or the RAY_ADDRESS that `rayft cluster local up` prints (default: ray.address, then RAY_ADDRESS)."
+        ),
     ] = None,
     token_file: Annotated[
         Optional[Path], typer.Option(help="File with the cluster's auth token (default: RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ...).")

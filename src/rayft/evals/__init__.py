@@ -1,5 +1,5 @@
-"""`rayft eval`: a run's model scored on lm-evaluation-harness tasks (:mod:`rayft.evals.harness`),
-the model found from a run directory or an HF directory (:mod:`rayft.evals.model_dir`), and
+"""`rayft eval`: a run's model scored on lm-evaluation-harness tasks (:mod:`rayft.evals.harness`;
+the model found from a run or HF directory by :func:`rayft.infer.model_dir.model_dir`), and
 rayft's own offline tasks (``tasks/``: YAML task configs beside their JSONL data)."""
 
 

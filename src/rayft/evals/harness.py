@@ -126,6 +126,35 @@ def evaluate_model(
     return simple_evaluate(model=lm, tasks=loaded, task_manager=tm, limit=limit, num_fewshot=num_fewshot, log_samples=True)
 
 
+def _summary_steps(run_dir: Path) -> int | None:
+    try:
+        return int(json.loads((run_dir / "rayft_summary.json").read_text())["steps"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def results_home(target: Path, step: int | None) -> tuple[Path | None, int | None]:
+    """For ``rayft eval TARGET [--step N]``: the run directory the results go into (``target``
+    itself, or the run an export ``RUN/hf`` sits in; None for another HF directory) and the
+    training step of the weights evaluated, when known (``step``; the run's last step for its
+    ``hf`` export; the newest checkpoint's when a run without export is exported on the fly)."""
+    from rayft.infer.model_dir import is_hf_dir
+    from rayft.train.checkpoint import find_checkpoints
+
+    if not is_hf_dir(target):
+        run = target
+    elif (target.resolve().parent / "rayft.yaml").is_file():
+        run = target.resolve().parent
+    else:
+        return None, step
+    if step is not None:
+        return run, step
+    if is_hf_dir(run / "hf") and (target == run or target.resolve() == (run / "hf").resolve()):
+        return run, _summary_steps(run)
+    done = find_checkpoints(run) if target == run else []
+    return run, done[-1][0] if done else None
+
+
 def write_results(results: dict[str, Any], out_dir: Path, meta: dict[str, Any]) -> Path:
     """Write ``out_dir/<UTC time>.json`` (``meta`` — model, step, tasks, limit — and lm-eval's
     results without the per-document samples) and ``<UTC time>.samples.jsonl`` (one line per

@@ -38,6 +38,7 @@ from torch.distributed.checkpoint.state_dict import (
 from rayft.train.checkpoint_files import (
     STATE_FILE,
     CheckpointCheck,
+    checkpoint_dirs,
     directory_bytes,
     find_checkpoints,
     free_space_warning,
@@ -101,7 +102,7 @@ def verify_run(run: str | os.PathLike, step: int | None = None) -> list[Checkpoi
     run_dir = Path(run)
     if not run_dir.is_dir():
         raise CheckpointError(f"{run}: no such run directory")
-    dirs = sorted(d for d in run_dir.glob("checkpoint_*") if d.is_dir())
+    dirs = checkpoint_dirs(run_dir)
     if not dirs:
         raise CheckpointError(f"{run}: no checkpoint in this run directory")
     if step is not None:
@@ -191,10 +192,15 @@ def plain_tensor(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def write_hf_model(state_dict: dict[str, torch.Tensor], model_config, tokenizer, out: str | os.PathLike) -> Path:
-    """Write a Hugging Face model directory (safetensors, config, tokenizer + chat template),
-    atomically: the files go to ``out.tmp`` which is then renamed to ``out``."""
+def write_hf_model(state_dict: dict[str, torch.Tensor], model_config, tokenizer, out: str | os.PathLike, base_generation=None) -> Path:
+    """Write a Hugging Face model directory (safetensors, config with ``use_cache: true``, tokenizer
+    + chat template, ``generation_config.json`` that stops at the chat template's end of turn: see
+    :func:`rayft.train.generation.export_generation_config`; ``base_generation``: the base model's
+    generation config, whose sampling defaults are kept), atomically: the files go to ``out.tmp``
+    which is then renamed to ``out``."""
     from transformers import AutoModelForCausalLM
+
+    from rayft.train.generation import export_generation_config
 
     out = Path(out)
     tmp = out.with_name(out.name + ".tmp")
@@ -207,7 +213,8 @@ def write_hf_model(state_dict: dict[str, torch.Tensor], model_config, tokenizer,
         missing = [k for k in missing if k != "lm_head.weight"]
     if missing or unexpected:
         raise CheckpointError(f"{out}: weights do not match the model (missing {missing[:3]}, unexpected {unexpected[:3]})")
-    model.config.use_cache = True
+    model.config.use_cache = True  # training runs without the KV cache; generation wants it
+    model.generation_config = export_generation_config(tokenizer, model.config, base_generation)
     model.save_pretrained(tmp, safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
@@ -267,7 +274,7 @@ def resolve_resume_dir(ray_checkpoint, chosen: str | None, run_dir: str) -> str 
 def _choose_local(ray_checkpoint, chosen: str | None, run_dir: str) -> str | None:
     """:func:`resolve_resume_dir` on a local or shared file system, on one rank (it prints)."""
     complete = find_checkpoints(run_dir)
-    for d in sorted(Path(run_dir).glob("checkpoint_*")):
+    for d in checkpoint_dirs(run_dir):
         if complete and d.name > complete[-1][1].name and not is_complete(d):
             print(f"[rayft] WARNING: {d} is incomplete (interrupted save?); using {complete[-1][1]}", flush=True)
 
@@ -525,4 +532,19 @@ def export_run(run: str, step: int | None = None, out: str | os.PathLike | None 
         sd.pop("lm_head.weight", None)
     dcp.load({"model": sd}, checkpoint_id=str(ckpt), no_dist=True)
     tokenizer = load_tokenizer(state["tokenizer"]) if state.get("tokenizer") else None
-    return write_hf_model(sd, conf, tokenizer, out or run_dir / f"hf-step{step}")
+    return write_hf_model(sd, conf, tokenizer, out or run_dir / f"hf-step{step}", base_generation=run_base_generation(run_dir, say))
+
+
+def run_base_generation(run_dir: Path, say: Callable[[str], None] | None = None):
+    """The generation config of the model a run fine-tuned (``model.name_or_path`` in its
+    ``rayft.yaml``; :func:`rayft.train.generation.base_generation_config`), None without one."""
+    import yaml
+
+    from rayft.train.generation import base_generation_config
+
+    try:
+        model = (yaml.safe_load((run_dir / "rayft.yaml").read_text()) or {}).get("model") or {}
+    except (OSError, yaml.YAMLError):
+        return None
+    name = model.get("name_or_path")
+    return base_generation_config(name, model.get("revision"), say=say or _to_stderr) if name else None

@@ -190,10 +190,16 @@ def last_checkpoint_bytes(run_dir: str | os.PathLike) -> int | None:
     return directory_bytes(done[-1][1]) if done else None
 
 
+def checkpoint_dirs(run_dir: str | os.PathLike) -> list[Path]:
+    """The ``checkpoint_*`` directories of a run, by name (complete or not); files such as Ray
+    Train's ``checkpoint_manager_snapshot.json`` are not checkpoints."""
+    return sorted(d for d in Path(run_dir).glob("checkpoint_*") if d.is_dir())
+
+
 def find_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
     """Complete checkpoints of a run as (step, path), oldest first. Incomplete ones are skipped."""
     out = []
-    for d in Path(run_dir).glob("checkpoint_*"):
-        if d.is_dir() and is_complete(d):
+    for d in checkpoint_dirs(run_dir):
+        if is_complete(d):
             out.append((int(read_state(d)["step"]), d))
     return sorted(out)

@@ -96,6 +96,9 @@ def run_training(cfg: RayftConfig, resume: str | None = None, console: Console |
     def say(text: str) -> None:
         console.print(text, highlight=False, markup=False)
 
+    from rayft.train.hub import offline_when_unreachable
+
+    offline_when_unreachable([cfg.model.name_or_path, cfg.model.tokenizer], say)  # one line, not the hub client's retries
     signals = SignalStop(cfg.checkpoint.signal_grace_s, say=say)
     try:
         with signals, RunLock(run_dir, say=say) as lock, contextlib.ExitStack() as cleanup:
@@ -221,7 +224,10 @@ def train_run(
         except Exception as e:  # surfaced on the driver below
             outcome["error"] = e
 
-    metrics_log = MetricsLog(run_dir, resumed=bool(resume)) if local else None  # lines appended as they arrive: they survive any stop
+    from rayft.train.checkpoint_files import read_state
+
+    resumed_step = int(read_state(resume_from)["step"]) if resume_from is not None else None
+    metrics_log = MetricsLog(run_dir, resumed_step) if local else None  # lines appended as they arrive: they survive any stop
     # TensorBoard / MLflow / W&B (tracking:): fed from the driver only; closed with the run's outcome
     trackers = cleanup.enter_context(Trackers.open(cfg, run_dir, name, say=lambda s: console.print(s, highlight=False, markup=False)))
     th = threading.Thread(target=_fit, daemon=True)

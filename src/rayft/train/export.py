@@ -27,6 +27,7 @@ def export_and_verify(
     from transformers import AutoModelForCausalLM
 
     from rayft.data.tokenizer import load_tokenizer
+    from rayft.train.generation import base_generation_config
 
     module = model.module
     sd = ckpt_lib.full_model_state_dict(module)
@@ -39,7 +40,8 @@ def export_and_verify(
     if dist.get_rank() == 0:
         out = os.path.join(tempfile.mkdtemp(prefix="rayft-hf-"), "hf") if remote else os.path.join(run_dir, "hf")
         assert tied_embeddings(module) == bool(getattr(model_conf, "tie_word_embeddings", False))
-        ckpt_lib.write_hf_model(sd, model_conf, load_tokenizer(args.tokenizer), out)
+        base = base_generation_config(cfg.model.name_or_path, cfg.model.revision, say=lambda s: print(f"[rayft] {s}", flush=True))
+        ckpt_lib.write_hf_model(sd, model_conf, load_tokenizer(args.tokenizer), out, base_generation=base)
         dtype = torch.bfloat16 if device.type == "cuda" and cfg.parallel.param_dtype == "bfloat16" else torch.float32
         hf = AutoModelForCausalLM.from_pretrained(out, dtype=dtype).to(device).eval()
         with torch.no_grad():

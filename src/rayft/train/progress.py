@@ -3,6 +3,7 @@ Ray Train runs, and collect what the summary needs."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from dataclasses import dataclass, field
@@ -82,6 +83,18 @@ class RunProgress:
         return extra
 
 
+def plain_line(step: int, total: int, info: str, elapsed_s: float, eta_s: float | None) -> str:
+    """The progress line printed where no live bar can be drawn (a log file, a pipe, Ray job logs):
+    ``step 12/100 (12%)  loss 1.2345  ...  elapsed 0:01:05  ETA 0:08:10``."""
+
+    def hms(s: float) -> str:
+        s = int(round(s))
+        return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+    eta = f"  ETA {hms(eta_s)}" if eta_s is not None else ""
+    return f"step {step}/{total} ({100 * step / max(total, 1):.0f}%)  {info}  elapsed {hms(elapsed_s)}{eta}"
+
+
 def show_progress(
     fit_thread: threading.Thread,
     channel: ProgressChannel,
@@ -91,13 +104,16 @@ def show_progress(
     on_step: Callable[[dict], None] | None = None,
     tick: Callable[[], None] | None = None,
 ) -> RunProgress:
-    """Show a progress bar of ``total`` steps until ``fit_thread`` (running ``trainer.fit()``) ends
+    """Show the progress of ``total`` steps until ``fit_thread`` (running ``trainer.fit()``) ends
     and the channel is empty, or a signal's grace period is over (``signals``); returns what was
-    reported. ``on_step(metrics)`` is called with each step's record as it arrives, ``tick()``
-    every quarter second."""
+    reported. On a terminal that is a live progress bar; elsewhere (``console`` not a terminal: a
+    file, a pipe, Ray job logs) one plain line per reported step (:func:`plain_line`; the workers
+    report every ``train.log_every`` steps, the first and the last). ``on_step(metrics)`` is
+    called with each step's record as it arrives, ``tick()`` every quarter second."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     run = RunProgress()
+    live = console.is_terminal
     cols = [
         TextColumn("step"),
         MofNCompleteColumn(),
@@ -107,11 +123,25 @@ def show_progress(
         TextColumn("ETA"),
         TimeRemainingColumn(),
     ]
-    with Progress(*cols, console=console, transient=False, refresh_per_second=4) as bar:
-        task = bar.add_task("train", total=total, info="starting workers…")
+    started = time.monotonic()
+    first: list[tuple[int, float]] = []  # the first reported step and when: the ETA's rate is measured from there
+    with Progress(*cols, console=console, transient=False, refresh_per_second=4) if live else contextlib.nullcontext() as bar:
+        task = bar.add_task("train", total=total, info="starting workers…") if live else None
+        out = bar.console if live else console
 
         def say(text: str) -> None:
-            bar.console.print(text, highlight=False, markup=False)  # texts from outside (a stop reason) are no markup
+            out.print(text, highlight=False, markup=False)  # texts from outside (a stop reason) are no markup
+
+        def show(step: int, info: str) -> None:
+            now = time.monotonic()
+            if live:
+                bar.update(task, completed=step, info=info)
+                return
+            if not first:
+                first.append((step, now))
+            s0, t0 = first[0]
+            eta = (now - t0) / (step - s0) * (total - step) if step > s0 else None
+            out.print(plain_line(step, total, info, now - started, eta), highlight=False, markup=False, soft_wrap=True)
 
         while True:
             if signals is not None:
@@ -123,7 +153,7 @@ def show_progress(
             for event in events:
                 info = run.add(event, say)
                 if info is not None:
-                    bar.update(task, completed=run.history[-1]["step"], info=info)
+                    show(run.history[-1]["step"], info)
                     if on_step is not None:
                         on_step(run.history[-1])
             if not alive and not events:

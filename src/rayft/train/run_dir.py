@@ -61,7 +61,7 @@ def prepare_run_dir(run_dir: str, resume: str | None, cfg: RayftConfig, console:
             continue it), or ``--resume`` of a directory without a complete checkpoint, or with
             only corrupt ones.
     """
-    from rayft.train.checkpoint_files import CheckpointCheck, find_checkpoints, is_complete, newest_intact
+    from rayft.train.checkpoint_files import CheckpointCheck, checkpoint_dirs, find_checkpoints, is_complete, newest_intact
 
     d = Path(run_dir)
     if not resume:
@@ -72,7 +72,7 @@ def prepare_run_dir(run_dir: str, resume: str | None, cfg: RayftConfig, console:
         return None
     if not d.is_dir():
         raise TrainError(f"--resume {resume}: no run directory at {run_dir}")
-    for c in sorted(d.glob("checkpoint_*")):
+    for c in checkpoint_dirs(d):
         if not is_complete(c):
             console.print(Text.assemble(("warning", "yellow"), f": skipping incomplete checkpoint {c} (interrupted save?)"))
     if not find_checkpoints(d):
@@ -118,12 +118,24 @@ def check_resume_data(checkpoint: str, data_fingerprint: str) -> None:
 class MetricsLog:
     """``rayft_metrics.jsonl`` written as steps arrive (one JSON line each, flushed), so that any
     stop keeps them; :func:`write_run_records` rewrites it at the end without re-run steps. A new
-    run starts the file empty; a resumed one appends to the original run's lines."""
+    run (``resumed_step`` None) starts the file empty; a run resumed from the checkpoint of step
+    ``resumed_step`` keeps the earlier lines up to that step and drops those after it (the steps it
+    runs again), then appends."""
 
-    def __init__(self, run_dir: str, resumed: bool):
+    def __init__(self, run_dir: str, resumed_step: int | None):
         self.path = Path(run_dir) / "rayft_metrics.jsonl"
-        if not resumed:
+        if resumed_step is None or not self.path.exists():
             self.path.write_text("")
+            return
+        kept = []
+        for line in self.path.read_text().splitlines():
+            try:
+                step = json.loads(line)["step"]
+            except (ValueError, KeyError, TypeError):
+                continue  # a line cut by a hard stop: dropped
+            if step <= resumed_step:
+                kept.append(line + "\n")
+        self.path.write_text("".join(kept))
 
     def append(self, record: dict) -> None:
         with self.path.open("a") as f:

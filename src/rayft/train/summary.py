@@ -61,9 +61,9 @@ def build_summary(
             "stopped": stop,
         }
         t = Table(title="rayft run summary", show_header=False)
-        t.add_row("run", run_dir)
         t.add_row("stopped", stop_line(stop))
         console.print(t)
+        print_paths(console, run_dir, None)
         return summary
     if not history:
         raise TrainError("training finished without reporting a step")
@@ -95,7 +95,6 @@ def build_summary(
         summary["stopped"] = stop
     export = extra["export"]
     t = Table(title="rayft run summary", show_header=False)
-    t.add_row("run", run_dir)
     t.add_row("steps", f"{last['step']}/{total}")
     t.add_row("loss", f"{history[0]['loss']:.4f} → {last['loss']:.4f}")
     if evals:
@@ -113,11 +112,33 @@ def build_summary(
         )
     if export:
         vs = ", float8-trained model vs the export" if export.get("trained_float8") else ""
-        t.add_row("HF export", f"{export['export_dir']} (max |Δlogit| {export['export_max_abs_logit_diff']:.2e}{vs})")
+        t.add_row("HF export", f"max |Δlogit| {export['export_max_abs_logit_diff']:.2e} vs the trained model{vs}")
     if stop is not None:
         t.add_row("stopped", stop_line(stop))
     console.print(t)
+    print_paths(console, run_dir, export.get("export_dir") if export else None)
     return summary
+
+
+# where Ray unpacks a submitted job's working_dir (under the session's temporary directory)
+RAY_WORKING_DIR_MARK = "/runtime_resources/working_dir_files/"
+
+
+def print_paths(console: Console, run_dir: str, export_dir: str | None) -> None:
+    """The run directory and the HF export, under the table as whole lines (a table cell would cut
+    a long path with an ellipsis in a log 80 columns wide), and a warning when they lie inside a
+    submitted job's unpacked working_dir, which Ray deletes with its session."""
+    console.print(f"run directory: {run_dir}", highlight=False, markup=False, soft_wrap=True)
+    if export_dir:
+        console.print(f"HF export: {export_dir}", highlight=False, markup=False, soft_wrap=True)
+    if RAY_WORKING_DIR_MARK in run_dir:
+        console.print(
+            "warning: the run directory is inside this job's unpacked working_dir, which Ray deletes with its session: "
+            "copy it out now, or set checkpoint.storage_path to s3://... or a shared file system",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
 
 
 def stop_record(signal_name: str, stopped, history: list[dict], checkpoint_step: int | None, forced: bool) -> dict:

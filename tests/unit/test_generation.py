@@ -1,0 +1,144 @@
+"""Generation from an export (issue 21): the export stops at the chat template's end of turn
+(item 1); `rayft generate` and `rayft chat` (item 2)."""
+
+import copy
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tiny_models import REPLY, bigram_export, random_export
+
+from rayft.infer.generate import generate_all, read_prompts
+from rayft.infer.model_dir import InferError
+from rayft.train.generation import end_of_turn_ids, export_generation_config
+
+
+def test_end_of_turn_read_from_the_template(qwen_tokenizer):
+    # ChatML's <|im_end|>, found by rendering a reply, not from a table
+    assert end_of_turn_ids(qwen_tokenizer) == [qwen_tokenizer.convert_tokens_to_ids("<|im_end|>")] == [151645]
+    other = copy.deepcopy(qwen_tokenizer)  # another template: the turn ends with <|endoftext|> itself
+    other.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}<|endoftext|>\n{% endfor %}"
+    assert end_of_turn_ids(other) == [151643]
+    other.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    assert end_of_turn_ids(other) == []  # no special token after the reply
+
+
+def test_base_sampling_defaults_kept_and_none_added(qwen_tokenizer):
+    from transformers import GenerationConfig, PretrainedConfig
+
+    conf = PretrainedConfig(eos_token_id=151643, bos_token_id=151643)
+    plain = export_generation_config(qwen_tokenizer, conf)
+    assert plain.eos_token_id == [151645, 151643] and not plain.do_sample and plain.temperature is None
+    base = GenerationConfig(do_sample=True, temperature=0.7, top_p=0.8, eos_token_id=151643)
+    got = export_generation_config(qwen_tokenizer, conf, base)
+    assert (got.do_sample, got.temperature, got.top_p, got.eos_token_id) == (True, 0.7, 0.8, [151645, 151643])
+
+
+@pytest.fixture(scope="module")
+def bigram_dir(tmp_path_factory, qwen_tokenizer):
+    return bigram_export(qwen_tokenizer, tmp_path_factory.mktemp("export") / "hf")
+
+
+def test_export_stops_at_end_of_turn(bigram_dir, qwen_tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    gen = json.loads((bigram_dir / "generation_config.json").read_text())
+    assert gen["eos_token_id"] == [151645, 151643]
+    assert json.loads((bigram_dir / "config.json").read_text())["use_cache"] is True
+    model = AutoModelForCausalLM.from_pretrained(bigram_dir)
+    tok = qwen_tokenizer  # the tokenizer the export holds (loading it back is test_generate_...'s part)
+    batch = tok.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    n = batch["input_ids"].shape[1]
+    with torch.no_grad():
+        out = model.generate(**batch, max_new_tokens=12)[0, n:].tolist()
+        on = model.generate(**batch, max_new_tokens=12, eos_token_id=151643)[0, n:].tolist()  # the base EOS alone
+    reply = tok.encode(REPLY, add_special_tokens=False)
+    assert out == [*reply, 151645]  # the reply, its end of turn, nothing after
+    assert len(on) == 12 and on[: len(reply) + 1] == [*reply, 151645]  # what the export did before: on past the turn
+
+
+PROMPTS = [
+    {"messages": [{"role": "user", "content": "Write one short sentence about the sea."}]},
+    {"prompt": "The capital of France is"},
+    {"messages": [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hi"}]},
+]
+
+
+@pytest.fixture(scope="module")
+def random_dir(tmp_path_factory, qwen_tokenizer):
+    return random_export(qwen_tokenizer, tmp_path_factory.mktemp("random") / "hf")
+
+
+def test_bad_prompt_line_named_before_loading(tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "ok"}\n\n{"messages": [{"role": "user"}]}\n')
+    with pytest.raises(InferError, match=rf"^{f}:3: messages\[0\] needs a string role and a string content"):
+        read_prompts(f)
+    f.write_text('{"prompt": "ok"}\n{"text": "x"}\n')
+    with pytest.raises(InferError, match=rf"^{f}:2: a prompt line is"):
+        read_prompts(f)
+
+
+def test_generate_greedy_batched_equals_one_by_one(tmp_path, random_dir, qwen_tokenizer):
+    from typer.testing import CliRunner
+
+    from rayft.cli import app
+
+    f = tmp_path / "prompts.jsonl"
+    f.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
+    args = ["generate", str(random_dir), "--prompts", str(f), "--out", str(tmp_path / "out.jsonl"), "--max-new-tokens", "6"]
+    res = CliRunner().invoke(app, [*args, "--batch-size", "3", "--temperature", "0"])
+    assert res.exit_code == 0, res.output
+    got = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [r["line"] for r in got] == [1, 2, 3] and got[1]["prompt"] == "The capital of France is"
+    assert got[0]["messages"] == PROMPTS[0]["messages"] and all(r["new_tokens"] == 6 and r["finish"] == "length" for r in got)
+    from transformers import AutoModelForCausalLM
+
+    model, tok = AutoModelForCausalLM.from_pretrained(random_dir).eval(), qwen_tokenizer  # the export's tokenizer, already loaded
+    prompts = read_prompts(f)
+    # the same answers again, in batches of 2 (other padding: the second batch has none)
+    again = generate_all(model, tok, prompts, max_new_tokens=6, temperature=0, batch_size=2)
+    assert [r["completion"] for r in again] == [r["completion"] for r in got]
+    # the reference: transformers' greedy generate on each prompt alone (no padding at all)
+    for p, rec in zip(prompts, got):
+        if p.messages is not None:
+            ids = tok.apply_chat_template(p.messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+        else:
+            ids = tok(p.text, return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            ref = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False)[0, ids.shape[1] :]
+        assert rec["completion"] == tok.decode(ref, skip_special_tokens=True)
+
+
+def test_chat_two_turns_and_reset(bigram_dir):
+    pexpect = pytest.importorskip("pexpect")
+    hf = bigram_dir
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p.endswith("src")) or os.environ.get("PYTHONPATH", "")}
+    child = pexpect.spawn(sys.executable, ["-m", "rayft.cli", "chat", str(hf), "--temperature", "0"], env=env, encoding="utf-8", timeout=60)
+    try:
+        child.expect("you> ")
+        contexts = []
+        for text in ("Hi", "And again?"):
+            child.sendline(text)
+            child.expect(rf"model> {REPLY}\r?\n\[(\d+) tokens, (\d+) in context")
+            assert child.match.group(1) == "3"  # the reply's two tokens and the end of turn: it stopped there
+            contexts.append(int(child.match.group(2)))
+            child.expect("you> ")
+        assert contexts[1] > contexts[0]  # the second turn saw the first
+        child.sendline("/reset")
+        child.expect(r"\(new conversation\)")
+        child.expect("you> ")
+        child.sendline("Hi")
+        child.expect(rf"model> {REPLY}\r?\n\[3 tokens, (\d+) in context")
+        assert int(child.match.group(1)) == contexts[0]  # a fresh conversation again
+        child.expect("you> ")
+        child.sendline("/exit")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0

@@ -1,0 +1,121 @@
+"""Watching a run without a terminal, and its metrics across --resume (issue 21, item 6)."""
+
+import io
+import json
+import os
+import threading
+import time
+from collections import deque
+
+from rich.console import Console
+
+from rayft.train.events import ProgressChannel, ResumedEvent, StepEvent
+from rayft.train.progress import show_progress
+from rayft.train.run_dir import MetricsLog, write_metrics
+
+
+class ListQueue:
+    """The queue's side the driver reads (get_nowait), over a list of events."""
+
+    def __init__(self, events):
+        self.events = deque(events)
+
+    def get_nowait(self):
+        from ray.util.queue import Empty
+
+        if not self.events:
+            raise Empty
+        return self.events.popleft()
+
+
+def step(n: int, loss: float) -> StepEvent:
+    return StepEvent({"step": n, "loss": loss, "tokens_per_s_per_gpu": 1234.5, "gpu": "cpu", "mfu": None})
+
+
+def test_plain_progress_lines_when_output_is_not_a_terminal():
+    events = [ResumedEvent(step=2, from_world_size=2, world_size=2, load_s=0.5), step(3, 2.5), step(6, 2.0), step(5, 2.2), step(8, 1.5)]
+    buf = io.StringIO()
+    console = Console(file=buf, width=80)  # a file: no terminal, as under nohup, CI, kubectl logs or Ray job logs
+    assert not console.is_terminal
+    fit = threading.Thread(target=time.sleep, args=(0.3,))
+    fit.start()
+    seen = []
+    run = show_progress(fit, ProgressChannel(ListQueue(events)), 8, console, on_step=seen.append)
+    lines = buf.getvalue().splitlines()
+    assert lines[0] == "resumed from the checkpoint of step 2 (world size 2 → 2; loaded in 0.5 s)"
+    steps = [ln for ln in lines if ln.startswith("step ")]
+    # one whole line per reported step (never cut at 80 columns), as it arrives; a step reported again after a restart too
+    assert [ln.split()[1] for ln in steps] == ["3/8", "6/8", "5/8", "8/8"]
+    assert steps[0].startswith("step 3/8 (38%)  loss 2.5000  1,234 tok/s/worker  elapsed 0:00:0")
+    assert "ETA" not in steps[0] and steps[-1].endswith("ETA 0:00:00")
+    assert [h["step"] for h in run.history] == [3, 5, 8] and [m["step"] for m in seen] == [3, 6, 5, 8]
+
+
+def test_resumed_run_keeps_the_metrics_before_its_checkpoint_once(tmp_path):
+    path = tmp_path / "rayft_metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "loss": 10.0 - s}) + "\n" for s in range(1, 8)) + '{"step": 8, "lo')  # cut by a kill
+    log = MetricsLog(str(tmp_path), resumed_step=5)  # resumed from the checkpoint of step 5: steps 6 and 7 run again
+    assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == [1, 2, 3, 4, 5]
+    history = [{"step": s, "loss": 1.0} for s in (6, 7, 8)]
+    for rec in history:
+        log.append(rec)
+    assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == list(range(1, 9))  # kept as they came: a stop keeps them
+    write_metrics(str(tmp_path), history, resumed=True)  # the end of the run
+    recs = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [r["step"] for r in recs] == list(range(1, 9)) and recs[4]["loss"] == 5.0 and recs[5]["loss"] == 1.0
+    MetricsLog(str(tmp_path), resumed_step=None)  # a new run starts the file empty
+    assert path.read_text() == ""
+
+
+def test_unreachable_hub_is_one_line_and_the_cache(monkeypatch):
+    from huggingface_hub import constants
+
+    from rayft.train.hub import offline_when_unreachable
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    said, probes = [], []
+
+    def probe():
+        probes.append(1)
+        return "[Errno -2] Name or service not known"
+
+    assert not offline_when_unreachable(["qwen2-tiny", "qwen2.5", None], said.append, probe)  # nothing from the Hub: no probe
+    assert probes == [] and said == []
+    assert offline_when_unreachable(["Org/Model-1B", None], said.append, probe)
+    assert probes == [1] and constants.HF_HUB_OFFLINE is True and os.environ["HF_HUB_OFFLINE"] == "1"
+    assert said == [
+        f"note: {constants.ENDPOINT} cannot be reached ([Errno -2] Name or service not known): "
+        "Org/Model-1B from the local Hugging Face cache only (HF_HUB_OFFLINE=1)"
+    ]
+    assert not offline_when_unreachable(["Org/Model-1B"], said.append, probe) and probes == [1]  # already offline: no second probe
+
+
+def test_version_and_help_screens_without_bool_placeholders():
+    from typer.testing import CliRunner
+
+    from rayft import __version__
+    from rayft.cli import app
+
+    res = CliRunner().invoke(app, ["--version"])
+    assert res.exit_code == 0 and res.output == f"rayft {__version__}\n"
+    for args in (["--help"], ["submit", "--help"], ["generate", "--help"]):
+        res = CliRunner().invoke(app, args, terminal_width=200)
+        assert res.exit_code == 0 and "--help" in res.output and "<bool>" not in res.output, args
+    assert "<path>" in res.output and "<int>" in res.output  # options that take a value keep their type
+
+
+def test_torchao_import_noise_dropped(caplog):
+    import logging
+
+    import rayft  # noqa: F401 -- its import installs the filters
+
+    with caplog.at_level(logging.WARNING):
+        logging.getLogger("torchao").warning(
+            "Failed to load /x/torchao/_C_mxfp8.cpython-310-x86_64-linux-gnu.so: Could not load this library"
+        )
+        logging.getLogger("torch.utils._pytree").warning(
+            "<enum 'KernelPreference'> is an Enum subclass and is now natively supported by ..."
+        )
+        logging.getLogger("torchao").warning("float8 is slow here")
+    assert [r.getMessage() for r in caplog.records] == ["float8 is slow here"]  # other warnings still show
