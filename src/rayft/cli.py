@@ -15,6 +15,7 @@ from rayft.commands import (
     config,
     data,
     doctor,
+    evaluate,
     export,
     generate,
     manifest,
@@ -53,6 +54,7 @@ def main(
 
 app.command("train")(train.train)
 app.command("export")(export.export)
+app.command("eval")(evaluate.evaluate)
 app.command("chat")(chat.chat)
 app.command("generate")(generate.generate)
 app.command("plot")(plot.plot)

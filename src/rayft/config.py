@@ -22,6 +22,7 @@ from pydantic import ConfigDict, Field, ValidationError, field_validator, model_
 from rayft.cluster.spec import ClusterConfig
 from rayft.config_base import ConfigModel, path_field
 from rayft.config_suggest import did_you_mean
+from rayft.config_tracking import TrackingConfig, secret_key_hint
 
 
 class ConfigError(ValueError):
@@ -374,6 +375,9 @@ class RayftConfig(_Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
     cluster: ClusterConfig | None = Field(default=None, description="Where the job runs on EKS (rayft.cluster.spec).")
+    tracking: TrackingConfig = Field(
+        default_factory=TrackingConfig, description="TensorBoard, MLflow, W&B (rayft.config_tracking; secrets from the environment)."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> "RayftConfig":
@@ -574,7 +578,7 @@ def _format_validation_error(err: ValidationError, source: str, path: Path | Non
         where = _where(dotted, loc, path, overridden)
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
-            msg = "unknown key" + did_you_mean(RayftConfig, loc)
+            msg = secret_key_hint(loc) or "unknown key" + did_you_mean(RayftConfig, loc)
         elif e["type"] == "missing":
             msg = "required key is missing"
         given = e.get("input")

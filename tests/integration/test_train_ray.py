@@ -2,7 +2,9 @@
 
 import json
 import time
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -55,13 +57,15 @@ def reference_first_step_loss(cfg):
     return total / count, len(rows)
 
 
-def test_two_worker_fsdp2_run_loss_export_and_tied_weights(ray_local, tmp_path):
+def test_two_worker_fsdp2_run_loss_export_and_tied_weights(ray_local, tmp_path, qwen_tokenizer):
     from transformers import AutoModelForCausalLM
+    from typer.testing import CliRunner
 
+    from rayft.cli import app
     from rayft.infer.model_dir import model_dir
-    from rayft.train.checkpoint import find_checkpoints
+    from rayft.train.checkpoint import export_run, find_checkpoints
 
-    cfg = job(tmp_path)
+    cfg = job(tmp_path, "tracking.tensorboard=true")
     ref_loss, n_rows = reference_first_step_loss(cfg)
     assert n_rows == 5  # 5 rows over 2 ranks × 2 micro-batches × 2: uneven, one micro-batch empty
     summary = run_training(cfg)
@@ -74,6 +78,28 @@ def test_two_worker_fsdp2_run_loss_export_and_tied_weights(ray_local, tmp_path):
     assert losses[0] == pytest.approx(ref_loss, rel=1e-5)
     assert losses[-1] < losses[0] - 1.0  # falls by more than one nat in 6 steps
     assert all(h["trainable_tokens"] > 0 and h["grad_norm"] > 0 for h in hist)
+    # tracking.tensorboard: the driver's event files hold the same per-step losses (float32) and learning rates
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(h["step"], float(np.float32(h["loss"]))) for h in hist]
+    assert [e.value for e in events.Scalars("train/lr")] == [float(np.float32(h["lr"])) for h in hist]
+    # `rayft eval --step 3`: step 3's checkpoint exported to a temporary directory (removed after) and
+    # scored with lm-eval; each choice's log-likelihood is step 3's model's (as `rayft export` writes it)
+    res = CliRunner().invoke(app, ["eval", str(run), "--step", "3", "--tasks", "rayft_sums", "--limit", "3"])
+    assert res.exit_code == 0, res.output
+    (result,) = (run / "eval").glob("*Z.json")
+    ev = json.loads(result.read_text())
+    assert ev["step"] == 3 and ev["n-samples"]["rayft_sums"]["effective"] == 3 and not Path(ev["model_dir"]).exists()
+    step3 = AutoModelForCausalLM.from_pretrained(export_run(str(run), step=3, out=tmp_path / "step3")).eval()
+    tok = qwen_tokenizer  # the run's (and its exports')
+    for sample in map(json.loads, result.with_suffix(".samples.jsonl").read_text().splitlines()):
+        for (context, choice), (ll, _) in zip(sample["arguments"], sample["filtered_resps"]):
+            ctx, whole = (tok(t, add_special_tokens=False)["input_ids"] for t in (context, context + choice))
+            with torch.no_grad():
+                logp = torch.log_softmax(step3(torch.tensor([whole])).logits[0].double(), -1)
+            assert ll == pytest.approx(sum(logp[i - 1, whole[i]].item() for i in range(len(ctx), len(whole))), abs=1e-3)
     # worker setup is reported once, with the first step, and includes the model build
     assert hist[0]["time_setup_s"] >= hist[0]["time_setup_model_build_s"] > 0
     assert not any("time_setup_s" in h for h in hist[1:])

@@ -23,6 +23,7 @@ from rich.console import Console
 from rayft.config import RayftConfig
 from rayft.data.examples import DataError
 from rayft.data.prepare import PreparedData, open_tokenizer, prepare_data
+from rayft.tracking import Trackers
 from rayft.train.errors import TrainError, TrainStopped
 from rayft.train.progress import show_progress
 from rayft.train.ray_cluster import check_worker_environment, connect_ray, resolve_workers, shared_store_root, worker_env_vars
@@ -227,6 +228,8 @@ def train_run(
 
     resumed_step = int(read_state(resume_from)["step"]) if resume_from is not None else None
     metrics_log = MetricsLog(run_dir, resumed_step) if local else None  # lines appended as they arrive: they survive any stop
+    # TensorBoard / MLflow / W&B (tracking:): fed from the driver only; closed with the run's outcome
+    trackers = cleanup.enter_context(Trackers.open(cfg, run_dir, name, say=lambda s: console.print(s, highlight=False, markup=False)))
     th = threading.Thread(target=_fit, daemon=True)
     marks["fit_called"] = time.time()
     signals.training_started()
@@ -238,7 +241,13 @@ def train_run(
             stop_flag.request.remote(lock.lost)
 
     lost_sent: list[bool] = []
-    reported = show_progress(th, progress, total, console, signals, on_step=metrics_log.append if metrics_log else None, tick=watch_lock)
+
+    def on_step(record: dict) -> None:
+        if metrics_log:
+            metrics_log.append(record)
+        trackers.log_step(record)
+
+    reported = show_progress(th, progress, total, console, signals, on_step=on_step, tick=watch_lock)
     forced = signals.signum is not None and th.is_alive()  # past the grace (or a second signal): do not wait
     if not forced:
         th.join()
@@ -259,9 +268,13 @@ def train_run(
         summary = build_summary(history, reported.extra(), run_dir, total, console, wall, stop)
         if local:
             write_run_records(run_dir, history, summary, resumed=bool(resume))
+        trackers.log_summary(summary)
         code = signals.exit_code or EXIT_CODES[signal.SIGTERM]  # a stop from outside: as a pod's SIGTERM
         raise TrainStopped(stop["signal"], code, run_dir, stop["checkpoint_step"], forced=forced, steps_done=stop["steps_done"])
     summary = build_summary(history, reported.extra(), run_dir, total, console, wall)
     if local:
         write_run_records(run_dir, history, summary, resumed=bool(resume))
+    trackers.log_summary(summary)
+    if local and summary["export"]:
+        trackers.log_artifact(summary["export"]["export_dir"], "hf")
     return summary
