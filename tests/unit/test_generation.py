@@ -39,6 +39,39 @@ def test_base_sampling_defaults_kept_and_none_added(qwen_tokenizer):
     assert (got.do_sample, got.temperature, got.top_p, got.eos_token_id) == (True, 0.7, 0.8, [151645, 151643])
 
 
+def test_base_with_sampling_values_but_do_sample_false_still_saves(qwen_tokenizer, tmp_path):
+    from transformers import GenerationConfig, PretrainedConfig
+
+    conf = PretrainedConfig(eos_token_id=151643)
+    (tmp_path / "base").mkdir()  # the base model's file as shipped: save_pretrained would refuse it
+    (tmp_path / "base" / "generation_config.json").write_text('{"do_sample": false, "temperature": 0.7, "top_p": 0.8}')
+    base = GenerationConfig.from_pretrained(tmp_path / "base")
+    said = []
+    got = export_generation_config(qwen_tokenizer, conf, base, say=said.append)
+    assert (got.do_sample, got.temperature, got.top_p, got.eos_token_id) == (False, None, None, [151645, 151643])
+    assert len(said) == 1 and "temperature, top_p dropped" in said[0]
+    got.save_pretrained(tmp_path / "out")  # raised ValueError before
+    saved = json.loads((tmp_path / "out" / "generation_config.json").read_text())
+    assert saved["eos_token_id"] == [151645, 151643] and "temperature" not in saved and "top_p" not in saved
+    bad = GenerationConfig(num_beams=1, length_penalty=2.0)  # invalid for another reason: a plain config instead
+    said.clear()
+    plain = export_generation_config(qwen_tokenizer, conf, bad, say=said.append)
+    plain.validate(strict=True)
+    assert plain.eos_token_id == [151645, 151643] and plain.pad_token_id == qwen_tokenizer.pad_token_id
+    assert len(said) == 1 and "length_penalty" in said[0] and "a plain one" in said[0]
+
+
+def test_template_that_raises_keeps_the_base_eos_only(qwen_tokenizer):
+    from transformers import PretrainedConfig
+
+    tok = copy.deepcopy(qwen_tokenizer)
+    tok.chat_template = "{{ raise_exception('Conversation roles must alternate system/user/assistant') }}"
+    said = []
+    got = export_generation_config(tok, PretrainedConfig(eos_token_id=151643), say=said.append)
+    assert got.eos_token_id == 151643  # the base EOS only, no end-of-turn token
+    assert len(said) == 1 and said[0].startswith("warning: the chat template cannot render") and "must alternate" in said[0]
+
+
 @pytest.fixture(scope="module")
 def bigram_dir(tmp_path_factory, qwen_tokenizer):
     return bigram_export(qwen_tokenizer, tmp_path_factory.mktemp("export") / "hf")
