@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tiny_models import REPLY, bigram_export, random_export
 
 from rayft.infer.generate import generate_all, read_prompts
-from rayft.infer.model_dir import InferError
+from rayft.infer.model_dir import TOKENIZER_FILES, InferError, exit_on_signals, load_model, model_dir
 from rayft.train.generation import end_of_turn_ids, export_generation_config
 
 
@@ -175,3 +175,70 @@ def test_chat_two_turns_and_reset(bigram_dir):
     finally:
         child.close(force=True)
     assert child.exitstatus == 0
+
+
+def test_export_without_tokenizer_files_refused_before_the_model_loads(bigram_dir, tmp_path):
+    import shutil
+
+    bare = tmp_path / "bare"
+    shutil.copytree(bigram_dir, bare, ignore=lambda d, names: [n for n in names if n.startswith("tokenizer") or n.endswith(".jinja")])
+    assert not any((bare / f).exists() for f in TOKENIZER_FILES) and (bare / "model.safetensors").is_file()
+    with pytest.raises(
+        InferError, match=rf"^{bare}: no tokenizer in the directory \(none of tokenizer.json, tokenizer_config.json, tokenizer.model\)"
+    ):
+        load_model(bare, "cpu")
+
+
+def test_run_directory_decided_by_checkpoint_dirs_and_nothing_said_without_a_checkpoint(tmp_path):
+    snap = tmp_path / "snap"
+    snap.mkdir()
+    (snap / "checkpoint_manager_snapshot.json").write_text("{}")  # a file, not a checkpoint
+    with pytest.raises(InferError, match="neither a Hugging Face model directory"), model_dir(snap):
+        pass
+    run = tmp_path / "run"
+    (run / "checkpoint_0000003").mkdir(parents=True)  # a save interrupted before its state file
+    said = []
+    with pytest.raises(InferError, match=rf"^{run}: no complete checkpoint in this run"), model_dir(run, say=said.append):
+        pass
+    assert said == []  # no "exporting ..." line before the error
+
+
+def test_sigterm_becomes_system_exit_and_handlers_come_back():
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        with pytest.raises(SystemExit) as e, exit_on_signals():
+            os.kill(os.getpid(), sig)
+        assert e.value.code == 128 + sig
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)) == before
+
+
+def test_sigterm_during_a_step_export_removes_the_temporary_export(tmp_path, monkeypatch):
+    import signal
+
+    import rayft.train.checkpoint as ckpt
+    import rayft.train.checkpoint_files as files
+
+    run = tmp_path / "run"
+    (run / "checkpoint_0000004").mkdir(parents=True)
+    (run / "rayft.yaml").write_text("")
+    # the checkpoint's discovery and export stand in: what is tested is model_dir's cleanup
+    monkeypatch.setattr(files, "find_checkpoints", lambda d: [(4, Path(d) / "checkpoint_0000004")])
+
+    def fake_export(run_dir, step=None, out=None, say=None):
+        out.mkdir()
+        (out / "model.safetensors").write_bytes(b"\0" * 1024)
+        return out
+
+    monkeypatch.setattr(ckpt, "export_run", fake_export)
+    said, seen, before = [], [], signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as e:
+        with model_dir(run, step=4, say=said.append) as hf:
+            seen.append(hf)
+            assert (hf / "model.safetensors").is_file()
+            os.kill(os.getpid(), signal.SIGTERM)
+    assert e.value.code == 128 + signal.SIGTERM
+    assert said and said[0].startswith(f"exporting the checkpoint of step 4 of {run} to ")
+    assert not seen[0].parent.exists()  # the temporary directory is gone
+    assert signal.getsignal(signal.SIGTERM) == before  # the old handler is back
