@@ -13,7 +13,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tiny_models import REPLY, bigram_export, random_export
 
-from rayft.infer.generate import generate_all, read_prompts
+from rayft.infer.generate import encode_prompts, generate_all, read_prompts
 from rayft.infer.model_dir import TOKENIZER_FILES, InferError, exit_on_signals, load_model, model_dir
 from rayft.train.generation import end_of_turn_ids, export_generation_config
 
@@ -154,7 +154,7 @@ def test_chat_two_turns_and_reset(bigram_dir):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p.endswith("src")) or os.environ.get("PYTHONPATH", "")}
     child = pexpect.spawn(sys.executable, ["-m", "rayft.cli", "chat", str(hf), "--temperature", "0"], env=env, encoding="utf-8", timeout=60)
     try:
-        child.expect("you> ")
+        child.expect("you> ", timeout=240)  # the first model load, slow under CI load; the later expects get 60 s
         contexts = []
         for text in ("Hi", "And again?"):
             child.sendline(text)
@@ -242,3 +242,59 @@ def test_sigterm_during_a_step_export_removes_the_temporary_export(tmp_path, mon
     assert said and said[0].startswith(f"exporting the checkpoint of step 4 of {run} to ")
     assert not seen[0].parent.exists()  # the temporary directory is gone
     assert signal.getsignal(signal.SIGTERM) == before  # the old handler is back
+
+
+def test_prompts_file_not_utf8_or_empty_prompt_named_by_file_and_line(tmp_path):
+    f = tmp_path / "p.jsonl"
+    data = '{"prompt": "ok"}\n{"prompt": "caf'.encode() + b"\xe9" + b'"}\n'
+    f.write_bytes(data)
+    with pytest.raises(InferError, match=rf"^{f}:2: not UTF-8 \(byte 32\)$"):
+        read_prompts(f)
+    assert data.index(b"\xe9") == 32
+    for empty in ('{"prompt": ""}', '{"prompt": " \\n\\t "}'):
+        f.write_text('{"prompt": "ok"}\n' + empty + "\n")
+        with pytest.raises(InferError, match=rf"^{f}:2: the prompt is empty$"):
+            read_prompts(f)
+
+
+@pytest.fixture
+def unloadable_weights_dir(bigram_dir, tmp_path):
+    """The bigram export with garbage weights: a command that loads them fails with another error."""
+    import shutil
+
+    d = tmp_path / "garbage"
+    shutil.copytree(bigram_dir, d)
+    (d / "model.safetensors").write_bytes(b"not safetensors")
+    return d
+
+
+def test_chat_template_error_and_bad_out_named_before_the_model_loads(tmp_path, unloadable_weights_dir):
+    from typer.testing import CliRunner
+
+    from rayft.cli import app
+
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"prompt": "ok"}) + "\n" + json.dumps({"messages": [{"role": "user", "content": "Hi"}]}) + "\n")
+    base = ["generate", str(unloadable_weights_dir), "--prompts", str(f)]
+    res = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "missing" / "out.jsonl")], terminal_width=400)
+    assert res.exit_code == 1 and f"error: {tmp_path / 'missing' / 'out.jsonl'}: no such directory {tmp_path / 'missing'}" in res.output
+    res = CliRunner().invoke(app, [*base, "--out", str(tmp_path)], terminal_width=400)
+    assert res.exit_code == 1 and f"error: {tmp_path}: is a directory (--out is a file)" in res.output
+    (unloadable_weights_dir / "chat_template.jinja").write_text("{{ raise_exception('System role not supported') }}")
+    res = CliRunner().invoke(app, base, terminal_width=400)
+    assert res.exit_code == 1, res.output
+    assert f"error: {f}:2: the chat template cannot render these messages (System role not supported)" in res.output
+
+
+def test_batch_of_two_stops_at_the_end_of_turn_whatever_the_padding(bigram_dir, qwen_tokenizer, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    f = tmp_path / "p.jsonl"
+    turns = [[{"role": "user", "content": "Hi"}], [{"role": "user", "content": "A much longer question, with many more tokens in it?"}]]
+    f.write_text("".join(json.dumps({"messages": m}) + "\n" for m in turns))
+    prompts = read_prompts(f)
+    lengths = [len(ids) for ids in encode_prompts(qwen_tokenizer, prompts)]
+    assert lengths[0] + 5 < lengths[1]  # the first row is left-padded
+    model = AutoModelForCausalLM.from_pretrained(bigram_dir).eval()
+    got = generate_all(model, qwen_tokenizer, prompts, max_new_tokens=12, temperature=0, batch_size=2)
+    assert [(r["line"], r["completion"], r["new_tokens"], r["finish"]) for r in got] == [(1, REPLY, 3, "stop"), (2, REPLY, 3, "stop")]
