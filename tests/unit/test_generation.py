@@ -61,13 +61,13 @@ def test_base_with_sampling_values_but_do_sample_false_still_saves(qwen_tokenize
     assert len(said) == 1 and "length_penalty" in said[0] and "a plain one" in said[0]
 
 
-def test_template_that_raises_keeps_the_base_eos_only(qwen_tokenizer):
+def test_template_that_raises_keeps_the_base_eos_only(qwen_tokenizer, monkeypatch):
     from transformers import PretrainedConfig
 
-    tok = copy.deepcopy(qwen_tokenizer)
-    tok.chat_template = "{{ raise_exception('Conversation roles must alternate system/user/assistant') }}"
+    # the shared tokenizer, its template swapped for this test only (a deep copy costs seconds)
+    monkeypatch.setattr(qwen_tokenizer, "chat_template", "{{ raise_exception('Conversation roles must alternate system/user/assistant') }}")
     said = []
-    got = export_generation_config(tok, PretrainedConfig(eos_token_id=151643), say=said.append)
+    got = export_generation_config(qwen_tokenizer, PretrainedConfig(eos_token_id=151643), say=said.append)
     assert got.eos_token_id == 151643  # the base EOS only, no end-of-turn token
     assert len(said) == 1 and said[0].startswith("warning: the chat template cannot render") and "must alternate" in said[0]
 
