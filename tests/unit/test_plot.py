@@ -51,3 +51,35 @@ def test_metrics_lines_read_by_step_and_bad_ones_named(tmp_path):
         read_metrics(tmp_path / "r")
     with pytest.raises(TrainError, match="no rayft_metrics.jsonl"):
         plot_runs([tmp_path / "missing"], tmp_path / "x.png")
+
+
+def test_metrics_not_utf8_or_without_a_step_are_errors_and_no_png(tmp_path):
+    run = tmp_path / "r"
+    run.mkdir()
+    path = run / "rayft_metrics.jsonl"
+    path.write_bytes(b'{"step": 1, "loss": 1.0}\n{"step": 2, "note": "\xff"}\n')
+    with pytest.raises(TrainError, match=rf"^{path}:2: not UTF-8 \(byte 46\)$"):
+        read_metrics(run)
+    assert path.read_bytes().index(b"\xff") == 46
+    for empty in ("", "\n\n"):
+        path.write_text(empty)
+        with pytest.raises(TrainError, match=rf"^{path}: no step recorded$"):
+            plot_runs([run], tmp_path / "out.png")
+        assert not (tmp_path / "out.png").exists()
+
+
+def test_a_single_step_is_drawn_as_a_dot(tmp_path, monkeypatch):
+    import matplotlib.image
+    import matplotlib.pyplot as plt
+
+    figs = []
+    close = plt.close
+    monkeypatch.setattr(plt, "close", lambda fig: (figs.append(fig), close(fig)))  # keep the figure to find the point's pixel
+    write_run(tmp_path / "one", [1], gpu=False)
+    out = plot_runs([tmp_path / "one"], tmp_path / "one.png")
+    img = matplotlib.image.imread(out)[..., :3]
+    x, y = figs[0].axes[0].transData.transform((1, 10.0))  # the loss of step 1, in pixels from the bottom left
+    row, col = img.shape[0] - round(y), round(x)
+    blue = [0x1F / 255, 0x77 / 255, 0xB4 / 255]  # the first colour of the cycle
+    patch = img[row - 1 : row + 2, col - 1 : col + 2]
+    assert abs(patch - blue).max() < 0.1  # the point is drawn (a one-point line alone leaves the page white)

@@ -91,6 +91,25 @@ def test_unreachable_hub_is_one_line_and_the_cache(monkeypatch):
     assert not offline_when_unreachable(["Org/Model-1B"], said.append, probe) and probes == [1]  # already offline: no second probe
 
 
+def test_every_offline_tokenizer_name_makes_no_hub_probe():
+    from rayft.train.hub import hub_ids
+
+    names = ["qwen2.5", "qwen3", "llama3", "mistral-v3"]
+    assert hub_ids([*names, "Org/Model-1B", "qwen2-tiny"]) == ["Org/Model-1B"]  # only the Hub id is left
+
+
+def test_flag_types_patch_is_a_no_op_on_older_typers(monkeypatch):
+    from typer.core import TyperOption
+
+    from rayft.commands.help_format import hide_flag_types
+
+    for cls in TyperOption.__mro__:  # typer < ~0.28 has no such method, on the class or its bases
+        if "display_type_rich" in vars(cls):
+            monkeypatch.delattr(cls, "display_type_rich")
+    hide_flag_types()  # no AttributeError
+    assert not hasattr(TyperOption, "display_type_rich")
+
+
 def test_version_and_help_screens_without_bool_placeholders():
     from typer.testing import CliRunner
 

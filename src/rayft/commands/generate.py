@@ -28,13 +28,17 @@ def generate(
     """Generate a completion for every prompt of a JSONL file: batched, left-padded, with the KV cache.
 
     One JSON line per prompt: {"line", "messages"|"prompt", "completion", "new_tokens", "finish"}."""
-    from rayft.infer.generate import generate_all, read_prompts
-    from rayft.infer.model_dir import InferError, load_model, model_dir
+    from rayft.infer.generate import check_out_path, encode_prompts, generate_all, read_prompts
+    from rayft.infer.model_dir import InferError, load_model, load_tokenizer, model_dir
 
     try:
         items = read_prompts(prompts)  # a bad line fails here, before any model loads
+        if out is not None:
+            check_out_path(out)
         with model_dir(model, step, say=say) as hf:
-            m, tok, dev = load_model(hf, device)
+            tok = load_tokenizer(hf)
+            encode_prompts(tok, items)  # the chat template's errors (FILE:LINE) before the weights load
+            m, tok, dev = load_model(hf, device, tokenizer=tok)
             say(f"generating for {len(items)} prompt(s) with {hf} on {dev}")
             sink = out.open("w", encoding="utf-8") if out else sys.stdout
             try:

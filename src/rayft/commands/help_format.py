@@ -8,8 +8,11 @@ from typer.core import TyperOption
 
 def hide_flag_types() -> None:
     """Make typer's rich help show no type for flag options (idempotent). typer (0.29) labels every
-    option with its Python type, flags included, which reads as if ``--help`` took a value."""
-    shown = TyperOption.display_type_rich
+    option with its Python type, flags included, which reads as if ``--help`` took a value. A no-op
+    on older typers (< ~0.28), which have no ``display_type_rich`` and leave flags' type out already."""
+    shown = getattr(TyperOption, "display_type_rich", None)
+    if shown is None:
+        return
     if getattr(shown, "rayft_flags_hidden", False):
         return
 

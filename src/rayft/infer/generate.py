@@ -7,6 +7,7 @@ model's chat template and its generation prompt) or ``{"prompt": "..."}`` (the t
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,11 +17,17 @@ from rayft.infer.model_dir import InferError
 
 @dataclass
 class Prompt:
-    """One prompt line: ``line`` (1-based) and either ``messages`` (chat turns) or ``text``."""
+    """One prompt line: ``line`` (1-based) of ``file`` and either ``messages`` (chat turns) or ``text``."""
 
     line: int
     messages: list[dict] | None = None
     text: str | None = None
+    file: str | None = None
+
+    @property
+    def where(self) -> str:
+        """``FILE:LINE`` (``line N`` when the file is not known), the prefix of this prompt's errors."""
+        return f"{self.file}:{self.line}" if self.file is not None else f"line {self.line}"
 
     def record(self) -> dict[str, Any]:
         """The prompt as the output line echoes it."""
@@ -31,15 +38,21 @@ def read_prompts(path: str | Path) -> list[Prompt]:
     """Every prompt of a JSONL file (blank lines skipped).
 
     Raises:
-        InferError: a missing file, or a line that is not JSON, not an object, has neither or both
-            of ``messages`` and ``prompt``, or a turn without a string ``role`` and ``content``;
-            the message names ``FILE:LINE``.
+        InferError: a missing file, a file that is not UTF-8 (``FILE:LINE: not UTF-8 (byte N)``, N
+            the 0-based offset in the file), or a line that is not JSON, not an object, has neither
+            or both of ``messages`` and ``prompt``, an empty or whitespace-only ``prompt``, or a
+            turn without a string ``role`` and ``content``; the message names ``FILE:LINE``.
     """
     p = Path(path)
     try:
-        lines = p.read_text(encoding="utf-8").splitlines()
+        data = p.read_bytes()
     except OSError as e:
         raise InferError(f"{path}: cannot read the prompts file ({e.strerror})") from None
+    try:
+        lines = data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise InferError(f"{path}:{line}: not UTF-8 (byte {e.start})") from None
     out: list[Prompt] = []
     for n, raw in enumerate(lines, 1):
         if not raw.strip():
@@ -54,7 +67,9 @@ def read_prompts(path: str | Path) -> list[Prompt]:
         if "prompt" in obj:
             if not isinstance(obj["prompt"], str):
                 raise InferError(f"{where}: prompt must be a string")
-            out.append(Prompt(n, text=obj["prompt"]))
+            if not obj["prompt"].strip():
+                raise InferError(f"{where}: the prompt is empty")
+            out.append(Prompt(n, text=obj["prompt"], file=str(path)))
             continue
         msgs = obj["messages"]
         if not isinstance(msgs, list) or not msgs:
@@ -62,7 +77,7 @@ def read_prompts(path: str | Path) -> list[Prompt]:
         for i, m in enumerate(msgs):
             if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
                 raise InferError(f"{where}: messages[{i}] needs a string role and a string content")
-        out.append(Prompt(n, messages=msgs))
+        out.append(Prompt(n, messages=msgs, file=str(path)))
     if not out:
         raise InferError(f"{path}: no prompt in the file")
     return out
@@ -70,14 +85,30 @@ def read_prompts(path: str | Path) -> list[Prompt]:
 
 def prompt_ids(tokenizer, prompt: Prompt) -> list[int]:
     """The token ids of a prompt: chat turns through the chat template with the generation prompt
-    (the template writes its own special tokens), plain text with the tokenizer's usual specials."""
+    (the template writes its own special tokens), plain text with the tokenizer's usual specials.
+
+    Raises:
+        InferError: ``FILE:LINE: the chat template cannot render these messages (...)`` (a jinja
+            error, the template's own ``raise_exception``, or no chat template), or the prompt
+            gives no token.
+    """
     if prompt.messages is not None:
         try:
             text = tokenizer.apply_chat_template(prompt.messages, tokenize=False, add_generation_prompt=True)
-        except Exception as e:  # jinja2's errors, or no chat template: named by the prompt's line
-            raise InferError(f"line {prompt.line}: the chat template cannot render these messages ({e})") from None
-        return tokenizer.encode(text, add_special_tokens=False)
-    return tokenizer.encode(prompt.text)
+        except Exception as e:  # jinja2's errors, or no chat template: named by the prompt's file and line
+            raise InferError(f"{prompt.where}: the chat template cannot render these messages ({e})") from None
+        ids = tokenizer.encode(text, add_special_tokens=False)
+    else:
+        ids = tokenizer.encode(prompt.text)
+    if not ids:
+        raise InferError(f"{prompt.where}: the prompt gives no token")
+    return ids
+
+
+def encode_prompts(tokenizer, prompts: list[Prompt]) -> list[list[int]]:
+    """:func:`prompt_ids` of every prompt, in order: run it before the model loads, so that a
+    prompt the tokenizer or chat template refuses fails at once (``FILE:LINE: ...``, InferError)."""
+    return [prompt_ids(tokenizer, p) for p in prompts]
 
 
 def sampling_kwargs(temperature: float | None) -> dict[str, Any]:
@@ -143,3 +174,20 @@ def generate_all(
             if on_result is not None:
                 on_result(rec)
     return results
+
+
+def check_out_path(out: str | Path) -> None:
+    """Check that ``out`` can be written before anything is loaded: its directory exists and is
+    writable, and ``out`` is not a directory.
+
+    Raises:
+        InferError: naming ``out`` and what is wrong.
+    """
+    p = Path(out)
+    parent = p.parent
+    if p.is_dir():
+        raise InferError(f"{out}: is a directory (--out is a file)")
+    if not parent.is_dir():
+        raise InferError(f"{out}: no such directory {parent}")
+    if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise InferError(f"{out}: cannot be written (permission denied)")

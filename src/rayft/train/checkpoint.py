@@ -192,12 +192,19 @@ def plain_tensor(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def write_hf_model(state_dict: dict[str, torch.Tensor], model_config, tokenizer, out: str | os.PathLike, base_generation=None) -> Path:
+def write_hf_model(
+    state_dict: dict[str, torch.Tensor],
+    model_config,
+    tokenizer,
+    out: str | os.PathLike,
+    base_generation=None,
+    say: Callable[[str], None] | None = None,
+) -> Path:
     """Write a Hugging Face model directory (safetensors, config with ``use_cache: true``, tokenizer
     + chat template, ``generation_config.json`` that stops at the chat template's end of turn: see
     :func:`rayft.train.generation.export_generation_config`; ``base_generation``: the base model's
-    generation config, whose sampling defaults are kept), atomically: the files go to ``out.tmp``
-    which is then renamed to ``out``."""
+    generation config, whose sampling defaults are kept; ``say`` (default stderr) gets its notes),
+    atomically: the files go to ``out.tmp`` which is then renamed to ``out``."""
     from transformers import AutoModelForCausalLM
 
     from rayft.train.generation import export_generation_config
@@ -214,7 +221,7 @@ def write_hf_model(state_dict: dict[str, torch.Tensor], model_config, tokenizer,
     if missing or unexpected:
         raise CheckpointError(f"{out}: weights do not match the model (missing {missing[:3]}, unexpected {unexpected[:3]})")
     model.config.use_cache = True  # training runs without the KV cache; generation wants it
-    model.generation_config = export_generation_config(tokenizer, model.config, base_generation)
+    model.generation_config = export_generation_config(tokenizer, model.config, base_generation, say=say)
     model.save_pretrained(tmp, safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
@@ -532,7 +539,9 @@ def export_run(run: str, step: int | None = None, out: str | os.PathLike | None 
         sd.pop("lm_head.weight", None)
     dcp.load({"model": sd}, checkpoint_id=str(ckpt), no_dist=True)
     tokenizer = load_tokenizer(state["tokenizer"]) if state.get("tokenizer") else None
-    return write_hf_model(sd, conf, tokenizer, out or run_dir / f"hf-step{step}", base_generation=run_base_generation(run_dir, say))
+    return write_hf_model(
+        sd, conf, tokenizer, out or run_dir / f"hf-step{step}", base_generation=run_base_generation(run_dir, say), say=say
+    )
 
 
 def run_base_generation(run_dir: Path, say: Callable[[str], None] | None = None):

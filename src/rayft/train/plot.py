@@ -23,13 +23,20 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     step wins, as after a restart that re-ran it).
 
     Raises:
-        TrainError: no such file, or a line that is not a JSON object with a ``step`` (FILE:LINE).
+        TrainError: no such file, a file that is not UTF-8 (``FILE:LINE: not UTF-8 (byte N)``, N the
+            0-based offset), a line that is not a JSON object with a ``step`` (FILE:LINE), or a
+            file with no step at all (``FILE: no step recorded``).
     """
     path = Path(run_dir) / "rayft_metrics.jsonl"
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        data = path.read_bytes()
     except OSError:
         raise TrainError(f"{run_dir}: no rayft_metrics.jsonl (not a run directory, or no step reported yet)") from None
+    try:
+        lines = data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        bad_line = data[: e.start].count(b"\n") + 1
+        raise TrainError(f"{path}:{bad_line}: not UTF-8 (byte {e.start})") from None
     by_step: dict[int, dict] = {}
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -41,6 +48,8 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
         if not isinstance(rec, dict) or not isinstance(rec.get("step"), int):
             raise TrainError(f"{path}:{n}: a metrics line is a JSON object with an integer step")
         by_step[rec["step"]] = rec
+    if not by_step:
+        raise TrainError(f"{path}: no step recorded")
     return [by_step[s] for s in sorted(by_step)]
 
 
@@ -74,7 +83,8 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path) -> Path:
                     pts = [(r["step"], r[key]) for r in recs if r.get(key) is not None]
                     if pts:
                         xs, ys = zip(*pts)
-                        ax.plot(xs, ys, style, color=colors[i % len(colors)], label=name + suffix, markersize=4)
+                        dot = {"marker": "o"} if len(pts) == 1 else {}  # a line through one point draws nothing: a dot
+                        ax.plot(xs, ys, style, color=colors[i % len(colors)], label=name + suffix, markersize=4, **dot)
                         drawn = True
             ax.set_title(title, fontsize=10)
             ax.grid(alpha=0.3)
