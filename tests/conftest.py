@@ -1,17 +1,16 @@
 """Shared test helpers: where ../shared is, the offline Qwen2.5 tokenizer (built once), the
-embedded local Ray that the integration modules share (started once per test process), and how
-the modules are spread over `make test`'s two pytest processes.
+embedded local Ray that the integration modules share (started once), and the order the modules
+run in.
 
 ``ray_local``: the embedded Ray of `rayft train` (connect_ray: every Ray service on 127.0.0.1
-only), 2 CPUs. Starting one costs seconds of CI on 2 cores, so every module of a test process that
-asks for it uses the same one, started by the first such module; the unit modules stop it first
+only), 2 CPUs. Starting one costs seconds of CI on 2 cores, so every module that asks for it uses
+the same one, started by the first such module; the unit modules stop it first
 (no_ray_in_unit_modules: a unit test must not find Ray up); a module that needs another Ray in this
 process (a multi-node ``Cluster``) stops it too with ``embedded_ray.stop()``.
 
-`make test` runs two pytest processes (pytest-xdist, ``--dist loadgroup``). Most of an integration
-module's time is Ray starting processes and waiting on them, which leaves CPU for the other process.
-The integration modules are split in two groups of about equal time (:data:`GROUPS`), each run
-whole by one process, in order, before the unit tests, which then go to whichever process is free.
+The integration modules run first, in :data:`ORDER` (those on the shared Ray next to each other),
+then the unit tests. (Two pytest processes with pytest-xdist were tried on the 2-core machine:
+two Ray clusters oversubscribe its cores and the suite ran slower, not faster.)
 """
 
 import os
@@ -46,38 +45,27 @@ def qwen_tokenizer():
     return load_tokenizer("qwen2.5")
 
 
-#: The integration modules' xdist groups, in the order they run, each group's seconds about equal
-#: on the 2-core CI machine (measured with ``--durations``). A module not listed runs in group "b".
-GROUPS = {
-    "test_fault_tolerance.py": "a",
-    "test_train_ray.py": "a",
-    "test_data_ray.py": "a",
-    "test_bench_collectives.py": "a",
-    "test_shared_storage.py": "a",
-    "test_submit.py": "b",
-    "test_doctor_job.py": "b",
-    "test_eval_ray.py": "b",
-    "test_bench_train_ray.py": "b",
-    "test_loopback.py": "b",
-}
-ORDER = list(GROUPS)
-
-
-def integration_group(path: Path) -> str | None:
-    return GROUPS.get(path.name, "b") if path.parent.name == "integration" else None
+#: The integration modules' order; a module not listed runs after them.
+ORDER = [
+    "test_fault_tolerance.py",
+    "test_train_ray.py",
+    "test_data_ray.py",
+    "test_bench_collectives.py",
+    "test_eval_ray.py",
+    "test_bench_train_ray.py",
+    "test_shared_storage.py",
+    "test_submit.py",
+    "test_doctor_job.py",
+    "test_loopback.py",
+]
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """Integration modules first, in :data:`GROUPS` order, each in its xdist group; then the unit
-    tests (each module keeps its tests' order)."""
-    for it in items:
-        group = integration_group(Path(it.path))
-        if group is not None:
-            it.add_marker(pytest.mark.xdist_group(group))
+    """Integration modules first, in :data:`ORDER`; then the unit tests (each module keeps its tests' order)."""
 
     def rank(it) -> tuple[int, int]:
         path = Path(it.path)
-        if integration_group(path) is None:
+        if path.parent.name != "integration":
             return (1, 0)
         return (0, ORDER.index(path.name) if path.name in ORDER else len(ORDER))
 

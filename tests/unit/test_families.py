@@ -48,8 +48,6 @@ def _mistral_file(name):
 
 
 _TOKENIZERS = {}
-# one pytest-xdist process runs the whole module: the tokenizers above are loaded once
-pytestmark = pytest.mark.xdist_group("families")
 
 
 def tokenizer(name):
