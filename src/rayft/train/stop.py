@@ -84,7 +84,9 @@ class StopPoll:
         return self.reason is not None
 
     def requested(self) -> bool:
-        """Whether a stop was requested, as far as is known now (the answer may lag one step)."""
+        """Whether a stop was requested, as far as is known now: never blocks, so the answer lags.
+        A question to the flag is always in flight: the one asked at call k is answered by call k+1,
+        and a new one goes out at once, so a stop set at any time is seen within two calls (steps)."""
         if self.flag is None or self.reason is not None:
             return self.reason is not None
         import ray
@@ -97,7 +99,7 @@ class StopPoll:
                 self.reason = ray.get(self._pending)
             except ray.exceptions.RayActorError:
                 self.flag = None
-            self._pending = None
+            self._pending = self.flag.requested.remote() if self.flag is not None and self.reason is None else None
         return self.reason is not None
 
 
