@@ -31,7 +31,7 @@ for p in $PRESETS; do
   extra=""; mb=${MB:-8}; ac=false
   case $p in
     gemma-*) extra="--set model.tokenizer=/tmp/tok/gemma2"; mb=${MB:-4} ;;  # full 256k-vocab logits (soft-capped: no fused loss)
-    phi-*) extra="--set model.tokenizer=/tmp/tok/phi3" ;;
+    phi-*) extra="--set model.tokenizer=/tmp/tok/phi3"; mb=${MB:-4} ;;  # 3.8B: 61 GB of weights + AdamW before activations
   esac
   case $p in
     *-7b*|*-8b*)

@@ -341,3 +341,25 @@ def test_tiny_preset_trains_and_exports_with_equal_logits(gloo, preset, tmp_path
         got = hf(input_ids=packed["input_ids"], position_ids=packed["position_ids"], use_cache=False).logits
     assert type(hf).__name__ == type(model.module).__name__.removeprefix("FSDP")
     assert (got - ref).abs().max().item() <= 1e-5
+
+
+def test_the_sentencepiece_fallback_builds_what_transformers_builds():
+    """``sentencepiece_bpe_backend`` (for transformers releases whose SentencePiece converter takes
+    no ``legacy``, e.g. 5.17 on the GPU host) gives the backend that this transformers builds with
+    ``legacy=False``: the same serialized tokenizer, hence the same ids for the pinned texts."""
+    import inspect
+
+    from transformers.convert_slow_tokenizer import SpmConverter, import_protobuf
+
+    from rayft.data.tokenizer import sentencepiece_bpe_backend
+
+    if "legacy" not in inspect.signature(SpmConverter.build_tokenizer_from_spm_proto).parameters:
+        pytest.skip("this transformers has no SentencePiece-faithful converter to compare with")
+    proto = import_protobuf().ModelProto()
+    proto.ParseFromString(_mistral_file("mistral_instruct_tokenizer_240323.model.v3").read_bytes())
+    vocab = {piece.piece: i for i, piece in enumerate(proto.pieces)}
+    ours = sentencepiece_bpe_backend(proto, vocab)
+    theirs = SpmConverter.build_tokenizer_from_spm_proto(proto, vocab, legacy=False)
+    assert json.loads(ours.to_str()) == json.loads(theirs.to_str())
+    for s in ["Hello world", "Don't stop: 3.14159 — naïve café\tTab", "你好，世界\n\n  x", "  two  spaces "]:
+        assert ours.encode(s).ids == theirs.encode(s).ids

@@ -17,6 +17,7 @@ Built once, then cached under ``$RAYFT_CACHE`` (default ``~/.cache/rayft``).
 from __future__ import annotations
 
 import base64
+import inspect
 import os
 from pathlib import Path
 
@@ -280,7 +281,10 @@ def build_sentencepiece_tokenizer(model_file: Path, added: tuple[str, ...] = ())
     proto = import_protobuf().ModelProto()
     proto.ParseFromString(model_file.read_bytes())
     vocab = {piece.piece: i for i, piece in enumerate(proto.pieces)}
-    backend = SpmConverter.build_tokenizer_from_spm_proto(proto, vocab, legacy=False)
+    if "legacy" in inspect.signature(SpmConverter.build_tokenizer_from_spm_proto).parameters:
+        backend = SpmConverter.build_tokenizer_from_spm_proto(proto, vocab, legacy=False)
+    else:  # transformers before the SentencePiece-faithful converter: no merges, no dummy prefix
+        backend = sentencepiece_bpe_backend(proto, vocab)
     control = [p.piece for p in proto.pieces if p.type == 3]  # sentencepiece's CONTROL pieces
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in (*control, *added)])
     bos = vocab["<s>"]
@@ -288,6 +292,50 @@ def build_sentencepiece_tokenizer(model_file: Path, added: tuple[str, ...] = ())
     return PreTrainedTokenizerFast(
         tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="</s>", clean_up_tokenization_spaces=False
     )
+
+
+def sentencepiece_bpe_backend(proto, vocab: dict[str, int]):
+    """What transformers' ``SpmConverter.build_tokenizer_from_spm_proto(proto, vocab, legacy=False)``
+    builds for a BPE model (transformers 5.24), for the releases whose version of it takes no
+    ``legacy`` (those build BPE without merges and without SentencePiece's dummy prefix): merges
+    ranked by piece score, user-defined pieces whole, SentencePiece's normalizer settings."""
+    import re
+
+    from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers
+    from tokenizers.models import BPE
+
+    spec = proto.normalizer_spec
+    id_to_token = {i: t for t, i in vocab.items()}
+    user_defined = [id_to_token[i] for i, p in enumerate(proto.pieces) if p.type == 4 and i in id_to_token]
+    normal = {id_to_token[i]: (p.score, i) for i, p in enumerate(proto.pieces) if p.type == 1 and i in id_to_token}
+    ranked = [
+        (-rank[0], rank[1], t[:k], t[k:]) for t, rank in normal.items() for k in range(1, len(t)) if t[:k] in normal and t[k:] in normal
+    ]
+    merges = [(left, right) for _, _, left, right in sorted(ranked)]
+    bpe = BPE(vocab=vocab, merges=merges, unk_token=proto.trainer_spec.unk_piece, fuse_unk=True,
+              byte_fallback=proto.trainer_spec.byte_fallback, dropout=None, ignore_merges=bool(user_defined))  # fmt: skip
+    tok = Tokenizer(bpe)
+    norm = [normalizers.Precompiled(spec.precompiled_charsmap)] if spec.precompiled_charsmap else []
+    if spec.remove_extra_whitespaces:
+        norm += [normalizers.Replace(Regex(r"\A +| +\z"), ""), normalizers.Replace(Regex(" {2,}"), " ")]
+    if spec.escape_whitespaces:
+        norm.append(normalizers.Replace(" ", "▁"))
+    tok.normalizer = normalizers.Sequence(norm)
+    pre = [pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)] if spec.add_dummy_prefix else []
+    if user_defined:
+        pattern = "|".join(re.escape(p) for p in sorted(user_defined, key=len, reverse=True))
+        pre.append(pre_tokenizers.Split(Regex(pattern), behavior="isolated"))
+    if pre:
+        tok.pre_tokenizer = pre_tokenizers.Sequence(pre)
+    dec = [decoders.Replace("▁", " ")]
+    if proto.trainer_spec.byte_fallback:
+        dec.append(decoders.ByteFallback())
+    if spec.add_dummy_prefix:
+        dec += [decoders.Fuse(), decoders.Strip(content=" ", left=1)]
+    elif proto.trainer_spec.byte_fallback:
+        dec.append(decoders.Fuse())
+    tok.decoder = decoders.Sequence(dec)
+    return tok
 
 
 def build_mistral_v3_tokenizer() -> PreTrainedTokenizerFast:
