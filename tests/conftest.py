@@ -9,8 +9,11 @@ the same one, started by the first such module; the unit modules stop it first
 process (a multi-node ``Cluster``) stops it too with ``embedded_ray.stop()``.
 
 The integration modules run first, in :data:`ORDER` (those on the shared Ray next to each other),
-then the unit tests. (Two pytest processes with pytest-xdist were tried on the 2-core machine:
-two Ray clusters oversubscribe its cores and the suite ran slower, not faster.)
+then the unit tests. Under pytest-xdist (``make test`` runs ``-n 2 --dist loadgroup``) every
+integration test is in one group, ``ray``: one xdist worker runs them all, in that order, with the one
+embedded Ray, while the other runs the unit tests (single-threaded Python mostly: they fill the
+core-seconds the Ray runs leave idle). Splitting the integration modules over two workers was tried
+and dropped: two Ray clusters oversubscribe 2 cores and ran the suite slower, not faster.
 """
 
 import os
@@ -60,6 +63,7 @@ ORDER = [
 ]
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group markers
 def pytest_collection_modifyitems(session, config, items):
     """Integration modules first, in :data:`ORDER`; then the unit tests (each module keeps its tests' order)."""
 
@@ -70,6 +74,9 @@ def pytest_collection_modifyitems(session, config, items):
         return (0, ORDER.index(path.name) if path.name in ORDER else len(ORDER))
 
     items.sort(key=rank)  # stable
+    for it in items:
+        if Path(it.path).parent.name == "integration":
+            it.add_marker(pytest.mark.xdist_group("ray"))  # one xdist worker runs them all, in this order
 
 
 class EmbeddedRay:
