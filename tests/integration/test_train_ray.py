@@ -168,7 +168,9 @@ def test_float8_run_trains_checkpoints_and_exports_plain_weights(ray_local, tmp_
     assert torch.equal(final.model.layers[0].mlp.up_proj.weight, w)  # the last checkpoint is the trained model
 
     # resuming loads the float8 run's DCP checkpoint back into a float8 model and goes on
-    summary = run_training(job(tmp_path, "train.float8=true", "train.epochs=3", "checkpoint.export_hf=false", model="mistral-tiny"), resume=str(run))
+    summary = run_training(
+        job(tmp_path, "train.float8=true", "train.epochs=3", "checkpoint.export_hf=false", model="mistral-tiny"), resume=str(run)
+    )
     assert summary["resumes"][0]["step"] == 2 and summary["steps"] == 3
     hist = [json.loads(line) for line in (run / "rayft_metrics.jsonl").read_text().splitlines()]
     assert [h["step"] for h in hist] == [1, 2, 3] and hist[2]["float8"] is True and hist[2]["loss"] < hist[0]["loss"]
