@@ -363,3 +363,74 @@ def test_the_sentencepiece_fallback_builds_what_transformers_builds():
     assert json.loads(ours.to_str()) == json.loads(theirs.to_str())
     for s in ["Hello world", "Don't stop: 3.14159 — naïve café\tTab", "你好，世界\n\n  x", "  two  spaces "]:
         assert ours.encode(s).ids == theirs.encode(s).ids
+
+
+TWO_RANKS = """
+import json, sys
+import torch, torch.distributed as dist
+from rayft.config import ModelConfig, ParallelConfig, TrainConfig
+from rayft.data.packing import collate
+from rayft.data.records import to_conversation
+from rayft.data.tokenize import tokenize_dataset
+from rayft.data.tokenizer import build_standin_tokenizer, load_tokenizer
+from rayft.train.model import build_sharded_model
+from rayft.train.optim import build_optimizer
+from rayft.train.step import train_step
+
+rank, store, spec = int(sys.argv[1]), sys.argv[2], json.load(open(sys.argv[3]))
+dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+cpu, out = torch.device("cpu"), {}
+for preset, name in spec["presets"].items():
+    standin = {"gemma-standin": "gemma2", "phi-standin": "phi3"}
+    tok = build_standin_tokenizer(standin[name]) if name in standin else load_tokenizer(name)
+    ds = tokenize_dataset(tok, [to_conversation(r, f"r{i}", "alpaca") for i, r in enumerate(spec["records"])], seq_len=64)
+    model = build_sharded_model(ModelConfig(name_or_path=preset), ParallelConfig(), device=cpu, activation_checkpointing=False,
+                                compile_layers=False, seed=3)
+    opt = build_optimizer(model.module, TrainConfig(lr=3e-3), cpu)
+    mine = collate(ds, [[rank]], 128, tok.pad_token_id, fixed_len=False, pad_to_multiple=8)  # rank r trains record r
+    n = sum(int(collate(ds, [[i]], 128, tok.pad_token_id, fixed_len=False)["num_trainable"]) for i in (0, 1))
+    out[preset] = [train_step(model, opt, [mine], n, max_grad_norm=1.0).loss for _ in range(3)]
+if rank == 0:
+    json.dump(out, open(spec["out"], "w"))
+dist.destroy_process_group()
+"""
+
+
+def test_tiny_presets_on_two_gloo_ranks_equal_one_rank(gloo, tmp_path):
+    """Every tiny preset, 3 steps on 2 gloo ranks (FSDP2 shards over 2 processes, each rank its own
+    record) against 1 rank holding both records as two micro-batches: the same losses (the global
+    mean over both records' trainable tokens) step for step, and falling."""
+    import subprocess
+    import sys
+
+    from rayft.config import ModelConfig, ParallelConfig, TrainConfig
+    from rayft.data.packing import collate
+    from rayft.train.model import build_sharded_model
+    from rayft.train.optim import build_optimizer
+    from rayft.train.step import train_step
+
+    recs = [alpaca("alpaca_en_demo.json", 554), alpaca("alpaca_zh_demo.json", 124)]
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"presets": TINY, "records": recs, "out": str(tmp_path / "losses.json")}))
+    (tmp_path / "two_ranks.py").write_text(TWO_RANKS)
+    env = {**__import__("os").environ, "OMP_NUM_THREADS": "1"}
+    procs = [
+        subprocess.Popen([sys.executable, str(tmp_path / "two_ranks.py"), str(r), str(tmp_path / "store"), str(spec)], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for r in (0, 1)
+    ]  # fmt: skip
+    outs = [p.communicate(timeout=400)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outs)
+    two = json.loads((tmp_path / "losses.json").read_text())
+    cpu = torch.device("cpu")
+    for preset, name in TINY.items():
+        tok = tokenizer(name)
+        ds = tokenize_dataset(tok, [to_conversation(r, f"r{i}", "alpaca") for i, r in enumerate(recs)], seq_len=64)
+        rows = [collate(ds, [[i]], 128, tok.pad_token_id, fixed_len=False, pad_to_multiple=8) for i in (0, 1)]
+        n = sum(float(r["num_trainable"]) for r in rows)
+        model = build_sharded_model(ModelConfig(name_or_path=preset), ParallelConfig(), device=cpu, activation_checkpointing=False,
+                                    compile_layers=False, seed=3)  # fmt: skip
+        opt = build_optimizer(model.module, TrainConfig(lr=3e-3), cpu)
+        one = [train_step(model, opt, rows, n, max_grad_norm=1.0).loss for _ in range(3)]
+        assert two[preset] == pytest.approx(one, rel=1e-5), preset
+        assert two[preset][0] > two[preset][1] > two[preset][2], preset
