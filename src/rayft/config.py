@@ -405,6 +405,8 @@ class RayftConfig(_Section):
 
 # --------------------------------------------------------------------------- loading
 
+        if self.train.liger_kernels and self.train.use_gpu is False:
+            raise ValueError("train.liger_kernels are CUDA (Triton) kernels, but train.use_gpu is false")
 
 class UnreadableValueError(yaml.constructor.ConstructorError):
     """A YAML value its tag's constructor cannot convert (``!!int abc``, ``0x_``)."""

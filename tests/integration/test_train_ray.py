@@ -190,6 +190,8 @@ def test_a_gpu_memory_cap_on_cpu_workers_fails_fast(ray_local, tmp_path):
         TrainError, match=r"train.gpu_memory_limit_gib=22.5 caps GPU workers' memory, but this run's workers are CPU workers"
     ):
         run_training(job(tmp_path, "train.use_gpu=auto", "train.gpu_memory_limit_gib=22.5"))  # auto: no GPU here
+    with pytest.raises(TrainError, match=r"train.liger_kernels are CUDA \(Triton\) kernels, but this run's workers are CPU workers"):
+        run_training(job(tmp_path, "train.use_gpu=auto", "train.liger_kernels=true"))
 
 
 def test_empty_dataset_is_an_error_before_any_worker(tmp_path):

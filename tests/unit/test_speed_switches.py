@@ -183,3 +183,16 @@ def test_a_gpu_memory_limit_with_cpu_workers_is_a_config_error():
     ):
         load_config(quickstart, ["train.gpu_memory_limit_gib=22.5"])
     assert load_config(quickstart, ["train.gpu_memory_limit_gib=22.5", "train.use_gpu=auto"]).train.gpu_memory_limit_gib == 22.5
+
+
+def test_liger_kernels_with_cpu_workers_is_a_config_error():
+    from pathlib import Path
+
+    from rayft.config import ConfigError, load_config
+
+    quickstart = Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml"  # train.use_gpu: false
+    with pytest.raises(
+        ConfigError, match=r"(?s)quickstart.yaml.*train.liger_kernels are CUDA \(Triton\) kernels, but train.use_gpu is false"
+    ):
+        load_config(quickstart, ["train.liger_kernels=true"])
+    assert load_config(quickstart, ["train.liger_kernels=true", "train.use_gpu=auto"]).train.liger_kernels is True

@@ -231,7 +231,7 @@ def flight_recorder_env(dump_dir: str, torch_version: str | None = None) -> dict
 
 def check_worker_environment(cfg: RayftConfig, use_gpu: bool) -> None:
     """What the workers will need, checked from the driver before they start: a GPU memory cap
-    only for GPU workers, torchao for ``train.float8`` (the driver's environment stands for the
+    and liger kernels only for GPU workers, torchao for ``train.float8`` (the driver's environment stands for the
     workers': embedded Ray, or the same image), a run directory on a file system for
     ``train.nccl_flight_recorder``'s dumps, and checkpoint storage every node can see.
 
@@ -242,6 +242,11 @@ def check_worker_environment(cfg: RayftConfig, use_gpu: bool) -> None:
         raise TrainError(
             f"train.gpu_memory_limit_gib={cfg.train.gpu_memory_limit_gib:g} caps GPU workers' memory, "
             "but this run's workers are CPU workers (no GPU in the Ray cluster, or train.use_gpu: false)"
+        )
+    if cfg.train.liger_kernels and not use_gpu:
+        raise TrainError(
+            "train.liger_kernels are CUDA (Triton) kernels, but this run's workers are CPU workers "
+            "(no GPU in the Ray cluster, or train.use_gpu: false)"
         )
     if cfg.train.float8:  # the driver's environment stands for the workers' (embedded Ray, or the same image)
         try:
