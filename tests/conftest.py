@@ -127,3 +127,14 @@ def no_ray_in_unit_modules(request, embedded_ray):
     pytest process may have left the shared embedded Ray up."""
     if Path(request.path).parent.name == "unit":
         embedded_ray.stop()
+
+
+@pytest.fixture(scope="module")
+def one_rank_group(tmp_path_factory):
+    """A one-rank gloo process group for the module (a file store: no TCP port to collide with another test process)."""
+    import torch.distributed as dist
+
+    store = tmp_path_factory.mktemp("pg") / "store"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()

@@ -17,6 +17,7 @@ from rayft.commands import (
     doctor,
     evaluate,
     export,
+    fit,
     generate,
     manifest,
     models,
@@ -64,6 +65,7 @@ app.command("submit")(submit.submit)
 app.command("doctor")(doctor.doctor)
 app.command("stop")(stop.stop)
 app.command("models")(models.models)
+app.command("fit")(fit.fit)
 app.add_typer(config.config_app, name="config")
 app.add_typer(checkpoint.checkpoint_app, name="checkpoint")  # verify
 app.add_typer(cluster.cluster_app, name="cluster")  # plan, up, status, down, and local (rayft.commands.cluster_local)

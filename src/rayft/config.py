@@ -248,7 +248,11 @@ class TrainConfig(_Section):
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = Field(default=1e-8, gt=0)
     max_grad_norm: float | None = Field(default=1.0, gt=0)
-    activation_checkpointing: bool = False
+    activation_checkpointing: bool | Annotated[int, Field(ge=1)] = Field(
+        default=False,
+        description="Recompute decoder layers' activations in the backward pass instead of keeping them: true (every "
+        "layer), an integer k (every k-th layer: layers 0, k, 2k, ...; 1 is the same as true), false (none).",
+    )
     compile: bool = Field(default=False, description="torch.compile each decoder layer.")
     cross_entropy: Literal["auto", "fused", "torch"] = Field(
         default="auto",
@@ -305,6 +309,12 @@ class ParallelConfig(_Section):
     reduce_dtype: Literal["bfloat16", "float32"] = "float32"
     reshard_after_forward: bool = True
     backend: Literal["auto", "nccl", "gloo"] = "auto"
+    cpu_offload: bool = Field(
+        default=False,
+        description="FSDP2's CPU offload: sharded parameters, gradients and optimizer states live in host memory and the "
+        "optimizer step runs on the CPU; each layer's parameters are copied to the GPU for its forward and backward. "
+        "GPU memory drops by about 16 bytes per parameter ÷ GPUs, at the cost of host memory and speed.",
+    )
 
 
 class CheckpointConfig(_Section):
@@ -395,6 +405,8 @@ class RayftConfig(_Section):
             raise ValueError(
                 f"train.gpu_memory_limit_gib={self.train.gpu_memory_limit_gib:g} caps GPU workers' memory, but train.use_gpu is false"
             )
+        if self.train.liger_kernels and self.train.use_gpu is False:
+            raise ValueError("train.liger_kernels are CUDA (Triton) kernels, but train.use_gpu is false")
         if self.train.float8 and self.data.seq_len % 16:
             raise ValueError(
                 f"train.float8 needs data.seq_len to be a multiple of 16 (the float8 matmul's dimensions; a micro-batch "
@@ -405,8 +417,6 @@ class RayftConfig(_Section):
 
 # --------------------------------------------------------------------------- loading
 
-        if self.train.liger_kernels and self.train.use_gpu is False:
-            raise ValueError("train.liger_kernels are CUDA (Triton) kernels, but train.use_gpu is false")
 
 class UnreadableValueError(yaml.constructor.ConstructorError):
     """A YAML value its tag's constructor cannot convert (``!!int abc``, ``0x_``)."""

@@ -113,6 +113,13 @@ def test_two_worker_fsdp2_run_loss_export_and_tied_weights(ray_local, tmp_path, 
     # the HF export loads, keeps the embeddings tied, and reproduces the trained model's logits
     check = json.loads((run / "hf" / "rayft_export_check.json").read_text())
     assert check["export_tied"] is True and check["export_max_abs_logit_diff"] < 1e-5
+    # written by both ranks, no gather: every tensor read back equal to the shards that wrote it
+    assert check["export_written_by"] == "every rank (sharded)" and check["export_max_abs_weight_diff"] == 0.0
+    assert check["export_tensors"] == 26  # the LM head is the embedding: stored once
+    assert sorted(p.name for p in (run / "hf").glob("*.safetensors")) == [
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+    ]
     hf = AutoModelForCausalLM.from_pretrained(run / "hf")
     assert hf.lm_head.weight is hf.model.embed_tokens.weight
     assert hf.config.tie_word_embeddings is True
@@ -161,6 +168,7 @@ def test_float8_run_trains_checkpoints_and_exports_plain_weights(ray_local, tmp_
     assert hist[1]["loss"] < hist[0]["loss"]
     check = json.loads((run / "hf" / "rayft_export_check.json").read_text())
     assert check["trained_float8"] is True and 0 < check["export_max_abs_logit_diff"] < 0.5
+    assert check["export_max_abs_weight_diff"] == 0.0  # the fp32 master weights, exactly, though the matmuls ran float8
     exported = AutoModelForCausalLM.from_pretrained(export_run(str(run)))
     w = exported.model.layers[0].mlp.up_proj.weight
     assert type(w.data) is torch.Tensor and torch.isfinite(w).all()

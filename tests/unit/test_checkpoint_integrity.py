@@ -44,14 +44,6 @@ from rayft.train.errors import TrainError
 from rayft.train.run_dir import prepare_run_dir
 
 
-@pytest.fixture(scope="module")
-def one_rank_group(tmp_path_factory):
-    store = tmp_path_factory.mktemp("pg") / "store"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def model_and_optimizer(seed: int):
     """A small real model (two 1024² layers: 8 MiB of fp32 weights) with one AdamW step's state."""
     torch.manual_seed(seed)

@@ -2,19 +2,10 @@
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from rayft.config import ModelConfig, ParallelConfig, TrainConfig
 from rayft.train.model import build_sharded_model, load_full_state_dict, load_model_config, matmul_params, tied_embeddings
 from rayft.train.optim import lr_at
-
-
-@pytest.fixture(scope="module")
-def one_rank_group(tmp_path_factory):
-    store = tmp_path_factory.mktemp("pg") / "store"  # a file store: no TCP port to collide with another test process
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def test_sharded_model_matches_the_reference_with_and_without_activation_checkpointing(one_rank_group):

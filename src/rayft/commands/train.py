@@ -18,6 +18,7 @@ def train(
     config: ConfigArg,
     set_: SetOpt = None,
     resume: Annotated[Optional[str], typer.Option(help="Continue a stopped run: its name or run directory.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Train even when `rayft fit` predicts the GPUs' memory is too small.")] = False,
 ) -> None:
     """Fine-tune: connect to Ray (RAY_ADDRESS / ray.address) or start an embedded local Ray, then train.
 
@@ -26,10 +27,12 @@ def train(
     """
     cfg = load_config_or_exit(config, set_)
     check_local_data_files(cfg, config, set_)
+    if not force:
+        check_cluster_fit(cfg, config)
     from rayft.train.driver import TrainError, TrainStopped, run_training
 
     try:
-        run_training(cfg, resume=resume, console=console)
+        run_training(cfg, resume=resume, console=console, force=force)
     except TrainError as e:
         print_error("error", e)
         raise typer.Exit(1) from None
@@ -43,6 +46,18 @@ def train(
             sys.stderr.flush()
             os._exit(e.exit_code)
         raise typer.Exit(e.exit_code) from None
+
+
+def check_cluster_fit(cfg: RayftConfig, config: str | os.PathLike[str]) -> None:
+    """With a ``cluster:`` section, refuse (exit 1, before Ray starts) a config whose predicted
+    per-GPU memory exceeds the instance's GPUs (:func:`rayft.train.memory_plan.refusal`)."""
+    from rayft.train.memory_plan import cluster_gpus, refusal
+
+    target = cluster_gpus(cfg)
+    why = refusal(cfg, target) if target is not None else None
+    if why:
+        print_error("error", ValueError(f"{config}: {why}. `rayft fit {config}` shows the parts; --force trains anyway"))
+        raise typer.Exit(1)
 
 
 def check_local_data_files(cfg: RayftConfig, config: str | os.PathLike[str], overrides: list[str] | None = None) -> None:

@@ -26,7 +26,14 @@ from rayft.data.prepare import PreparedData, open_tokenizer, prepare_data
 from rayft.tracking import Trackers
 from rayft.train.errors import TrainError, TrainStopped
 from rayft.train.progress import show_progress
-from rayft.train.ray_cluster import check_worker_environment, connect_ray, resolve_workers, shared_store_root, worker_env_vars
+from rayft.train.ray_cluster import (
+    check_gpu_memory,
+    check_worker_environment,
+    connect_ray,
+    resolve_workers,
+    shared_store_root,
+    worker_env_vars,
+)
 from rayft.train.run_dir import (
     MetricsLog,
     check_resume_data,
@@ -79,7 +86,7 @@ def packing_line(plan, ds, seq_len: int) -> str:
     )
 
 
-def run_training(cfg: RayftConfig, resume: str | None = None, console: Console | None = None) -> dict:
+def run_training(cfg: RayftConfig, resume: str | None = None, console: Console | None = None, force: bool = False) -> dict:
     """Run the whole job and return the final summary (metrics of the last step, export check).
 
     The run directory is locked for the run (:mod:`rayft.train.run_lock`); SIGTERM and SIGINT stop
@@ -103,7 +110,7 @@ def run_training(cfg: RayftConfig, resume: str | None = None, console: Console |
     try:
         with signals, RunLock(run_dir, say=say) as lock, contextlib.ExitStack() as cleanup:
             try:
-                return train_run(cfg, resume, console, name, run_dir, signals, lock, cleanup)
+                return train_run(cfg, resume, console, name, run_dir, signals, lock, cleanup, force)
             except StopBeforeTraining as e:
                 local = "://" not in run_dir
                 held = newest_checkpoint_step(run_dir) if local else None  # a --resume run keeps its resume point
@@ -125,6 +132,7 @@ def train_run(
     signals: SignalStop,
     lock: RunLock,
     cleanup: contextlib.ExitStack,
+    force: bool = False,
 ) -> dict:
     """:func:`run_training` inside its lock and signal handling: data, Ray, checks, the workers.
     ``cleanup`` runs when the run ends, however it ends."""
@@ -154,6 +162,8 @@ def train_run(
     marks["ray_ready"] = time.time()
     n_workers, use_gpu = resolve_workers(cfg)
     check_worker_environment(cfg, use_gpu)
+    if use_gpu and not force:
+        check_gpu_memory(cfg, n_workers)
     plan = make_plan(cfg, ds, n_workers)
     total = len(plan)
     if cfg.data.packing:
@@ -168,6 +178,9 @@ def train_run(
     if resume_from is not None:
         check_resume_data(resume_from, data_fingerprint)
     backend = cfg.parallel.backend if cfg.parallel.backend != "auto" else ("nccl" if use_gpu else "gloo")
+    if backend == "nccl" and cfg.parallel.cpu_offload:
+        # offloaded shards are CPU tensors: their collectives (the gradient norm's all-reduce) go through gloo
+        backend = "cpu:gloo,cuda:nccl"
     console.print(
         f"ray: {where}; {n_workers} {'GPU' if use_gpu else 'CPU'} worker(s), backend {backend}; {total} steps; run {run_dir}",
         highlight=False,

@@ -52,8 +52,9 @@ class InitialEvalEvent:
 
 @dataclass(frozen=True)
 class ExportEvent:
-    """The Hugging Face export was written and checked: ``export_dir``,
-    ``export_max_abs_logit_diff``, ``export_tied``, ``trained_float8``."""
+    """The Hugging Face export was written and checked: ``export_dir``, ``export_written_by``,
+    ``export_max_abs_weight_diff`` and ``export_tensors`` (sharded export), ``export_max_abs_logit_diff``
+    (None when ``export_logit_check_skipped`` says why), ``export_tied``, ``trained_float8``."""
 
     info: dict[str, Any]
 

@@ -1,10 +1,23 @@
-"""The end-of-run Hugging Face export, checked against the trained model (collective)."""
+"""The end-of-run Hugging Face export, checked against the trained model (collective).
+
+On a run directory every rank sees (a local disk, a shared file system), every rank writes its own
+shards and assembles a share of the export's files (:func:`rayft.train.hf_weights.write_sharded_hf_weights`):
+no rank holds the whole model. Each rank then reads back its rows and compares them with its shards
+(exact: the export is the fp32 master weights). Rank 0 also compares the exported model's logits with
+the trained model's on a fixed batch, when the model fits next to what training holds (GPU memory
+for GPU workers, host memory for CPU workers); beyond that the check is skipped with a note.
+
+A run directory on object storage (``s3://``) is exported by gathering the weights on rank 0 and
+uploading its files: its ranks share no file system to assemble the files on.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -13,49 +26,161 @@ from rayft.config import RayftConfig
 from rayft.data.packing import collate
 from rayft.train import checkpoint as ckpt_lib
 from rayft.train.events import ExportEvent, ProgressChannel
-from rayft.train.model import ShardedModel, tied_embeddings
+from rayft.train.hf_weights import compare_export, write_sharded_hf_weights
+from rayft.train.model import ShardedModel
 from rayft.train.worker_args import WorkerArgs
+
+#: headroom asked beyond the exported model's own bytes before rank 0 loads it for the logit check
+#: (transformers' loading buffers, the probe's activations and logits)
+LOGIT_CHECK_MARGIN = 1.25
 
 
 def export_and_verify(
     model: ShardedModel, model_conf, ds, cfg: RayftConfig, args: WorkerArgs, device: torch.device, progress: ProgressChannel
 ) -> None:
-    """Collective: write the HF export from rank 0 into ``RUN/hf`` (uploaded there when the run
-    directory is on object storage), then check that the exported model's logits equal the trained
-    model's on a fixed batch (the first packed row of ``ds``); rank 0 writes the largest gap to
-    ``rayft_export_check.json`` and sends an :class:`ExportEvent`."""
-    from transformers import AutoModelForCausalLM
+    """Collective: write the HF export into ``RUN/hf``, check it, and (rank 0) write the check to
+    ``rayft_export_check.json`` and send an :class:`ExportEvent`.
 
-    from rayft.data.tokenizer import load_tokenizer
-    from rayft.train.generation import base_generation_config
-
+    The check: ``export_max_abs_weight_diff`` (every tensor against the trained fp32 shards) and
+    ``export_max_abs_logit_diff`` (the exported model's logits against the trained model's on the
+    first packed row of ``ds``; None with ``export_logit_check_skipped`` saying why)."""
     module = model.module
-    sd = ckpt_lib.full_model_state_dict(module)
-    run_dir = args.run_dir
-    remote = "://" in run_dir
     probe = collate(ds, [[0]], cfg.data.seq_len, args.pad_id, fixed_len=False)
     module.eval()
     with torch.no_grad():
         ref = module(input_ids=probe["input_ids"].to(device), position_ids=probe["position_ids"].to(device)).logits.float().cpu()
+    if "://" in args.run_dir:
+        info = _export_gathered(model, model_conf, cfg, args)
+    else:
+        info = _export_sharded(model, model_conf, cfg, args, device)
     if dist.get_rank() == 0:
-        out = os.path.join(tempfile.mkdtemp(prefix="rayft-hf-"), "hf") if remote else os.path.join(run_dir, "hf")
-        assert tied_embeddings(module) == bool(getattr(model_conf, "tie_word_embeddings", False))
-        base = base_generation_config(cfg.model.name_or_path, cfg.model.revision, say=lambda s: print(f"[rayft] {s}", flush=True))
-        ckpt_lib.write_hf_model(sd, model_conf, load_tokenizer(args.tokenizer), out, base_generation=base)
-        dtype = torch.bfloat16 if device.type == "cuda" and cfg.parallel.param_dtype == "bfloat16" else torch.float32
-        hf = AutoModelForCausalLM.from_pretrained(out, dtype=dtype).to(device).eval()
-        with torch.no_grad():
-            got = hf(input_ids=probe["input_ids"].to(device), position_ids=probe["position_ids"].to(device)).logits.float().cpu()
-        diff = (got - ref).abs().max().item()
+        info.update(_logit_check(info["export_dir_local"], probe, ref, cfg, device))
+        info["export_tied"] = bool(getattr(model_conf, "tie_word_embeddings", False))
         # with train.float8 the trained model's matmuls ran in float8 and the export's run in bf16/fp32:
-        # the gap then includes float8 rounding, not only the export's
-        info = {"export_dir": out, "export_max_abs_logit_diff": diff, "export_tied": tied_embeddings(hf), "trained_float8": model.float8}
-        with open(os.path.join(out, "rayft_export_check.json"), "w") as f:
+        # the logit gap then includes float8 rounding, not only the export's
+        info["trained_float8"] = model.float8
+        local = info.pop("export_dir_local")
+        with open(os.path.join(local, "rayft_export_check.json"), "w") as f:
             json.dump(info, f, indent=2)
-        if remote:  # upload to the run directory on object storage
+        if info.get("upload_to"):
             import pyarrow.fs
 
-            pyarrow.fs.copy_files(out, f"{run_dir.rstrip('/')}/hf")
-            info["export_dir"] = f"{run_dir.rstrip('/')}/hf"
+            pyarrow.fs.copy_files(local, info.pop("upload_to"))
         progress.send(ExportEvent(info), wait=True)
     dist.barrier()
+
+
+def _export_sharded(model: ShardedModel, model_conf, cfg: RayftConfig, args: WorkerArgs, device: torch.device) -> dict:
+    """Collective: every rank writes its part of ``RUN/hf`` (through ``RUN/hf.tmp``, renamed when
+    whole) and compares it with its shards."""
+    out = Path(args.run_dir) / "hf"
+    tmp = out.with_name("hf.tmp")
+    if dist.get_rank() == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    dist.barrier()
+    write_sharded_hf_weights(model.module, tmp)
+    check = compare_export(model.module, tmp, device)
+    if dist.get_rank() == 0:
+        write_hf_config_files(model_conf, cfg, args, tmp)
+        shutil.rmtree(out, ignore_errors=True)
+        os.replace(tmp, out)
+    dist.barrier()
+    return {
+        "export_dir": str(out),
+        "export_dir_local": str(out),
+        "export_written_by": "every rank (sharded)",
+        "export_max_abs_weight_diff": check["max_abs_diff"],
+        "export_tensors": check["tensors"],
+    }
+
+
+def _export_gathered(model: ShardedModel, model_conf, cfg: RayftConfig, args: WorkerArgs) -> dict:
+    """Collective: the weights gathered on rank 0's CPU, written to a local temporary directory
+    there, to be uploaded to ``RUN/hf`` on object storage."""
+    from rayft.data.tokenizer import load_tokenizer
+    from rayft.train.generation import base_generation_config
+
+    sd = ckpt_lib.full_model_state_dict(model.module)
+    if dist.get_rank() != 0:
+        return {}
+    out = os.path.join(tempfile.mkdtemp(prefix="rayft-hf-"), "hf")
+    base = base_generation_config(cfg.model.name_or_path, cfg.model.revision, say=_say)
+    ckpt_lib.write_hf_model(sd, model_conf, load_tokenizer(args.tokenizer), out, base_generation=base)
+    remote = f"{args.run_dir.rstrip('/')}/hf"
+    return {"export_dir": remote, "export_dir_local": out, "upload_to": remote, "export_written_by": "rank 0 (gathered)"}
+
+
+def write_hf_config_files(model_conf, cfg: RayftConfig, args: WorkerArgs, out: Path) -> None:
+    """``config.json`` (``use_cache: true``, the architecture's class, fp32), ``generation_config.json``
+    (:func:`rayft.train.generation.export_generation_config`) and the tokenizer into ``out``."""
+    from transformers import AutoModelForCausalLM
+
+    from rayft.data.tokenizer import load_tokenizer
+    from rayft.train.generation import base_generation_config, export_generation_config
+
+    tokenizer = load_tokenizer(args.tokenizer)
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(model_conf, dtype=torch.float32)
+    conf = skeleton.config
+    conf.use_cache = True  # training runs without the KV cache; generation wants it
+    conf.architectures = [type(skeleton).__name__]
+    base = base_generation_config(cfg.model.name_or_path, cfg.model.revision, say=_say)
+    export_generation_config(tokenizer, conf, base, say=_say).save_pretrained(out)
+    conf.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def _logit_check(export_dir: str, probe: dict, ref: torch.Tensor, cfg: RayftConfig, device: torch.device) -> dict:
+    """Rank 0: the exported model's logits against the trained model's (``ref``, fp32 CPU), or why
+    the check was skipped (the model does not fit beside training's memory)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    dtype = torch.bfloat16 if device.type == "cuda" and cfg.parallel.param_dtype == "bfloat16" else torch.float32
+    room = _room_for_logit_check(export_dir, dtype, device)
+    if room is not None:
+        return {"export_max_abs_logit_diff": None, "export_logit_check_skipped": room}
+    conf = AutoConfig.from_pretrained(export_dir)
+    hf = AutoModelForCausalLM.from_pretrained(export_dir, config=conf, dtype=dtype, device_map=str(device)).eval()
+    with torch.no_grad():
+        got = hf(input_ids=probe["input_ids"].to(device), position_ids=probe["position_ids"].to(device)).logits.float().cpu()
+    del hf
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return {"export_max_abs_logit_diff": (got - ref).abs().max().item()}
+
+
+def _room_for_logit_check(export_dir: str, dtype: torch.dtype, device: torch.device) -> str | None:
+    """None when rank 0 can load the exported model in ``dtype`` on ``device`` beside training's
+    memory (:data:`LOGIT_CHECK_MARGIN` × its bytes free), else why not."""
+    from rayft.train.hf_weights import safetensors_keys
+
+    shapes = safetensors_keys(export_dir) or {}
+    need = LOGIT_CHECK_MARGIN * sum(torch.Size(s).numel() for s in shapes.values()) * torch.empty(0, dtype=dtype).element_size()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        free, _ = torch.cuda.mem_get_info(device)
+        where = f"GPU {device.index}"
+    else:
+        free, where = available_host_memory(), "host memory"
+    if need <= free:
+        return None
+    return (
+        f"the exported model needs ~{need / 2**30:.1f} GiB in {str(dtype).removeprefix('torch.')}, {where} has {free / 2**30:.1f} GiB free"
+    )
+
+
+def available_host_memory() -> int:
+    """Bytes of host memory available to new allocations (Linux ``MemAvailable``; else free pages)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _say(s: str) -> None:
+    print(f"[rayft] {s}", flush=True)

@@ -1,12 +1,14 @@
-"""The model on every worker: build on the meta device, shard with FSDP2, fill from rank 0.
+"""The model on every worker: build on the meta device, shard with FSDP2, fill the shards.
 
-Only rank 0 ever holds a full copy of the weights: in CPU memory when loaded from the hub / a
-directory; a preset is randomly initialised with a fixed seed where ``model.init_device`` says
-(:func:`preset_init_device`), so the same seed gives the same initial weights at any world size
-on the CPU, and on the same GPU model on a GPU (random kernels differ between devices). Every rank
-builds the model on the meta device, applies ``fully_shard`` per decoder layer and at the root,
-allocates its shards, and receives its part of rank 0's weights through
-``set_model_state_dict(..., broadcast_from_rank0=True)``.
+From the hub or a directory of safetensors, each rank reads only its own shards' rows
+(:mod:`rayft.train.hf_weights`), so a host holds its ranks' share of the model, not the model.
+A checkpoint without safetensors, or whose tensor names transformers converts while loading, is
+loaded whole by rank 0 (in CPU memory) and broadcast through
+``set_model_state_dict(..., broadcast_from_rank0=True)``. So is a preset, randomly initialised by
+rank 0 with a fixed seed where ``model.init_device`` says (:func:`preset_init_device`), so the same
+seed gives the same initial weights at any world size on the CPU, and on the same GPU model on a
+GPU (random kernels differ between devices). Every rank builds the model on the meta device,
+applies ``fully_shard`` per decoder layer and at the root, then allocates its shards and fills them.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 from rayft.config import ModelConfig, ParallelConfig
+from rayft.train.hf_weights import load_sharded_weights, loadable_state_dict, local_model_dir, safetensors_keys
 from rayft.train.loss import SHARDED_LOSS_METHOD, TokenLoss, enable_sharded_token_loss
 from rayft.train.presets import PRESETS, is_preset
 
@@ -89,6 +92,31 @@ def load_full_state_dict(
     return load_full_model(cfg, conf, seed, init_device).state_dict()
 
 
+def sharded_source(cfg: ModelConfig, meta_model: torch.nn.Module) -> str | None:
+    """The local directory whose safetensors each rank reads its shards from
+    (:func:`rayft.train.hf_weights.load_sharded_weights`), or None when rank 0 must load the whole
+    model and broadcast it: a checkpoint without safetensors (``pytorch_model.bin``), or one whose
+    tensor names differ from the model's (a format transformers converts while loading). Rank 0
+    says which and why."""
+    directory = local_model_dir(cfg.name_or_path, cfg.revision)
+    rank0 = dist.get_rank() == 0
+    if directory is None:
+        if rank0:
+            print(f"[rayft] model: {cfg.name_or_path} has no safetensors: rank 0 loads the whole model and broadcasts it", flush=True)
+        return None
+    keys = safetensors_keys(directory) or {}
+    missing = sorted(set(loadable_state_dict(meta_model)) - set(keys))
+    if missing:
+        if rank0:
+            print(
+                f"[rayft] model: {directory}: {len(missing)} tensor name(s) of the model are not in its safetensors "
+                f"(e.g. {missing[:2]}): rank 0 loads the whole model through transformers and broadcasts it",
+                flush=True,
+            )
+        return None
+    return str(directory)
+
+
 def preset_init_device(device: torch.device, n_params: int, choice: str = "auto") -> torch.device:
     """Where rank 0 randomly initialises a preset (``model.init_device``: ``choice``).
 
@@ -111,6 +139,33 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     if layers is None:
         raise ValueError(f"{type(model).__name__}: cannot find decoder layers at model.model.layers")
     return list(layers)
+
+
+def checkpoint_layers(model: torch.nn.Module, every: int = 1) -> list[int]:
+    """Activation checkpointing (non-reentrant ``torch.utils.checkpoint``) on decoder layers 0,
+    ``every``, 2·``every``, ...; the others keep their activations. Returns the checkpointed layers'
+    indices. Through transformers' per-layer switch (``GradientCheckpointingLayer.gradient_checkpointing``),
+    so parameter names (and checkpoints) stay the model's own.
+
+    Raises:
+        ValueError: ``every`` < 1, or a model whose decoder layers have no such switch.
+    """
+    if every < 1:
+        raise ValueError(f"activation checkpointing every {every} layers: must be at least 1")
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x: the new name
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    layers = decoder_layers(model)
+    if not all(hasattr(layer, "gradient_checkpointing") for layer in layers):
+        raise ValueError(f"{type(model).__name__}: its decoder layers have no per-layer activation checkpointing switch")
+    chosen = []
+    for i, layer in enumerate(layers):
+        layer.gradient_checkpointing = i % every == 0
+        if layer.gradient_checkpointing:
+            chosen.append(i)
+    return chosen
 
 
 def tied_embeddings(model: torch.nn.Module) -> bool:
@@ -183,7 +238,7 @@ def build_sharded_model(
     par: ParallelConfig,
     *,
     device: torch.device,
-    activation_checkpointing: bool,
+    activation_checkpointing: bool | int,
     compile_layers: bool,
     seed: int,
     liger_kernels: bool = False,
@@ -222,14 +277,16 @@ def build_sharded_model(
         init_device = preset_init_device(device, sum(p.numel() for p in model.parameters()), model_cfg.init_device)
         if rank == 0:
             print(f"[rayft] model: seeded random init of preset {model_cfg.name_or_path} (seed {seed}) on {init_device}", flush=True)
-    full_sd = load_full_state_dict(model_cfg, conf, seed, init_device) if rank == 0 else {}
+    weights_dir = None if is_preset(model_cfg.name_or_path) else sharded_source(model_cfg, model)
+    if weights_dir is None:
+        full_sd = load_full_state_dict(model_cfg, conf, seed, init_device) if rank == 0 else {}
     if liger_kernels:
         _apply_liger(model, device)
     if float8:
         apply_float8(model, device)
     tied = bool(getattr(conf, "tie_word_embeddings", False))
     if activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        checkpoint_layers(model, every=int(activation_checkpointing))
     on_gpu = device.type == "cuda"
     dtypes = {"bfloat16": torch.bfloat16, "float32": torch.float32}
     mp = MixedPrecisionPolicy(
@@ -239,16 +296,25 @@ def build_sharded_model(
     # The mesh is named for the device we train on: FSDP2's default takes the host's accelerator,
     # so CPU workers (use_gpu: false) on a GPU host would get CUDA gradients on CPU parameters.
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    # CPU offload: the shards live in host memory (pinned when the copies go to a GPU), FSDP2 copies
+    # each layer's to the device for its all-gather and the optimizer steps on the CPU
+    offload = CPUOffloadPolicy(pin_memory=on_gpu) if par.cpu_offload else OffloadPolicy()
+    shard = {"mesh": mesh, "mp_policy": mp, "reshard_after_forward": par.reshard_after_forward, "offload_policy": offload}
     for layer in decoder_layers(model):
         if compile_layers:
             layer.compile()
-        fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=par.reshard_after_forward)
-    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=par.reshard_after_forward)
-    model.to_empty(device=device)
+        fully_shard(layer, **shard)
+    fully_shard(model, **shard)
+    model.to_empty(device="cpu" if par.cpu_offload else device)
     if tied and not tied_embeddings(model):
         model.tie_weights()
-    set_model_state_dict(model, full_sd, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
-    del full_sd
+    if weights_dir is not None:
+        load_sharded_weights(model, weights_dir)  # each rank reads its own rows of the files
+        if rank == 0:
+            print(f"[rayft] model: {model_cfg.name_or_path}: each rank read its shards from {weights_dir}", flush=True)
+    else:
+        set_model_state_dict(model, full_sd, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        del full_sd
     if rank == 0 and init_device.type == "cuda":
         torch.cuda.empty_cache()  # the full fp32 copy (6 GiB for 1.5B) goes back to the device
     _reset_rotary_buffers(model, device)

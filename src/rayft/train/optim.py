@@ -10,14 +10,16 @@ from rayft.config import TrainConfig
 
 
 def build_optimizer(model: torch.nn.Module, tcfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW over the (sharded, fp32) parameters; the fused kernel on CUDA.
+    """AdamW over the (sharded, fp32) parameters; the fused kernel when they are on a CUDA device.
 
     Weight decay skips biases and norm weights (1-D parameters), as is standard for transformers.
     """
     decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
     groups = [{"params": decay, "weight_decay": tcfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=tcfg.lr, betas=tcfg.betas, eps=tcfg.eps, fused=device.type == "cuda")
+    # fused only where the parameters are on the GPU: with parallel.cpu_offload they are in host memory
+    on_gpu = device.type == "cuda" and all(p.device.type == "cuda" for p in decay + no_decay)
+    return torch.optim.AdamW(groups, lr=tcfg.lr, betas=tcfg.betas, eps=tcfg.eps, fused=on_gpu)
 
 
 def lr_at(step: int, total_steps: int, tcfg: TrainConfig) -> float:

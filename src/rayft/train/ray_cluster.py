@@ -259,3 +259,43 @@ def check_worker_environment(cfg: RayftConfig, use_gpu: bool) -> None:
             f"{cfg.checkpoint.storage_path} is not a file system: use one every node mounts (e.g. /fsx), or turn the recorder off"
         )
     refuse_node_local_checkpoints(cfg)
+
+
+def worker_gpus(cfg: RayftConfig, n_workers: int):
+    """The GPUs the workers will get (:class:`rayft.train.memory_plan.GpuTarget`), from the config's
+    ``cluster:`` instance type, else the Ray cluster's ``accelerator_type:<GPU>`` resource, else the
+    driver's own first GPU (embedded Ray: the workers' host); None when none of these says."""
+    import ray
+
+    from rayft.cluster.instances import catalog
+    from rayft.train.memory_plan import GpuTarget, cluster_gpus
+
+    target = cluster_gpus(cfg)
+    if target is not None:
+        return GpuTarget(n_workers, target.model, target.memory, target.source)
+    known = {t.gpu_model.lower(): t for t in catalog().values() if t.gpu_model}
+    for key in ray.cluster_resources():
+        if key.startswith("accelerator_type:") and key.split(":", 1)[1].lower() in known:
+            t = known[key.split(":", 1)[1].lower()]
+            return GpuTarget(n_workers, t.gpu_model, t.gpu_memory_mib * 2**20, f"Ray's {key} (the instance catalog)")
+    import torch
+
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        return GpuTarget(n_workers, props.name, props.total_memory, "this host's GPU 0")
+    return None
+
+
+def check_gpu_memory(cfg: RayftConfig, n_workers: int) -> None:
+    """Refuse a config whose predicted per-GPU memory (:mod:`rayft.train.memory_plan`) exceeds the
+    workers' GPUs, before they start (``rayft train --force`` skips this).
+
+    Raises:
+        TrainError: the plan says it cannot fit, with the parts' advice.
+    """
+    from rayft.train.memory_plan import refusal
+
+    target = worker_gpus(cfg, n_workers)
+    why = refusal(cfg, target) if target is not None else None
+    if why:
+        raise TrainError(f"{why} ({target.source}). `rayft fit CONFIG --gpus NxGPU` shows the parts; --force trains anyway")

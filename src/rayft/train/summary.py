@@ -112,12 +112,24 @@ def build_summary(
         )
     if export:
         vs = ", float8-trained model vs the export" if export.get("trained_float8") else ""
-        t.add_row("HF export", f"max |Δlogit| {export['export_max_abs_logit_diff']:.2e} vs the trained model{vs}")
+        t.add_row("HF export", export_line(export, vs))
     if stop is not None:
         t.add_row("stopped", stop_line(stop))
     console.print(t)
     print_paths(console, run_dir, export.get("export_dir") if export else None)
     return summary
+
+
+def export_line(export: dict, vs: str) -> str:
+    """The summary's export row: the weight check (sharded export) and the logit check or why it was skipped."""
+    parts = []
+    if export.get("export_max_abs_weight_diff") is not None:
+        parts.append(f"weights max |Δ| {export['export_max_abs_weight_diff']:.2e} ({export.get('export_tensors', '?')} tensors)")
+    if export.get("export_max_abs_logit_diff") is not None:
+        parts.append(f"max |Δlogit| {export['export_max_abs_logit_diff']:.2e} vs the trained model{vs}")
+    elif export.get("export_logit_check_skipped"):
+        parts.append(f"logit check skipped: {export['export_logit_check_skipped']}")
+    return "; ".join(parts)
 
 
 # where Ray unpacks a submitted job's working_dir (under the session's temporary directory)

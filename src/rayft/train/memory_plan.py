@@ -1,0 +1,367 @@
+"""Per-GPU memory of a training config, predicted before anything starts (``rayft fit``).
+
+What it predicts is the peak of ``torch.cuda.max_memory_allocated`` on one GPU (what the run's
+metrics report as ``peak_mem_gib``), as the sum of the tensors alive at the step's two high-water
+marks, from the model's config alone (parameter counts come from the model built on the meta device):
+
+* **sharded state**: fp32 parameters, fp32 gradients, AdamW's two fp32 moments: 16 bytes × P ÷ GPUs
+  (in host memory with ``parallel.cpu_offload``: then 0 on the GPU).
+* **weights for compute**: bf16 copies FSDP2 all-gathers: the root's (embedding, LM head, final norm)
+  for the whole step, and two decoder layers (the one computing and the one prefetched); every
+  layer's with ``parallel.reshard_after_forward: false``.
+* **activations** kept for the backward pass, bytes per token per decoder layer, counted tensor by
+  tensor for a Llama-style layer (bf16; flash/varlen attention saves q, k, v and its output):
+  ``n_norms × 4H + 4Q + 4KV + 6I`` with ``torch.compile`` or liger kernels (each norm keeps its input
+  and output, SwiGLU its gate, up and product), ``n_norms × 8H + 4Q + 4KV + 8I`` eager (transformers'
+  RMSNorm keeps an fp32 copy of its input, the MLP also keeps ``silu(gate)``); ``+ 2Q + 2KV`` for
+  Qwen3's q/k norms. H: hidden size, Q: heads × head_dim, KV: key/value heads × head_dim, I: MLP
+  width. A checkpointed layer keeps only its input (2H), and the backward pass recomputes one
+  layer's activations at a time.
+* **loss**: liger's fused loss holds a chunk of logits (``C × V`` bf16, C = liger's chunk of the
+  micro-batch's tokens × ``train.fused_loss_chunk_mem``), the fp32 gradient of its input (4H per token)
+  and of the LM head (4 × V × H); the plain loss holds the whole logits: 10 bytes × tokens × V
+  (bf16 logits, the fp32 log-softmax and its gradient).
+
+The peak is the larger of the end of the forward pass (all activations and the loss) and the
+backward pass of the last layer (activations, one layer recomputed with checkpointing, that layer's
+unsharded bf16 gradient and its fp32 copy for the reduce-scatter, the hidden-state gradient).
+Beyond the allocated peak a GPU needs the CUDA context and NCCL's buffers, and the caching
+allocator keeps freed blocks: :data:`RUNTIME_BYTES` and :data:`ALLOCATOR_SLACK` go on top for the
+verdict.
+
+Not modelled: float8 (activations are counted as bf16: an upper bound; measured 27% lower on the
+1.5B at 32,768 tokens per GPU), Gemma 2's full logits (counted as the plain loss), padding mode (a
+micro-batch is counted as ``micro_batch_size × seq_len`` tokens: the most it holds).
+Validated against every measured peak in bench/results: ``bench/fit_check.py``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+#: the CUDA context, cuBLAS workspaces and NCCL's buffers: outside PyTorch's allocator, bytes
+RUNTIME_BYTES = int(1.5 * 2**30)
+#: the caching allocator's free blocks at the peak, as a fraction of the allocated peak (measured
+#: reserved ÷ allocated on the L4 emulation: 1.03–1.45, 1.12 at the fitting points)
+ALLOCATOR_SLACK = 0.10
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """A decoder-only model's sizes: counts of parameters (P: unique; per layer; root: outside the
+    decoder layers), widths (H, Q, KV, I as above), vocabulary V, layer count L, norms per layer."""
+
+    params: int
+    params_layer: int
+    params_root: int
+    hidden: int
+    q_dim: int
+    kv_dim: int
+    intermediate: int
+    vocab: int
+    layers: int
+    norms_per_layer: int = 2
+    qk_norm: bool = False
+    model_type: str = ""
+
+
+@dataclass(frozen=True)
+class TrainShape:
+    """The settings that set memory: GPUs sharing the model, tokens per micro-batch, and the switches."""
+
+    gpus: int
+    micro_batch_size: int
+    seq_len: int
+    activation_checkpointing: bool | int = False
+    compiled: bool = False
+    liger: bool = False
+    fused_loss: bool = True
+    fused_loss_chunk_mem: int = 8
+    reshard_after_forward: bool = True
+    cpu_offload: bool = False
+    float8: bool = False
+
+    @property
+    def tokens(self) -> int:
+        return self.micro_batch_size * self.seq_len
+
+
+@dataclass
+class MemoryPlan:
+    """A prediction for one GPU: ``parts`` (name → bytes, at the peak phase), ``peak`` (allocated
+    bytes), ``phase`` (where the peak is), ``host_per_gpu`` (bytes of host memory each GPU's shards
+    take with CPU offload, else 0)."""
+
+    parts: dict[str, int]
+    phase: str
+    host_per_gpu: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def peak(self) -> int:
+        return sum(self.parts.values())
+
+    def needed(self) -> int:
+        """Bytes of GPU memory the run needs: the allocated peak, the allocator's slack, the runtime."""
+        return int(self.peak * (1 + ALLOCATOR_SLACK)) + RUNTIME_BYTES
+
+
+def activation_bytes_per_token_layer(m: ModelDims, s: TrainShape) -> int:
+    """Bytes one decoder layer keeps per token for its backward pass (no checkpointing)."""
+    lean = s.compiled or s.liger
+    norms = m.norms_per_layer * (4 if lean else 8) * m.hidden
+    mlp = (6 if lean else 8) * m.intermediate
+    qk = 2 * m.q_dim + 2 * m.kv_dim if m.qk_norm else 0
+    return norms + 4 * m.q_dim + 4 * m.kv_dim + mlp + qk
+
+
+def checkpointed_layer_count(layers: int, setting: bool | int) -> int:
+    """How many of ``layers`` a ``train.activation_checkpointing`` setting checkpoints (0, k, 2k, ...)."""
+    if setting is False:
+        return 0
+    every = 1 if setting is True else int(setting)
+    return math.ceil(layers / every)
+
+
+def liger_chunk_tokens(tokens: int, hidden: int, vocab: int, chunk_mem: int) -> int:
+    """Tokens per chunk of liger's fused linear cross-entropy: the next power of two of
+    ``tokens ÷ ⌈V ÷ H⌉``, times ``chunk_mem`` (liger-kernel's ``chunk_mem_const``), at most ``tokens``."""
+    inc = math.ceil(vocab / hidden)
+    base = 1 << max(0, math.ceil(math.log2(max(1, math.ceil(tokens / inc)))))
+    return min(tokens, base * chunk_mem)
+
+
+def plan_memory(m: ModelDims, s: TrainShape) -> MemoryPlan:
+    """The predicted per-GPU allocated peak of one training step (see the module docstring)."""
+    t, n = s.tokens, s.gpus
+    state = 16 * m.params // n
+    parts_common: dict[str, int] = {}
+    host = 0
+    if s.cpu_offload:
+        host = state
+    else:
+        parts_common["sharded fp32 weights, gradients, AdamW moments"] = state
+    gathered = m.params if not s.reshard_after_forward else m.params_root + 2 * m.params_layer
+    parts_common["bf16 weights gathered for compute"] = 2 * gathered
+    a = activation_bytes_per_token_layer(m, s)
+    n_ckpt = checkpointed_layer_count(m.layers, s.activation_checkpointing)
+    saved = t * ((m.layers - n_ckpt) * a + n_ckpt * 2 * m.hidden)
+    parts_common["activations kept for backward"] = saved
+
+    if s.fused_loss:
+        chunk = liger_chunk_tokens(t, m.hidden, m.vocab, s.fused_loss_chunk_mem)
+        loss = {"loss: logits chunk (bf16)": 2 * chunk * m.vocab, "loss: input gradient (fp32)": 4 * t * m.hidden}
+        head_grad = 4 * m.vocab * m.hidden
+    else:
+        loss = {"loss: whole logits (bf16 + fp32 log-softmax + gradient)": 10 * t * m.vocab}
+        head_grad = 2 * m.vocab * m.hidden
+    forward_end = {**parts_common, **loss, "LM head gradient": head_grad}
+
+    recompute = a * t if n_ckpt else 0
+    backward = {
+        **parts_common,
+        "LM head gradient": 2 * m.vocab * m.hidden,
+        "one layer recomputed (checkpointing)": recompute,
+        "one layer's gradient (bf16 + fp32 to reduce)": 6 * m.params_layer,
+        "hidden-state gradient": 6 * t * m.hidden,
+    }
+    if sum(forward_end.values()) >= sum(backward.values()):
+        plan = MemoryPlan(forward_end, "end of the forward pass (all activations, the loss)", host)
+    else:
+        plan = MemoryPlan(backward, "backward pass of the last layer", host)
+    plan.parts = {k: v for k, v in plan.parts.items() if v}
+    if s.float8:
+        plan.notes.append("train.float8: activations counted as bf16 (an upper bound)")
+    if m.model_type == "gemma2" and s.fused_loss:
+        plan.notes.append("Gemma 2 soft-caps its logits: the fused loss does not apply, whole logits counted")
+    return plan
+
+
+def largest_micro_batch(m: ModelDims, s: TrainShape, gpu_bytes: int, limit: int = 4096) -> int:
+    """The largest ``micro_batch_size`` (rows of ``seq_len``) whose :meth:`MemoryPlan.needed` fits
+    ``gpu_bytes``; 0 when not even one row fits."""
+    from dataclasses import replace
+
+    def fits(mb: int) -> bool:
+        return plan_memory(m, replace(s, micro_batch_size=mb)).needed() <= gpu_bytes
+
+    if not fits(1):
+        return 0
+    lo, hi = 1, 2
+    while hi <= limit and fits(hi):
+        lo, hi = hi, hi * 2
+    hi = min(hi, limit + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+def model_dims(conf) -> ModelDims:
+    """:class:`ModelDims` of a transformers config: the model built on the meta device for its
+    parameter counts (unique parameters: a tied LM head counts once)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rayft.train.model import decoder_layers
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(conf, dtype=torch.float32)
+    total = sum(p.numel() for p in model.parameters())
+    layers = decoder_layers(model)
+    per_layer = sum(p.numel() for p in layers[0].parameters())
+    text = conf.get_text_config() if hasattr(conf, "get_text_config") else conf
+    heads = text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    kv = getattr(text, "num_key_value_heads", None) or heads
+    norms = sum(1 for name, _ in layers[0].named_children() if "norm" in name and "layernorm" in name)
+    return ModelDims(
+        params=total,
+        params_layer=per_layer,
+        params_root=total - per_layer * len(layers),
+        hidden=text.hidden_size,
+        q_dim=heads * head_dim,
+        kv_dim=kv * head_dim,
+        intermediate=text.intermediate_size,
+        vocab=text.vocab_size,
+        layers=len(layers),
+        norms_per_layer=max(2, norms),
+        qk_norm=hasattr(getattr(layers[0], "self_attn", None), "q_norm"),
+        model_type=text.model_type,
+    )
+
+
+@dataclass(frozen=True)
+class GpuTarget:
+    """Where a plan is judged: ``count`` GPUs of ``model`` (the catalog's name, e.g. ``L4``) with
+    ``memory`` bytes each; ``source`` says where the figures came from."""
+
+    count: int
+    model: str
+    memory: int
+    source: str
+
+
+def parse_gpus(spec: str) -> GpuTarget:
+    """``8xL4``, ``16xH100``, ``1xH200`` → a :class:`GpuTarget`, the GPU's memory from rayft's
+    instance catalog (:func:`rayft.cluster.instances.catalog`).
+
+    Raises:
+        ValueError: not ``<count>x<GPU>``, or a GPU the catalog does not list (the message lists them).
+    """
+    import re
+
+    from rayft.cluster.instances import catalog
+
+    m = re.fullmatch(r"\s*(\d+)\s*[xX×]\s*([A-Za-z0-9-]+)\s*", spec)
+    if not m or int(m.group(1)) < 1:
+        raise ValueError(f"--gpus {spec!r}: expected <count>x<GPU>, e.g. 8xL4 or 16xH100")
+    known = {t.gpu_model.lower(): t for t in catalog().values() if t.gpu_model}
+    t = known.get(m.group(2).lower())
+    if t is None:
+        raise ValueError(
+            f"--gpus {spec!r}: rayft's catalog has no GPU {m.group(2)!r}; known: {', '.join(sorted(x.gpu_model for x in known.values()))}"
+        )
+    return GpuTarget(int(m.group(1)), t.gpu_model, t.gpu_memory_mib * 2**20, f"the instance catalog ({t.name})")
+
+
+def cluster_gpus(cfg) -> GpuTarget | None:
+    """The GPUs of the config's ``cluster:`` section (``num_nodes`` × the instance type's GPUs), or None."""
+    if cfg.cluster is None:
+        return None
+    from rayft.cluster.instances import catalog
+
+    t = catalog().get(cfg.cluster.instance_type)
+    if t is None or not t.gpu_model:
+        return None
+    return GpuTarget(cfg.cluster.num_nodes * t.gpu_count, t.gpu_model, t.gpu_memory_mib * 2**20, f"cluster.instance_type {t.name}")
+
+
+def train_shape(cfg, gpus: int, model_conf) -> TrainShape:
+    """The :class:`TrainShape` of a :class:`~rayft.config.RayftConfig` on ``gpus`` GPUs; the loss
+    is fused when ``train.cross_entropy`` says ``fused``, or ``auto`` and the model transforms no logits."""
+    from rayft.train.loss import logit_transforms
+
+    tc = cfg.train
+    fused = tc.cross_entropy == "fused" or (tc.cross_entropy == "auto" and not logit_transforms(model_conf))
+    return TrainShape(
+        gpus=gpus,
+        micro_batch_size=tc.micro_batch_size,
+        seq_len=cfg.data.seq_len,
+        activation_checkpointing=tc.activation_checkpointing,
+        compiled=tc.compile,
+        liger=tc.liger_kernels,
+        fused_loss=fused,
+        fused_loss_chunk_mem=tc.fused_loss_chunk_mem,
+        reshard_after_forward=cfg.parallel.reshard_after_forward,
+        cpu_offload=cfg.parallel.cpu_offload,
+        float8=tc.float8,
+    )
+
+
+@dataclass
+class Verdict:
+    """A plan judged against a GPU: ``fits``; ``largest_micro_batch`` (0: not even one row);
+    ``advice``: the first of activation checkpointing, then CPU offload, that makes it fit, with its
+    largest micro-batch (None when it fits, or when nothing does)."""
+
+    plan: MemoryPlan
+    target: GpuTarget
+    fits: bool
+    largest_micro_batch: int
+    advice: str | None
+
+    def line(self) -> str:
+        g = 2**30
+        need, have = self.plan.needed() / g, self.target.memory / g
+        head = f"needs {need:.1f} GiB per GPU of {self.target.count}× {self.target.model}'s {have:.1f} GiB"
+        if self.fits:
+            return f"fits: {head}; the largest micro-batch that fits is {self.largest_micro_batch}"
+        return f"does not fit: {head}" + (
+            f"; {self.advice}" if self.advice else "; no micro-batch fits, even with checkpointing and CPU offload"
+        )
+
+
+def judge(m: ModelDims, s: TrainShape, target: GpuTarget) -> Verdict:
+    """Judge ``s`` on ``target`` (:class:`Verdict`)."""
+    from dataclasses import replace
+
+    plan = plan_memory(m, s)
+    fits = plan.needed() <= target.memory
+    advice = None
+    if not fits:
+        for change, label in (
+            ({"activation_checkpointing": True}, "train.activation_checkpointing: true"),
+            (
+                {"activation_checkpointing": True, "cpu_offload": True},
+                "train.activation_checkpointing: true and parallel.cpu_offload: true",
+            ),
+        ):
+            alt = replace(s, **change)
+            mb = largest_micro_batch(m, alt, target.memory)
+            if mb >= 1:
+                fit_now = plan_memory(m, alt).needed() <= target.memory
+                advice = f"fits with {label}" + ("" if fit_now else f" and train.micro_batch_size ≤ {mb}") + f" (largest micro-batch {mb})"
+                break
+        else:
+            mb = largest_micro_batch(m, s, target.memory)
+            if mb >= 1:
+                advice = f"fits with train.micro_batch_size ≤ {mb}"
+    return Verdict(plan, target, fits, largest_micro_batch(m, s, target.memory), advice)
+
+
+def refusal(cfg, target: GpuTarget) -> str | None:
+    """Why ``cfg`` cannot train on ``target`` by the plan (with the advice), or None when it fits
+    or the model's config cannot be read here (a hub id offline: then nothing is judged)."""
+    from rayft.train.model import load_model_config
+
+    try:
+        conf = load_model_config(cfg.model)
+    except (OSError, ValueError):
+        return None
+    dims = model_dims(conf)
+    verdict = judge(dims, train_shape(cfg, target.count, conf), target)
+    if verdict.fits:
+        return None
+    return f"{cfg.model.name_or_path} with train.micro_batch_size={cfg.train.micro_batch_size} × data.seq_len={cfg.data.seq_len} {verdict.line()}"

@@ -1,0 +1,144 @@
+"""The memory planner (rayft.train.memory_plan) against hand-computed figures, `rayft fit`, and
+`rayft train` refusing a config that cannot fit its cluster's GPUs before anything starts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rayft.config import ModelConfig
+from rayft.train.memory_plan import (
+    TrainShape,
+    checkpointed_layer_count,
+    liger_chunk_tokens,
+    model_dims,
+    parse_gpus,
+    plan_memory,
+)
+from rayft.train.model import load_model_config
+
+DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "alpaca_en_demo.json"
+
+
+@pytest.fixture(scope="module")
+def qwen15():
+    return model_dims(load_model_config(ModelConfig(name_or_path="qwen2.5-1.5b")))
+
+
+def test_qwen2_5_1_5b_dims_are_the_published_sizes(qwen15):
+    # Qwen2.5-1.5B: 1.54B parameters with the tied LM head counted once; per layer q/k/v (with biases),
+    # o, gate/up/down and two norms
+    h, kv, i = 1536, 256, 8960
+    layer = (h * h + h) + 2 * (h * kv + kv) + h * h + 3 * h * i + 2 * h
+    assert qwen15.params_layer == layer == 46_797_824
+    assert qwen15.params_root == 151936 * h + h  # the embedding (= the LM head) and the final norm
+    assert qwen15.params == 28 * layer + qwen15.params_root == 1_543_714_304
+    assert (qwen15.q_dim, qwen15.kv_dim, qwen15.intermediate, qwen15.layers, qwen15.norms_per_layer) == (1536, 256, 8960, 28, 2)
+
+
+def test_plan_of_the_sample_job_on_8_l4s_by_hand(qwen15):
+    """The 1.5B, one 2048-token row per GPU on 8 GPUs, compiled, fused loss (chunk 8): every part
+    computed by hand from the sizes above."""
+    p = qwen15.params
+    plan = plan_memory(qwen15, TrainShape(gpus=8, micro_batch_size=1, seq_len=2048, compiled=True))
+    per_token_layer = 2 * 4 * 1536 + 4 * 1536 + 4 * 256 + 6 * 8960  # 73,216 bytes
+    chunk = 32 * 8  # ⌈151936/1536⌉ = 99; ⌈2048/99⌉ = 21 → 32 tokens, × chunk_mem 8
+    assert plan.parts == {
+        "sharded fp32 weights, gradients, AdamW moments": 16 * p // 8,
+        "bf16 weights gathered for compute": 2 * (151936 * 1536 + 1536 + 2 * 46_797_824),
+        "activations kept for backward": 2048 * 28 * per_token_layer,
+        "loss: logits chunk (bf16)": 2 * chunk * 151936,
+        "loss: input gradient (fp32)": 4 * 2048 * 1536,
+        "LM head gradient": 4 * 151936 * 1536,
+    }
+    assert plan.phase.startswith("end of the forward pass")
+    assert plan.peak == 8_963_737_600
+
+
+def test_checkpointing_keeps_layer_inputs_and_recomputes_one_layer(qwen15):
+    full = plan_memory(qwen15, TrainShape(gpus=8, micro_batch_size=8, seq_len=2048, compiled=True))
+    ac = plan_memory(qwen15, TrainShape(gpus=8, micro_batch_size=8, seq_len=2048, compiled=True, activation_checkpointing=True))
+    every2 = plan_memory(qwen15, TrainShape(gpus=8, micro_batch_size=8, seq_len=2048, compiled=True, activation_checkpointing=2))
+    t, a = 8 * 2048, 73_216
+    assert full.parts["activations kept for backward"] == t * 28 * a
+    assert ac.parts["activations kept for backward"] == t * 28 * 2 * 1536
+    assert every2.parts["activations kept for backward"] == t * (14 * a + 14 * 2 * 1536)
+    assert ac.phase.startswith("backward") and ac.parts["one layer recomputed (checkpointing)"] == t * a
+    assert [checkpointed_layer_count(28, s) for s in (False, True, 1, 2, 3, 28, 100)] == [0, 28, 28, 14, 10, 1, 1]
+
+
+def test_offload_moves_the_sharded_state_to_the_host(qwen15):
+    plan = plan_memory(qwen15, TrainShape(gpus=8, micro_batch_size=1, seq_len=2048, cpu_offload=True))
+    assert "sharded fp32 weights, gradients, AdamW moments" not in plan.parts
+    assert plan.host_per_gpu == 16 * qwen15.params // 8
+
+
+def test_liger_chunk_and_the_plain_loss(qwen15):
+    assert liger_chunk_tokens(32768, 1536, 151936, 8) == 4096  # ⌈32768/99⌉ = 331 → 512, × 8
+    assert liger_chunk_tokens(32768, 1536, 151936, 1) == 512
+    assert liger_chunk_tokens(100, 1536, 151936, 8) == 16  # ⌈100/99⌉ = 2 → 2, × 8
+    plain = plan_memory(qwen15, TrainShape(gpus=1, micro_batch_size=8, seq_len=2048, fused_loss=False))
+    assert plain.parts["loss: whole logits (bf16 + fp32 log-softmax + gradient)"] == 10 * 16384 * 151936
+
+
+def test_parse_gpus_reads_the_catalog():
+    t = parse_gpus("8xL4")
+    assert (t.count, t.model, t.memory) == (8, "L4", 22888 * 2**20)
+    assert parse_gpus("16 × h100").memory == 81920 * 2**20
+    with pytest.raises(ValueError, match="expected <count>x<GPU>"):
+        parse_gpus("L4")
+    with pytest.raises(ValueError, match="no GPU 'V100'; known: .*L4"):
+        parse_gpus("8xV100")
+
+
+def rayft(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rayft.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def write_config(tmp_path: Path, extra: str = "") -> Path:
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text(
+        f"model: {{name_or_path: qwen2.5-7b}}\ndata: {{train_files: [{DATA}], seq_len: 2048}}\n"
+        f"train: {{micro_batch_size: 1, compile: true}}\n{extra}"
+    )
+    return cfg
+
+
+def test_rayft_fit_judges_the_7b_on_8_l4s(tmp_path):
+    cfg = write_config(tmp_path)
+    out = rayft("fit", str(cfg), "--gpus", "8xL4", "--json", cwd=tmp_path)
+    assert out.returncode == 1, out.stderr
+    plan = json.loads(out.stdout)
+    assert plan["fits"] is False and plan["gpus"]["memory_gib"] == pytest.approx(22888 / 1024)
+    assert plan["advice"].startswith("fits with train.activation_checkpointing: true and parallel.cpu_offload: true")
+    ok = rayft(
+        "fit",
+        str(cfg),
+        "--gpus",
+        "8xL4",
+        "--set",
+        "train.activation_checkpointing=true",
+        "--set",
+        "parallel.cpu_offload=true",
+        cwd=tmp_path,
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert "fits: needs" in ok.stderr and "host memory per GPU (offloaded shards)" in ok.stderr
+    none = rayft("fit", str(cfg), cwd=tmp_path)
+    assert none.returncode == 2 and "say which GPUs with --gpus" in none.stderr
+
+
+def test_rayft_train_refuses_what_cannot_fit_its_cluster_before_ray_starts(tmp_path):
+    """A cluster: of 2 g6.12xlarge (8 L4s) and the 7B without checkpointing or offload: `rayft train`
+    exits 1 naming the verdict and the way out, and no Ray session was started."""
+    cfg = write_config(tmp_path, "cluster: {instance_type: g6.12xlarge, num_nodes: 2}\n")
+    out = rayft("train", str(cfg), cwd=tmp_path)
+    assert out.returncode == 1, out.stdout + out.stderr
+    err = " ".join(out.stderr.split())
+    assert "qwen2.5-7b with train.micro_batch_size=1 × data.seq_len=2048 does not fit: needs" in err
+    assert "8× L4" in err and "--force trains anyway" in err
+    assert "ray:" not in out.stdout + out.stderr and not (tmp_path / "runs").exists()

@@ -1,0 +1,205 @@
+"""Loading and exporting Hugging Face safetensors shard by shard (rayft.train.hf_weights), CPU
+offload and per-layer activation checkpointing, on real gloo process groups of 1, 2 and 4 ranks
+(one OS process per rank)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+RANKS = """
+import json, sys
+import torch, torch.distributed as dist
+from transformers import AutoModelForCausalLM
+from rayft.config import ModelConfig, ParallelConfig, TrainConfig
+from rayft.train.hf_weights import compare_export, shard_rows, write_sharded_hf_weights
+from rayft.train.model import build_sharded_model
+from rayft.train.optim import build_optimizer
+from rayft.train.step import train_step
+
+rank, world, store, spec = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], json.load(open(sys.argv[4]))
+dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+cpu, report = torch.device("cpu"), {}
+ids = torch.tensor([spec["ids"]])
+n = ids.shape[1]
+batch = {"input_ids": ids, "position_ids": torch.arange(n)[None], "labels": ids.clone(), "num_trainable": torch.tensor(n),
+         "cu_seq_lens": torch.tensor([0, n], dtype=torch.int32), "max_length": n}
+for name, src in spec["sources"].items():
+    model = build_sharded_model(ModelConfig(name_or_path=src), ParallelConfig(), device=cpu, activation_checkpointing=False,
+                                compile_layers=False, seed=3)
+    full = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).state_dict()
+    equal = []
+    for key, p in model.module.state_dict().items():
+        start, stop = shard_rows(p.shape[0], rank, world)
+        equal.append(p.dtype == torch.float32 and torch.equal(p.to_local(), full[key][start:stop]))
+    # train a step so that the export differs from the source, then export and read back
+    opt = build_optimizer(model.module, TrainConfig(lr=1e-2), cpu)
+    train_step(model, opt, [batch], n, max_grad_norm=1.0)
+    out = spec["out"] + "/" + name
+    index = write_sharded_hf_weights(model.module, out)
+    check = compare_export(model.module, out, cpu)
+    model.module.eval()
+    with torch.no_grad():
+        logits = model.module(input_ids=ids, position_ids=batch["position_ids"]).logits
+    report[name] = {"all_equal": all(equal), "n": len(equal), "files": max(index.values()), "check": check,
+                    "logits": logits[0, :, :8].tolist()}
+if spec.get("offload"):
+    losses = {}
+    for off in (False, True):
+        model = build_sharded_model(ModelConfig(name_or_path="mistral-tiny"), ParallelConfig(cpu_offload=off), device=cpu,
+                                    activation_checkpointing=2, compile_layers=False, seed=3)
+        opt = build_optimizer(model.module, TrainConfig(lr=3e-3), cpu)
+        losses[str(off)] = [train_step(model, opt, [batch], n, max_grad_norm=1.0).loss for _ in range(3)]
+    report["offload"] = losses
+json.dump(report, open(f"{spec['out']}/report{rank}.json", "w"))
+dist.destroy_process_group()
+"""
+
+
+def write_source(preset: str, out: Path, dtype: torch.dtype, max_shard_size: str) -> Path:
+    """A Hugging Face directory of a tiny preset's seeded random weights, in ``dtype``, split into
+    files of at most ``max_shard_size``."""
+    from transformers import AutoModelForCausalLM
+
+    from rayft.config import ModelConfig
+    from rayft.train.model import load_model_config
+
+    torch.manual_seed(11)
+    model = AutoModelForCausalLM.from_config(load_model_config(ModelConfig(name_or_path=preset)), dtype=dtype)
+    model.save_pretrained(out, max_shard_size=max_shard_size)
+    return out
+
+
+def run_ranks(world: int, tmp_path: Path, spec: dict) -> list[dict]:
+    """Run :data:`RANKS` on ``world`` gloo ranks (one process each); every rank's report."""
+    (tmp_path / "ranks.py").write_text(RANKS)
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(spec))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(tmp_path / "ranks.py"), str(r), str(world), str(tmp_path / "store"), str(spec_file)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(world)
+    ]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0] * world, "\n".join(o[-3000:] for o in outs)
+    assert "each rank read its shards" in outs[0]
+    return [json.loads((Path(spec["out"]) / f"report{r}.json").read_text()) for r in range(world)]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_sharded_load_and_export_on_gloo_ranks(world, tmp_path):
+    """On 2 and 4 ranks, for a tied model stored in bf16 over several files (qwen2-tiny) and an
+    untied one stored in fp32 (mistral-tiny): every rank's fp32 shards equal its rows of transformers'
+    own full load, exactly; after a training step the export (written by every rank, several files)
+    reads back equal to every shard and loads in transformers with the trained model's logits."""
+    from transformers import AutoModelForCausalLM
+
+    sources = {
+        "qwen": str(write_source("qwen2-tiny", tmp_path / "qwen-src", torch.bfloat16, "5MB")),
+        "mistral": str(write_source("mistral-tiny", tmp_path / "mistral-src", torch.float32, "1GB")),
+    }
+    assert len(list(Path(sources["qwen"]).glob("*.safetensors"))) == 2  # the source itself spans files
+    ids = torch.randint(0, 32000, (24,), generator=torch.Generator().manual_seed(5)).tolist()
+    out = tmp_path / "out"
+    out.mkdir()
+    reports = run_ranks(world, tmp_path, {"sources": sources, "ids": ids, "out": str(out), "offload": world == 2})
+    for name in sources:
+        for r in reports:
+            assert r[name]["all_equal"], (name, r[name])
+            assert r[name]["check"] == {"tensors": r[name]["n"] - (name == "qwen"), "max_abs_diff": 0.0}
+        # the 2 GiB file cap is far: a file per rank, fewer where one tensor (qwen's embedding) outweighs the rest
+        k = reports[0][name]["files"]
+        assert 2 <= k <= world
+        export = out / name
+        assert sorted(p.name for p in export.glob("*.safetensors")) == [f"model-{i:05d}-of-{k:05d}.safetensors" for i in range(1, k + 1)]
+        assert not (export / "sharded").exists()
+        (export / "config.json").write_text((Path(sources[name]) / "config.json").read_text())
+        hf = AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32).eval()
+        with torch.no_grad():
+            got = hf(input_ids=torch.tensor([ids]), position_ids=torch.arange(len(ids))[None]).logits[0, :, :8]
+        torch.testing.assert_close(got, torch.tensor(reports[0][name]["logits"]), rtol=0, atol=1e-5)
+        src = AutoModelForCausalLM.from_pretrained(sources[name], dtype=torch.float32)
+        assert not torch.equal(src.model.layers[0].mlp.up_proj.weight, hf.model.layers[0].mlp.up_proj.weight)  # it trained
+    if world == 2:
+        losses = reports[0]["offload"]
+        assert losses["True"] == pytest.approx(losses["False"], rel=1e-6)
+        assert losses["True"][0] > losses["True"][2]
+
+
+def test_checkpointing_every_kth_layer_keeps_the_gradients(one_rank_group):
+    """``activation_checkpointing: 2`` on a 5-layer model checkpoints layers 0, 2, 4; gradients
+    equal those of no checkpointing and of every layer's."""
+    from rayft.config import ModelConfig, ParallelConfig
+    from rayft.train.model import build_sharded_model
+
+    cfg = ModelConfig(name_or_path="mistral-tiny", config_overrides={"num_hidden_layers": 5})
+    ids = torch.randint(0, 32000, (2, 16), generator=torch.Generator().manual_seed(1))
+    grads, flags = {}, {}
+    for ac in (False, True, 2):
+        m = build_sharded_model(
+            cfg, ParallelConfig(), device=torch.device("cpu"), activation_checkpointing=ac, compile_layers=False, seed=7
+        )
+        flags[ac] = [bool(layer.gradient_checkpointing) for layer in m.module.model.layers]
+        m.module(input_ids=ids).logits.sum().backward()
+        grads[ac] = m.module.model.layers[1].mlp.up_proj.weight.grad.full_tensor()
+    assert flags == {False: [False] * 5, True: [True] * 5, 2: [True, False, True, False, True]}
+    torch.testing.assert_close(grads[2], grads[False], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grads[True], grads[False], rtol=1e-5, atol=1e-6)
+
+
+def test_a_checkpoint_with_other_tensor_names_falls_back_to_rank_0(one_rank_group, tmp_path, capsys):
+    """A directory whose safetensors lack one of the model's names (as a format transformers
+    renames while loading would) is not read shard by shard: rank 0 loads it whole, and says why."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    from rayft.config import ModelConfig
+    from rayft.train.model import load_model_config, sharded_source
+
+    src = write_source("mistral-tiny", tmp_path / "src", torch.float32, "1GB")
+    cfg = ModelConfig(name_or_path=str(src))
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(load_model_config(cfg))
+    assert sharded_source(cfg, skeleton) == str(src)
+    tensors = load_file(src / "model.safetensors")
+    tensors["model.norm.scale"] = tensors.pop("model.norm.weight")
+    save_file(tensors, src / "model.safetensors", metadata={"format": "pt"})
+    assert sharded_source(cfg, skeleton) is None
+    assert "1 tensor name(s) of the model are not in its safetensors (e.g. ['model.norm.weight'])" in capsys.readouterr().out
+
+
+def test_file_index_cuts_equal_runs_in_order():
+    from rayft.train.hf_weights import export_file_count, file_index
+
+    sizes = [("a", 10), ("b", 10), ("c", 10), ("d", 10), ("e", 40)]
+    assert file_index(sizes, 2) == {"a": 1, "b": 1, "c": 1, "d": 1, "e": 2}
+    assert file_index(sizes, 4) == {"a": 1, "b": 1, "c": 2, "d": 2, "e": 3}  # a file left empty is not numbered
+    assert file_index(sizes, 1) == dict.fromkeys("abcde", 1)
+    gib = 2**30
+    assert export_file_count(6 * gib, 4) == 4  # 1.5 GiB per rank: one file each
+    assert export_file_count(20 * gib, 4) == 12  # 5 GiB per rank: three files of ≤ 2 GiB each
+    assert export_file_count(1, 3) == 3
+
+
+def test_shard_rows_follow_torch_chunk():
+    from rayft.train.hf_weights import shard_rows
+
+    for n in (0, 1, 5, 7, 8, 151936):
+        for world in (1, 2, 3, 4, 8):
+            chunks = torch.arange(n).chunk(world) if n else ()
+            for rank in range(world):
+                start, stop = shard_rows(n, rank, world)
+                want = chunks[rank].tolist() if rank < len(chunks) else []
+                assert list(range(start, stop)) == want, (n, world, rank)
