@@ -6,7 +6,7 @@ writing the export, on N CPU ranks (gloo), sharded (rayft.train.hf_weights) vs g
 
 Writes a seeded random init of the preset as bf16 safetensors (once, under --work), then for each
 mode starts N rank processes that each load it (fp32 shards), export it (fp32) and report their
-peak RSS (``ru_maxrss``: file pages of the memory-mapped safetensors they touched count too).
+peak RSS (``VmHWM``: file pages of the memory-mapped safetensors they touched count too).
 Target (issue 25): peak ≤ 1.3 × (fp32 model bytes ÷ N) + 2 GB per rank.
 """
 
@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 RANK = r"""
-import json, os, resource, sys, time
+import json, os, sys, time
 import torch, torch.distributed as dist
 rank, world, store, src, out, mode, report = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6], sys.argv[7]
 rank = int(rank)
@@ -38,8 +38,10 @@ from rayft.train.hf_weights import compare_export, load_sharded_weights, write_s
 from rayft.train.checkpoint import full_model_state_dict
 from rayft.train.model import decoder_layers
 
-def rss():  # peak resident set of this process so far, bytes (Linux: KiB)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+def rss():  # peak resident set of this process so far, bytes: VmHWM (per address space, so not the
+    # forking parent's; ru_maxrss keeps the parent's high-water mark across exec)
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
 
 marks = {"after_imports": rss()}
 conf = AutoConfig.from_pretrained(src)
@@ -126,14 +128,17 @@ def main() -> None:
     ap.add_argument("--preset", default="qwen2.5-1.5b")
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--work", default="/tmp/rayft-rss")
+    ap.add_argument("--modes", default="sharded,gathered", help="comma-separated: sharded, gathered")
     ap.add_argument("--out", default=str(ROOT / "bench/results" / f"{datetime.date.today()}-sharded-weights-rss-{os.cpu_count()}cpu.json"))
     args = ap.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     src = work / f"{args.preset}-bf16"
-    model_bytes = write_source(args.preset, src)
+    # in a child process, so that this one stays small (the ranks are its children)
+    got = subprocess.run([sys.executable, __file__, "--write-source", args.preset, str(src)], capture_output=True, text=True, check=True)
+    model_bytes = int(got.stdout.split()[-1])
     bound = 1.3 * model_bytes / args.ranks + 2e9
-    modes = {mode: run_mode(mode, args.ranks, src, work) for mode in ("sharded", "gathered")}
+    modes = {mode: run_mode(mode, args.ranks, src, work) for mode in args.modes.split(",")}
     gb = 1e9
     figures = {
         "model_fp32_bytes": model_bytes,
@@ -157,7 +162,7 @@ def main() -> None:
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     doc = {
-        "command": f"python bench/sharded_weights_rss.py --preset {args.preset} --ranks {args.ranks}",
+        "command": f"python bench/sharded_weights_rss.py --preset {args.preset} --ranks {args.ranks} --modes {args.modes}",
         "git_commit": commit,
         "host": f"{platform.machine()}, {os.cpu_count()} CPUs, no GPU (gloo ranks on the CPU)",
         "versions": {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__},
@@ -168,4 +173,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--write-source"]:
+        print(write_source(sys.argv[2], Path(sys.argv[3])))
+    else:
+        main()

@@ -209,28 +209,25 @@ def compare_export(module: torch.nn.Module, out_dir: str | os.PathLike, device: 
     rank, world = dist.get_rank(), dist.get_world_size()
     worst = 0.0
     sd = export_state_dict(module)
-    handles: dict[str, object] = {}
-    try:
-        for name, t in sd.items():
-            if name not in weight_map:
-                raise WeightsError(f"{out_dir}: the export lacks {name}")
-            file = weight_map[name]
-            if file not in handles:
-                handles[file] = safe_open(str(out_dir / file), framework="pt").__enter__()
-            sl = handles[file].get_slice(name)
-            if isinstance(t, DTensor):
-                if tuple(t.placements) != (Shard(0),):
-                    raise WeightsError(f"{name}: placements {t.placements}, expected FSDP2's Shard(0)")
-                start, stop = shard_rows(t.shape[0], rank, world)
-                mine = t.to_local()
-                got = sl[start:stop] if stop > start else None
-            else:
-                mine, got = t, sl[:]
-            if got is not None and mine.numel():
-                worst = max(worst, (got.to(torch.float64) - mine.detach().cpu().to(torch.float64)).abs().max().item())
-    finally:
-        for h in handles.values():
-            h.__exit__(None, None, None)
+    missing = sorted(set(sd) - set(weight_map))
+    if missing:
+        raise WeightsError(f"{out_dir}: the export lacks {missing[:3]}")
+    by_file: dict[str, list[str]] = {}
+    for name in sd:
+        by_file.setdefault(weight_map[name], []).append(name)
+    for file, names in by_file.items():  # one file mapped at a time: the pages read are let go with it
+        with safe_open(str(out_dir / file), framework="pt") as f:
+            for name in names:
+                t, sl = sd[name], f.get_slice(name)
+                if isinstance(t, DTensor):
+                    if tuple(t.placements) != (Shard(0),):
+                        raise WeightsError(f"{name}: placements {t.placements}, expected FSDP2's Shard(0)")
+                    start, stop = shard_rows(t.shape[0], rank, world)
+                    mine, got = t.to_local(), (sl[start:stop] if stop > start else None)
+                else:
+                    mine, got = t, sl[:]
+                if got is not None and mine.numel():
+                    worst = max(worst, (got.to(torch.float64) - mine.detach().cpu().to(torch.float64)).abs().max().item())
     stats = torch.tensor([worst], dtype=torch.float64, device=device)
     dist.all_reduce(stats, op=dist.ReduceOp.MAX)
     return {"tensors": len(sd), "max_abs_diff": stats.item()}

@@ -45,6 +45,9 @@ RUNTIME_BYTES = int(1.5 * 2**30)
 #: the caching allocator's free blocks at the peak, as a fraction of the allocated peak (measured
 #: reserved ÷ allocated on the L4 emulation: 1.03–1.45, 1.12 at the fitting points)
 ALLOCATOR_SLACK = 0.10
+#: the share of an instance's memory that offloaded shards may take (the rest: the OS, Ray, the
+#: workers' processes, pinned staging buffers)
+HOST_USABLE = 0.8
 
 
 @dataclass(frozen=True)
@@ -178,13 +181,13 @@ def plan_memory(m: ModelDims, s: TrainShape) -> MemoryPlan:
     return plan
 
 
-def largest_micro_batch(m: ModelDims, s: TrainShape, gpu_bytes: int, limit: int = 4096) -> int:
-    """The largest ``micro_batch_size`` (rows of ``seq_len``) whose :meth:`MemoryPlan.needed` fits
-    ``gpu_bytes``; 0 when not even one row fits."""
+def largest_micro_batch(m: ModelDims, s: TrainShape, target: GpuTarget, limit: int = 4096) -> int:
+    """The largest ``micro_batch_size`` (rows of ``seq_len``) whose plan fits ``target``
+    (:meth:`GpuTarget.room`); 0 when not even one row fits."""
     from dataclasses import replace
 
     def fits(mb: int) -> bool:
-        return plan_memory(m, replace(s, micro_batch_size=mb)).needed() <= gpu_bytes
+        return target.room(plan_memory(m, replace(s, micro_batch_size=mb)))
 
     if not fits(1):
         return 0
@@ -241,6 +244,14 @@ class GpuTarget:
     model: str
     memory: int
     source: str
+    host_memory_per_gpu: int | None = None  # the instance's memory ÷ its GPUs, bytes (for CPU offload)
+
+    def room(self, plan: MemoryPlan) -> bool:
+        """The plan fits: its GPU need within ``memory``, and with CPU offload its host share within
+        :data:`HOST_USABLE` of ``host_memory_per_gpu`` (when known)."""
+        if plan.needed() > self.memory:
+            return False
+        return not (plan.host_per_gpu and self.host_memory_per_gpu and plan.host_per_gpu > HOST_USABLE * self.host_memory_per_gpu)
 
 
 def parse_gpus(spec: str) -> GpuTarget:
@@ -257,13 +268,21 @@ def parse_gpus(spec: str) -> GpuTarget:
     m = re.fullmatch(r"\s*(\d+)\s*[xX×]\s*([A-Za-z0-9-]+)\s*", spec)
     if not m or int(m.group(1)) < 1:
         raise ValueError(f"--gpus {spec!r}: expected <count>x<GPU>, e.g. 8xL4 or 16xH100")
-    known = {t.gpu_model.lower(): t for t in catalog().values() if t.gpu_model}
+    known: dict = {}
+    for t in catalog().values():  # per GPU model, the instance with the most of them (8-GPU boxes)
+        if t.gpu_model and t.gpu_count > getattr(known.get(t.gpu_model.lower()), "gpu_count", 0):
+            known[t.gpu_model.lower()] = t
     t = known.get(m.group(2).lower())
     if t is None:
         raise ValueError(
             f"--gpus {spec!r}: rayft's catalog has no GPU {m.group(2)!r}; known: {', '.join(sorted(x.gpu_model for x in known.values()))}"
         )
-    return GpuTarget(int(m.group(1)), t.gpu_model, t.gpu_memory_mib * 2**20, f"the instance catalog ({t.name})")
+    return GpuTarget(int(m.group(1)), t.gpu_model, t.gpu_memory_mib * 2**20, f"the instance catalog ({t.name})", host_share(t))
+
+
+def host_share(t) -> int:
+    """An instance type's memory per GPU, bytes."""
+    return t.memory_mib * 2**20 // t.gpu_count
 
 
 def cluster_gpus(cfg) -> GpuTarget | None:
@@ -275,7 +294,9 @@ def cluster_gpus(cfg) -> GpuTarget | None:
     t = catalog().get(cfg.cluster.instance_type)
     if t is None or not t.gpu_model:
         return None
-    return GpuTarget(cfg.cluster.num_nodes * t.gpu_count, t.gpu_model, t.gpu_memory_mib * 2**20, f"cluster.instance_type {t.name}")
+    return GpuTarget(
+        cfg.cluster.num_nodes * t.gpu_count, t.gpu_model, t.gpu_memory_mib * 2**20, f"cluster.instance_type {t.name}", host_share(t)
+    )
 
 
 def train_shape(cfg, gpus: int, model_conf) -> TrainShape:
@@ -316,6 +337,8 @@ class Verdict:
         g = 2**30
         need, have = self.plan.needed() / g, self.target.memory / g
         head = f"needs {need:.1f} GiB per GPU of {self.target.count}× {self.target.model}'s {have:.1f} GiB"
+        if self.plan.host_per_gpu and self.target.host_memory_per_gpu:
+            head += f", and {self.plan.host_per_gpu / g:.1f} GiB of host memory per GPU (of {self.target.host_memory_per_gpu / g:.0f})"
         if self.fits:
             return f"fits: {head}; the largest micro-batch that fits is {self.largest_micro_batch}"
         return f"does not fit: {head}" + (
@@ -328,7 +351,7 @@ def judge(m: ModelDims, s: TrainShape, target: GpuTarget) -> Verdict:
     from dataclasses import replace
 
     plan = plan_memory(m, s)
-    fits = plan.needed() <= target.memory
+    fits = target.room(plan)
     advice = None
     if not fits:
         for change, label in (
@@ -339,16 +362,16 @@ def judge(m: ModelDims, s: TrainShape, target: GpuTarget) -> Verdict:
             ),
         ):
             alt = replace(s, **change)
-            mb = largest_micro_batch(m, alt, target.memory)
+            mb = largest_micro_batch(m, alt, target)
             if mb >= 1:
-                fit_now = plan_memory(m, alt).needed() <= target.memory
+                fit_now = target.room(plan_memory(m, alt))
                 advice = f"fits with {label}" + ("" if fit_now else f" and train.micro_batch_size ≤ {mb}") + f" (largest micro-batch {mb})"
                 break
         else:
-            mb = largest_micro_batch(m, s, target.memory)
+            mb = largest_micro_batch(m, s, target)
             if mb >= 1:
                 advice = f"fits with train.micro_batch_size ≤ {mb}"
-    return Verdict(plan, target, fits, largest_micro_batch(m, s, target.memory), advice)
+    return Verdict(plan, target, fits, largest_micro_batch(m, s, target), advice)
 
 
 def refusal(cfg, target: GpuTarget) -> str | None:
