@@ -283,6 +283,12 @@ class TrainConfig(_Section):
         "and NCCL buffers are outside the cap, so slightly more fits than on the real card). GPU workers only.",
     )
     seed: int = 0
+    fit_check: Literal["refuse", "warn", "off"] = Field(
+        default="refuse",
+        description="Before GPU workers start, predict one GPU's memory (`rayft fit`): refuse a run whose allocated "
+        "peak alone exceeds a GPU's memory (warn when only the margins do, or for float8 and padding mode, whose "
+        "counts are upper bounds); warn: only say so; off: skip. `rayft train --force` is off for that run.",
+    )
     nccl_flight_recorder: bool = Field(
         default=False,
         description="PyTorch's NCCL flight recorder in every worker: each rank keeps its last 2000 collectives and, when "

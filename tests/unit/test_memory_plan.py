@@ -46,12 +46,12 @@ def test_plan_of_the_sample_job_on_8_l4s_by_hand(qwen15):
     p = qwen15.params
     plan = plan_memory(qwen15, TrainShape(gpus=8, micro_batch_size=1, seq_len=2048, compiled=True))
     per_token_layer = 2 * 4 * 1536 + 4 * 1536 + 4 * 256 + 6 * 8960  # 73,216 bytes
-    chunk = 32 * 8  # ⌈151936/1536⌉ = 99; ⌈2048/99⌉ = 21 → 32 tokens, × chunk_mem 8
+    chunk = 256  # ⌈151936 / (8 · 1536)⌉ = 13; ⌈2048 / 13⌉ = 158 → the next power of two
     assert plan.parts == {
         "sharded fp32 weights, gradients, AdamW moments": 16 * p // 8,
         "bf16 weights gathered for compute": 2 * (151936 * 1536 + 1536 + 2 * 46_797_824),
         "activations kept for backward": 2048 * 28 * per_token_layer,
-        "loss: logits chunk (bf16)": 2 * chunk * 151936,
+        "loss: logits chunk": 2 * chunk * 151936,
         "loss: input gradient (fp32)": 4 * 2048 * 1536,
         "LM head gradient": 4 * 151936 * 1536,
     }
@@ -78,11 +78,16 @@ def test_offload_moves_the_sharded_state_to_the_host(qwen15):
 
 
 def test_liger_chunk_and_the_plain_loss(qwen15):
-    assert liger_chunk_tokens(32768, 1536, 151936, 8) == 4096  # ⌈32768/99⌉ = 331 → 512, × 8
+    assert liger_chunk_tokens(32768, 1536, 151936, 8) == 4096  # ⌈151936/12288⌉ = 13; ⌈32768/13⌉ = 2521 → 4096
     assert liger_chunk_tokens(32768, 1536, 151936, 1) == 512
-    assert liger_chunk_tokens(100, 1536, 151936, 8) == 16  # ⌈100/99⌉ = 2 → 2, × 8
+    assert liger_chunk_tokens(100, 1536, 151936, 8) == 8  # ⌈100/13⌉ = 8
+    assert liger_chunk_tokens(4096, 5120, 152064, 8) == 1024  # ⌈152064/40960⌉ = 4; ⌈4096/4⌉ = 1024 (not 8 × liger's 1-chunk 256)
     plain = plan_memory(qwen15, TrainShape(gpus=1, micro_batch_size=8, seq_len=2048, fused_loss=False))
-    assert plain.parts["loss: whole logits (bf16 + fp32 log-softmax + gradient)"] == 10 * 16384 * 151936
+    assert plain.parts["loss: whole logits (logits + fp32 log-softmax + gradient)"] == 10 * 16384 * 151936
+    fp32 = plan_memory(qwen15, TrainShape(gpus=1, micro_batch_size=8, seq_len=2048, compiled=True, compute_bytes=4))
+    bf16 = plan_memory(qwen15, TrainShape(gpus=1, micro_batch_size=8, seq_len=2048, compiled=True))
+    assert fp32.parts["activations kept for backward"] == 2 * bf16.parts["activations kept for backward"]
+    assert fp32.parts["fp32 weights gathered for compute"] == 2 * bf16.parts["bf16 weights gathered for compute"]
 
 
 def test_parse_gpus_reads_the_catalog():
@@ -140,5 +145,62 @@ def test_rayft_train_refuses_what_cannot_fit_its_cluster_before_ray_starts(tmp_p
     assert out.returncode == 1, out.stdout + out.stderr
     err = " ".join(out.stderr.split())
     assert "qwen2.5-7b with train.micro_batch_size=1 × data.seq_len=2048 does not fit: needs" in err
-    assert "8× L4" in err and "--force trains anyway" in err
+    assert "8× L4" in err and "--force (or train.fit_check: warn) trains anyway" in err
     assert "ray:" not in out.stdout + out.stderr and not (tmp_path / "runs").exists()
+
+
+def test_ray_accelerator_types_map_to_the_catalog():
+    from rayft.train.memory_plan import gpu_of_accelerator_type
+
+    assert gpu_of_accelerator_type("accelerator_type:L4").gpu_memory_mib == 22888
+    assert gpu_of_accelerator_type("accelerator_type:A100-40G").gpu_memory_mib == 40960
+    assert gpu_of_accelerator_type("accelerator_type:A100-80G").gpu_memory_mib == 81920
+    assert gpu_of_accelerator_type("accelerator_type:A100").gpu_memory_mib == 81920  # open: the larger, never a wrong refusal
+    assert gpu_of_accelerator_type("accelerator_type:TPU-V4") is None and gpu_of_accelerator_type("CPU") is None
+
+
+def sample_config(**train):
+    from rayft.config import RayftConfig
+
+    return RayftConfig.model_validate(
+        {
+            "model": {"name_or_path": "qwen2.5-7b"},
+            "data": {"train_files": [str(DATA)], "seq_len": 2048},
+            "train": {"micro_batch_size": 1, "compile": True, **train},
+            "cluster": {"instance_type": "g6.12xlarge", "num_nodes": 2},
+        }
+    )
+
+
+def test_fit_problem_refuses_only_when_the_peak_alone_is_over():
+    """On 8 L4s: the 7B plain is refused (its allocated peak alone exceeds 22.35 GiB); with float8 the
+    count is an upper bound and with checkpointing only the margins are over: warnings; with
+    checkpointing and offload it fits; a hub id that cannot be read offline is not judged."""
+    from rayft.train.memory_plan import cluster_gpus, fit_problem
+
+    target = cluster_gpus(sample_config())
+    assert (target.count, target.model, target.host_memory_per_gpu) == (8, "L4", 196608 * 2**20 // 4)
+    level, why = fit_problem(sample_config(), target)
+    assert level == "refuse" and "does not fit" in why
+    assert fit_problem(sample_config(float8=True), target)[0] == "warn"
+    # checkpointing: an allocated peak of 21.4 GiB, 25.0 with the margins: only a warning
+    level, why = fit_problem(sample_config(activation_checkpointing=True), target)
+    assert level == "warn" and why.endswith("(within the allocator and runtime margins)")
+    offload = sample_config(activation_checkpointing=True)
+    offload.parallel.cpu_offload = True
+    assert fit_problem(offload, target) is None
+    hub = sample_config()
+    hub.model.name_or_path = "no-such-org/no-such-model"
+    assert fit_problem(hub, target) is None
+
+
+def test_the_cli_check_leaves_cpu_workers_and_capped_gpus_to_their_settings(capsys):
+    from rayft.commands.train import check_cluster_fit
+
+    cpu = sample_config(use_gpu=False)
+    check_cluster_fit(cpu, "job.yaml")  # CPU workers: nothing judged, no exit
+    off = sample_config(fit_check="off")
+    check_cluster_fit(off, "job.yaml")
+    warn = sample_config(fit_check="warn")
+    check_cluster_fit(warn, "job.yaml")
+    assert "warning: job.yaml: qwen2.5-7b with train.micro_batch_size=1" in " ".join(capsys.readouterr().err.split())

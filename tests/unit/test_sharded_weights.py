@@ -42,12 +42,30 @@ for name, src in spec["sources"].items():
     opt = build_optimizer(model.module, TrainConfig(lr=1e-2), cpu)
     train_step(model, opt, [batch], n, max_grad_norm=1.0)
     out = spec["out"] + "/" + name
-    index = write_sharded_hf_weights(model.module, out)
+    index = write_sharded_hf_weights(model.module, out, file_bytes=spec["file_bytes"])
     check = compare_export(model.module, out, cpu)
+    # a changed value in the export is seen by the rank whose rows hold it: a number, then a NaN
+    from safetensors.torch import load_file, save_file
+    spoiled, exact = [], model.module.model.norm.weight.full_tensor()[0].item()  # collective: on every rank
+    for bad in (0.5, float("nan")):
+        dist.barrier()
+        if rank == 0:
+            file = out + "/" + json.load(open(out + "/model.safetensors.index.json"))["weight_map"]["model.norm.weight"]
+            tensors = load_file(file)
+            tensors["model.norm.weight"][0] += bad
+            save_file(tensors, file)
+        dist.barrier()
+        spoiled.append(compare_export(model.module, out, cpu)["max_abs_diff"])
+    dist.barrier()
+    if rank == 0:  # put the exact value back
+        tensors = load_file(file)
+        tensors["model.norm.weight"][0] = exact
+        save_file(tensors, file)
+    dist.barrier()
     model.module.eval()
     with torch.no_grad():
         logits = model.module(input_ids=ids, position_ids=batch["position_ids"]).logits
-    report[name] = {"all_equal": all(equal), "n": len(equal), "files": max(index.values()), "check": check,
+    report[name] = {"all_equal": all(equal), "n": len(equal), "files": max(index.values()), "check": check, "spoiled": spoiled,
                     "logits": logits[0, :, :8].tolist()}
 if spec.get("offload"):
     losses = {}
@@ -103,7 +121,8 @@ def test_sharded_load_and_export_on_gloo_ranks(world, tmp_path):
     """On 2 and 4 ranks, for a tied model stored in bf16 over several files (qwen2-tiny) and an
     untied one stored in fp32 (mistral-tiny): every rank's fp32 shards equal its rows of transformers'
     own full load, exactly; after a training step the export (written by every rank, several files)
-    reads back equal to every shard and loads in transformers with the trained model's logits."""
+    reads back equal to every shard, a value changed in it is found (a number, then a NaN), and it
+    loads in transformers with the trained model's logits."""
     from transformers import AutoModelForCausalLM
 
     sources = {
@@ -114,14 +133,16 @@ def test_sharded_load_and_export_on_gloo_ranks(world, tmp_path):
     ids = torch.randint(0, 32000, (24,), generator=torch.Generator().manual_seed(5)).tolist()
     out = tmp_path / "out"
     out.mkdir()
-    reports = run_ranks(world, tmp_path, {"sources": sources, "ids": ids, "out": str(out), "offload": world == 2})
+    spec = {"sources": sources, "ids": ids, "out": str(out), "offload": world == 2, "file_bytes": 5 * 2**20}
+    reports = run_ranks(world, tmp_path, spec)
     for name in sources:
         for r in reports:
             assert r[name]["all_equal"], (name, r[name])
             assert r[name]["check"] == {"tensors": r[name]["n"] - (name == "qwen"), "max_abs_diff": 0.0}
-        # the 2 GiB file cap is far: a file per rank, fewer where one tensor (qwen's embedding) outweighs the rest
+        # files of at most 5 MiB where the tensors allow (qwen's 39 MB embedding is one tensor): several files
+        assert reports[0][name]["spoiled"] == [0.5, float("inf")]  # +0.5 on one value, then a NaN: both seen
         k = reports[0][name]["files"]
-        assert 2 <= k <= world
+        assert k >= 2 and (out / name / "model.safetensors.index.json").exists()
         export = out / name
         assert sorted(p.name for p in export.glob("*.safetensors")) == [f"model-{i:05d}-of-{k:05d}.safetensors" for i in range(1, k + 1)]
         assert not (export / "sharded").exists()
@@ -159,25 +180,71 @@ def test_checkpointing_every_kth_layer_keeps_the_gradients(one_rank_group):
     torch.testing.assert_close(grads[True], grads[False], rtol=1e-5, atol=1e-6)
 
 
-def test_a_checkpoint_with_other_tensor_names_falls_back_to_rank_0(one_rank_group, tmp_path, capsys):
-    """A directory whose safetensors lack one of the model's names (as a format transformers
-    renames while loading would) is not read shard by shard: rank 0 loads it whole, and says why."""
+def test_which_checkpoints_are_read_shard_by_shard(one_rank_group, tmp_path):
+    """Rank 0 decides for every rank: a plain safetensors directory is read shard by shard; stray
+    safetensors beside the indexed files (Mistral's ``consolidated.safetensors``) are not read; a
+    checkpoint whose tensor names differ from the model's (a format transformers renames while
+    loading) or whose tensors are stored in another dtype (a quantized format) is loaded whole by
+    rank 0, with the reason."""
     from safetensors.torch import load_file, save_file
     from transformers import AutoModelForCausalLM
 
     from rayft.config import ModelConfig
-    from rayft.train.model import load_model_config, sharded_source
+    from rayft.train.hf_weights import agree_on_source, checkpoint_files
+    from rayft.train.model import load_model_config
 
-    src = write_source("mistral-tiny", tmp_path / "src", torch.float32, "1GB")
-    cfg = ModelConfig(name_or_path=str(src))
+    cpu = torch.device("cpu")
+    src = write_source("mistral-tiny", tmp_path / "src", torch.float32, "10MB")
+    conf = load_model_config(ModelConfig(name_or_path=str(src)))
     with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(load_model_config(cfg))
-    assert sharded_source(cfg, skeleton) == str(src)
-    tensors = load_file(src / "model.safetensors")
-    tensors["model.norm.scale"] = tensors.pop("model.norm.weight")
-    save_file(tensors, src / "model.safetensors", metadata={"format": "pt"})
-    assert sharded_source(cfg, skeleton) is None
-    assert "1 tensor name(s) of the model are not in its safetensors (e.g. ['model.norm.weight'])" in capsys.readouterr().out
+        skeleton = AutoModelForCausalLM.from_config(conf)
+    indexed = checkpoint_files(src)
+    assert len(indexed) >= 2
+    save_file({"junk": torch.zeros(2)}, src / "consolidated.safetensors")
+    assert checkpoint_files(src) == indexed  # the stray file is not one of them
+    assert agree_on_source(str(src), None, skeleton, conf, cpu) == (str(src), "")
+    from rayft.config import ParallelConfig
+    from rayft.train.model import build_sharded_model
+
+    model = build_sharded_model(ModelConfig(name_or_path=str(src)), ParallelConfig(), device=cpu, activation_checkpointing=False,
+                                compile_layers=False, seed=0)  # fmt: skip
+    full = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).state_dict()
+    assert all(torch.equal(p.full_tensor(), full[k]) for k, p in model.module.state_dict().items())
+
+    first = src / indexed[0]
+    tensors = load_file(first)
+    key = sorted(tensors)[0]
+    renamed = {(k + ".renamed" if k == key else k): v for k, v in tensors.items()}
+    save_file(renamed, first, metadata={"format": "pt"})
+    index = json.loads((src / "model.safetensors.index.json").read_text())
+    index["weight_map"][key + ".renamed"] = index["weight_map"].pop(key)
+    (src / "model.safetensors.index.json").write_text(json.dumps(index))
+    got, why = agree_on_source(str(src), None, skeleton, conf, cpu)
+    assert got is None and why.startswith(f"1 tensor name(s) of the model are not in its safetensors (e.g. ['{key}'])")
+
+    save_file({**tensors, key: tensors[key].to(torch.float8_e4m3fn)}, first, metadata={"format": "pt"})
+    index["weight_map"][key] = index["weight_map"].pop(key + ".renamed")
+    (src / "model.safetensors.index.json").write_text(json.dumps(index))
+    got, why = agree_on_source(str(src), None, skeleton, conf, cpu)
+    assert got is None and why.startswith("tensors stored as F8_E4M3")
+
+
+def test_activation_checkpointing_parses_as_written():
+    """YAML ``true``/``false`` are booleans, an integer is every k-th layer (1 and ``true`` both
+    mean every layer); 0 and below are refused naming the field."""
+    from pydantic import ValidationError
+
+    from rayft.config import RayftConfig
+
+    def parse(v):
+        return RayftConfig.model_validate(
+            {"data": {"train_files": ["x.json"]}, "train": {"activation_checkpointing": v}}
+        ).train.activation_checkpointing
+
+    assert [parse(v) for v in (True, False, 1, 2, 7)] == [True, False, 1, 2, 7]
+    assert parse(0) is False  # YAML 0 reads as false
+    with pytest.raises(ValidationError, match="train.activation_checkpointing"):
+        parse(-1)
 
 
 def test_file_index_cuts_equal_runs_in_order():
@@ -188,9 +255,9 @@ def test_file_index_cuts_equal_runs_in_order():
     assert file_index(sizes, 4) == {"a": 1, "b": 1, "c": 2, "d": 2, "e": 3}  # a file left empty is not numbered
     assert file_index(sizes, 1) == dict.fromkeys("abcde", 1)
     gib = 2**30
-    assert export_file_count(6 * gib, 4) == 4  # 1.5 GiB per rank: one file each
-    assert export_file_count(20 * gib, 4) == 12  # 5 GiB per rank: three files of ≤ 2 GiB each
-    assert export_file_count(1, 3) == 3
+    assert export_file_count(6 * gib) == 3  # files of at most 2 GiB
+    assert export_file_count(gib) == 1  # a small model: model.safetensors
+    assert export_file_count(20 * gib, 5 * gib) == 4
 
 
 def test_shard_rows_follow_torch_chunk():

@@ -248,7 +248,8 @@ def trl_config_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
         bf16=spec["use_gpu"],
         use_cpu=not spec["use_gpu"],
         disable_tqdm=True,
-        # explicit: SFTConfig defaults it to True; the bench runs every recipe as the config says
+        # explicit: SFTConfig defaults it to True; the bench runs every recipe as the config says (TRL
+        # checkpoints every layer or none: an every-k-th-layer setting is refused where the spec is built)
         gradient_checkpointing=bool(spec.get("activation_checkpointing", False)),
     )
     if spec["num_workers"] > 1:

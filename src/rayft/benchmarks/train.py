@@ -723,6 +723,12 @@ def recipe_command(recipe: str, workload: str, plan: Plan, cfg, world: int, use_
             "train.eval_every=null",
         ]
         return [py, "-m", "rayft.cli", "train", str(plan.config), *(a for s in sets for a in ("--set", s))]
+    ac = cfg.train.activation_checkpointing
+    if ac not in (True, False, 1):
+        raise BenchTrainError(
+            f"train.activation_checkpointing={ac} (every {ac}th layer): recipe {recipe} checkpoints every layer or none; "
+            "set true or false to compare like with like"
+        )
     spec = {
         "recipe": recipe,
         "workload": workload,
@@ -737,7 +743,7 @@ def recipe_command(recipe: str, workload: str, plan: Plan, cfg, world: int, use_
         "use_gpu": use_gpu,
         "lr": cfg.train.lr,
         "seed": cfg.train.seed,
-        "activation_checkpointing": cfg.train.activation_checkpointing,
+        "activation_checkpointing": bool(ac),
         "pad_id": shared["pad_id"],
         "out_dir": str(run_dir),
     }

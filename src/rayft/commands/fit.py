@@ -23,11 +23,13 @@ def fit(
     """Predict one GPU's memory for this config (sharded state, gathered weights, activations, loss)
     and say whether it fits; exit 1 when it does not."""
     cfg = load_config_or_exit(config, set_)
-    from rayft.train.memory_plan import cluster_gpus, judge, model_dims, parse_gpus, train_shape
+    from rayft.train.memory_plan import capped, cluster_gpus, judge, model_dims, parse_gpus, train_shape
     from rayft.train.model import load_model_config
 
     try:
         target = parse_gpus(gpus) if gpus else cluster_gpus(cfg)
+        if target is not None and not gpus:
+            target = capped(target, cfg)  # train.num_workers and train.gpu_memory_limit_gib
     except ValueError as e:
         print_error("error", e)
         raise typer.Exit(2) from None

@@ -18,7 +18,9 @@ def train(
     config: ConfigArg,
     set_: SetOpt = None,
     resume: Annotated[Optional[str], typer.Option(help="Continue a stopped run: its name or run directory.")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Train even when `rayft fit` predicts the GPUs' memory is too small.")] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Train even when `rayft fit` predicts the GPUs' memory is too small (train.fit_check: off).")
+    ] = False,
 ) -> None:
     """Fine-tune: connect to Ray (RAY_ADDRESS / ray.address) or start an embedded local Ray, then train.
 
@@ -27,12 +29,14 @@ def train(
     """
     cfg = load_config_or_exit(config, set_)
     check_local_data_files(cfg, config, set_)
-    if not force:
+    if force:
+        cfg.train.fit_check = "off"
+    elif resume is None:  # a resumed run was judged when it started
         check_cluster_fit(cfg, config)
     from rayft.train.driver import TrainError, TrainStopped, run_training
 
     try:
-        run_training(cfg, resume=resume, console=console, force=force)
+        run_training(cfg, resume=resume, console=console)
     except TrainError as e:
         print_error("error", e)
         raise typer.Exit(1) from None
@@ -49,15 +53,22 @@ def train(
 
 
 def check_cluster_fit(cfg: RayftConfig, config: str | os.PathLike[str]) -> None:
-    """With a ``cluster:`` section, refuse (exit 1, before Ray starts) a config whose predicted
-    per-GPU memory exceeds the instance's GPUs (:func:`rayft.train.memory_plan.refusal`)."""
-    from rayft.train.memory_plan import cluster_gpus, refusal
+    """With a ``cluster:`` section and GPU workers, judge the config on the instance's GPUs before Ray
+    starts (``train.fit_check``; :func:`rayft.train.memory_plan.fit_problem`): refuse (exit 1) or warn."""
+    from rayft.train.memory_plan import capped, cluster_gpus, fit_problem
 
     target = cluster_gpus(cfg)
-    why = refusal(cfg, target) if target is not None else None
-    if why:
-        print_error("error", ValueError(f"{config}: {why}. `rayft fit {config}` shows the parts; --force trains anyway"))
+    if target is None or cfg.train.use_gpu is False or cfg.train.fit_check == "off":
+        return
+    problem = fit_problem(cfg, capped(target, cfg))
+    if problem is None:
+        return
+    level, why = problem
+    hint = f"`rayft fit {config}` shows the parts; --force (or train.fit_check: warn) trains anyway"
+    if level == "refuse" and cfg.train.fit_check == "refuse":
+        print_error("error", ValueError(f"{config}: {why}. {hint}"))
         raise typer.Exit(1)
+    console.print(f"warning: {config}: {why}", highlight=False, markup=False)
 
 
 def check_local_data_files(cfg: RayftConfig, config: str | os.PathLike[str], overrides: list[str] | None = None) -> None:

@@ -86,7 +86,7 @@ def packing_line(plan, ds, seq_len: int) -> str:
     )
 
 
-def run_training(cfg: RayftConfig, resume: str | None = None, console: Console | None = None, force: bool = False) -> dict:
+def run_training(cfg: RayftConfig, resume: str | None = None, console: Console | None = None) -> dict:
     """Run the whole job and return the final summary (metrics of the last step, export check).
 
     The run directory is locked for the run (:mod:`rayft.train.run_lock`); SIGTERM and SIGINT stop
@@ -110,7 +110,7 @@ def run_training(cfg: RayftConfig, resume: str | None = None, console: Console |
     try:
         with signals, RunLock(run_dir, say=say) as lock, contextlib.ExitStack() as cleanup:
             try:
-                return train_run(cfg, resume, console, name, run_dir, signals, lock, cleanup, force)
+                return train_run(cfg, resume, console, name, run_dir, signals, lock, cleanup)
             except StopBeforeTraining as e:
                 local = "://" not in run_dir
                 held = newest_checkpoint_step(run_dir) if local else None  # a --resume run keeps its resume point
@@ -132,7 +132,6 @@ def train_run(
     signals: SignalStop,
     lock: RunLock,
     cleanup: contextlib.ExitStack,
-    force: bool = False,
 ) -> dict:
     """:func:`run_training` inside its lock and signal handling: data, Ray, checks, the workers.
     ``cleanup`` runs when the run ends, however it ends."""
@@ -162,8 +161,10 @@ def train_run(
     marks["ray_ready"] = time.time()
     n_workers, use_gpu = resolve_workers(cfg)
     check_worker_environment(cfg, use_gpu)
-    if use_gpu and not force:
-        check_gpu_memory(cfg, n_workers)
+    if use_gpu and resume is None and cfg.train.fit_check != "off":  # a resumed run was judged when it started
+        check_gpu_memory(
+            cfg, n_workers, embedded=where == "embedded local Ray", say=lambda s: console.print(s, highlight=False, markup=False)
+        )
     plan = make_plan(cfg, ds, n_workers)
     total = len(plan)
     if cfg.data.packing:

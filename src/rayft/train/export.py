@@ -8,11 +8,14 @@ the trained model's on a fixed batch, when the model fits next to what training 
 for GPU workers, host memory for CPU workers); beyond that the check is skipped with a note.
 
 A run directory on object storage (``s3://``) is exported by gathering the weights on rank 0 and
-uploading its files: its ranks share no file system to assemble the files on.
+uploading its files: its ranks share no file system to assemble the files on. So is a model whose
+checkpoint's tensor names transformers converted while loading (its ``save_pretrained`` converts
+them back), and any model on a torch without DCP's Hugging Face writer.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -26,7 +29,7 @@ from rayft.config import RayftConfig
 from rayft.data.packing import collate
 from rayft.train import checkpoint as ckpt_lib
 from rayft.train.events import ExportEvent, ProgressChannel
-from rayft.train.hf_weights import compare_export, write_sharded_hf_weights
+from rayft.train.hf_weights import compare_export, sharded_io_available, write_sharded_hf_weights
 from rayft.train.model import ShardedModel
 from rayft.train.worker_args import WorkerArgs
 
@@ -49,13 +52,13 @@ def export_and_verify(
     module.eval()
     with torch.no_grad():
         ref = module(input_ids=probe["input_ids"].to(device), position_ids=probe["position_ids"].to(device)).logits.float().cpu()
-    if "://" in args.run_dir:
+    if "://" in args.run_dir or model.export_gathered or not sharded_io_available():
         info = _export_gathered(model, model_conf, cfg, args)
     else:
         info = _export_sharded(model, model_conf, cfg, args, device)
     if dist.get_rank() == 0:
         info.update(_logit_check(info["export_dir_local"], probe, ref, cfg, device))
-        info["export_tied"] = bool(getattr(model_conf, "tie_word_embeddings", False))
+        info["export_tied"] = exported_tied(info["export_dir_local"], module)
         # with train.float8 the trained model's matmuls ran in float8 and the export's run in bf16/fp32:
         # the logit gap then includes float8 rounding, not only the export's
         info["trained_float8"] = model.float8
@@ -66,6 +69,7 @@ def export_and_verify(
             import pyarrow.fs
 
             pyarrow.fs.copy_files(local, info.pop("upload_to"))
+            shutil.rmtree(Path(local).parent, ignore_errors=True)  # the temporary directory rank 0 wrote it in
         progress.send(ExportEvent(info), wait=True)
     dist.barrier()
 
@@ -74,18 +78,26 @@ def _export_sharded(model: ShardedModel, model_conf, cfg: RayftConfig, args: Wor
     """Collective: every rank writes its part of ``RUN/hf`` (through ``RUN/hf.tmp``, renamed when
     whole) and compares it with its shards."""
     out = Path(args.run_dir) / "hf"
-    tmp = out.with_name("hf.tmp")
-    if dist.get_rank() == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    dist.barrier()
-    write_sharded_hf_weights(model.module, tmp)
-    check = compare_export(model.module, tmp, device)
-    if dist.get_rank() == 0:
-        write_hf_config_files(model_conf, cfg, args, tmp)
-        shutil.rmtree(out, ignore_errors=True)
-        os.replace(tmp, out)
-    dist.barrier()
+    tmp, old = out.with_name("hf.tmp"), out.with_name("hf.old")
+    rank0 = dist.get_rank() == 0
+    with every_rank_or_none("preparing the export directory", device):
+        if rank0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+    with every_rank_or_none(f"writing the export's weights to {tmp}", device):
+        write_sharded_hf_weights(model.module, tmp)
+    check = {}
+    with every_rank_or_none(f"reading the export back from {tmp}", device):
+        check = compare_export(model.module, tmp, device)
+    with every_rank_or_none(f"writing config, generation config and tokenizer to {tmp}, then renaming it to {out}", device):
+        if rank0:
+            write_hf_config_files(model_conf, cfg, args, tmp)
+            # rename, not delete-then-rename: on NFS an open file (rayft chat on the old export) cannot be deleted
+            shutil.rmtree(old, ignore_errors=True)
+            if out.exists():
+                os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
     return {
         "export_dir": str(out),
         "export_dir_local": str(out),
@@ -93,6 +105,41 @@ def _export_sharded(model: ShardedModel, model_conf, cfg: RayftConfig, args: Wor
         "export_max_abs_weight_diff": check["max_abs_diff"],
         "export_tensors": check["tensors"],
     }
+
+
+@contextlib.contextmanager
+def every_rank_or_none(what: str, device: torch.device):
+    """Collective: run the block on every rank, then all ranks learn whether every rank succeeded;
+    if one failed, every rank raises (the failed one its own error, the others an ``ExportError``
+    naming the step), instead of the others waiting in the next collective until the timeout."""
+    ok = torch.ones(1, device=device)
+    try:
+        yield
+    except BaseException:
+        ok.zero_()
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+        raise
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    if ok.item() == 0:
+        raise ExportError(f"the HF export failed on another rank while {what} (that rank's error is in its log)")
+
+
+class ExportError(RuntimeError):
+    """The end-of-run export failed on some rank."""
+
+
+def exported_tied(export_dir: str, module: torch.nn.Module) -> bool:
+    """Whether the export keeps the LM head as the input embedding: the trained model ties them,
+    the export's config says so, and its files hold no separate LM-head tensor."""
+    from transformers import AutoConfig
+
+    from rayft.train.hf_weights import safetensors_keys
+    from rayft.train.model import tied_embeddings
+
+    head = next(name for name, mod in module.named_modules() if mod is module.get_output_embeddings())
+    conf = AutoConfig.from_pretrained(export_dir)
+    stored = safetensors_keys(export_dir) or {}
+    return tied_embeddings(module) and bool(getattr(conf, "tie_word_embeddings", False)) and f"{head}.weight" not in stored
 
 
 def _export_gathered(model: ShardedModel, model_conf, cfg: RayftConfig, args: WorkerArgs) -> dict:

@@ -24,7 +24,9 @@ import json
 import math
 import os
 import shutil
+import tempfile
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -44,33 +46,144 @@ class WeightsError(ValueError):
     """A model directory whose safetensors do not match the model (missing tensors, wrong shapes)."""
 
 
-def safetensors_keys(directory: str | os.PathLike) -> dict[str, list[int]] | None:
-    """Every tensor name in the directory's safetensors → its shape; None when the directory has no
-    ``*.safetensors`` (e.g. a ``pytorch_model.bin`` checkpoint). Reads only the files' headers."""
+#: safetensors dtypes read into fp32 shards as they are (anything else, e.g. F8_E4M3 with scales
+#: beside it, is a quantized format that transformers dequantizes while loading)
+PLAIN_DTYPES = {"F32", "F16", "BF16"}
+
+
+def sharded_io_available() -> bool:
+    """True when this torch has what the sharded load and export need (DCP's Hugging Face reader and
+    writer, and the consolidation on every rank: torch 2.9 and later)."""
+    try:
+        from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceStorageWriter  # noqa: F401
+        from torch.distributed.checkpoint._consolidate_hf_safetensors import consolidate_safetensors_files_on_every_rank  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def checkpoint_files(directory: str | os.PathLike) -> list[str]:
+    """The safetensors files that hold a checkpoint: those its ``model.safetensors.index.json``
+    lists, else ``model.safetensors``, else every ``*.safetensors`` (names, sorted). A repository may
+    ship other safetensors beside them (Mistral's ``consolidated.safetensors``): they are not read."""
+    directory = Path(directory)
+    if (directory / INDEX_FILE).exists():
+        return sorted(set(json.loads((directory / INDEX_FILE).read_text())["weight_map"].values()))
+    if (directory / SINGLE_FILE).exists():
+        return [SINGLE_FILE]
+    return sorted(p.name for p in directory.glob("*.safetensors"))
+
+
+def safetensors_header(directory: str | os.PathLike, files: Iterable[str] | None = None) -> dict[str, tuple[list[int], str]]:
+    """Tensor name → (shape, safetensors dtype such as ``BF16``) over ``files`` of ``directory``
+    (default :func:`checkpoint_files`). Reads only the files' headers."""
     from safetensors import safe_open
 
-    files = sorted(Path(directory).glob("*.safetensors"))
-    if not files:
-        return None
-    shapes: dict[str, list[int]] = {}
-    for file in files:
-        with safe_open(str(file), framework="pt") as f:
+    out: dict[str, tuple[list[int], str]] = {}
+    for name in files if files is not None else checkpoint_files(directory):
+        with safe_open(str(Path(directory) / name), framework="pt") as f:
             for key in f.keys():
-                shapes[key] = list(f.get_slice(key).get_shape())
-    return shapes
+                sl = f.get_slice(key)
+                out[key] = (list(sl.get_shape()), sl.get_dtype())
+    return out
 
 
-def local_model_dir(name_or_path: str, revision: str | None = None) -> Path | None:
-    """The local directory of a model's safetensors: ``name_or_path`` itself when it is a directory,
-    else the hub snapshot (config and safetensors only; downloaded once per host, the Hugging Face
-    cache's file locks serialising ranks of one host). None when the model has no safetensors."""
+def safetensors_keys(directory: str | os.PathLike) -> dict[str, list[int]] | None:
+    """Every tensor name of the checkpoint in ``directory`` → its shape; None when it has no safetensors."""
+    if not checkpoint_files(directory):
+        return None
+    return {k: shape for k, (shape, _dtype) in safetensors_header(directory).items()}
+
+
+@dataclass(frozen=True)
+class ShardedSource:
+    """Where every rank reads its shards from: ``directory`` on rank 0's host, ``files`` in it; for a
+    hub model, ``repo`` and ``commit`` let a rank on another host fetch the same files."""
+
+    directory: str
+    files: tuple[str, ...]
+    repo: str | None = None
+    commit: str | None = None
+
+
+def inspect_source(name_or_path: str, revision: str | None, meta_model: torch.nn.Module, conf) -> tuple[ShardedSource | None, str]:
+    """Rank 0: whether the model's checkpoint can be read shard by shard, and if not why (the
+    reason, for the log). Downloads a hub model's config, index and safetensors (only the files the
+    index lists) into the Hugging Face cache."""
+    if getattr(conf, "quantization_config", None):
+        return None, "a quantized checkpoint (quantization_config): transformers dequantizes it"
     path = Path(name_or_path).expanduser()
-    if path.is_dir():
-        return path if any(path.glob("*.safetensors")) else None
+    repo = commit = None
+    if not path.is_dir():
+        from huggingface_hub import snapshot_download
+
+        repo = name_or_path
+        meta = Path(snapshot_download(repo, revision=revision, allow_patterns=["*.json"]))
+        commit = meta.name  # the snapshot's directory is named by its commit
+        files = checkpoint_files(meta) if (meta / INDEX_FILE).exists() else [SINGLE_FILE]
+        try:
+            path = Path(snapshot_download(repo, revision=commit, allow_patterns=["*.json", *files]))
+        except Exception as e:  # noqa: BLE001 - any hub failure: the rank-0 path reports it properly
+            return None, f"its safetensors could not be fetched ({type(e).__name__}: {e})"
+    files = checkpoint_files(path)
+    if not files or not all((path / f).exists() for f in files):
+        return None, "no safetensors (e.g. pytorch_model.bin only)"
+    header = safetensors_header(path, files)
+    odd = sorted({dtype for _shape, dtype in header.values()} - PLAIN_DTYPES)
+    if odd:
+        return None, f"tensors stored as {', '.join(odd)} (a quantized format transformers converts while loading)"
+    want = {k: list(v.shape) for k, v in loadable_state_dict(meta_model).items()}
+    missing = sorted(set(want) - set(header))
+    if missing:
+        return (
+            None,
+            f"{len(missing)} tensor name(s) of the model are not in its safetensors (e.g. {missing[:2]}): a format transformers converts while loading",
+        )
+    wrong = [f"{k} {header[k][0]} (model {want[k]})" for k in want if header[k][0] != want[k]]
+    if wrong:
+        return None, f"tensor shapes differ from the model's: {', '.join(wrong[:3])}"
+    return ShardedSource(str(path), tuple(files), repo, commit), ""
+
+
+def local_copy(source: ShardedSource) -> str:
+    """This rank's directory holding ``source``'s files: rank 0's when this host sees it, else the
+    hub snapshot fetched here (same commit). Raises when neither is possible."""
+    path = Path(source.directory)
+    if all((path / f).is_file() for f in source.files):
+        return str(path)
+    if source.repo is None:
+        raise FileNotFoundError(f"{source.directory} (rank 0's model directory) is not on this host")
     from huggingface_hub import snapshot_download
 
-    snap = Path(snapshot_download(name_or_path, revision=revision, allow_patterns=["*.safetensors", "*.json"]))
-    return snap if any(snap.glob("*.safetensors")) else None
+    return snapshot_download(source.repo, revision=source.commit, allow_patterns=["*.json", *source.files])
+
+
+def agree_on_source(
+    name_or_path: str, revision: str | None, meta_model: torch.nn.Module, conf, device: torch.device
+) -> tuple[str | None, str]:
+    """Collective: this rank's directory to read its shards from, or None on every rank (then rank 0
+    loads the whole model and broadcasts it) with the reason. Rank 0 inspects the checkpoint
+    (:func:`inspect_source`) and tells the others; each rank then finds the files on its host (or
+    fetches the same hub commit); if any rank cannot, none reads sharded."""
+    box: list = [None]
+    if dist.get_rank() == 0:
+        try:
+            box[0] = inspect_source(name_or_path, revision, meta_model, conf)
+        except Exception as e:  # noqa: BLE001 - the others wait in the broadcast: tell them, then rank 0's own load reports it
+            box[0] = (None, f"its checkpoint could not be inspected ({type(e).__name__}: {e})")
+    dist.broadcast_object_list(box, src=0, device=device if device.type == "cuda" else None)
+    source, why = box[0]
+    if source is None:
+        return None, why
+    try:
+        local, problem = local_copy(source), ""
+    except Exception as e:  # noqa: BLE001 - reported through rank 0, then every rank falls back together
+        local, problem = None, f"{type(e).__name__}: {e}"
+    ok = torch.tensor([1 if local else 0], device=device)
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    if ok.item() == 0:
+        return None, f"a rank could not read {source.directory}'s safetensors" + (f" ({problem})" if problem else "")
+    return local, ""
 
 
 def loadable_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -86,7 +199,7 @@ def loadable_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def load_sharded_weights(module: torch.nn.Module, directory: str | os.PathLike) -> None:
     """Collective: fill ``module``'s parameters (FSDP2 shards, any dtype: values are cast) from the
-    safetensors in ``directory``, each rank reading only its rows.
+    safetensors in ``directory`` (:func:`checkpoint_files`), each rank reading only its rows.
 
     Raises:
         WeightsError: a tensor of the model missing from the files, or one of another shape.
@@ -94,15 +207,26 @@ def load_sharded_weights(module: torch.nn.Module, directory: str | os.PathLike) 
     from torch.distributed.checkpoint import HuggingFaceStorageReader
 
     sd = loadable_state_dict(module)
-    have = safetensors_keys(directory) or {}
+    files = checkpoint_files(directory)
+    have = {k: shape for k, (shape, _dtype) in safetensors_header(directory, files).items()}
     missing = sorted(set(sd) - set(have))
     if missing:
         raise WeightsError(f"{directory}: {len(missing)} tensor(s) of the model are not in its safetensors, e.g. {missing[:3]}")
     wrong = [f"{k} {have[k]} (model {list(v.shape)})" for k, v in sd.items() if list(v.shape) != have[k]]
     if wrong:
         raise WeightsError(f"{directory}: tensor shapes differ from the model's: {', '.join(wrong[:3])}")
-    with torch.no_grad():
-        dcp.load(sd, storage_reader=HuggingFaceStorageReader(str(directory)))
+    # the reader takes every *.safetensors of its directory: give it one holding only the checkpoint's files
+    others = {p.name for p in Path(directory).glob("*.safetensors")} - set(files)
+    view = tempfile.mkdtemp(prefix="rayft-weights-") if others else None
+    try:
+        if view:
+            for f in files:
+                os.symlink(Path(directory, f).resolve(), Path(view, f))
+        with torch.no_grad():
+            dcp.load(sd, storage_reader=HuggingFaceStorageReader(view or str(directory)))
+    finally:
+        if view:
+            shutil.rmtree(view, ignore_errors=True)
 
 
 def export_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -142,27 +266,26 @@ def file_index(sizes: Iterable[tuple[str, int]], n_files: int) -> dict[str, int]
     return {name: renumber[i] for name, i in index.items()}
 
 
-def export_file_count(total_bytes: int, world_size: int, file_bytes: int = EXPORT_FILE_BYTES) -> int:
-    """Number of export files: a multiple of the world size (each rank assembles as many), each at
-    most ``file_bytes`` when the tensors allow."""
-    per_rank = max(1, math.ceil(total_bytes / (world_size * file_bytes)))
-    return world_size * per_rank
+def export_file_count(total_bytes: int, file_bytes: int = EXPORT_FILE_BYTES) -> int:
+    """Number of export files: as few as keep each at most ``file_bytes`` (one for a small model)."""
+    return max(1, math.ceil(total_bytes / file_bytes))
 
 
-def write_sharded_hf_weights(module: torch.nn.Module, out_dir: str | os.PathLike) -> dict[str, int]:
+def write_sharded_hf_weights(module: torch.nn.Module, out_dir: str | os.PathLike, file_bytes: int = EXPORT_FILE_BYTES) -> dict[str, int]:
     """Collective: write ``module``'s weights (fp32, as trained) into ``out_dir`` as Hugging Face
-    safetensors files and their index, no rank holding more than its shards and one full tensor.
-    Returns tensor name → file number. The per-rank part files (``out_dir/sharded``) are removed."""
+    safetensors files (``model.safetensors``, or ``model-0000i-of-0000n.safetensors`` and
+    ``model.safetensors.index.json``), no rank holding more than its shards and one full tensor.
+    ``file_bytes``: the largest file wanted, bytes. Returns tensor name → file number. The per-rank
+    part files (``out_dir/sharded``) are removed."""
     from torch.distributed.checkpoint import HuggingFaceStorageWriter
     from torch.distributed.checkpoint._consolidate_hf_safetensors import (  # torch's own (used by torchtitan); no public name yet
         consolidate_safetensors_files_on_every_rank,
     )
 
     sd = export_state_dict(module)
-    world = dist.get_world_size()
     sizes = [(name, t.numel() * t.element_size()) for name, t in sd.items()]
     total = sum(b for _, b in sizes)
-    index = file_index(sizes, min(len(sizes), export_file_count(total, world)))
+    index = file_index(sizes, min(len(sizes), export_file_count(total, file_bytes)))
     out_dir = Path(out_dir)
     parts = out_dir / "sharded"
     if dist.get_rank() == 0:
@@ -173,11 +296,22 @@ def write_sharded_hf_weights(module: torch.nn.Module, out_dir: str | os.PathLike
     consolidate_safetensors_files_on_every_rank(str(parts), str(out_dir), fqn_to_index_mapping=index)
     if dist.get_rank() == 0:
         shutil.rmtree(parts, ignore_errors=True)
-        if max(index.values()) == 1:  # one file: the name transformers looks for first
-            os.replace(out_dir / next(out_dir.glob("model-*.safetensors")).name, out_dir / SINGLE_FILE)
-            (out_dir / INDEX_FILE).unlink()
+        write_index(out_dir, index, dict(sizes))
     dist.barrier()
     return index
+
+
+def write_index(out_dir: Path, index: dict[str, int], sizes: dict[str, int]) -> None:
+    """The export's file names as transformers looks for them: one file is ``model.safetensors``;
+    several are listed in ``model.safetensors.index.json`` (written here, whatever torch wrote)."""
+    n = max(index.values())
+    names = {i: f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)}
+    if n == 1:
+        os.replace(out_dir / names[1], out_dir / SINGLE_FILE)
+        (out_dir / INDEX_FILE).unlink(missing_ok=True)
+        return
+    doc = {"metadata": {"total_size": sum(sizes.values())}, "weight_map": {k: names[i] for k, i in index.items()}}
+    (out_dir / INDEX_FILE).write_text(json.dumps(doc, indent=2) + "\n")
 
 
 def shard_rows(n: int, rank: int, world: int) -> tuple[int, int]:
@@ -190,11 +324,13 @@ def shard_rows(n: int, rank: int, world: int) -> tuple[int, int]:
 
 def compare_export(module: torch.nn.Module, out_dir: str | os.PathLike, device: torch.device) -> dict[str, float | int]:
     """Collective: compare every exported tensor with this rank's shards, reading back only this
-    rank's rows (``device``: the process group's, for the all-reduce). Returns (on every rank, all-reduced) ``{"tensors": n, "max_abs_diff": d}``; ``d``
-    is 0.0 for an exact export.
+    rank's rows, one file mapped at a time. ``device``: the process group's, for the all-reduce.
+    Returns ``{"tensors": n, "max_abs_diff": d}``, ``d`` the largest gap over every rank (0.0 for an
+    exact export; ``inf`` where a value is NaN on one side only).
 
     Raises:
-        WeightsError: a tensor missing from the export.
+        WeightsError: a tensor missing from the export, or a parameter not sharded as FSDP2 does
+            (``Shard(0)`` over a 1-D mesh).
     """
     from safetensors import safe_open
     from torch.distributed.tensor import DTensor, Shard
@@ -206,7 +342,6 @@ def compare_export(module: torch.nn.Module, out_dir: str | os.PathLike, device: 
     else:
         with safe_open(str(out_dir / SINGLE_FILE), framework="pt") as f:
             weight_map = dict.fromkeys(f.keys(), SINGLE_FILE)
-    rank, world = dist.get_rank(), dist.get_world_size()
     worst = 0.0
     sd = export_state_dict(module)
     missing = sorted(set(sd) - set(weight_map))
@@ -220,14 +355,26 @@ def compare_export(module: torch.nn.Module, out_dir: str | os.PathLike, device: 
             for name in names:
                 t, sl = sd[name], f.get_slice(name)
                 if isinstance(t, DTensor):
-                    if tuple(t.placements) != (Shard(0),):
-                        raise WeightsError(f"{name}: placements {t.placements}, expected FSDP2's Shard(0)")
-                    start, stop = shard_rows(t.shape[0], rank, world)
+                    if tuple(t.placements) != (Shard(0),) or t.device_mesh.ndim != 1:
+                        raise WeightsError(f"{name}: placements {t.placements} on a {t.device_mesh.ndim}-D mesh, expected FSDP2's Shard(0)")
+                    start, stop = shard_rows(t.shape[0], t.device_mesh.get_local_rank(), t.device_mesh.size())
                     mine, got = t.to_local(), (sl[start:stop] if stop > start else None)
                 else:
                     mine, got = t, sl[:]
                 if got is not None and mine.numel():
-                    worst = max(worst, (got.to(torch.float64) - mine.detach().cpu().to(torch.float64)).abs().max().item())
+                    worst = max(worst, tensor_gap(got, mine.detach().cpu()))
     stats = torch.tensor([worst], dtype=torch.float64, device=device)
     dist.all_reduce(stats, op=dist.ReduceOp.MAX)
     return {"tensors": len(sd), "max_abs_diff": stats.item()}
+
+
+def tensor_gap(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The largest absolute difference of two same-shape tensors: 0.0 when equal (NaNs in the same
+    places count as equal), ``inf`` when a NaN stands against a number."""
+    if a.dtype == b.dtype and torch.equal(a, b):
+        return 0.0
+    a, b = a.to(torch.float64), b.to(torch.float64)
+    if not torch.equal(a.isnan(), b.isnan()):
+        return math.inf
+    both = ~a.isnan()
+    return (a[both] - b[both]).abs().max().item() if both.any() else 0.0

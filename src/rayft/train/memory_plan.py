@@ -84,6 +84,7 @@ class TrainShape:
     reshard_after_forward: bool = True
     cpu_offload: bool = False
     float8: bool = False
+    compute_bytes: int = 2  # parallel.param_dtype: 2 (bfloat16) or 4 (float32)
 
     @property
     def tokens(self) -> int:
@@ -116,7 +117,7 @@ def activation_bytes_per_token_layer(m: ModelDims, s: TrainShape) -> int:
     norms = m.norms_per_layer * (4 if lean else 8) * m.hidden
     mlp = (6 if lean else 8) * m.intermediate
     qk = 2 * m.q_dim + 2 * m.kv_dim if m.qk_norm else 0
-    return norms + 4 * m.q_dim + 4 * m.kv_dim + mlp + qk
+    return (norms + 4 * m.q_dim + 4 * m.kv_dim + mlp + qk) * s.compute_bytes // 2
 
 
 def checkpointed_layer_count(layers: int, setting: bool | int) -> int:
@@ -128,11 +129,11 @@ def checkpointed_layer_count(layers: int, setting: bool | int) -> int:
 
 
 def liger_chunk_tokens(tokens: int, hidden: int, vocab: int, chunk_mem: int) -> int:
-    """Tokens per chunk of liger's fused linear cross-entropy: the next power of two of
-    ``tokens ÷ ⌈V ÷ H⌉``, times ``chunk_mem`` (liger-kernel's ``chunk_mem_const``), at most ``tokens``."""
-    inc = math.ceil(vocab / hidden)
-    base = 1 << max(0, math.ceil(math.log2(max(1, math.ceil(tokens / inc)))))
-    return min(tokens, base * chunk_mem)
+    """Tokens per chunk of liger's fused linear cross-entropy with ``chunk_mem_const=chunk_mem``: the
+    next power of two of ``⌈tokens ÷ ⌈V ÷ (chunk_mem · H)⌉⌉`` (:func:`rayft.train.loss.fused_options`),
+    at most ``tokens``."""
+    inc = math.ceil(vocab / (chunk_mem * hidden))
+    return min(tokens, 1 << max(0, math.ceil(math.log2(max(1, math.ceil(tokens / inc))))))
 
 
 def plan_memory(m: ModelDims, s: TrainShape) -> MemoryPlan:
@@ -146,7 +147,9 @@ def plan_memory(m: ModelDims, s: TrainShape) -> MemoryPlan:
     else:
         parts_common["sharded fp32 weights, gradients, AdamW moments"] = state
     gathered = m.params if not s.reshard_after_forward else m.params_root + 2 * m.params_layer
-    parts_common["bf16 weights gathered for compute"] = 2 * gathered
+    parts_common["bf16 weights gathered for compute" if s.compute_bytes == 2 else "fp32 weights gathered for compute"] = (
+        s.compute_bytes * gathered
+    )
     a = activation_bytes_per_token_layer(m, s)
     n_ckpt = checkpointed_layer_count(m.layers, s.activation_checkpointing)
     saved = t * ((m.layers - n_ckpt) * a + n_ckpt * 2 * m.hidden)
@@ -154,20 +157,20 @@ def plan_memory(m: ModelDims, s: TrainShape) -> MemoryPlan:
 
     if s.fused_loss:
         chunk = liger_chunk_tokens(t, m.hidden, m.vocab, s.fused_loss_chunk_mem)
-        loss = {"loss: logits chunk (bf16)": 2 * chunk * m.vocab, "loss: input gradient (fp32)": 4 * t * m.hidden}
+        loss = {"loss: logits chunk": s.compute_bytes * chunk * m.vocab, "loss: input gradient (fp32)": 4 * t * m.hidden}
         head_grad = 4 * m.vocab * m.hidden
     else:
-        loss = {"loss: whole logits (bf16 + fp32 log-softmax + gradient)": 10 * t * m.vocab}
-        head_grad = 2 * m.vocab * m.hidden
+        loss = {"loss: whole logits (logits + fp32 log-softmax + gradient)": (s.compute_bytes + 8) * t * m.vocab}
+        head_grad = s.compute_bytes * m.vocab * m.hidden
     forward_end = {**parts_common, **loss, "LM head gradient": head_grad}
 
     recompute = a * t if n_ckpt else 0
     backward = {
         **parts_common,
-        "LM head gradient": 2 * m.vocab * m.hidden,
+        "LM head gradient": s.compute_bytes * m.vocab * m.hidden,
         "one layer recomputed (checkpointing)": recompute,
-        "one layer's gradient (bf16 + fp32 to reduce)": 6 * m.params_layer,
-        "hidden-state gradient": 6 * t * m.hidden,
+        "one layer's gradient (compute dtype + fp32 to reduce)": (s.compute_bytes + 4) * m.params_layer,
+        "hidden-state gradient": (s.compute_bytes + 4) * t * m.hidden,
     }
     if sum(forward_end.values()) >= sum(backward.values()):
         plan = MemoryPlan(forward_end, "end of the forward pass (all activations, the loss)", host)
@@ -218,7 +221,7 @@ def model_dims(conf) -> ModelDims:
     heads = text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
     kv = getattr(text, "num_key_value_heads", None) or heads
-    norms = sum(1 for name, _ in layers[0].named_children() if "norm" in name and "layernorm" in name)
+    norms = sum(1 for name, _ in layers[0].named_children() if "layernorm" in name)
     return ModelDims(
         params=total,
         params_layer=per_layer,
@@ -285,6 +288,22 @@ def host_share(t) -> int:
     return t.memory_mib * 2**20 // t.gpu_count
 
 
+def gpu_of_accelerator_type(resource: str):
+    """The catalog's instance type (:class:`rayft.cluster.instances.InstanceType`) for a Ray resource
+    ``accelerator_type:<GPU>`` (``L4``, ``H100``, ``A100-80G``), None for another resource or an
+    unknown GPU. When the name leaves the memory open (``A100``: 40 or 80 GB), the larger: a check
+    that refuses must never refuse wrongly."""
+    from rayft.cluster.instances import catalog
+
+    if not resource.startswith("accelerator_type:"):
+        return None
+    base, _, size = resource.split(":", 1)[1].partition("-")
+    kinds = [t for t in catalog().values() if t.gpu_model and t.gpu_model.lower() == base.lower()]
+    if size.upper().endswith("G") and size[:-1].isdigit():
+        kinds = [t for t in kinds if abs(t.gpu_memory_mib / 1024 - int(size[:-1])) < 4] or kinds
+    return max(kinds, key=lambda t: t.gpu_memory_mib) if kinds else None
+
+
 def cluster_gpus(cfg) -> GpuTarget | None:
     """The GPUs of the config's ``cluster:`` section (``num_nodes`` × the instance type's GPUs), or None."""
     if cfg.cluster is None:
@@ -302,10 +321,14 @@ def cluster_gpus(cfg) -> GpuTarget | None:
 def train_shape(cfg, gpus: int, model_conf) -> TrainShape:
     """The :class:`TrainShape` of a :class:`~rayft.config.RayftConfig` on ``gpus`` GPUs; the loss
     is fused when ``train.cross_entropy`` says ``fused``, or ``auto`` and the model transforms no logits."""
+    import importlib.util
+
     from rayft.train.loss import logit_transforms
 
     tc = cfg.train
-    fused = tc.cross_entropy == "fused" or (tc.cross_entropy == "auto" and not logit_transforms(model_conf))
+    # auto resolves to the fused loss where liger-kernel is installed (the driver's environment stands for the workers')
+    auto_fused = tc.cross_entropy == "auto" and not logit_transforms(model_conf) and importlib.util.find_spec("liger_kernel") is not None
+    fused = tc.cross_entropy == "fused" or auto_fused
     return TrainShape(
         gpus=gpus,
         micro_batch_size=tc.micro_batch_size,
@@ -318,6 +341,7 @@ def train_shape(cfg, gpus: int, model_conf) -> TrainShape:
         reshard_after_forward=cfg.parallel.reshard_after_forward,
         cpu_offload=cfg.parallel.cpu_offload,
         float8=tc.float8,
+        compute_bytes=2 if cfg.parallel.param_dtype == "bfloat16" else 4,
     )
 
 
@@ -374,17 +398,41 @@ def judge(m: ModelDims, s: TrainShape, target: GpuTarget) -> Verdict:
     return Verdict(plan, target, fits, largest_micro_batch(m, s, target), advice)
 
 
-def refusal(cfg, target: GpuTarget) -> str | None:
-    """Why ``cfg`` cannot train on ``target`` by the plan (with the advice), or None when it fits
-    or the model's config cannot be read here (a hub id offline: then nothing is judged)."""
+def fit_problem(cfg, target: GpuTarget) -> tuple[str, str] | None:
+    """How ``cfg`` stands on ``target`` for ``train.fit_check``: None when it fits (or cannot be
+    judged here: a hub id offline, a config the planner cannot read); else ``("refuse", why)`` when
+    the allocated peak alone exceeds a GPU's memory (the planner's largest error on measured peaks
+    is 14%, over), or ``("warn", why)`` when only the margins do, or when the count is an upper bound
+    (float8, padding mode)."""
     from rayft.train.model import load_model_config
 
     try:
         conf = load_model_config(cfg.model)
-    except (OSError, ValueError):
+        dims = model_dims(conf)
+        shape = train_shape(cfg, target.count, conf)
+    except Exception:  # noqa: BLE001 - not judged: the run's own loading reports a bad model properly
         return None
-    dims = model_dims(conf)
-    verdict = judge(dims, train_shape(cfg, target.count, conf), target)
+    verdict = judge(dims, shape, target)
     if verdict.fits:
         return None
-    return f"{cfg.model.name_or_path} with train.micro_batch_size={cfg.train.micro_batch_size} × data.seq_len={cfg.data.seq_len} {verdict.line()}"
+    why = f"{cfg.model.name_or_path} with train.micro_batch_size={cfg.train.micro_batch_size} × data.seq_len={cfg.data.seq_len} {verdict.line()}"
+    upper_bound = shape.float8 or not cfg.data.packing
+    over = verdict.plan.peak > target.memory or (
+        verdict.plan.host_per_gpu and target.host_memory_per_gpu and verdict.plan.host_per_gpu > target.host_memory_per_gpu
+    )
+    if over and not upper_bound:
+        return "refuse", why
+    note = " (float8 / padding mode: the count is an upper bound)" if upper_bound else " (within the allocator and runtime margins)"
+    return "warn", why + note
+
+
+def capped(target: GpuTarget, cfg) -> GpuTarget:
+    """``target`` with ``train.gpu_memory_limit_gib`` applied (the smaller of the two) and
+    ``train.num_workers`` as the GPU count when it is a number."""
+    from dataclasses import replace
+
+    if cfg.train.gpu_memory_limit_gib is not None:
+        target = replace(target, memory=min(target.memory, int(cfg.train.gpu_memory_limit_gib * 2**30)))
+    if isinstance(cfg.train.num_workers, int):
+        target = replace(target, count=cfg.train.num_workers)
+    return target

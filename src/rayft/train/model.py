@@ -23,7 +23,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 from rayft.config import ModelConfig, ParallelConfig
-from rayft.train.hf_weights import load_sharded_weights, loadable_state_dict, local_model_dir, safetensors_keys
+from rayft.train.hf_weights import agree_on_source, load_sharded_weights, sharded_io_available
 from rayft.train.loss import SHARDED_LOSS_METHOD, TokenLoss, enable_sharded_token_loss
 from rayft.train.presets import PRESETS, is_preset
 
@@ -90,31 +90,6 @@ def load_full_state_dict(
 ) -> dict[str, torch.Tensor]:
     """Full fp32 weights (rank 0 only): from the checkpoint, or a seeded random init on ``init_device``."""
     return load_full_model(cfg, conf, seed, init_device).state_dict()
-
-
-def sharded_source(cfg: ModelConfig, meta_model: torch.nn.Module) -> str | None:
-    """The local directory whose safetensors each rank reads its shards from
-    (:func:`rayft.train.hf_weights.load_sharded_weights`), or None when rank 0 must load the whole
-    model and broadcast it: a checkpoint without safetensors (``pytorch_model.bin``), or one whose
-    tensor names differ from the model's (a format transformers converts while loading). Rank 0
-    says which and why."""
-    directory = local_model_dir(cfg.name_or_path, cfg.revision)
-    rank0 = dist.get_rank() == 0
-    if directory is None:
-        if rank0:
-            print(f"[rayft] model: {cfg.name_or_path} has no safetensors: rank 0 loads the whole model and broadcasts it", flush=True)
-        return None
-    keys = safetensors_keys(directory) or {}
-    missing = sorted(set(loadable_state_dict(meta_model)) - set(keys))
-    if missing:
-        if rank0:
-            print(
-                f"[rayft] model: {directory}: {len(missing)} tensor name(s) of the model are not in its safetensors "
-                f"(e.g. {missing[:2]}): rank 0 loads the whole model through transformers and broadcasts it",
-                flush=True,
-            )
-        return None
-    return str(directory)
 
 
 def preset_init_device(device: torch.device, n_params: int, choice: str = "auto") -> torch.device:
@@ -206,12 +181,14 @@ class ShardedModel:
 
     ``module``: the FSDP2 root (a transformers causal LM; its state dict keys are the model's own).
     ``loss``: the training loss (:class:`~rayft.train.loss.TokenLoss`); ``float8``: the decoder
-    layers' linear layers train in float8 (:func:`apply_float8`).
+    layers' linear layers train in float8 (:func:`apply_float8`); ``export_gathered``: the export
+    goes through transformers (the checkpoint's tensor names were converted while loading).
     """
 
     module: torch.nn.Module
     loss: TokenLoss
     float8: bool = False
+    export_gathered: bool = False
 
     @property
     def attn_implementation(self) -> str:
@@ -277,7 +254,14 @@ def build_sharded_model(
         init_device = preset_init_device(device, sum(p.numel() for p in model.parameters()), model_cfg.init_device)
         if rank == 0:
             print(f"[rayft] model: seeded random init of preset {model_cfg.name_or_path} (seed {seed}) on {init_device}", flush=True)
-    weights_dir = None if is_preset(model_cfg.name_or_path) else sharded_source(model_cfg, model)
+    weights_dir, why = None, ""
+    if not is_preset(model_cfg.name_or_path):
+        if sharded_io_available():
+            weights_dir, why = agree_on_source(model_cfg.name_or_path, model_cfg.revision, model, conf, device)
+        else:
+            why = f"torch {torch.__version__} lacks DCP's Hugging Face reader/writer (2.9 and later)"
+        if weights_dir is None and rank == 0:
+            print(f"[rayft] model: {model_cfg.name_or_path}: rank 0 loads the whole model and broadcasts it: {why}", flush=True)
     if weights_dir is None:
         full_sd = load_full_state_dict(model_cfg, conf, seed, init_device) if rank == 0 else {}
     if liger_kernels:
@@ -321,7 +305,10 @@ def build_sharded_model(
     assert tied_embeddings(model) == tied, "tied input/output embeddings must stay one tensor after sharding"
     enable_sharded_token_loss(model)
     model.train()
-    return ShardedModel(model, TokenLoss.create(ce_impl, chunk_mem=fused_loss_chunk_mem), float8=float8)
+    # the checkpoint's own tensor names differ from the model's (transformers converts them while loading):
+    # export through transformers' save_pretrained, which converts them back
+    renamed = "tensor name" in why
+    return ShardedModel(model, TokenLoss.create(ce_impl, chunk_mem=fused_loss_chunk_mem), float8=float8, export_gathered=renamed)
 
 
 def _apply_liger(model: torch.nn.Module, device: torch.device) -> None:

@@ -261,41 +261,47 @@ def check_worker_environment(cfg: RayftConfig, use_gpu: bool) -> None:
     refuse_node_local_checkpoints(cfg)
 
 
-def worker_gpus(cfg: RayftConfig, n_workers: int):
-    """The GPUs the workers will get (:class:`rayft.train.memory_plan.GpuTarget`), from the config's
-    ``cluster:`` instance type, else the Ray cluster's ``accelerator_type:<GPU>`` resource, else the
-    driver's own first GPU (embedded Ray: the workers' host); None when none of these says."""
+def worker_gpus(cfg: RayftConfig, n_workers: int, embedded: bool):
+    """The GPUs the workers will get (:class:`rayft.train.memory_plan.GpuTarget`, capped by
+    ``train.gpu_memory_limit_gib``): the config's ``cluster:`` instance type, else the Ray cluster's
+    ``accelerator_type:<GPU>`` resource (``A100-80G`` read as an 80 GB A100), else, for an embedded
+    Ray only, this host's GPU 0; None when none of these says."""
     import ray
 
-    from rayft.cluster.instances import catalog
-    from rayft.train.memory_plan import GpuTarget, cluster_gpus
+    from rayft.train.memory_plan import GpuTarget, capped, cluster_gpus, gpu_of_accelerator_type, host_share
 
     target = cluster_gpus(cfg)
-    if target is not None:
-        return GpuTarget(n_workers, target.model, target.memory, target.source)
-    known = {t.gpu_model.lower(): t for t in catalog().values() if t.gpu_model}
-    for key in ray.cluster_resources():
-        if key.startswith("accelerator_type:") and key.split(":", 1)[1].lower() in known:
-            t = known[key.split(":", 1)[1].lower()]
-            return GpuTarget(n_workers, t.gpu_model, t.gpu_memory_mib * 2**20, f"Ray's {key} (the instance catalog)")
-    import torch
+    if target is None:
+        for key in ray.cluster_resources():
+            t = gpu_of_accelerator_type(key)
+            if t is not None:
+                target = GpuTarget(n_workers, t.gpu_model, t.gpu_memory_mib * 2**20, f"Ray's {key} ({t.name})", host_share(t))
+                break
+    if target is None and embedded:
+        import torch
 
-    if torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
-        return GpuTarget(n_workers, props.name, props.total_memory, "this host's GPU 0")
-    return None
+        if torch.cuda.is_available():
+            props = torch.cuda.get_device_properties(0)
+            target = GpuTarget(n_workers, props.name, props.total_memory, "this host's GPU 0")
+    if target is None:
+        return None
+    return capped(GpuTarget(n_workers, target.model, target.memory, target.source, target.host_memory_per_gpu), cfg)
 
 
-def check_gpu_memory(cfg: RayftConfig, n_workers: int) -> None:
-    """Refuse a config whose predicted per-GPU memory (:mod:`rayft.train.memory_plan`) exceeds the
-    workers' GPUs, before they start (``rayft train --force`` skips this).
+def check_gpu_memory(cfg: RayftConfig, n_workers: int, embedded: bool, say) -> None:
+    """Judge the config on the workers' GPUs before they start (``train.fit_check``;
+    :func:`rayft.train.memory_plan.fit_problem`): a refusal raises, a warning goes to ``say``.
 
     Raises:
-        TrainError: the plan says it cannot fit, with the parts' advice.
+        TrainError: the allocated peak alone exceeds a GPU's memory and ``train.fit_check`` is ``refuse``.
     """
-    from rayft.train.memory_plan import refusal
+    from rayft.train.memory_plan import fit_problem
 
-    target = worker_gpus(cfg, n_workers)
-    why = refusal(cfg, target) if target is not None else None
-    if why:
-        raise TrainError(f"{why} ({target.source}). `rayft fit CONFIG --gpus NxGPU` shows the parts; --force trains anyway")
+    target = worker_gpus(cfg, n_workers, embedded)
+    problem = fit_problem(cfg, target) if target is not None else None
+    if problem is None:
+        return
+    level, why = problem
+    if level == "refuse" and cfg.train.fit_check == "refuse":
+        raise TrainError(f"{why} ({target.source}). `rayft fit` shows the parts; --force (or train.fit_check: warn) trains anyway")
+    say(f"warning: {why} ({target.source})")
