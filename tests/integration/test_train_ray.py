@@ -139,6 +139,12 @@ def test_two_worker_fsdp2_run_loss_export_and_tied_weights(ray_local, tmp_path, 
     assert again.lm_head.weight is again.model.embed_tokens.weight
     for (k, a), (_, b) in zip(sorted(hf.state_dict().items()), sorted(again.state_dict().items())):
         assert torch.equal(a, b), k
+    # the offline export holds one file's tensors at a time: split into files of ≤ 5 MiB, the same weights
+    split = export_run(str(run), step=6, out=tmp_path / "split", file_bytes=5 * 2**20)
+    assert len(list(split.glob("model-*-of-*.safetensors"))) >= 2 and (split / "model.safetensors.index.json").exists()
+    parts = AutoModelForCausalLM.from_pretrained(split)
+    for (k, a), (_, b) in zip(sorted(hf.state_dict().items()), sorted(parts.state_dict().items())):
+        assert torch.equal(a, b), k
     assert again.config.eos_token_id == 151643 and again.config.use_cache is True and hf.config.use_cache is True
     # both exports stop generating at ChatML's end of turn <|im_end|>, then the base EOS
     assert gen["eos_token_id"] == [151645, 151643] == hf.generation_config.eos_token_id

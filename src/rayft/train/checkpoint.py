@@ -496,10 +496,18 @@ def _to_stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def export_run(run: str, step: int | None = None, out: str | os.PathLike | None = None, say: Callable[[str], None] | None = None) -> Path:
-    """Consolidate a run's checkpoint into a Hugging Face model (single process, CPU), after
-    verifying the checkpoint's files against their digests (:func:`verify_checkpoint`). ``say``
-    receives the note about a checkpoint that cannot be verified (default: printed on stderr).
+def export_run(
+    run: str,
+    step: int | None = None,
+    out: str | os.PathLike | None = None,
+    say: Callable[[str], None] | None = None,
+    file_bytes: int | None = None,
+) -> Path:
+    """Consolidate a run's checkpoint into a Hugging Face model (single process, CPU, one export
+    file of at most ``file_bytes`` (default 2 GiB) in memory at a time), after verifying the
+    checkpoint's files against their digests (:func:`verify_checkpoint`). ``say`` receives the note
+    about a checkpoint that cannot be verified (default: printed on stderr). Written to ``out.tmp``,
+    renamed to ``out`` when whole.
 
     Raises:
         CheckpointError: no such run, no complete checkpoint, no checkpoint at ``step``, or the
@@ -530,18 +538,41 @@ def export_run(run: str, step: int | None = None, out: str | os.PathLike | None 
         (say or _to_stderr)(f"note: {check.remark()}")
     conf = AutoConfig.from_pretrained(ckpt)
     state = read_state(ckpt)
+    from rayft.train.hf_weights import dcp_to_hf_files
+
+    tokenizer = load_tokenizer(state["tokenizer"]) if state.get("tokenizer") else None
+    out = Path(out or run_dir / f"hf-step{step}")
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    # one export file's tensors in memory at a time (≤ 2 GiB), not the whole model
+    dcp_to_hf_files(str(ckpt), conf, tmp, file_bytes=file_bytes)
+    write_hf_config_files(conf, tokenizer, tmp, base_generation=run_base_generation(run_dir, say), say=say)
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    return out
+
+
+def write_hf_config_files(
+    model_config, tokenizer, out: str | os.PathLike, base_generation=None, say: Callable[[str], None] | None = None
+) -> None:
+    """Everything of a Hugging Face model directory but the weights, into ``out``: ``config.json``
+    (``use_cache: true``, the architecture's class), ``generation_config.json`` that stops at the
+    chat template's end of turn (:func:`rayft.train.generation.export_generation_config`; the base
+    model's sampling defaults from ``base_generation``), and the tokenizer (when given)."""
     from transformers import AutoModelForCausalLM
 
+    from rayft.train.generation import export_generation_config
+
     with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(conf, dtype=torch.float32)
-    sd = {k: torch.empty(v.shape, dtype=torch.float32) for k, v in skeleton.state_dict().items()}
-    if getattr(conf, "tie_word_embeddings", False):
-        sd.pop("lm_head.weight", None)
-    dcp.load({"model": sd}, checkpoint_id=str(ckpt), no_dist=True)
-    tokenizer = load_tokenizer(state["tokenizer"]) if state.get("tokenizer") else None
-    return write_hf_model(
-        sd, conf, tokenizer, out or run_dir / f"hf-step{step}", base_generation=run_base_generation(run_dir, say), say=say
-    )
+        skeleton = AutoModelForCausalLM.from_config(model_config, dtype=torch.float32)
+    conf = skeleton.config
+    conf.use_cache = True  # training runs without the KV cache; generation wants it
+    conf.architectures = [type(skeleton).__name__]
+    export_generation_config(tokenizer, conf, base_generation, say=say).save_pretrained(out)
+    conf.save_pretrained(out)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
 
 
 def run_base_generation(run_dir: Path, say: Callable[[str], None] | None = None):

@@ -159,23 +159,12 @@ def _export_gathered(model: ShardedModel, model_conf, cfg: RayftConfig, args: Wo
 
 
 def write_hf_config_files(model_conf, cfg: RayftConfig, args: WorkerArgs, out: Path) -> None:
-    """``config.json`` (``use_cache: true``, the architecture's class, fp32), ``generation_config.json``
-    (:func:`rayft.train.generation.export_generation_config`) and the tokenizer into ``out``."""
-    from transformers import AutoModelForCausalLM
-
+    """The export's config, generation config and tokenizer (:func:`rayft.train.checkpoint.write_hf_config_files`)."""
     from rayft.data.tokenizer import load_tokenizer
-    from rayft.train.generation import base_generation_config, export_generation_config
+    from rayft.train.generation import base_generation_config
 
-    tokenizer = load_tokenizer(args.tokenizer)
-    with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(model_conf, dtype=torch.float32)
-    conf = skeleton.config
-    conf.use_cache = True  # training runs without the KV cache; generation wants it
-    conf.architectures = [type(skeleton).__name__]
     base = base_generation_config(cfg.model.name_or_path, cfg.model.revision, say=_say)
-    export_generation_config(tokenizer, conf, base, say=_say).save_pretrained(out)
-    conf.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    ckpt_lib.write_hf_config_files(model_conf, load_tokenizer(args.tokenizer), out, base_generation=base, say=_say)
 
 
 def _logit_check(export_dir: str, probe: dict, ref: torch.Tensor, cfg: RayftConfig, device: torch.device) -> dict:

@@ -301,6 +301,30 @@ def write_sharded_hf_weights(module: torch.nn.Module, out_dir: str | os.PathLike
     return index
 
 
+def dcp_to_hf_files(checkpoint: str, model_config, out_dir: str | os.PathLike, file_bytes: int | None = None) -> dict[str, int]:
+    """The ``"model"`` part of a DCP checkpoint (rayft's sharded checkpoints, any world size) as
+    Hugging Face safetensors files in ``out_dir`` (fp32, :func:`write_index`'s names), in one
+    process, reading one export file's tensors (at most ``file_bytes``, default
+    :data:`EXPORT_FILE_BYTES`) at a time. Returns tensor name → file number."""
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(model_config, dtype=torch.float32)
+    shapes = {k: v.shape for k, v in loadable_state_dict(skeleton).items()}
+    sizes = {k: 4 * math.prod(shape) for k, shape in shapes.items()}
+    index = file_index(sizes.items(), min(len(sizes), export_file_count(sum(sizes.values()), file_bytes or EXPORT_FILE_BYTES)))
+    n = max(index.values())
+    out_dir = Path(out_dir)
+    for i in range(1, n + 1):
+        part = {k: torch.empty(shapes[k], dtype=torch.float32) for k, f in index.items() if f == i}
+        dcp.load({"model": part}, checkpoint_id=checkpoint, no_dist=True)
+        save_file(part, str(out_dir / f"model-{i:05d}-of-{n:05d}.safetensors"), metadata={"format": "pt"})
+        del part
+    write_index(out_dir, index, sizes)
+    return index
+
+
 def write_index(out_dir: Path, index: dict[str, int], sizes: dict[str, int]) -> None:
     """The export's file names as transformers looks for them: one file is ``model.safetensors``;
     several are listed in ``model.safetensors.index.json`` (written here, whatever torch wrote)."""
