@@ -184,8 +184,9 @@ def test_which_checkpoints_are_read_shard_by_shard(one_rank_group, tmp_path):
     """Rank 0 decides for every rank: a plain safetensors directory is read shard by shard; stray
     safetensors beside the indexed files (Mistral's ``consolidated.safetensors``) are not read; a
     checkpoint whose tensor names differ from the model's (a format transformers renames while
-    loading) or whose tensors are stored in another dtype (a quantized format) is loaded whole by
-    rank 0, with the reason."""
+    loading), whose tensors are stored in another dtype (a quantized format) or have another shape
+    is loaded whole by rank 0, with the reason; read shard by shard anyway, the last one is an error
+    naming the directory and the tensor."""
     from safetensors.torch import load_file, save_file
     from transformers import AutoModelForCausalLM
 
@@ -227,6 +228,14 @@ def test_which_checkpoints_are_read_shard_by_shard(one_rank_group, tmp_path):
     (src / "model.safetensors.index.json").write_text(json.dumps(index))
     got, why = agree_on_source(str(src), None, skeleton, conf, cpu)
     assert got is None and why.startswith("tensors stored as F8_E4M3")
+
+    save_file({**tensors, key: tensors[key][:-1].clone()}, first, metadata={"format": "pt"})  # one row short
+    got, why = agree_on_source(str(src), None, skeleton, conf, cpu)
+    assert got is None and why.startswith(f"tensor shapes differ from the model's: {key} [{tensors[key].shape[0] - 1}")
+    from rayft.train.hf_weights import WeightsError, load_sharded_weights
+
+    with pytest.raises(WeightsError, match=f"{src}: tensor shapes differ from the model's: {key}"):
+        load_sharded_weights(model.module, src)
 
 
 def test_activation_checkpointing_parses_as_written():

@@ -207,24 +207,23 @@ def write_hf_model(
     atomically: the files go to ``out.tmp`` which is then renamed to ``out``."""
     from transformers import AutoModelForCausalLM
 
-    from rayft.train.generation import export_generation_config
+    from rayft.train.hf_weights import loadable_state_dict, write_weight_files
 
     out = Path(out)
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(model_config, dtype=torch.float32)
-    missing, unexpected = model.load_state_dict(state_dict, strict=False, assign=True)
-    if getattr(model_config, "tie_word_embeddings", False):
-        model.tie_weights()
-        missing = [k for k in missing if k != "lm_head.weight"]
+        skeleton = AutoModelForCausalLM.from_config(model_config, dtype=torch.float32)
+    want = loadable_state_dict(skeleton)  # a tied LM head is stored once, as the embedding
+    missing = [k for k in want if k not in state_dict]
+    unexpected = [k for k in state_dict if k not in skeleton.state_dict()]
     if missing or unexpected:
         raise CheckpointError(f"{out}: weights do not match the model (missing {missing[:3]}, unexpected {unexpected[:3]})")
-    model.config.use_cache = True  # training runs without the KV cache; generation wants it
-    model.generation_config = export_generation_config(tokenizer, model.config, base_generation, say=say)
-    model.save_pretrained(tmp, safe_serialization=True)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(tmp)
+    tmp.mkdir(parents=True)
+    write_weight_files(
+        {k: state_dict[k].numel() * state_dict[k].element_size() for k in want}, lambda names: {k: state_dict[k] for k in names}, tmp
+    )
+    write_hf_config_files(model_config, tokenizer, tmp, base_generation=base_generation, say=say)
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
     return out

@@ -133,13 +133,12 @@ def exported_tied(export_dir: str, module: torch.nn.Module) -> bool:
     the export's config says so, and its files hold no separate LM-head tensor."""
     from transformers import AutoConfig
 
-    from rayft.train.hf_weights import safetensors_keys
+    from rayft.train.hf_weights import output_embedding_key, safetensors_keys
     from rayft.train.model import tied_embeddings
 
-    head = next(name for name, mod in module.named_modules() if mod is module.get_output_embeddings())
     conf = AutoConfig.from_pretrained(export_dir)
     stored = safetensors_keys(export_dir) or {}
-    return tied_embeddings(module) and bool(getattr(conf, "tie_word_embeddings", False)) and f"{head}.weight" not in stored
+    return tied_embeddings(module) and bool(getattr(conf, "tie_word_embeddings", False)) and output_embedding_key(module) not in stored
 
 
 def _export_gathered(model: ShardedModel, model_conf, cfg: RayftConfig, args: WorkerArgs) -> dict:

@@ -132,17 +132,20 @@ def inspect_source(name_or_path: str, revision: str | None, meta_model: torch.nn
     odd = sorted({dtype for _shape, dtype in header.values()} - PLAIN_DTYPES)
     if odd:
         return None, f"tensors stored as {', '.join(odd)} (a quantized format transformers converts while loading)"
-    want = {k: list(v.shape) for k, v in loadable_state_dict(meta_model).items()}
-    missing = sorted(set(want) - set(header))
-    if missing:
-        return (
-            None,
-            f"{len(missing)} tensor name(s) of the model are not in its safetensors (e.g. {missing[:2]}): a format transformers converts while loading",
-        )
-    wrong = [f"{k} {header[k][0]} (model {want[k]})" for k in want if header[k][0] != want[k]]
-    if wrong:
-        return None, f"tensor shapes differ from the model's: {', '.join(wrong[:3])}"
+    problem = mismatch(loadable_state_dict(meta_model), {k: shape for k, (shape, _dtype) in header.items()})
+    if problem:
+        return None, problem + (": a format transformers converts while loading" if "not in its safetensors" in problem else "")
     return ShardedSource(str(path), tuple(files), repo, commit), ""
+
+
+def mismatch(model_tensors: dict[str, torch.Tensor], stored: dict[str, list[int]]) -> str | None:
+    """Why the stored tensors (name → shape) cannot fill the model's (a missing name, a shape that
+    differs), or None when every tensor of the model is there with its shape."""
+    missing = sorted(set(model_tensors) - set(stored))
+    if missing:
+        return f"{len(missing)} tensor name(s) of the model are not in its safetensors (e.g. {missing[:2]})"
+    wrong = [f"{k} {stored[k]} (model {list(v.shape)})" for k, v in model_tensors.items() if list(v.shape) != stored[k]]
+    return f"tensor shapes differ from the model's: {', '.join(wrong[:3])}" if wrong else None
 
 
 def local_copy(source: ShardedSource) -> str:
@@ -192,9 +195,14 @@ def loadable_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     sd = dict(module.state_dict())
     out, inp = module.get_output_embeddings(), module.get_input_embeddings()
     if out is not None and out.weight is inp.weight:
-        head = next(name for name, mod in module.named_modules() if mod is out)
-        sd.pop(f"{head}.weight", None)
+        sd.pop(output_embedding_key(module), None)
     return sd
+
+
+def output_embedding_key(module: torch.nn.Module) -> str | None:
+    """The state-dict name of the LM head's weight (``lm_head.weight`` for transformers' causal LMs), None without one."""
+    out = module.get_output_embeddings()
+    return next((f"{name}.weight" for name, mod in module.named_modules() if mod is out), None) if out is not None else None
 
 
 def load_sharded_weights(module: torch.nn.Module, directory: str | os.PathLike) -> None:
@@ -208,13 +216,9 @@ def load_sharded_weights(module: torch.nn.Module, directory: str | os.PathLike) 
 
     sd = loadable_state_dict(module)
     files = checkpoint_files(directory)
-    have = {k: shape for k, (shape, _dtype) in safetensors_header(directory, files).items()}
-    missing = sorted(set(sd) - set(have))
-    if missing:
-        raise WeightsError(f"{directory}: {len(missing)} tensor(s) of the model are not in its safetensors, e.g. {missing[:3]}")
-    wrong = [f"{k} {have[k]} (model {list(v.shape)})" for k, v in sd.items() if list(v.shape) != have[k]]
-    if wrong:
-        raise WeightsError(f"{directory}: tensor shapes differ from the model's: {', '.join(wrong[:3])}")
+    problem = mismatch(sd, {k: shape for k, (shape, _dtype) in safetensors_header(directory, files).items()})
+    if problem:
+        raise WeightsError(f"{directory}: {problem}")
     # the reader takes every *.safetensors of its directory: give it one holding only the checkpoint's files
     others = {p.name for p in Path(directory).glob("*.safetensors")} - set(files)
     view = tempfile.mkdtemp(prefix="rayft-weights-") if others else None
@@ -303,25 +307,40 @@ def write_sharded_hf_weights(module: torch.nn.Module, out_dir: str | os.PathLike
 
 def dcp_to_hf_files(checkpoint: str, model_config, out_dir: str | os.PathLike, file_bytes: int | None = None) -> dict[str, int]:
     """The ``"model"`` part of a DCP checkpoint (rayft's sharded checkpoints, any world size) as
-    Hugging Face safetensors files in ``out_dir`` (fp32, :func:`write_index`'s names), in one
-    process, reading one export file's tensors (at most ``file_bytes``, default
-    :data:`EXPORT_FILE_BYTES`) at a time. Returns tensor name → file number."""
-    from safetensors.torch import save_file
+    Hugging Face safetensors files in ``out_dir`` (fp32), in one process, reading one export
+    file's tensors at a time (:func:`write_weight_files`). Returns tensor name → file number."""
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(model_config, dtype=torch.float32)
     shapes = {k: v.shape for k, v in loadable_state_dict(skeleton).items()}
-    sizes = {k: 4 * math.prod(shape) for k, shape in shapes.items()}
+
+    def read(names: list[str]) -> dict[str, torch.Tensor]:
+        part = {k: torch.empty(shapes[k], dtype=torch.float32) for k in names}
+        dcp.load({"model": part}, checkpoint_id=checkpoint, no_dist=True)
+        return part
+
+    return write_weight_files({k: 4 * math.prod(v) for k, v in shapes.items()}, read, out_dir, file_bytes)
+
+
+def write_weight_files(sizes: dict[str, int], read, out_dir: str | os.PathLike, file_bytes: int | None = None) -> dict[str, int]:
+    """Hugging Face safetensors files in ``out_dir`` for tensors of ``sizes`` (name → bytes, in
+    file order), cut into files of at most ``file_bytes`` (default :data:`EXPORT_FILE_BYTES`) where
+    the tensors allow, with :func:`write_index`'s names. ``read(names)`` returns one file's tensors,
+    so only one file's worth is in memory at a time. Returns tensor name → file number."""
+    from safetensors.torch import save_file
+
     index = file_index(sizes.items(), min(len(sizes), export_file_count(sum(sizes.values()), file_bytes or EXPORT_FILE_BYTES)))
     n = max(index.values())
-    out_dir = Path(out_dir)
     for i in range(1, n + 1):
-        part = {k: torch.empty(shapes[k], dtype=torch.float32) for k, f in index.items() if f == i}
-        dcp.load({"model": part}, checkpoint_id=checkpoint, no_dist=True)
-        save_file(part, str(out_dir / f"model-{i:05d}-of-{n:05d}.safetensors"), metadata={"format": "pt"})
+        part = read([k for k, f in index.items() if f == i])
+        save_file(
+            {k: v.contiguous() for k, v in part.items()},
+            str(Path(out_dir) / f"model-{i:05d}-of-{n:05d}.safetensors"),
+            metadata={"format": "pt"},
+        )
         del part
-    write_index(out_dir, index, sizes)
+    write_index(Path(out_dir), index, sizes)
     return index
 
 
