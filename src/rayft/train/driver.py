@@ -27,6 +27,7 @@ from rayft.tracking import Trackers
 from rayft.train.errors import TrainError, TrainStopped
 from rayft.train.progress import show_progress
 from rayft.train.ray_cluster import (
+    EMBEDDED,
     check_gpu_memory,
     check_worker_environment,
     connect_ray,
@@ -162,9 +163,7 @@ def train_run(
     n_workers, use_gpu = resolve_workers(cfg)
     check_worker_environment(cfg, use_gpu)
     if use_gpu and resume is None and cfg.train.fit_check != "off":  # a resumed run was judged when it started
-        check_gpu_memory(
-            cfg, n_workers, embedded=where == "embedded local Ray", say=lambda s: console.print(s, highlight=False, markup=False)
-        )
+        check_gpu_memory(cfg, n_workers, embedded=where == EMBEDDED, say=lambda s: console.print(s, highlight=False, markup=False))
     plan = make_plan(cfg, ds, n_workers)
     total = len(plan)
     if cfg.data.packing:

@@ -4,6 +4,7 @@ checkpoint storage across nodes, and the workers' environment."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import secrets
@@ -13,6 +14,9 @@ from typing import Any
 from rayft.cluster.loopback import LOOPBACK, is_loopback_address, keep_localhost
 from rayft.config import RayftConfig
 from rayft.train.errors import TrainError
+
+#: what :func:`connect_ray` returns when it started a Ray of its own in this process
+EMBEDDED = "embedded local Ray"
 
 
 def connect_ray(cfg: RayftConfig) -> str:
@@ -44,7 +48,7 @@ def connect_ray(cfg: RayftConfig) -> str:
     ensure_default_token()
     with keep_localhost():
         ray.init(address="local", num_cpus=cfg.ray.num_cpus, _node_ip_address=LOOPBACK, **kwargs)
-    return "embedded local Ray"
+    return EMBEDDED
 
 
 def ensure_default_token() -> Path | None:
@@ -285,7 +289,7 @@ def worker_gpus(cfg: RayftConfig, n_workers: int, embedded: bool):
             target = GpuTarget(n_workers, props.name, props.total_memory, "this host's GPU 0")
     if target is None:
         return None
-    return capped(GpuTarget(n_workers, target.model, target.memory, target.source, target.host_memory_per_gpu), cfg)
+    return capped(dataclasses.replace(target, count=n_workers), cfg)
 
 
 def check_gpu_memory(cfg: RayftConfig, n_workers: int, embedded: bool, say) -> None:
