@@ -133,6 +133,10 @@ def test_rayft_fit_judges_the_7b_on_8_l4s(tmp_path):
     )
     assert ok.returncode == 0, ok.stderr
     assert "fits: needs" in ok.stderr and "host memory per GPU (offloaded shards)" in ok.stderr
+    import importlib.util
+
+    # auto counts liger's fused loss only where liger-kernel is installed, and says so when it does not
+    assert ("counted as the plain loss" in ok.stderr) == (importlib.util.find_spec("liger_kernel") is None)
     none = rayft("fit", str(cfg), cwd=tmp_path)
     assert none.returncode == 2 and "say which GPUs with --gpus" in none.stderr
 

@@ -42,7 +42,13 @@ def fit(
         print_error("error", ValueError(f"{config}: model.name_or_path={cfg.model.name_or_path}: cannot read its config: {e}"))
         raise typer.Exit(2) from None
     dims = model_dims(conf)
-    verdict = judge(dims, train_shape(cfg, target.count, conf), target)
+    shape = train_shape(cfg, target.count, conf)
+    verdict = judge(dims, shape, target)
+    if cfg.train.cross_entropy == "auto" and not shape.fused_loss:
+        verdict.plan.notes.append(
+            "train.cross_entropy: auto counted as the plain loss (whole logits): liger-kernel is not installed here or the "
+            "model transforms its logits; --set train.cross_entropy=fused counts the fused loss the GPU workers would run"
+        )
     g = 2**30
     if as_json:
         out = {
