@@ -4,10 +4,11 @@ From the hub or a directory of safetensors, each rank reads only its own shards'
 (:mod:`rayft.train.hf_weights`), so a host holds its ranks' share of the model, not the model.
 A checkpoint without safetensors, or whose tensor names transformers converts while loading, is
 loaded whole by rank 0 (in CPU memory) and broadcast through
-``set_model_state_dict(..., broadcast_from_rank0=True)``. So is a preset, randomly initialised by
-rank 0 with a fixed seed where ``model.init_device`` says (:func:`preset_init_device`), so the same
-seed gives the same initial weights at any world size on the CPU, and on the same GPU model on a
-GPU (random kernels differ between devices). Every rank builds the model on the meta device,
+``set_model_state_dict(..., broadcast_from_rank0=True)``. A preset is randomly initialised by rank 0
+one decoder layer at a time (:mod:`rayft.train.preset_init`) with a fixed seed where
+``model.init_device`` says (:func:`preset_init_device`), so the same seed gives the same initial
+weights at any world size on the CPU, and on the same GPU model on a GPU (random kernels differ
+between devices). Every rank builds the model on the meta device,
 applies ``fully_shard`` per decoder layer and at the root, then allocates its shards and fills them.
 """
 
@@ -25,6 +26,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 from rayft.config import ModelConfig, ParallelConfig
 from rayft.train.hf_weights import agree_on_source, load_sharded_weights, sharded_io_available
 from rayft.train.loss import SHARDED_LOSS_METHOD, TokenLoss, enable_sharded_token_loss
+from rayft.train.preset_init import fill_sharded_preset, preset_states
 from rayft.train.presets import PRESETS, is_preset
 
 
@@ -69,13 +71,21 @@ def load_model_config(cfg: ModelConfig, attn_implementation: str | None = None) 
 
 
 def load_full_model(cfg: ModelConfig, conf: PretrainedConfig, seed: int, init_device: str | torch.device = "cpu") -> torch.nn.Module:
-    """The full fp32 model: from the checkpoint (on CPU), or a seeded random init (a preset) on
-    ``init_device``. A random init on a GPU takes seconds where the CPU takes tens of seconds on
-    one thread for Qwen2.5-1.5B; its values differ from the CPU init of the same seed."""
+    """The full fp32 model: from the checkpoint (on CPU), or a preset's seeded random init on
+    ``init_device``, built unit by unit (:mod:`rayft.train.preset_init`): the weights the sharded
+    model gets for the same seed and device. A random init on a GPU takes seconds where the CPU
+    takes tens of seconds on one thread for Qwen2.5-1.5B; its values differ from the CPU init of
+    the same seed."""
     if is_preset(cfg.name_or_path):
-        torch.manual_seed(seed)
-        with torch.device(init_device):
-            return AutoModelForCausalLM.from_config(conf, dtype=torch.float32)
+        device = torch.device(init_device)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(conf, dtype=torch.float32)
+        model.to_empty(device=device)
+        model.tie_weights()
+        for _unit, _names, tensors in preset_states(conf, seed, device):
+            model.load_state_dict(tensors, strict=False)
+        _reset_rotary_buffers(model, device)
+        return model
     return AutoModelForCausalLM.from_pretrained(
         cfg.name_or_path,
         config=conf,
@@ -262,7 +272,7 @@ def build_sharded_model(
             why = f"torch {torch.__version__} lacks DCP's Hugging Face reader/writer (2.9 and later)"
         if weights_dir is None and rank == 0:
             print(f"[rayft] model: {model_cfg.name_or_path}: rank 0 loads the whole model and broadcasts it: {why}", flush=True)
-    if weights_dir is None:
+    if weights_dir is None and not is_preset(model_cfg.name_or_path):
         full_sd = load_full_state_dict(model_cfg, conf, seed, init_device) if rank == 0 else {}
     if liger_kernels:
         _apply_liger(model, device)
@@ -296,11 +306,13 @@ def build_sharded_model(
         load_sharded_weights(model, weights_dir)  # each rank reads its own rows of the files
         if rank == 0:
             print(f"[rayft] model: {model_cfg.name_or_path}: each rank read its shards from {weights_dir}", flush=True)
+    elif is_preset(model_cfg.name_or_path):
+        fill_sharded_preset(model, conf, seed, init_device)  # one decoder layer at a time
     else:
         set_model_state_dict(model, full_sd, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
         del full_sd
     if rank == 0 and init_device.type == "cuda":
-        torch.cuda.empty_cache()  # the full fp32 copy (6 GiB for 1.5B) goes back to the device
+        torch.cuda.empty_cache()  # the init's blocks go back to the device
     _reset_rotary_buffers(model, device)
     assert tied_embeddings(model) == tied, "tied input/output embeddings must stay one tensor after sharding"
     enable_sharded_token_loss(model)
