@@ -5,7 +5,8 @@ metrics report as ``peak_mem_gib``), as the sum of the tensors alive at the step
 marks, from the model's config alone (parameter counts come from the model built on the meta device):
 
 * **sharded state**: fp32 parameters, fp32 gradients, AdamW's two fp32 moments: 16 bytes × P ÷ GPUs
-  (in host memory with ``parallel.cpu_offload``: then 0 on the GPU).
+  (in host memory with ``parallel.cpu_offload``: then 0 on the GPU, and the host's share is
+  :func:`offload_host_bytes`, the pinned shards rounded up as PyTorch's host allocator does).
 * **weights for compute**: bf16 copies FSDP2 all-gathers: the root's (embedding, LM head, final norm)
   for the whole step, and two decoder layers (the one computing and the one prefetched); every
   layer's with ``parallel.reshard_after_forward: false``.
@@ -67,6 +68,8 @@ class ModelDims:
     norms_per_layer: int = 2
     qk_norm: bool = False
     model_type: str = ""
+    #: each unique parameter's (rows, elements per row): the shard sizes for CPU offload's host memory
+    param_shapes: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -136,6 +139,22 @@ def liger_chunk_tokens(tokens: int, hidden: int, vocab: int, chunk_mem: int) -> 
     return min(tokens, 1 << max(0, math.ceil(math.log2(max(1, math.ceil(tokens / inc))))))
 
 
+def offload_host_bytes(m: ModelDims, gpus: int) -> int:
+    """Host memory one GPU's shards take with ``parallel.cpu_offload``, bytes: the fp32 parameter
+    shards and the fp32 gradient shards (each in pinned memory, which PyTorch's caching host
+    allocator hands out in blocks rounded up to a power of two), and AdamW's two fp32 moments
+    (ordinary memory). A shard holds ⌈rows ÷ gpus⌉ rows (``torch.chunk``, as FSDP2 shards).
+    Without :attr:`ModelDims.param_shapes`: 16 bytes × P ÷ gpus (no rounding)."""
+    if not m.param_shapes:
+        return 16 * m.params // gpus
+    pinned = plain = 0
+    for rows, per_row in m.param_shapes:
+        shard = 4 * math.ceil(rows / gpus) * per_row
+        pinned += 1 << max(0, math.ceil(math.log2(shard))) if shard else 0
+        plain += shard
+    return 2 * pinned + 2 * plain
+
+
 def plan_memory(m: ModelDims, s: TrainShape) -> MemoryPlan:
     """The predicted per-GPU allocated peak of one training step (see the module docstring)."""
     t, n = s.tokens, s.gpus
@@ -143,7 +162,7 @@ def plan_memory(m: ModelDims, s: TrainShape) -> MemoryPlan:
     parts_common: dict[str, int] = {}
     host = 0
     if s.cpu_offload:
-        host = state
+        host = offload_host_bytes(m, n)
     else:
         parts_common["sharded fp32 weights, gradients, AdamW moments"] = state
     gathered = m.params if not s.reshard_after_forward else m.params_root + 2 * m.params_layer
@@ -215,6 +234,7 @@ def model_dims(conf) -> ModelDims:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(conf, dtype=torch.float32)
     total = sum(p.numel() for p in model.parameters())
+    shapes = tuple((p.shape[0], p.numel() // p.shape[0]) if p.dim() else (1, 1) for p in model.parameters())
     layers = decoder_layers(model)
     per_layer = sum(p.numel() for p in layers[0].parameters())
     text = conf.get_text_config() if hasattr(conf, "get_text_config") else conf
@@ -235,6 +255,7 @@ def model_dims(conf) -> ModelDims:
         norms_per_layer=max(2, norms),
         qk_norm=hasattr(getattr(layers[0], "self_attn", None), "q_norm"),
         model_type=text.model_type,
+        param_shapes=shapes,
     )
 
 
