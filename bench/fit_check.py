@@ -62,6 +62,7 @@ def main() -> None:
             fused_loss_chunk_mem=p["fused_loss_chunk_mem"],
             reshard_after_forward=p["reshard_after_forward"],
             float8=p["float8"],
+            cpu_offload=p.get("cpu_offload", False),
         )
         predicted = plan_memory(dims[p["model"]], shape).peak / 2**30
         rows.append({**p, "predicted_gib": round(predicted, 3), "error": round(predicted / p["measured_gib"] - 1, 4)})

@@ -357,8 +357,13 @@ class CheckpointWriter:
     def prestage(self, model, optimizer) -> float | None:
         """Allocate the reusable pinned CPU buffers of async saves now (GPU, async only), so that
         no later save pays for the allocation inside the step loop. Call once the optimizer has
-        state (after the first step). Returns the seconds it took, or None when there is nothing to do."""
-        if not self.async_save or not on_gpu(model) or self._writer is not None:
+        state (after the first step). Returns the seconds it took, or None when there is nothing to do:
+        no async saves, not on a GPU, or no periodic save (``every_steps``/``every_minutes`` unset: the
+        pinned copy of the rank's whole state, 16 bytes per parameter, would cost host memory and
+        ~0.65 GB/s of allocation time for at most the final save; measured 178 s for Mistral-7B on
+        one H200, bench/results/2026-12-02-families-mistral-7b-v0.3-1xh200.json)."""
+        periodic = bool(self.every_steps or self.every_minutes)
+        if not self.async_save or not periodic or not on_gpu(model) or self._writer is not None:
             return None
         t0 = time.perf_counter()
         msd, osd = get_state_dict(model, optimizer)

@@ -18,7 +18,8 @@ def wall_timeline(marks: dict[str, float], history: list[dict]) -> dict[str, flo
         ``data`` (read + tokenize, or the cache), ``ray`` (connect / start Ray), ``workers_start``
         (fit called → rank 0 enters the training function: the Ray Train controller, worker
         processes, process group), ``worker_setup`` (model build, weight load, optimizer, resume),
-        ``first_step`` (with compilation), ``steps`` (the other steps, with checkpoint saves and
+        ``first_step`` (with compilation), ``checkpoint_buffers`` (after the first step: the pinned
+        host buffers async checkpoint saves reuse; 0 without), ``steps`` (the other steps, with checkpoint saves and
         evaluations), ``end`` (last step's end → fit returns: the final save, export, shutdown),
         ``total``; None when the metrics lack the marks (a run of an older rayft). Clocks of other
         nodes are compared as they are: on a cluster, differences carry their clock offset.
@@ -32,6 +33,7 @@ def wall_timeline(marks: dict[str, float], history: list[dict]) -> dict[str, flo
         "workers_start": first["worker_entry_unix"] - marks["fit_called"],
         "worker_setup": first["time_setup_s"],
         "first_step": first["step_time_s"],
+        "checkpoint_buffers": first.get("time_prestage_s", 0.0),
         "steps": last["unix_time"] - first["unix_time"],
         "end": marks["fit_returned"] - last["unix_time"],
         "total": marks["fit_returned"] - marks["start"],
