@@ -19,7 +19,7 @@ case ${PART:-1} in
     T=180 run qwen2.5-14b-L4 --model qwen2.5-14b --modes ac+offload --mbs 1,2,3,4 --warm 1 --steps 2
     ;;
   2)
-    T=330 run qwen2.5-32b-H200 --model qwen2.5-32b --limit-gib 139 --modes ac --mbs 4,8,14,16 --warm 1 --steps 2
+    T=250 run qwen2.5-32b-H200 --model qwen2.5-32b --limit-gib 139 --modes ac --mbs 4,14,16 --warm 1 --steps 2
     ;;
 esac
 ls -la "$OUT"

@@ -88,8 +88,8 @@ class ModelConfig(_Section):
     init_device: Literal["auto", "cpu", "gpu"] = Field(
         default="auto",
         description="Where rank 0 randomly initialises a preset: gpu (fast; the same seed gives the same weights on the "
-        "same GPU model), cpu (the same weights everywhere, ~25 s for 1.5B), auto: the GPU when twice the fp32 model fits "
-        "in its free memory, else the CPU. Checkpoints and hub models always load on the CPU.",
+        "same GPU model), cpu (the same weights everywhere, ~25 s for 1.5B), auto: the GPU when twice the largest init unit "
+        "(a decoder layer or the embedding, fp32) fits in its free memory, else the CPU. Checkpoints and hub models always load on the CPU.",
     )
 
 

@@ -82,6 +82,9 @@ def test_offload_moves_the_sharded_state_to_the_host(qwen15):
     # the process's RSS grew by 3.25 GiB over the same run without offload
     assert plan.host_per_gpu / 2**30 == pytest.approx(3.25, abs=0.01)
     assert plan.host_per_gpu > 16 * qwen15.params // 8
+    # an async save under offload stages a plain copy of the weights and both moments: 12 bytes/param ÷ GPUs more
+    saving = plan_memory(qwen15, TrainShape(gpus=8, micro_batch_size=1, seq_len=2048, cpu_offload=True, async_save_copy=True))
+    assert saving.host_per_gpu - plan.host_per_gpu == 12 * qwen15.params // 8
     # by hand: a 10 × 3 and a 5-element parameter on 2 GPUs: shards of 5 × 3 and 3 rows, 60 and 12 bytes
     small = ModelDims(
         params=35,

@@ -43,17 +43,22 @@ def test_lr_schedule_warmup_then_cosine_to_the_floor():
     assert lr_at(0, 1, TrainConfig(lr=1e-3)) == pytest.approx(1e-3)  # a one-step run trains at the full rate
 
 
-def test_preset_init_device_picks_the_gpu_only_when_twice_the_fp32_model_fits(monkeypatch):
+def test_preset_init_device_picks_the_gpu_when_twice_the_largest_init_unit_fits(monkeypatch):
+    from transformers import AutoModelForCausalLM
+
     from rayft.train import model as model_lib
+    from rayft.train.preset_init import largest_unit_params
 
     assert model_lib.preset_init_device(torch.device("cpu"), 10) == torch.device("cpu")
     gib = 2**30
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (16 * gib, 24 * gib))
     cuda = torch.device("cuda", 0)
-    # 1.5B parameters: 6.2 GB fp32, 12.3 GB doubled <= 16 GiB free -> the GPU
-    assert model_lib.preset_init_device(cuda, 1_543_714_304) == cuda
-    # 7.6B parameters: 30.5 GB fp32 -> the CPU
-    assert model_lib.preset_init_device(cuda, 7_615_616_512) == torch.device("cpu")
+    # Qwen2.5-7B: 7.6B parameters (30.5 GB fp32), but built one unit at a time; its largest, the
+    # untied 152,064 × 3,584 embedding, is 545M parameters: 4.4 GB doubled <= 16 GiB free -> the GPU
+    with torch.device("meta"):
+        q7 = AutoModelForCausalLM.from_config(load_model_config(ModelConfig(name_or_path="qwen2.5-7b")))
+    assert largest_unit_params(q7) == 152_064 * 3_584
+    assert model_lib.preset_init_device(cuda, largest_unit_params(q7)) == cuda
     assert model_lib.preset_init_device(cuda, 2 * gib) == cuda  # 8 GiB fp32, exactly half of the free memory
     assert model_lib.preset_init_device(cuda, 2 * gib + 1) == torch.device("cpu")
     # model.init_device pins it

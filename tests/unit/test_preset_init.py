@@ -99,6 +99,49 @@ def test_init_units_cover_every_tensor_once():
             model = AutoModelForCausalLM.from_config(load_model_config(ModelConfig(name_or_path=preset)))
         units = init_units(model)
         names = [n for prefix, unit in units for n in unit_tensor_names(model, prefix, unit)]
-        assert sorted(names) == sorted(n for n, _ in model.named_parameters())
+        assert len(names) == len(set(names))
+        # every saved tensor once, but a tied LM head (the embedding's second name)
+        assert set(model.state_dict()) - set(names) == ({"lm_head.weight"} if tied else set())
         assert [p for p, _ in units] == ["model.embed_tokens", "model.layers.0", "model.layers.1", "model.norm", "lm_head"]
         assert unit_tensor_names(model, *units[-1]) == ([] if tied else ["lm_head.weight"])
+
+
+def test_a_module_holding_only_a_persistent_buffer_is_a_unit():
+    """A module outside the layers that holds only a persistent buffer is an init unit (its buffer
+    is filled like a parameter); a non-persistent buffer is not among the unit's tensors."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    from rayft.train.preset_init import init_units, unit_tensor_names
+
+    class Layer(GradientCheckpointingLayer):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(4, 4)
+
+    class Counts(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("big", torch.full((3,), 2**40 + 1, dtype=torch.int64))
+            self.register_buffer("scratch", torch.zeros(2), persistent=False)
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([Layer(), Layer()])
+            self.counts = Counts()
+
+    model = Model()
+    assert [p for p, _ in init_units(model)] == ["layers.0", "layers.1", "counts"]
+    assert unit_tensor_names(model, "counts", model.counts) == ["counts.big"]
+
+
+def test_the_init_leaves_torchs_generator_as_it_was():
+    from rayft.config import ModelConfig
+    from rayft.train.model import load_full_model, load_model_config
+
+    cfg = ModelConfig(name_or_path="qwen2-tiny")
+    torch.manual_seed(123)
+    want = torch.rand(4)
+    torch.manual_seed(123)
+    load_full_model(cfg, load_model_config(cfg), seed=3)
+    assert torch.equal(torch.rand(4), want)

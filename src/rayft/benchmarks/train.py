@@ -644,6 +644,7 @@ def _prepare_model_and_data(cfg, plan: Plan, world: int, console: Console) -> di
     from rayft.data.synthetic import random_dataset
     from rayft.train.driver import load_run_data
     from rayft.train.model import is_preset, load_full_model, load_model_config, matmul_params, preset_init_device
+    from rayft.train.preset_init import largest_unit_params
 
     conf = load_model_config(cfg.model, "sdpa")
     shared: dict[str, Any] = {"model_dir": str(plan.work_dir / "model"), "tokenizer_dir": str(plan.work_dir / "tokenizer"), "data": {}}
@@ -653,7 +654,8 @@ def _prepare_model_and_data(cfg, plan: Plan, world: int, console: Console) -> di
         # one init, which every recipe (rayft too: see recipe_command) loads from model_dir
         init = "cpu"
         if torch.cuda.is_available() and is_preset(cfg.model.name_or_path):
-            init = preset_init_device(torch.device("cuda", 0), sum(p.numel() for p in meta.parameters()), cfg.model.init_device)
+            # the device rayft's own build picks for the same preset (the same seed gives the same weights there)
+            init = preset_init_device(torch.device("cuda", 0), largest_unit_params(meta), cfg.model.init_device)
         model = load_full_model(cfg.model, conf, cfg.train.seed, init)
         model.config.dtype = "bfloat16"  # what the published Qwen2.5 checkpoints declare
         model.save_pretrained(shared["model_dir"])

@@ -357,19 +357,26 @@ class CheckpointWriter:
     def prestage(self, model, optimizer) -> float | None:
         """Allocate the reusable pinned CPU buffers of async saves now (GPU, async only), so that
         no later save pays for the allocation inside the step loop. Call once the optimizer has
-        state (after the first step). Returns the seconds it took, or None when there is nothing to do:
-        no async saves, not on a GPU, or no periodic save (``every_steps``/``every_minutes`` unset: the
-        pinned copy of the rank's whole state, 16 bytes per parameter, would cost host memory and
-        ~0.65 GB/s of allocation time for at most the final save; measured 178 s for Mistral-7B on
-        one H200, bench/results/2026-12-02-families-mistral-7b-v0.3-1xh200.json)."""
-        periodic = bool(self.every_steps or self.every_minutes)
-        if not self.async_save or not periodic or not on_gpu(model) or self._writer is not None:
+        state (after the first step). Returns the seconds it took, or None when there is nothing to do
+        (:meth:`reuses_pinned_buffers` is false, or they exist)."""
+        if not self.reuses_pinned_buffers(model) or self._writer is not None:
             return None
         t0 = time.perf_counter()
         msd, osd = get_state_dict(model, optimizer)
         self._writer = self._new_writer(tempfile.gettempdir(), cache=True)
         self._writer.stage({"model": msd, "optim": osd})  # fills the cache; save() reuses it
         return time.perf_counter() - t0
+
+    def reuses_pinned_buffers(self, model) -> bool:
+        """Async saves stage into reusable pinned host buffers: only on a GPU and only with periodic
+        saves (``every_steps``/``every_minutes``). Pinning a copy of the rank's whole state (12 bytes
+        per parameter: fp32 weights and AdamW's two moments) runs at ~0.5 GB/s and holds that host
+        memory for the rest of the run, which a run that saves once (the final or a signal's
+        checkpoint) or never would pay for nothing: ~178 s of the Mistral-7B run's wall time on one
+        H200 went unaccounted after its first step with no checkpoint configured
+        (bench/results/2026-12-02-families-mistral-7b-v0.3-1xh200.json). A one-off save stages into
+        plain host memory instead."""
+        return self.async_save and bool(self.every_steps or self.every_minutes) and on_gpu(model)
 
     def local_write_done(self) -> bool:
         """This rank's background write has finished (or none is in flight)."""
@@ -404,8 +411,8 @@ class CheckpointWriter:
         msd, osd = get_state_dict(model, optimizer)
         if self.async_save:
             if self._writer is None:
-                # GPU: reusable pinned CPU buffers (fast copies from the second save on); CPU: plain copies.
-                self._writer = self._new_writer(path, cache=on_gpu(model))
+                # periodic saves on a GPU: reusable pinned buffers (fast copies from the second save on); else plain copies
+                self._writer = self._new_writer(path, cache=self.reuses_pinned_buffers(model))
             future = async_save_shards({"model": msd, "optim": osd}, path, self._writer, self._pg)
             self._pending = {
                 "future": future,

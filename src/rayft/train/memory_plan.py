@@ -6,7 +6,8 @@ marks, from the model's config alone (parameter counts come from the model built
 
 * **sharded state**: fp32 parameters, fp32 gradients, AdamW's two fp32 moments: 16 bytes × P ÷ GPUs
   (in host memory with ``parallel.cpu_offload``: then 0 on the GPU, and the host's share is
-  :func:`offload_host_bytes`, the pinned shards rounded up as PyTorch's host allocator does).
+  :func:`offload_host_bytes`, the pinned shards rounded up as PyTorch's host allocator does, plus
+  the plain copy an async checkpoint save stages, 12 bytes × P ÷ GPUs; not measured yet).
 * **weights for compute**: bf16 copies FSDP2 all-gathers: the root's (embedding, LM head, final norm)
   for the whole step, and two decoder layers (the one computing and the one prefetched); every
   layer's with ``parallel.reshard_after_forward: false``.
@@ -88,6 +89,8 @@ class TrainShape:
     cpu_offload: bool = False
     float8: bool = False
     compute_bytes: int = 2  # parallel.param_dtype: 2 (bfloat16) or 4 (float32)
+    #: checkpoint.async_save with CPU offload: each save stages a plain host copy of the rank's state
+    async_save_copy: bool = False
 
     @property
     def tokens(self) -> int:
@@ -162,7 +165,9 @@ def plan_memory(m: ModelDims, s: TrainShape) -> MemoryPlan:
     parts_common: dict[str, int] = {}
     host = 0
     if s.cpu_offload:
-        host = offload_host_bytes(m, n)
+        # an async save stages a copy of the offloaded fp32 weights and AdamW moments (12 bytes per
+        # parameter ÷ GPUs) in plain host memory while it writes
+        host = offload_host_bytes(m, n) + (12 * m.params // n if s.async_save_copy else 0)
     else:
         parts_common["sharded fp32 weights, gradients, AdamW moments"] = state
     gathered = m.params if not s.reshard_after_forward else m.params_root + 2 * m.params_layer
@@ -363,6 +368,7 @@ def train_shape(cfg, gpus: int, model_conf) -> TrainShape:
         cpu_offload=cfg.parallel.cpu_offload,
         float8=tc.float8,
         compute_bytes=2 if cfg.parallel.param_dtype == "bfloat16" else 4,
+        async_save_copy=cfg.parallel.cpu_offload and cfg.checkpoint.async_save,
     )
 
 

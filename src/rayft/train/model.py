@@ -26,7 +26,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 from rayft.config import ModelConfig, ParallelConfig
 from rayft.train.hf_weights import agree_on_source, load_sharded_weights, sharded_io_available
 from rayft.train.loss import SHARDED_LOSS_METHOD, TokenLoss, enable_sharded_token_loss
-from rayft.train.preset_init import fill_sharded_preset, preset_states
+from rayft.train.preset_init import fill_sharded_preset, largest_unit_params, preset_states
 from rayft.train.presets import PRESETS, is_preset
 
 
@@ -106,8 +106,9 @@ def preset_init_device(device: torch.device, n_params: int, choice: str = "auto"
     """Where rank 0 randomly initialises a preset (``model.init_device``: ``choice``).
 
     ``cpu`` → the CPU; ``gpu`` → ``device`` (the CPU when ``device`` is not a GPU); ``auto`` →
-    ``device`` when it is a GPU whose free memory is at least twice the fp32 model
-    (``n_params`` × 4 bytes), else the CPU.
+    ``device`` when it is a GPU whose free memory is at least twice ``n_params`` fp32 values (the
+    largest init unit's: :func:`rayft.train.preset_init.largest_unit_params`, the most rank 0
+    holds at once), else the CPU.
     """
     if device.type != "cuda" or choice == "cpu":
         return torch.device("cpu")
@@ -261,7 +262,7 @@ def build_sharded_model(
         model = AutoModelForCausalLM.from_config(conf, dtype=torch.float32)
     init_device = torch.device("cpu")
     if is_preset(model_cfg.name_or_path):
-        init_device = preset_init_device(device, sum(p.numel() for p in model.parameters()), model_cfg.init_device)
+        init_device = preset_init_device(device, largest_unit_params(model), model_cfg.init_device)
         if rank == 0:
             print(f"[rayft] model: seeded random init of preset {model_cfg.name_or_path} (seed {seed}) on {init_device}", flush=True)
     weights_dir, why = None, ""

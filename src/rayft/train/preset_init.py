@@ -22,9 +22,11 @@ from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor, Shard
 from transformers import AutoModelForCausalLM, PretrainedConfig
 from transformers.modeling_layers import GradientCheckpointingLayer
+
+from rayft.train.hf_weights import shard_rows
 
 
 def unit_seed(seed: int, index: int) -> int:
@@ -35,7 +37,7 @@ def unit_seed(seed: int, index: int) -> int:
 def init_units(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     """``(prefix, module)`` for each init unit of ``model`` (meta or real), in module order: each
     decoder layer (transformers' ``GradientCheckpointingLayer``), and each other module that holds
-    parameters directly."""
+    parameters or persistent buffers directly."""
     units: list[tuple[str, torch.nn.Module]] = []
     skip: tuple[str, ...] = ()
     for name, mod in model.named_modules():
@@ -44,18 +46,29 @@ def init_units(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
         if isinstance(mod, GradientCheckpointingLayer):
             units.append((name, mod))
             skip = (name + ".",)
-        elif any(True for _ in mod.parameters(recurse=False)):
+        elif any(True for _ in mod.parameters(recurse=False)) or own_persistent_buffers(mod):
             units.append((name, mod))
     return units
+
+
+def own_persistent_buffers(module: torch.nn.Module) -> list[str]:
+    """The names of the buffers ``module`` holds itself and saves in its state dict."""
+    return [n for n, b in module.named_buffers(recurse=False) if b is not None and n not in module._non_persistent_buffers_set]
+
+
+def largest_unit_params(model: torch.nn.Module) -> int:
+    """The parameter count of ``model``'s largest init unit (the most rank 0 holds at once)."""
+    return max(sum(p.numel() for p in unit.parameters()) for _, unit in init_units(model))
 
 
 def unit_tensor_names(model: torch.nn.Module, prefix: str, unit: torch.nn.Module) -> list[str]:
     """The full names of the tensors unit ``prefix`` initialises: its parameters that are not a
     second name of an earlier tensor (a tied LM head is the embedding) and its persistent buffers."""
-    own = {n for n, _ in model.named_parameters()}  # de-duplicated: a tied weight keeps its first name
-    names = [f"{prefix}.{n}" if prefix else n for n, _ in unit.named_parameters()]
-    persistent = [n for n in unit.state_dict(keep_vars=True) if n not in dict(unit.named_parameters(remove_duplicate=False))]
-    return [n for n in names if n in own] + [f"{prefix}.{n}" if prefix else n for n in persistent]
+    # de-duplicated: a tied weight (or a shared buffer) keeps its first name
+    own = {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}
+    params = dict(unit.named_parameters(remove_duplicate=False))
+    keys = sorted(unit.state_dict(keep_vars=True), key=lambda n: n not in params)  # parameters, then persistent buffers
+    return [full for n in keys if (full := f"{prefix}.{n}" if prefix else n) in own]
 
 
 def unit_state(
@@ -65,7 +78,8 @@ def unit_state(
     module, filled by the model's own ``_init_weights`` under :func:`unit_seed`. Torch's global
     generator state is restored afterwards."""
     fresh = copy.deepcopy(unit).to_empty(device=device)
-    fork = [device] if device.type == "cuda" else []
+    # torch.manual_seed seeds every visible GPU's generator too: restore them all
+    fork = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
     with torch.random.fork_rng(devices=fork), torch.no_grad():
         torch.manual_seed(unit_seed(seed, index))
         fresh.apply(model._init_weights)
@@ -105,14 +119,29 @@ def fill_sharded_preset(model: torch.nn.Module, conf: PretrainedConfig, seed: in
         for name in names:
             target = targets[name]
             local = target.to_local() if isinstance(target, DTensor) else target
+            # broadcast where the shards live (the host under CPU offload: gloo), in the target's dtype
             if rank == 0:
-                value = full.pop(name).to(local.device, torch.float32)
+                value = full.pop(name).to(local.device, local.dtype)
             else:
-                value = torch.empty(target.shape, dtype=torch.float32, device=local.device)
+                value = torch.empty(target.shape, dtype=local.dtype, device=local.device)
             if dist.get_world_size() > 1:
                 dist.broadcast(value, src=0)
             if isinstance(target, DTensor):
-                value = distribute_tensor(value, target.device_mesh, target.placements, src_data_rank=None).to_local()
+                value = value[own_rows(target)]
             with torch.no_grad():
                 local.copy_(value)
             del value
+
+
+def own_rows(param: DTensor) -> slice:
+    """This rank's dim-0 rows of an FSDP2 parameter (``Shard(0)`` on a 1-D mesh, ``torch.chunk``
+    semantics: :func:`rayft.train.hf_weights.shard_rows`).
+
+    Raises:
+        ValueError: another placement (FSDP2 gives ``Shard(0)`` only).
+    """
+    if tuple(param.placements) != (Shard(0),):
+        raise ValueError(f"preset init: expected an FSDP2 Shard(0) parameter, got placements {param.placements}")
+    mesh = param.device_mesh
+    start, stop = shard_rows(param.shape[0], mesh.get_local_rank(), mesh.size())
+    return slice(start, stop)
