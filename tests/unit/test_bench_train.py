@@ -586,13 +586,19 @@ def test_shared_model_is_rayfts_seeded_init_built_once(tmp_path, monkeypatch):
     cfg = load_config(cfg_file)
     plan = bt.Plan(cfg_file, [], ["sample-recipe"], ["random"], 3, 1, tmp_path / "wd", None)
     plan.work_dir.mkdir()
-    inits = []
-    real = AutoModelForCausalLM.from_config
-    monkeypatch.setattr(AutoModelForCausalLM, "from_config", lambda *a, **k: inits.append(k.get("dtype")) or real(*a, **k))
+    from rayft.train import preset_init
+
+    built = []
+    real = preset_init.unit_state
+    monkeypatch.setattr(preset_init, "unit_state", lambda model, prefix, *a: built.append(prefix) or real(model, prefix, *a))
     from rich.console import Console
 
     shared = bt._prepare_model_and_data(cfg, plan, 2, Console(quiet=True))
-    assert inits.count(torch.float32) == 1  # one real init (the other from_config is the meta model for parameter counts)
+    # one init: each unit with tensors of its own built once (the tied LM head has none)
+    with torch.device("meta"):
+        meta = AutoModelForCausalLM.from_config(load_model_config(cfg.model, "sdpa"))
+    assert built == [p for p, u in preset_init.init_units(meta) if preset_init.unit_tensor_names(meta, p, u)]
+    assert built == ["model.embed_tokens", "model.layers.0", "model.layers.1", "model.norm"]
     saved = load_file(str(Path(shared["model_dir"]) / "model.safetensors"))
     want = load_full_state_dict(cfg.model, load_model_config(cfg.model, "sdpa"), cfg.train.seed)
     name = "model.layers.0.self_attn.q_proj.weight"

@@ -4,7 +4,10 @@ What it predicts is the peak of ``torch.cuda.max_memory_allocated`` on one GPU (
 metrics report as ``peak_mem_gib``), as the sum of the tensors alive at the step's two high-water
 marks, from the model's config alone (parameter counts come from the model built on the meta device):
 
-* **sharded state**: fp32 parameters, fp32 gradients, AdamW's two fp32 moments: 16 bytes × P ÷ GPUs
+* **sharded state**: fp32 parameters and AdamW's two fp32 moments, 12 bytes × P ÷ GPUs, and the fp32
+  gradients, 4 bytes × P ÷ GPUs, which exist from a step's first reduce-scatter until the optimizer
+  step sets them to None: at the forward's peak only when the step accumulates micro-batches, all of
+  them at the end of the backward pass
   (in host memory with ``parallel.cpu_offload``: then 0 on the GPU, and the host's share is
   :func:`offload_host_bytes`, the pinned shards rounded up as PyTorch's host allocator does, plus
   the plain copy an async checkpoint save stages, 12 bytes × P ÷ GPUs; not measured yet).
@@ -24,9 +27,12 @@ marks, from the model's config alone (parameter counts come from the model built
   and of the LM head (4 × V × H); the plain loss holds the whole logits: 10 bytes × tokens × V
   (bf16 logits, the fp32 log-softmax and its gradient).
 
-The peak is the larger of the end of the forward pass (all activations and the loss) and the
-backward pass of the last layer (activations, one layer recomputed with checkpointing, that layer's
-unsharded bf16 gradient and its fp32 copy for the reduce-scatter, the hidden-state gradient).
+The peak is the largest of three moments: the end of the forward pass (all activations and the
+loss), the backward pass of the last layer (activations, one layer recomputed with checkpointing,
+that layer's unsharded bf16 gradient and its fp32 copy for the reduce-scatter, the hidden-state
+gradient), and the end of the backward pass (every sharded gradient, and the root's gradients —
+embedding, LM head, final norm — in the compute dtype and their fp32 reduce-scatter input, the
+root's gathered weights freed first).
 Beyond the allocated peak a GPU needs the CUDA context and NCCL's buffers, and the caching
 allocator keeps freed blocks: :data:`RUNTIME_BYTES` and :data:`ALLOCATOR_SLACK` go on top for the
 verdict.
@@ -91,6 +97,8 @@ class TrainShape:
     compute_bytes: int = 2  # parallel.param_dtype: 2 (bfloat16) or 4 (float32)
     #: checkpoint.async_save with CPU offload: each save stages a plain host copy of the rank's state
     async_save_copy: bool = False
+    #: train.grad_accum_steps: from the second micro-batch on, the sharded gradients exist in the forward pass
+    grad_accum_steps: int = 1
 
     @property
     def tokens(self) -> int:
@@ -161,15 +169,19 @@ def offload_host_bytes(m: ModelDims, gpus: int) -> int:
 def plan_memory(m: ModelDims, s: TrainShape) -> MemoryPlan:
     """The predicted per-GPU allocated peak of one training step (see the module docstring)."""
     t, n = s.tokens, s.gpus
-    state = 16 * m.params // n
     parts_common: dict[str, int] = {}
     host = 0
+    # the sharded fp32 gradients exist from a step's first reduce-scatter until the optimizer step
+    # sets them to None: not at the activation peaks of a step's only micro-batch
+    grads_at_peak = s.grad_accum_steps > 1
     if s.cpu_offload:
         # an async save stages a copy of the offloaded fp32 weights and AdamW moments (12 bytes per
         # parameter ÷ GPUs) in plain host memory while it writes
         host = offload_host_bytes(m, n) + (12 * m.params // n if s.async_save_copy else 0)
+    elif grads_at_peak:
+        parts_common["sharded fp32 weights, gradients, AdamW moments"] = 16 * m.params // n
     else:
-        parts_common["sharded fp32 weights, gradients, AdamW moments"] = state
+        parts_common["sharded fp32 weights and AdamW moments"] = 12 * m.params // n
     gathered = m.params if not s.reshard_after_forward else m.params_root + 2 * m.params_layer
     parts_common["bf16 weights gathered for compute" if s.compute_bytes == 2 else "fp32 weights gathered for compute"] = (
         s.compute_bytes * gathered
@@ -196,10 +208,20 @@ def plan_memory(m: ModelDims, s: TrainShape) -> MemoryPlan:
         "one layer's gradient (compute dtype + fp32 to reduce)": (s.compute_bytes + 4) * m.params_layer,
         "hidden-state gradient": (s.compute_bytes + 4) * t * m.hidden,
     }
-    if sum(forward_end.values()) >= sum(backward.values()):
-        plan = MemoryPlan(forward_end, "end of the forward pass (all activations, the loss)", host)
-    else:
-        plan = MemoryPlan(backward, "backward pass of the last layer", host)
+    # the root (embedding, LM head, final norm) reduces last: FSDP2 frees its gathered weights, then
+    # copies its gradients (compute dtype) into one fp32 reduce-scatter input
+    backward_end = {
+        "sharded fp32 weights, gradients, AdamW moments": 0 if s.cpu_offload else 16 * m.params // n,
+        "the root's gradients (compute dtype + fp32 to reduce)": (s.compute_bytes + 4) * m.params_root,
+        "hidden-state gradient": (s.compute_bytes + 4) * t * m.hidden,
+    }
+    phases = [
+        (forward_end, "end of the forward pass (all activations, the loss)"),
+        (backward, "backward pass of the last layer"),
+        (backward_end, "end of the backward pass (every sharded gradient)"),
+    ]
+    parts, phase = max(phases, key=lambda p: sum(p[0].values()))
+    plan = MemoryPlan(parts, phase, host)
     plan.parts = {k: v for k, v in plan.parts.items() if v}
     if s.float8:
         plan.notes.append("train.float8: activations counted as bf16 (an upper bound)")
@@ -369,6 +391,7 @@ def train_shape(cfg, gpus: int, model_conf) -> TrainShape:
         float8=tc.float8,
         compute_bytes=2 if cfg.parallel.param_dtype == "bfloat16" else 4,
         async_save_copy=cfg.parallel.cpu_offload and cfg.checkpoint.async_save,
+        grad_accum_steps=tc.grad_accum_steps,
     )
 
 
