@@ -5,9 +5,10 @@ metrics report as ``peak_mem_gib``), as the sum of the tensors alive at the step
 marks, from the model's config alone (parameter counts come from the model built on the meta device):
 
 * **sharded state**: fp32 parameters and AdamW's two fp32 moments, 12 bytes × P ÷ GPUs, and the fp32
-  gradients, 4 bytes × P ÷ GPUs, which exist from a step's first reduce-scatter until the optimizer
-  step sets them to None: at the forward's peak only when the step accumulates micro-batches, all of
-  them at the end of the backward pass
+  gradients, 4 bytes × P ÷ GPUs, which exist from the step's reduce-scatter until the optimizer step
+  sets them to None: never at the forward's peak, all of them at the end of the backward pass. With
+  ``train.grad_accum_steps`` > 1 the micro-batches before the last run without gradient sync, and
+  FSDP2 keeps every layer's whole gradient in fp32 on each GPU meanwhile: 4 bytes × P, not ÷ GPUs
   (in host memory with ``parallel.cpu_offload``: then 0 on the GPU, and the host's share is
   :func:`offload_host_bytes`, the pinned shards rounded up as PyTorch's host allocator does, plus
   the plain copy an async checkpoint save stages, 12 bytes × P ÷ GPUs; not measured yet).
@@ -30,9 +31,9 @@ marks, from the model's config alone (parameter counts come from the model built
 The peak is the largest of three moments: the end of the forward pass (all activations and the
 loss), the backward pass of the last layer (activations, one layer recomputed with checkpointing,
 that layer's unsharded bf16 gradient and its fp32 copy for the reduce-scatter, the hidden-state
-gradient), and the end of the backward pass (every sharded gradient, and the root's gradients —
-embedding, LM head, final norm — in the compute dtype and their fp32 reduce-scatter input, the
-root's gathered weights freed first).
+gradient), and the end of the backward pass (every other unit's gradient shard, and the root's
+gradients — embedding, LM head, final norm — in the compute dtype and their fp32 reduce-scatter
+input, the root's gathered weights freed first; on one GPU the input and its reduced copy).
 Beyond the allocated peak a GPU needs the CUDA context and NCCL's buffers, and the caching
 allocator keeps freed blocks: :data:`RUNTIME_BYTES` and :data:`ALLOCATOR_SLACK` go on top for the
 verdict.
@@ -171,17 +172,18 @@ def plan_memory(m: ModelDims, s: TrainShape) -> MemoryPlan:
     t, n = s.tokens, s.gpus
     parts_common: dict[str, int] = {}
     host = 0
-    # the sharded fp32 gradients exist from a step's first reduce-scatter until the optimizer step
-    # sets them to None: not at the activation peaks of a step's only micro-batch
-    grads_at_peak = s.grad_accum_steps > 1
+    # the sharded fp32 gradients exist from the step's reduce-scatter (its last micro-batch's
+    # backward) until the optimizer step sets them to None: never at the forward's peak
     if s.cpu_offload:
         # an async save stages a copy of the offloaded fp32 weights and AdamW moments (12 bytes per
         # parameter ÷ GPUs) in plain host memory while it writes
         host = offload_host_bytes(m, n) + (12 * m.params // n if s.async_save_copy else 0)
-    elif grads_at_peak:
-        parts_common["sharded fp32 weights, gradients, AdamW moments"] = 16 * m.params // n
     else:
         parts_common["sharded fp32 weights and AdamW moments"] = 12 * m.params // n
+    if s.grad_accum_steps > 1:
+        # micro-batches before the last run without gradient sync: FSDP2 keeps each layer's whole
+        # gradient in fp32 (the reduce dtype) on the GPU, added to by the next, until the last reduces
+        parts_common["unsharded fp32 gradients accumulated between micro-batches"] = 4 * m.params
     gathered = m.params if not s.reshard_after_forward else m.params_root + 2 * m.params_layer
     parts_common["bf16 weights gathered for compute" if s.compute_bytes == 2 else "fp32 weights gathered for compute"] = (
         s.compute_bytes * gathered
@@ -208,12 +210,19 @@ def plan_memory(m: ModelDims, s: TrainShape) -> MemoryPlan:
         "one layer's gradient (compute dtype + fp32 to reduce)": (s.compute_bytes + 4) * m.params_layer,
         "hidden-state gradient": (s.compute_bytes + 4) * t * m.hidden,
     }
-    # the root (embedding, LM head, final norm) reduces last: FSDP2 frees its gathered weights, then
-    # copies its gradients (compute dtype) into one fp32 reduce-scatter input
+    # the root (embedding, LM head, final norm) reduces last, after autograd finished: FSDP2 frees its
+    # gathered weights, then copies its gradients (compute dtype) into one fp32 reduce-scatter input,
+    # every other unit's gradient shard already there; on one GPU the reduced output is a copy made
+    # while that input lives, and the compute-dtype gradients are freed first
+    rest = m.params - m.params_root
+    if n == 1:
+        root = {"the root's fp32 reduce-scatter input and its reduced copy": 8 * m.params_root}
+    else:
+        root = {"the root's gradients (compute dtype) and their fp32 reduce-scatter input": (s.compute_bytes + 4) * m.params_root}
     backward_end = {
-        "sharded fp32 weights, gradients, AdamW moments": 0 if s.cpu_offload else 16 * m.params // n,
-        "the root's gradients (compute dtype + fp32 to reduce)": (s.compute_bytes + 4) * m.params_root,
-        "hidden-state gradient": (s.compute_bytes + 4) * t * m.hidden,
+        "sharded fp32 weights and AdamW moments": 0 if s.cpu_offload else 12 * m.params // n,
+        "every other unit's fp32 gradient shard": 0 if s.cpu_offload else 4 * rest // n,
+        **root,
     }
     phases = [
         (forward_end, "end of the forward pass (all activations, the loss)"),
