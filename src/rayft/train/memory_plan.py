@@ -1,7 +1,7 @@
 """Per-GPU memory of a training config, predicted before anything starts (``rayft fit``).
 
 What it predicts is the peak of ``torch.cuda.max_memory_allocated`` on one GPU (what the run's
-metrics report as ``peak_mem_gib``), as the sum of the tensors alive at the step's two high-water
+metrics report as ``peak_mem_gib``), as the sum of the tensors alive at the step's three high-water
 marks, from the model's config alone (parameter counts come from the model built on the meta device):
 
 * **sharded state**: fp32 parameters and AdamW's two fp32 moments, 12 bytes × P ÷ GPUs, and the fp32
@@ -98,7 +98,7 @@ class TrainShape:
     compute_bytes: int = 2  # parallel.param_dtype: 2 (bfloat16) or 4 (float32)
     #: checkpoint.async_save with CPU offload: each save stages a plain host copy of the rank's state
     async_save_copy: bool = False
-    #: train.grad_accum_steps: from the second micro-batch on, the sharded gradients exist in the forward pass
+    #: train.grad_accum_steps: above 1, every layer's whole fp32 gradient is held between micro-batches
     grad_accum_steps: int = 1
 
     @property

@@ -82,7 +82,7 @@ def load_full_model(cfg: ModelConfig, conf: PretrainedConfig, seed: int, init_de
             model = AutoModelForCausalLM.from_config(conf, dtype=torch.float32)
         model.to_empty(device=device)
         model.tie_weights()
-        for _unit, _names, tensors in preset_states(conf, seed, device):
+        for _names, tensors in preset_states(conf, seed, device):
             model.load_state_dict(tensors, strict=False)
         _reset_rotary_buffers(model, device)
         return model

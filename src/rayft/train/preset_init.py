@@ -72,11 +72,11 @@ def unit_tensor_names(model: torch.nn.Module, prefix: str, unit: torch.nn.Module
 
 
 def unit_state(
-    model: torch.nn.Module, prefix: str, unit: torch.nn.Module, seed: int, index: int, device: torch.device
+    model: torch.nn.Module, prefix: str, unit: torch.nn.Module, seed: int, index: int, device: torch.device, names: list[str]
 ) -> dict[str, torch.Tensor]:
-    """Unit ``index``'s initial tensors (fp32, on ``device``) by full name: a fresh copy of the
-    module, filled by the model's own ``_init_weights`` under :func:`unit_seed`. Torch's global
-    generator state is restored afterwards."""
+    """Unit ``index``'s initial tensors ``names`` (:func:`unit_tensor_names`; fp32, on ``device``):
+    a fresh copy of the module, filled by the model's own ``_init_weights`` under :func:`unit_seed`.
+    Torch's global generator state is restored afterwards."""
     fresh = copy.deepcopy(unit).to_empty(device=device)
     # torch.manual_seed seeds every visible GPU's generator too: restore them all
     fork = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
@@ -84,19 +84,20 @@ def unit_state(
         torch.manual_seed(unit_seed(seed, index))
         fresh.apply(model._init_weights)
     state = {f"{prefix}.{k}" if prefix else k: v for k, v in fresh.state_dict().items()}
-    return {n: state[n] for n in unit_tensor_names(model, prefix, unit)}
+    return {n: state[n] for n in names}
 
 
 def preset_states(
-    conf: PretrainedConfig, seed: int, device: torch.device
-) -> Iterator[tuple[torch.nn.Module, list[str], dict[str, torch.Tensor]]]:
-    """For each init unit of the model ``conf`` describes: ``(unit, names, tensors)``, the tensors
-    built on ``device`` one unit at a time (only the caller keeps them alive)."""
+    conf: PretrainedConfig, seed: int, device: torch.device, build: bool = True
+) -> Iterator[tuple[list[str], dict[str, torch.Tensor]]]:
+    """For each init unit of the model ``conf`` describes that has tensors of its own (a tied LM
+    head has none): ``(names, tensors)``, the tensors built on ``device`` one unit at a time (only
+    the caller keeps them alive); ``{}`` instead when not ``build`` (the ranks that receive them)."""
     with torch.device("meta"):
         ref = AutoModelForCausalLM.from_config(conf, dtype=torch.float32)
     for index, (prefix, unit) in enumerate(init_units(ref)):
         if names := unit_tensor_names(ref, prefix, unit):
-            yield unit, names, unit_state(ref, prefix, unit, seed, index, device)
+            yield names, unit_state(ref, prefix, unit, seed, index, device, names) if build else {}
 
 
 def fill_sharded_preset(model: torch.nn.Module, conf: PretrainedConfig, seed: int, init_device: torch.device) -> None:
@@ -108,14 +109,8 @@ def fill_sharded_preset(model: torch.nn.Module, conf: PretrainedConfig, seed: in
         KeyError: a unit tensor the sharded model does not have.
     """
     rank = dist.get_rank()
-    with torch.device("meta"):
-        ref = AutoModelForCausalLM.from_config(conf, dtype=torch.float32)
     targets = dict(model.named_parameters()) | dict(model.named_buffers())
-    for index, (prefix, unit) in enumerate(init_units(ref)):
-        names = unit_tensor_names(ref, prefix, unit)
-        if not names:
-            continue  # a tied LM head: the embedding's unit filled it
-        full = unit_state(ref, prefix, unit, seed, index, init_device) if rank == 0 else {}
+    for names, full in preset_states(conf, seed, init_device, build=rank == 0):
         for name in names:
             target = targets[name]
             local = target.to_local() if isinstance(target, DTensor) else target
