@@ -273,7 +273,7 @@ class CliRun:
 
     def result(self) -> int | None:
         """The exit status, once the thread is done (its failure raised here)."""
-        self.thread.join(timeout=400)
+        self.thread.join(timeout=600)
         assert not self.thread.is_alive(), f"{self.log_path.name}: still running"
         if self.error is not None:
             raise self.error
@@ -286,7 +286,9 @@ def cli_runs(ray_local, workdir):
     they run while the in-process runs do (each mostly waits on process starts and its own Ray:
     together they take less wall time on 2 cores). ``stopped``: signalled once 3 steps are in its
     metrics, after a second run of the same checkpoint.name was refused while it held the lock
-    (``refused``: (the error, its seconds)); ``early``: signalled once its workers start."""
+    (``refused``: (the error, its seconds)); ``early``: signalled once its workers start. The waits
+    are deadlines, not sleeps: generous, because three embedded Rays start at once on 2 cores (a
+    120 s deadline was missed by 0.16 s on a loaded machine)."""
     from rayft.train.driver import TrainError
 
     stopped = CliRun(workdir, "stopped")
@@ -301,9 +303,9 @@ def cli_runs(ray_local, workdir):
             refused = (e, time.monotonic() - t0)
     finally:
         metrics = run / "rayft_metrics.jsonl"
-        stopped.signal_when(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 3, 240, "step 3")
+        stopped.signal_when(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 3, 360, "step 3")
     early = CliRun(workdir, "early")
-    early.signal_when(lambda: " worker(s), backend gloo; " in early.log_path.read_text(), 120, "the workers' start")
+    early.signal_when(lambda: " worker(s), backend gloo; " in early.log_path.read_text(), 240, "the workers' start")
     yield {"stopped": stopped, "refused": refused, "early": early}
     for r in (stopped, early):
         r.proc.kill()
