@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -46,18 +47,27 @@ def export_and_verify(
 
     The check: ``export_max_abs_weight_diff`` (every tensor against the trained fp32 shards) and
     ``export_max_abs_logit_diff`` (the exported model's logits against the trained model's on the
-    first packed row of ``ds``; None with ``export_logit_check_skipped`` saying why)."""
+    first packed row of ``ds``; None with ``export_logit_check_skipped`` saying why), and
+    ``export_timings_s``: rank 0's wall seconds per phase (``probe``, ``write``, ``read_back``,
+    ``config_files`` of a sharded export, ``gather_write`` of a gathered one, ``logit_check``)."""
+    t0 = time.perf_counter()
     module = model.module
     probe = collate(ds, [[0]], cfg.data.seq_len, args.pad_id, fixed_len=False)
     module.eval()
     with torch.no_grad():
         ref = module(input_ids=probe["input_ids"].to(device), position_ids=probe["position_ids"].to(device)).logits.float().cpu()
+    timings = {"probe": time.perf_counter() - t0}
     if "://" in args.run_dir or model.export_gathered or not sharded_io_available():
+        t1 = time.perf_counter()
         info = _export_gathered(model, model_conf, cfg, args)
+        timings["gather_write"] = time.perf_counter() - t1
     else:
-        info = _export_sharded(model, model_conf, cfg, args, device)
+        info = _export_sharded(model, model_conf, cfg, args, device, timings)
     if dist.get_rank() == 0:
+        t1 = time.perf_counter()
         info.update(_logit_check(info["export_dir_local"], probe, ref, cfg, device))
+        timings["logit_check"] = time.perf_counter() - t1
+        info["export_timings_s"] = timings
         info["export_tied"] = exported_tied(info["export_dir_local"], module)
         # with train.float8 the trained model's matmuls ran in float8 and the export's run in bf16/fp32:
         # the logit gap then includes float8 rounding, not only the export's
@@ -74,9 +84,11 @@ def export_and_verify(
     dist.barrier()
 
 
-def _export_sharded(model: ShardedModel, model_conf, cfg: RayftConfig, args: WorkerArgs, device: torch.device) -> dict:
+def _export_sharded(
+    model: ShardedModel, model_conf, cfg: RayftConfig, args: WorkerArgs, device: torch.device, timings: dict[str, float]
+) -> dict:
     """Collective: every rank writes its part of ``RUN/hf`` (through ``RUN/hf.tmp``, renamed when
-    whole) and compares it with its shards."""
+    whole) and compares it with its shards; ``timings`` gets each phase's wall seconds."""
     out = Path(args.run_dir) / "hf"
     tmp, old = out.with_name("hf.tmp"), out.with_name("hf.old")
     rank0 = dist.get_rank() == 0
@@ -84,11 +96,14 @@ def _export_sharded(model: ShardedModel, model_conf, cfg: RayftConfig, args: Wor
         if rank0:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
+    t = time.perf_counter()
     with every_rank_or_none(f"writing the export's weights to {tmp}", device):
         write_sharded_hf_weights(model.module, tmp)
+    timings["write"], t = time.perf_counter() - t, time.perf_counter()
     check = {}
     with every_rank_or_none(f"reading the export back from {tmp}", device):
         check = compare_export(model.module, tmp, device)
+    timings["read_back"], t = time.perf_counter() - t, time.perf_counter()
     with every_rank_or_none(f"writing config, generation config and tokenizer to {tmp}, then renaming it to {out}", device):
         if rank0:
             write_hf_config_files(model_conf, cfg, args, tmp)
@@ -98,6 +113,7 @@ def _export_sharded(model: ShardedModel, model_conf, cfg: RayftConfig, args: Wor
                 os.replace(out, old)
             os.replace(tmp, out)
             shutil.rmtree(old, ignore_errors=True)
+    timings["config_files"] = time.perf_counter() - t
     return {
         "export_dir": str(out),
         "export_dir_local": str(out),
