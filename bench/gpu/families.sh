@@ -21,6 +21,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 D="$PWD/.gpu/data"; ls "$D" || exit 3
 PRESETS=${PRESETS:-"qwen3-1.7b llama-3.2-1b gemma-2-2b phi-3.5-mini mistral-7b-v0.3"}
 STEPS=${STEPS:-30}; LIGER=${LIGER:-true}
+# DEADLINE_S: seconds from now by which every run must have ended (each run's timeout is the smaller
+# of TRAIN_TIMEOUT and what is left), so a device call's limit never cuts a results file off
+END=$(( $(date +%s) + ${DEADLINE_S:-100000} ))
 python3 - <<'EOF' || exit 4
 from rayft.data.tokenizer import build_standin_tokenizer
 for t in ("gemma2", "phi3"):
@@ -45,7 +48,9 @@ for p in $PRESETS; do
     continue
   fi
   tail -1 "$OUT/fit-$p.txt"
-  timeout ${TRAIN_TIMEOUT:-420} python3 -m rayft.cli ${CMD#rayft } > "$OUT/train-$p.log" 2>&1
+  left=$(( END - $(date +%s) - 15 )); t=${TRAIN_TIMEOUT:-420}; [ "$left" -lt "$t" ] && t=$left
+  [ "$t" -lt 60 ] && { echo "$p: not started: ${t}s left before DEADLINE_S"; continue; }
+  timeout "$t" python3 -m rayft.cli ${CMD#rayft } > "$OUT/train-$p.log" 2>&1
   echo "exit $?"; grep -E "model:|attention|loss|error|Error" "$OUT/train-$p.log" | tail -8
   python3 -m rayft.benchmarks.record "/tmp/runs/fam-$p" "$OUT/families-$p-${NG}xgpu.json" --command "$CMD" || echo "$p: no summary (see $OUT/train-$p.log)"
 done
