@@ -185,8 +185,16 @@ def test_templates_refuse_what_they_cannot_render_naming_the_record():
         "tools": [{"name": "f", "parameters": {}}],
         "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
     }
-    with pytest.raises(DataError, match=r"t:3: .*Llama 3 chat template renders no tools"):
-        tokenize_conversation(tokenizer("llama3"), to_conversation(tools, "t:3", "messages"))
+    with pytest.raises(DataError, match=r"t:3: .*Phi-3 chat template renders no tools"):
+        tokenize_conversation(tokenizer("phi-standin"), to_conversation(tools, "t:3", "messages"))
+    # Llama 3 renders tools (tests/unit/test_family_tools.py), but one tool call per turn, as published
+    two_calls = {"messages": [{"role": "user", "content": "q"},
+                              {"role": "assistant", "content": None, "tool_calls": [{"name": "f", "arguments": {}}] * 2},
+                              {"role": "tool", "content": "r"}, {"role": "tool", "content": "r"}, {"role": "assistant", "content": "a"}]}  # fmt: skip
+    with pytest.raises(
+        DataError, match=r"^t:4: the Llama 3 chat template renders one tool call per assistant turn, as published; this turn has 2$"
+    ):
+        tokenize_conversation(tokenizer("llama3"), to_conversation(two_calls, "t:4", "messages"))
 
 
 def test_offline_tokenizers_give_the_packages_ids():

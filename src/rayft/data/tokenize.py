@@ -13,11 +13,14 @@
 
 The conversation is rendered once with the tokenizer's chat template. The characters that belong
 to each assistant turn are found by rendering the conversation with the turn's content replaced by
-a sentinel and the generation prompt of the turns before it (see :func:`assistant_char_spans`), so
-the turn's content, what the template adds to it (Qwen3's ``<think>`` block, tool calls) and its
-end-of-turn token (``<|im_end|>`` in ChatML, ``<|eot_id|>``, ``</s>``, ``<end_of_turn>``, ``<|end|>``)
-are trained, and the role header and the newline the template puts after the turn are not. A token is trainable when any of its characters lies in an assistant span. Masking by
-character offsets, never by token id, matters: Qwen's pad and eos share an id.
+a sentinel and the generation prompt of the turns before it (a turn of tool calls, in a template
+that renders no text next to them, with the turn rendered as a plain reply instead; see
+:func:`assistant_char_spans`), so the turn's content, what the template adds to it (Qwen3's
+``<think>`` block, tool calls) and its end-of-turn token (``<|im_end|>`` in ChatML, ``<|eot_id|>``,
+``</s>``, ``<end_of_turn>``, ``<|end|>``) are trained, and the role header and the newline the
+template puts after the turn are not. A token is trainable when any of its characters lies in an
+assistant span. Masking by character offsets, never by token id, matters: Qwen's pad and eos share
+an id.
 """
 
 from __future__ import annotations
@@ -77,6 +80,54 @@ def _with_sentinel(message: dict) -> dict:
     return {**message, "content": content[:cut] + _SENTINEL}
 
 
+def _common_prefix(a: str, b: str) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _content_bounds(tokenizer, messages: list[dict], i: int, text: str, tools: list[dict] | None) -> tuple[int, int] | None:
+    """Where assistant turn ``i``'s content starts and ends in ``text``: rendered with the content
+    replaced by the sentinel, the text before the sentinel and the text after it are the start and
+    the end of ``text``. None when that variant does not render so (or the template refuses it)."""
+    from jinja2.exceptions import TemplateError
+
+    variant_messages = [*messages[:i], _with_sentinel(messages[i]), *messages[i + 1 :]]
+    try:
+        variant = tokenizer.apply_chat_template(variant_messages, tools=tools, tokenize=False)
+    except TemplateError:
+        return None
+    at = variant.find(_SENTINEL)
+    after = len(variant) - at - len(_SENTINEL)
+    if at < 0 or variant[:at] != text[:at] or after > len(text) or variant[at + len(_SENTINEL) :] != text[len(text) - after :]:
+        return None
+    return at, max(len(text) - after, at)
+
+
+def _tool_call_bounds(tokenizer, messages: list[dict], i: int, text: str, tools: list[dict] | None) -> tuple[int, int] | None:
+    """For an assistant turn ``i`` of tool calls without text, in a template that renders no text
+    next to tool calls (Llama 3 drops it, Mistral v3 refuses it): the conversation is rendered with
+    that turn as a plain reply holding the sentinel; the turn's own text starts where that render
+    first differs from ``text`` and ends where their tails start to agree. None when the two do not
+    differ in exactly that way."""
+    from jinja2.exceptions import TemplateError
+
+    plain = {k: v for k, v in messages[i].items() if k != "tool_calls"} | {"content": _SENTINEL}
+    try:
+        variant = tokenizer.apply_chat_template([*messages[:i], plain, *messages[i + 1 :]], tools=tools, tokenize=False)
+    except TemplateError:
+        return None
+    at = variant.find(_SENTINEL)
+    if at < 0:
+        return None
+    start = min(_common_prefix(text, variant), at)
+    after = min(_common_prefix(text[::-1], variant[::-1]), len(variant) - at - len(_SENTINEL), len(text) - start)
+    return start, len(text) - after
+
+
 def assistant_char_spans(
     tokenizer, messages: list[dict], text: str, where: str, tools: list[dict] | None = None, *, skip: Collection[int] = ()
 ) -> list[tuple[int, int]]:
@@ -88,11 +139,14 @@ def assistant_char_spans(
     content replaced by a sentinel: the text before the sentinel and the text after it must equal
     the start and the end of ``text`` (so templates whose rendering of a turn depends on the turns
     after it, like Qwen3's reasoning blocks or Mistral's system prompt in the last user turn, are
-    handled). The span starts where the template's generation prompt for ``messages[:i]`` ends
-    when that prompt is a prefix of ``text`` (so what the template puts between the header and the
-    content, e.g. Qwen3's ``<think>…</think>`` block, is trained), else where the content starts;
-    it ends after the first :func:`end_of_turn` text at or after the content's end (tool calls in
-    between included), or at the content's end when the template has no end-of-turn token.
+    handled). A turn of tool calls without text whose template renders no text next to tool calls
+    (Llama 3, Mistral v3) is located by rendering it as a plain reply holding the sentinel instead:
+    its text is what differs between that render and ``text``. The span starts where the template's
+    generation prompt for ``messages[:i]`` ends when that prompt is a prefix of ``text`` (so what the
+    template puts between the header and the content, e.g. Qwen3's ``<think>…</think>`` block, is
+    trained), else where the content starts; it ends after the first :func:`end_of_turn` text at or
+    after the content's end (tool calls in between included), or at the content's end when the
+    template has no end-of-turn token.
 
     Raises:
         DataError: when the conversation cannot be located in its render this way.
@@ -102,12 +156,13 @@ def assistant_char_spans(
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        variant = tokenizer.apply_chat_template([*messages[:i], _with_sentinel(m), *messages[i + 1 :]], tools=tools, tokenize=False)
-        at = variant.find(_SENTINEL)
-        after = len(variant) - at - len(_SENTINEL)
-        if at < 0 or variant[:at] != text[:at] or after > len(text) or variant[at + len(_SENTINEL) :] != text[len(text) - after :]:
+        bounds = _content_bounds(tokenizer, messages, i, text, tools)
+        if bounds is None and m.get("tool_calls") and not m.get("content"):
+            bounds = _tool_call_bounds(tokenizer, messages, i, text, tools)
+            bounds = bounds if bounds is not None and bounds[0] >= floor else None
+        if bounds is None:
             raise DataError(f"{where}: cannot locate assistant turn {i} in the chat template's rendering")
-        content_end = max(len(text) - after, at)
+        at, content_end = bounds
         end = content_end
         if eot:
             found = text.find(eot, content_end)

@@ -341,7 +341,9 @@ def sentencepiece_bpe_backend(proto, vocab: dict[str, int]):
 def build_mistral_v3_tokenizer() -> PreTrainedTokenizerFast:
     """Mistral-7B-v0.3's tokenizer offline from ``mistral-common``'s v3 SentencePiece model
     (``mistral_instruct_tokenizer_240323.model.v3``): vocabulary 32,768, ``<s>`` 1, ``</s>`` 2,
-    ``[INST]`` 3, ``[/INST]`` 4 (:func:`build_sentencepiece_tokenizer`), and the Mistral v3 chat
+    ``[INST]`` 3, ``[/INST]`` 4, ``[TOOL_CALLS]`` 5, ``[AVAILABLE_TOOLS]`` 6, ``[/AVAILABLE_TOOLS]`` 7,
+    ``[TOOL_RESULTS]`` 8, ``[/TOOL_RESULTS]`` 9 (the model's control pieces, each one special token
+    as mistral-common encodes it; :func:`build_sentencepiece_tokenizer`), and the Mistral v3 chat
     template.
 
     Raises:
