@@ -8,6 +8,7 @@ import dataclasses
 import os
 import re
 import secrets
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +47,51 @@ def connect_ray(cfg: RayftConfig) -> str:
     # "local": never attach to a `ray start` cluster by accident. Every Ray service listens on
     # 127.0.0.1 only; Ray turns token auth on by itself unless RAY_AUTH_MODE says otherwise (docs/network.md).
     ensure_default_token()
-    with keep_localhost():
-        ray.init(address="local", num_cpus=cfg.ray.num_cpus, _node_ip_address=LOOPBACK, **kwargs)
-    return EMBEDDED
+    for attempt in (1, 2):
+        try:
+            with keep_localhost():
+                ray.init(address="local", num_cpus=cfg.ray.num_cpus, _node_ip_address=LOOPBACK, **kwargs)
+            return EMBEDDED
+        except Exception as e:
+            # Ray waits a fixed 30 s for its raylet to register (ray._private.node); a host whose cores
+            # are busy can miss that. Its processes are left running: stop them, then start once more.
+            if attempt == 2 or "timed out during startup" not in str(e):
+                raise
+            stopped = stop_failed_ray_start()
+            ray.shutdown()
+            print(
+                f"[rayft] the embedded Ray did not start within Ray's 30 s (a busy host?): stopped the {stopped} "
+                "process(es) it had started; starting it once more",
+                file=sys.stderr,
+                flush=True,
+            )
+    raise AssertionError("unreachable")
+
+
+def stop_failed_ray_start(timeout_s: float = 10.0) -> int:
+    """Stop what a failed embedded Ray start of this process left running: its direct child
+    processes whose command line names a Ray session directory of this process
+    (``/session_<date>_<pid>``: the GCS, raylet, log monitor, ...), with their own children (the
+    raylet's agents). Other children (``rayft train`` processes a test started, their Rays) are left
+    alone. Returns how many processes were stopped (SIGTERM, then SIGKILL after ``timeout_s``)."""
+    import psutil  # Ray ships it (ray/thirdparty_files), on sys.path once ray is imported
+
+    mark = re.compile(rf"/session_[^/\s]*_{os.getpid()}(?:[/\s]|$)")
+    doomed = []
+    for child in psutil.Process().children():
+        try:
+            if mark.search(" ".join(child.cmdline())):
+                doomed += [child, *child.children(recursive=True)]
+        except psutil.Error:  # ended meanwhile
+            pass
+    for p in doomed:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _, alive = psutil.wait_procs(doomed, timeout=timeout_s)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    return len(doomed)
 
 
 def ensure_default_token() -> Path | None:
