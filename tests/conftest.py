@@ -1,19 +1,21 @@
 """Shared test helpers: where ../shared is, the offline Qwen2.5 tokenizer (built once), the
-embedded local Ray that the integration modules share (started once), and the order the modules
-run in.
+embedded local Ray that the integration modules of one pytest process share (started once), and the
+order the modules run in.
 
 ``ray_local``: the embedded Ray of `rayft train` (connect_ray: every Ray service on 127.0.0.1
-only), 2 CPUs. Starting one costs seconds of CI on 2 cores, so every module that asks for it uses
-the same one, started by the first such module; the unit modules stop it first
+only), 2 CPUs. Starting one costs seconds of CI on 2 cores, so every module of a process that asks
+for it uses the same one, started by the first such module; the unit modules stop it first
 (no_ray_in_unit_modules: a unit test must not find Ray up); a module that needs another Ray in this
 process (a multi-node ``Cluster``) stops it too with ``embedded_ray.stop()``.
 
-The integration modules run first, in :data:`ORDER` (those on the shared Ray next to each other),
-then the unit tests. Under pytest-xdist (``make test`` runs ``-n 2 --dist loadgroup``) every
-integration test is in one group, ``ray``: one xdist worker runs them all, in that order, with the one
-embedded Ray, while the other runs the unit tests (single-threaded Python mostly: they fill the
-core-seconds the Ray runs leave idle). Splitting the integration modules over two workers was tried
-and dropped: two Ray clusters oversubscribe 2 cores and ran the suite slower, not faster.
+The integration modules are collected first, in :data:`ORDER`, then the unit tests. ``make test``
+runs pytest-xdist with 3 processes and ``--dist loadscope``: each module runs whole in one process
+(its module fixtures, such as a training run several tests read, run once), and the modules are
+handed out in that order, so the integration modules start first, each process with its own
+embedded Ray. Measured on 2 cores (fresh clone, the whole suite): 3 processes kept the cores ~97%
+busy, 2 left a third idle (the Ray runs mostly wait on process starts). pytest-xdist's
+``loadgroup`` (one process for every integration test) no longer groups anything with pytest 9.2,
+whose node ids ignore the ``@group`` suffix xdist 3.8 writes into ``item._nodeid``.
 """
 
 import os
@@ -63,7 +65,6 @@ ORDER = [
 ]
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group markers
 def pytest_collection_modifyitems(session, config, items):
     """Integration modules first, in :data:`ORDER`; then the unit tests (each module keeps its tests' order)."""
 
@@ -74,9 +75,6 @@ def pytest_collection_modifyitems(session, config, items):
         return (0, ORDER.index(path.name) if path.name in ORDER else len(ORDER))
 
     items.sort(key=rank)  # stable
-    for it in items:
-        if Path(it.path).parent.name == "integration":
-            it.add_marker(pytest.mark.xdist_group("ray"))  # one xdist worker runs them all, in this order
 
 
 class EmbeddedRay:
