@@ -9,13 +9,15 @@ for it uses the same one, started by the first such module; the unit modules sto
 process (a multi-node ``Cluster``) stops it too with ``embedded_ray.stop()``.
 
 The integration modules are collected first, in :data:`ORDER`, then the unit tests. ``make test``
-runs pytest-xdist with 3 processes and ``--dist loadscope``: each module runs whole in one process
-(its module fixtures, such as a training run several tests read, run once), and the modules are
-handed out in that order, so the integration modules start first, each process with its own
-embedded Ray. Measured on 2 cores (fresh clone, the whole suite): 3 processes kept the cores ~97%
-busy, 2 left a third idle (the Ray runs mostly wait on process starts). pytest-xdist's
-``loadgroup`` (one process for every integration test) no longer groups anything with pytest 9.2,
-whose node ids ignore the ``@group`` suffix xdist 3.8 writes into ``item._nodeid``.
+runs pytest-xdist with 2 processes, ``--dist loadscope --no-loadscope-reorder``: each module runs
+whole in one process (its module fixtures, such as a training run several tests read, run once) and
+the modules are handed out in collection order, so the integration modules run first, two at a time
+at most, each process with its own embedded Ray, and the unit modules fill in after them.
+pytest-xdist's ``loadgroup`` (one process for every integration test) no longer groups anything with
+pytest 9.2, whose node ids ignore the ``@group`` suffix xdist 3.8 writes into ``item._nodeid``: the
+integration tests had been split test by test over both processes, module fixtures run in each.
+Three processes were tried (2026-12-02, 2 cores): once 694 s, once 1,967 s with three Ray-heavy
+modules at once timing out; two keep at most two Ray-heavy modules running together.
 """
 
 import os

@@ -2,6 +2,7 @@
 # On the GPU host (device tool), from the repo root, .gpu carried:
 #   bash bench/gpu/families.sh                         # the matrix (issue 22)
 #   PRESETS="gemma-2-2b phi-3.5-mini" bash bench/gpu/families.sh   # a part of it (each call <= 10 min)
+#   DEADLINE_S=570 ...                                # every run's timeout ends it by then (see below)
 # .gpu/wheels must hold llama_models-0.3.0, mistral_common-1.13.1, pycountry and pydantic_extra_types
 # (the offline Llama 3 / Mistral tokenizers; `pip download --no-deps` them on the CPU machine).
 # Per preset (random init): `rayft train` on ../shared/data alpaca EN + ZH, 30 steps on every local
@@ -21,8 +22,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 D="$PWD/.gpu/data"; ls "$D" || exit 3
 PRESETS=${PRESETS:-"qwen3-1.7b llama-3.2-1b gemma-2-2b phi-3.5-mini mistral-7b-v0.3"}
 STEPS=${STEPS:-30}; LIGER=${LIGER:-true}
-# DEADLINE_S: seconds from now by which every run must have ended (each run's timeout is the smaller
-# of TRAIN_TIMEOUT and what is left), so a device call's limit never cuts a results file off
+# DEADLINE_S: seconds from now by which every training run must have ended (each run's timeout is the
+# smaller of TRAIN_TIMEOUT and what is left, less 15 s for its results file; `rayft fit` and the
+# summary are outside it), so a device call's limit does not cut a run off mid-way
 END=$(( $(date +%s) + ${DEADLINE_S:-100000} ))
 python3 - <<'EOF' || exit 4
 from rayft.data.tokenizer import build_standin_tokenizer

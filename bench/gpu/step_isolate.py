@@ -4,8 +4,9 @@
         --variants "ac+liger+compile,liger+compile,ac+compile,ac+liger" --out $OUT/isolate.json
 
 A variant is a ``+``-joined set of switches: ``ac`` (activation checkpointing on every layer),
-``liger`` (liger kernels; ``liger-norm``, ``liger-rope``, ``liger-mlp``: liger with that kernel
-off), ``norm-newgrad`` (liger's RMSNorm computing its input gradient into a new buffer instead of over
+``liger`` (liger kernels as rayft routes them; ``liger-norm``, ``liger-rope``, ``liger-mlp``: with
+that kernel off; ``liger-all``: every kernel on, past rayft's routing — the 2026-12-02 results ran
+before that routing existed, so their ``liger`` is today's ``liger-all``), ``norm-newgrad`` (liger's RMSNorm computing its input gradient into a new buffer instead of over
 the incoming gradient, liger's default), ``compile`` (torch.compile per layer); the switches left out are off.
 Each variant runs in a child process (a CUDA fault poisons its process's context) with
 ``CUDA_LAUNCH_BLOCKING=1``, on one rank (a real one-rank NCCL group), building the preset through
@@ -37,14 +38,16 @@ def child(a: argparse.Namespace) -> None:
     from rayft.train.step import train_step
 
     sw = set(a.variant.split("+"))
-    drop = {x.split("-", 1)[1] for x in sw if x.startswith("liger-")}  # liger-norm, liger-rope, liger-mlp: that kernel off
+    # liger-norm, liger-rope, liger-mlp: that kernel off; liger-all: every kernel on, past rayft's routing
+    # (which leaves some off for some families under checkpointing + compile: rayft.train.families)
+    drop = {x.split("-", 1)[1] for x in sw if x.startswith("liger-")}
     if drop:
         import rayft.train.families as fam
 
         plain = fam.liger_call
 
         def without(model_type: str, *rest):
-            name, kw = plain(model_type, *rest)
+            name, kw = plain(model_type) if "all" in drop else plain(model_type, *rest)
             for k in list(kw):
                 if ("norm" in drop and k == "rms_norm") or ("rope" in drop and k == "rope") or ("mlp" in drop and k in ("swiglu", "geglu")):
                     kw[k] = False

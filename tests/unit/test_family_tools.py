@@ -233,6 +233,11 @@ def _with(messages_edit) -> dict:
             _with(lambda m: (m[2].update(tool_calls=[call("Paris", "call_1")]), m[3].update(tool_call_id="call_1"))),
             'the Mistral v3 chat template needs tool call ids of 9 letters or digits (as mistral-common\'s v3), got "call_1"',
         ),
+        (
+            "mistral-v3",
+            {"tools": TOOLS, "messages": [{"role": "system", "content": "Be brief."}, {"role": "assistant", "content": "Hi."}]},
+            "the Mistral v3 chat template renders no tools without a user turn to hold them",
+        ),
         ("gemma-standin", ONE_CALL, "the Gemma chat template renders no tools"),
         ("phi-standin", ONE_CALL, "the Phi-3 chat template renders no tools"),
     ],
@@ -243,6 +248,7 @@ def _with(messages_edit) -> dict:
         "mistral-call_without_id",
         "mistral-result_without_id",
         "mistral-id_not_9_characters",
+        "mistral-tools_without_user",
         "gemma-tools",
         "phi-tools",
     ],
@@ -251,3 +257,19 @@ def test_tool_use_a_format_cannot_hold_is_refused_naming_the_record(name, record
     with pytest.raises(DataError) as e:
         tokenize_conversation(tokenizer(name), to_conversation(copy.deepcopy(record), "data.jsonl:5", "messages"))
     assert str(e.value) == f"data.jsonl:5: {message}"
+
+
+def test_a_template_that_leaves_tool_call_turns_out_is_refused_not_guessed():
+    """A chat template of the user's (not rayft's) that renders no text for an assistant turn of tool
+    calls: the turn cannot be located, so the record is refused, instead of a span running on into
+    the tool result after it."""
+    tok = tokenizer("llama3")
+    tok.chat_template = (
+        "{{- bos_token -}}{%- for m in messages -%}{%- if not (m['role'] == 'assistant' and m['tool_calls']) -%}"
+        "{{- '<|start_header_id|>' + m['role'] + '<|end_header_id|>\\n\\n' + (m['content'] or '') + '<|eot_id|>' -}}"
+        "{%- endif -%}{%- endfor -%}"
+    )  # fmt: skip
+    rec = copy.deepcopy(ONE_CALL)
+    rec["messages"][3]["content"] = "SECRET TOOL RESULT"
+    with pytest.raises(DataError, match=r"^t:9: cannot locate assistant turn 2 in the chat template's rendering$"):
+        tokenize_conversation(tok, to_conversation(rec, "t:9", "messages"))

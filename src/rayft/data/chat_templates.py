@@ -116,6 +116,7 @@ MISTRAL_V3_TEMPLATE = (
     "{%- else -%}{%- set sys = '' -%}{%- set rest = messages -%}{%- endif -%}"
     "{%- set ns = namespace(last_user=-1) -%}"
     "{%- for m in rest -%}{%- if m['role'] == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}{%- endfor -%}"
+    "{%- if tools and ns.last_user < 0 -%}" + _refuse("Mistral v3", "tools without a user turn to hold them") + "{%- endif -%}"
     "{{- bos_token -}}"
     "{%- for m in rest -%}"
     "{%- set last_turn = loop.last -%}"

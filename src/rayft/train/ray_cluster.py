@@ -48,6 +48,7 @@ def connect_ray(cfg: RayftConfig) -> str:
     # 127.0.0.1 only; Ray turns token auth on by itself unless RAY_AUTH_MODE says otherwise (docs/network.md).
     ensure_default_token()
     for attempt in (1, 2):
+        before = child_pids()
         try:
             with keep_localhost():
                 ray.init(address="local", num_cpus=cfg.ray.num_cpus, _node_ip_address=LOOPBACK, **kwargs)
@@ -57,7 +58,7 @@ def connect_ray(cfg: RayftConfig) -> str:
             # are busy can miss that. Its processes are left running: stop them, then start once more.
             if attempt == 2 or "timed out during startup" not in str(e):
                 raise
-            stopped = stop_failed_ray_start()
+            stopped = stop_failed_ray_start(before)
             ray.shutdown()
             print(
                 f"[rayft] the embedded Ray did not start within Ray's 30 s (a busy host?): stopped the {stopped} "
@@ -68,22 +69,44 @@ def connect_ray(cfg: RayftConfig) -> str:
     raise AssertionError("unreachable")
 
 
-def stop_failed_ray_start(timeout_s: float = 10.0) -> int:
-    """Stop what a failed embedded Ray start of this process left running: its direct child
-    processes whose command line names a Ray session directory of this process
-    (``/session_<date>_<pid>``: the GCS, raylet, log monitor, ...), with their own children (the
-    raylet's agents). Other children (``rayft train`` processes a test started, their Rays) are left
-    alone. Returns how many processes were stopped (SIGTERM, then SIGKILL after ``timeout_s``)."""
+def child_pids() -> set[int]:
+    """The pids of this process's children now."""
     import psutil  # Ray ships it (ray/thirdparty_files), on sys.path once ray is imported
 
+    return {p.pid for p in psutil.Process().children()}
+
+
+def ray_start_processes(before: set[int]) -> list:
+    """This process's direct children started since ``before`` (:func:`child_pids`) whose command
+    line names a Ray session directory of this process (``/session_<date>_<pid>``): the GCS, raylet,
+    log monitor, ... of an embedded Ray started meanwhile (``psutil.Process`` objects)."""
+    import psutil
+
     mark = re.compile(rf"/session_[^/\s]*_{os.getpid()}(?:[/\s]|$)")
-    doomed = []
+    found = []
     for child in psutil.Process().children():
+        if child.pid in before:
+            continue
         try:
             if mark.search(" ".join(child.cmdline())):
-                doomed += [child, *child.children(recursive=True)]
+                found.append(child)
         except psutil.Error:  # ended meanwhile
             pass
+    return found
+
+
+def stop_failed_ray_start(before: set[int], timeout_s: float = 10.0) -> int:
+    """Stop what a failed embedded Ray start of this process left running: the
+    :func:`ray_start_processes` since ``before`` (taken just before the start) with their own
+    children (the raylet's agents). Older children (another Ray this process runs, ``rayft train``
+    processes a test started) are left alone. Returns how many processes were stopped (SIGTERM,
+    then SIGKILL after ``timeout_s``)."""
+    import psutil
+
+    doomed = []
+    for p in ray_start_processes(before):
+        with contextlib.suppress(psutil.Error):
+            doomed += [p, *p.children(recursive=True)]
     for p in doomed:
         with contextlib.suppress(psutil.Error):
             p.terminate()
