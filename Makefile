@@ -22,4 +22,4 @@ quickstart: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder --durations=15
+	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=15

@@ -9,15 +9,15 @@ for it uses the same one, started by the first such module; the unit modules sto
 process (a multi-node ``Cluster``) stops it too with ``embedded_ray.stop()``.
 
 The integration modules are collected first, in :data:`ORDER`, then the unit tests. ``make test``
-runs pytest-xdist with 2 processes, ``--dist loadscope --no-loadscope-reorder``: each module runs
-whole in one process (its module fixtures, such as a training run several tests read, run once) and
-the modules are handed out in collection order, so the integration modules run first, two at a time
-at most, each process with its own embedded Ray, and the unit modules fill in after them.
-pytest-xdist's ``loadgroup`` (one process for every integration test) no longer groups anything with
-pytest 9.2, whose node ids ignore the ``@group`` suffix xdist 3.8 writes into ``item._nodeid``: the
-integration tests had been split test by test over both processes, module fixtures run in each.
-Three processes were tried (2026-12-02, 2 cores): once 694 s, once 1,967 s with three Ray-heavy
-modules at once timing out; two keep at most two Ray-heavy modules running together.
+runs pytest-xdist with 2 processes and ``--dist loadgroup``, with no group marked: since pytest 9.2
+(whose node ids ignore the ``@group`` suffix xdist 3.8 writes into ``item._nodeid``) that hands the
+tests out one at a time in collection order, so the integration tests go first, spread over both
+processes, each process with its own embedded Ray (a module's fixtures may run in both). It is the
+schedule CI passed with (1,042 s, 2026-12-02) and measured here again. Tried on 2 cores the same day
+and dropped: ``--dist loadscope`` (whole modules) with 3 processes (694 s once, 1,967 s with
+failures once) and with 2 (Ray-heavy modules side by side: the fault-tolerance module's three
+embedded Rays plus another module's missed their deadlines): whole Ray-heavy modules side by side
+overload 2 cores; single tests interleave lighter.
 """
 
 import os
