@@ -1,6 +1,6 @@
 # Two entry points (see README): `make quickstart` and `make test`. Each creates .venv and installs
 # what it needs; the CPU build of torch 2.13.0 is installed first so that no CUDA build is pulled.
-# Bytecode is compiled at install (pip's default): with the install took 61 s instead
+# Bytecode is compiled at install (pip's default): with --no-compile the install took 61 s instead
 # of 143, but the suite's first Ray runs then compiled torch/transformers/ray at once in every
 # process and missed their deadlines on 2 cores.
 VENV ?= .venv
