@@ -13,11 +13,14 @@ runs pytest-xdist with 2 processes and ``--dist loadgroup``, with no group marke
 (whose node ids ignore the ``@group`` suffix xdist 3.8 writes into ``item._nodeid``) that hands the
 tests out one at a time in collection order, so the integration tests go first, spread over both
 processes, each process with its own embedded Ray (a module's fixtures may run in both). It is the
-schedule CI passed with (1,042 s, 2026-12-02) and measured here again. Tried on 2 cores the same day
+schedule CI passed with (1,042 s, 2026-12-02); on a fresh clone on 2 cores the same day, pytest
+731 s and ``make test`` 898 s, every test passing. Tried on 2 cores the same day
 and dropped: ``--dist loadscope`` (whole modules) with 3 processes (694 s once, 1,967 s with
 failures once) and with 2 (Ray-heavy modules side by side: the fault-tolerance module's three
 embedded Rays plus another module's missed their deadlines): whole Ray-heavy modules side by side
-overload 2 cores; single tests interleave lighter.
+overload 2 cores; single tests interleave lighter. (Those tries also installed with pip
+``--no-compile``, which moves bytecode compilation into the suite's first Ray runs: a part of their
+load.)
 """
 
 import os
