@@ -18,7 +18,7 @@ schedule CI passed with (1,042 s, 2026-12-02); on a fresh clone on 2 cores the s
 and dropped: ``--dist loadscope`` (whole modules) with 3 processes (694 s once, 1,967 s with
 failures once) and with 2 (Ray-heavy modules side by side: the fault-tolerance module's three
 embedded Rays plus another module's missed their deadlines): whole Ray-heavy modules side by side
-overload 2 cores; single tests interleave lighter. (Those tries also installed with pip
+overload 2 cores; single tests interleave lighter. (The two failed tries also installed with pip
 ``--no-compile``, which moves bytecode compilation into the suite's first Ray runs: a part of their
 load.)
 """
