@@ -25,6 +25,7 @@ an id.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Collection, Sequence
 
@@ -80,15 +81,6 @@ def _with_sentinel(message: dict) -> dict:
     return {**message, "content": content[:cut] + _SENTINEL}
 
 
-def _common_prefix(a: str, b: str) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def _content_bounds(tokenizer, messages: list[dict], i: int, text: str, tools: list[dict] | None) -> tuple[int, int] | None:
     """Where assistant turn ``i``'s content starts and ends in ``text``: rendered with the content
     replaced by the sentinel, the text before the sentinel and the text after it are the start and
@@ -126,9 +118,9 @@ def _tool_call_bounds(tokenizer, messages: list[dict], i: int, text: str, tools:
     at = variant.find(_SENTINEL)
     if at < 0:
         return None
-    start = min(_common_prefix(text, variant), at)
+    start = min(len(os.path.commonprefix([text, variant])), at)
     tail = len(variant) - at - len(_SENTINEL)  # what the plain render has after the sentinel: ``text`` must end with all of it
-    if _common_prefix(text[::-1], variant[::-1]) < tail or start >= len(text) - tail:
+    if len(os.path.commonprefix([text[::-1], variant[::-1]])) < tail or start >= len(text) - tail:
         return None  # the renders differ elsewhere too, or the turn renders no text of its own
     prompt = tokenizer.apply_chat_template(messages[:i], tools=tools, tokenize=False, add_generation_prompt=True) if i else ""
     if text.startswith(prompt) and start < len(prompt):

@@ -47,26 +47,29 @@ def connect_ray(cfg: RayftConfig) -> str:
     # "local": never attach to a `ray start` cluster by accident. Every Ray service listens on
     # 127.0.0.1 only; Ray turns token auth on by itself unless RAY_AUTH_MODE says otherwise (docs/network.md).
     ensure_default_token()
-    for attempt in (1, 2):
-        before = child_pids()
-        try:
-            with keep_localhost():
-                ray.init(address="local", num_cpus=cfg.ray.num_cpus, _node_ip_address=LOOPBACK, **kwargs)
-            return EMBEDDED
-        except Exception as e:
-            # Ray waits a fixed 30 s for its raylet to register (ray._private.node); a host whose cores
-            # are busy can miss that. Its processes are left running: stop them, then start once more.
-            if attempt == 2 or "timed out during startup" not in str(e):
-                raise
-            stopped = stop_failed_ray_start(before)
-            ray.shutdown()
-            print(
-                f"[rayft] the embedded Ray did not start within Ray's 30 s (a busy host?): stopped the {stopped} "
-                "process(es) it had started; starting it once more",
-                file=sys.stderr,
-                flush=True,
-            )
-    raise AssertionError("unreachable")
+
+    def start() -> None:
+        with keep_localhost():
+            ray.init(address="local", num_cpus=cfg.ray.num_cpus, _node_ip_address=LOOPBACK, **kwargs)
+
+    before = child_pids()
+    try:
+        start()
+    except Exception as e:
+        # Ray waits a fixed 30 s for its raylet to register (ray._private.node); a host whose cores
+        # are busy can miss that. Its processes are left running: stop them, then start once more.
+        if "timed out during startup" not in str(e):
+            raise
+        stopped = stop_failed_ray_start(before)
+        ray.shutdown()
+        print(
+            f"[rayft] the embedded Ray did not start within Ray's 30 s (a busy host?): stopped the {stopped} "
+            "process(es) it had started; starting it once more",
+            file=sys.stderr,
+            flush=True,
+        )
+        start()
+    return EMBEDDED
 
 
 def child_pids() -> set[int]:
