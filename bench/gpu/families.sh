@@ -21,7 +21,7 @@ NG=$(nvidia-smi -L | wc -l)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 D="$PWD/.gpu/data"; ls "$D" || exit 3
 PRESETS=${PRESETS:-"qwen3-1.7b llama-3.2-1b gemma-2-2b phi-3.5-mini mistral-7b-v0.3"}
-STEPS=${STEPS:-30}; LIGER=${LIGER:-true}
+STEPS=${STEPS:-30}; LIGER=${LIGER:-true}  # WARMUP (5) must stay below STEPS
 # DEADLINE_S: seconds from now by which every training run must have ended (each run's timeout is the
 # smaller of TRAIN_TIMEOUT and what is left, less 15 s for its results file; `rayft fit` and the
 # summary are outside it), so a device call's limit does not cut a run off mid-way
@@ -41,7 +41,7 @@ for p in $PRESETS; do
   case $p in
     *-7b*|*-8b*) ac=true; mb=${MB:-4} ;;
   esac
-  CMD="rayft train examples/qwen2.5-1.5b.yaml --set model.name_or_path=$p $extra --set train.num_workers=$NG --set train.micro_batch_size=$mb --set train.max_steps=$STEPS --set train.lr=3e-4 --set train.warmup_steps=5 --set train.activation_checkpointing=$ac --set train.liger_kernels=$LIGER --set data.train_files=[$D/alpaca_en_demo.json,$D/alpaca_zh_demo.json] --set train.log_every=1 --set checkpoint.storage_path=/tmp/runs --set checkpoint.name=fam-$p --set checkpoint.every_steps=null --set checkpoint.save_final=false"
+  CMD="rayft train examples/qwen2.5-1.5b.yaml --set model.name_or_path=$p $extra --set train.num_workers=$NG --set train.micro_batch_size=$mb --set train.max_steps=$STEPS --set train.lr=3e-4 --set train.warmup_steps=${WARMUP:-5} --set train.activation_checkpointing=$ac --set train.liger_kernels=$LIGER --set data.train_files=[$D/alpaca_en_demo.json,$D/alpaca_zh_demo.json] --set train.log_every=1 --set checkpoint.storage_path=/tmp/runs --set checkpoint.name=fam-$p --set checkpoint.every_steps=null --set checkpoint.save_final=false"
   echo "=== $p: $CMD"
   # rayft's own planner decides whether the preset fits these GPUs (rayft train would refuse it too)
   if ! python3 -m rayft.cli fit ${CMD#rayft train } --gpus "${NG}xH200" > "$OUT/fit-$p.txt" 2>&1; then

@@ -251,10 +251,11 @@ def test_liger_and_attention_routing_per_family():
         "fused_linear_cross_entropy": False,
     }
     assert routes["llama"][1]["swiglu"] is True and "geglu" not in routes["llama"][1]
-    # Qwen3 under activation checkpointing and compiled layers: liger's RoPE off (it and liger's RMSNorm
-    # together failed on a GPU there); every other family, and Qwen3 otherwise, keeps every kernel
+    # Qwen3 under activation checkpointing and compiled layers: liger's RoPE and RMSNorm off (they
+    # failed on a GPU there); every other family, and Qwen3 otherwise, keeps every kernel
     both = {t: liger_call(t, checkpointed_compiled=True)[1] for t in routes}
-    assert both["qwen3"] == {**routes["qwen3"][1], "rope": False} and routes["qwen3"][1]["rope"] is True
+    assert both["qwen3"] == {**routes["qwen3"][1], "rope": False, "rms_norm": False}
+    assert routes["qwen3"][1]["rope"] is routes["qwen3"][1]["rms_norm"] is True
     assert all(both[t] == routes[t][1] for t in routes if t != "qwen3")
     assert {PRESETS[p]["model_type"] for p in PRESETS} <= set(FAMILIES)  # every preset has a family
     with pytest.raises(ValueError, match="no liger-kernel patch for model_type 'gpt2'"):
