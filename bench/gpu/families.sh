@@ -52,7 +52,7 @@ for p in $PRESETS; do
   tail -1 "$OUT/fit-$p.txt"
   left=$(( END - $(date +%s) - 15 )); t=${TRAIN_TIMEOUT:-420}; [ "$left" -lt "$t" ] && t=$left
   [ "$t" -lt 60 ] && { echo "$p: not started: ${t}s left before DEADLINE_S"; continue; }
-  timeout "$t" python3 -m rayft.cli ${CMD#rayft } > "$OUT/train-$p.log" 2>&1
+  timeout -k 30 "$t" python3 -m rayft.cli ${CMD#rayft } > "$OUT/train-$p.log" 2>&1
   echo "exit $?"; grep -E "model:|attention|loss|error|Error" "$OUT/train-$p.log" | tail -8
   python3 -m rayft.benchmarks.record "/tmp/runs/fam-$p" "$OUT/families-$p-${NG}xgpu.json" --command "$CMD" || echo "$p: no summary (see $OUT/train-$p.log)"
 done
