@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 RANK = r"""
 import json, os, sys, time
+from pathlib import Path
 import torch, torch.distributed as dist
 rank, world, store, src, out, mode, report = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6], sys.argv[7]
 rank = int(rank)
@@ -64,8 +65,32 @@ dist.barrier()
 load_s = time.perf_counter() - t
 marks["after_load"] = rss()
 t = time.perf_counter()
+write_s = None
 if mode == "sharded":
     write_sharded_hf_weights(model, out)
+    write_s = time.perf_counter() - t
+    check = compare_export(model, out, torch.device("cpu"))
+elif mode == "sharded-dcp":  # the sharded export before 2026-12-02: torch's HF writer, then its consolidation
+    from torch.distributed.checkpoint import HuggingFaceStorageWriter
+    from torch.distributed.checkpoint._consolidate_hf_safetensors import consolidate_safetensors_files_on_every_rank
+    import torch.distributed.checkpoint as dcp
+    from rayft.train.hf_weights import export_file_count, export_state_dict, file_index, write_index
+    sd = export_state_dict(model)
+    sizes = [(k, v.numel() * v.element_size()) for k, v in sd.items()]
+    index = file_index(sizes, min(len(sizes), export_file_count(sum(b for _, b in sizes))))
+    if rank == 0:
+        os.makedirs(f"{out}/sharded")
+    dist.barrier()
+    dcp.save(sd, storage_writer=HuggingFaceStorageWriter(f"{out}/sharded", fqn_to_index_mapping=index, save_distributed=True))
+    dist.barrier()
+    consolidate_safetensors_files_on_every_rank(f"{out}/sharded", out, fqn_to_index_mapping=index)
+    if rank == 0:
+        import shutil
+        shutil.rmtree(f"{out}/sharded")
+        write_index(Path(out), index, dict(sizes))
+    dist.barrier()
+    del sd
+    write_s = time.perf_counter() - t
     check = compare_export(model, out, torch.device("cpu"))
 else:
     sd = full_model_state_dict(model)
@@ -78,7 +103,7 @@ else:
 dist.barrier()
 export_s = time.perf_counter() - t
 marks["after_export"] = rss()
-json.dump({"rank": rank, "peak_rss": marks, "load_s": load_s, "export_s": export_s, "check": check}, open(report, "w"))
+json.dump({"rank": rank, "peak_rss": marks, "load_s": load_s, "export_s": export_s, "write_s": write_s, "check": check}, open(report, "w"))
 dist.destroy_process_group()
 """
 
@@ -128,7 +153,9 @@ def main() -> None:
     ap.add_argument("--preset", default="qwen2.5-1.5b")
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--work", default="/tmp/rayft-rss")
-    ap.add_argument("--modes", default="sharded,gathered", help="comma-separated: sharded, gathered")
+    ap.add_argument(
+        "--modes", default="sharded,gathered", help="comma-separated: sharded, sharded-dcp (the sharded export before 2026-12-02), gathered"
+    )
     ap.add_argument("--out", default=str(ROOT / "bench/results" / f"{datetime.date.today()}-sharded-weights-rss-{os.cpu_count()}cpu.json"))
     args = ap.parse_args()
     work = Path(args.work)
@@ -151,6 +178,7 @@ def main() -> None:
                 "after_load_gb": [round(r["peak_rss"]["after_load"] / gb, 3) for r in reps],
                 "load_s": [round(r["load_s"], 1) for r in reps],
                 "export_s": [round(r["export_s"], 1) for r in reps],
+                "write_s": [None if r.get("write_s") is None else round(r["write_s"], 1) for r in reps],
                 "within_bound": all(max(r["peak_rss"].values()) <= bound for r in reps),
                 "export_check": reps[0]["check"],
             }

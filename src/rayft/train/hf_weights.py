@@ -5,11 +5,11 @@ files only the rows of its own shards (DCP's ``HuggingFaceStorageReader``, which
 lazily through safetensors' ``get_slice``) and casts them into its fp32 shards. A host's peak memory
 is its ranks' shares of the model, not the model.
 
-Exporting (:func:`write_sharded_hf_weights`): every rank writes its shards (DCP's
-``HuggingFaceStorageWriter`` with ``save_distributed``), then the files of the export are assembled
-from them, each rank assembling a share of the files with one full tensor in memory at a time
-(torch's ``consolidate_safetensors_files_on_every_rank``). The result is a plain Hugging Face
-directory: ``model-0000i-of-0000n.safetensors`` and ``model.safetensors.index.json``.
+Exporting (:func:`write_sharded_hf_weights`): the export's files are shared out over the ranks;
+for each tensor, in file order, every rank sends its rows to the rank of its file, which streams
+it into that file, so each byte is written once and a rank holds one full tensor at a time. The
+result is a plain Hugging Face directory: ``model-0000i-of-0000n.safetensors`` and
+``model.safetensors.index.json``.
 
 Both are collective over the default process group and need the directory on a file system every
 rank sees (a local disk on one node, a shared file system across nodes).
@@ -38,7 +38,7 @@ INDEX_FILE = "model.safetensors.index.json"
 #: the file of a one-file checkpoint
 SINGLE_FILE = "model.safetensors"
 #: largest export file, bytes (Hugging Face's own default shard size is 5 GB; smaller files keep the
-#: per-file buffers of the write, and the consolidation's share of each rank, small)
+#: work of the export spread over more ranks)
 EXPORT_FILE_BYTES = 2 * 2**30
 
 
@@ -278,31 +278,91 @@ def export_file_count(total_bytes: int, file_bytes: int = EXPORT_FILE_BYTES) -> 
 def write_sharded_hf_weights(module: torch.nn.Module, out_dir: str | os.PathLike, file_bytes: int = EXPORT_FILE_BYTES) -> dict[str, int]:
     """Collective: write ``module``'s weights (fp32, as trained) into ``out_dir`` as Hugging Face
     safetensors files (``model.safetensors``, or ``model-0000i-of-0000n.safetensors`` and
-    ``model.safetensors.index.json``), no rank holding more than its shards and one full tensor.
-    ``file_bytes``: the largest file wanted, bytes. Returns tensor name → file number. The per-rank
-    part files (``out_dir/sharded``) are removed."""
-    from torch.distributed.checkpoint import HuggingFaceStorageWriter
-    from torch.distributed.checkpoint._consolidate_hf_safetensors import (  # torch's own (used by torchtitan); no public name yet
-        consolidate_safetensors_files_on_every_rank,
-    )
+    ``model.safetensors.index.json``). File ``i`` is written by rank ``(i - 1) % world``: for each
+    tensor in file order every rank sends its rows to the file's rank (:func:`gathered_on`), which
+    streams the tensor to disk (:class:`rayft.train.safetensors_stream.SafetensorsStream`), so each
+    file is written once and no rank holds more than its shards and one full tensor (on its device
+    and, while writing, on the host). ``file_bytes``: the largest file wanted, bytes. Returns tensor
+    name → file number.
+
+    Raises:
+        OSError: a write failed on this rank or another (raised on every rank, after every rank
+            has joined every gather, so that the ranks' collectives stay matched).
+    """
+    from rayft.train.safetensors_stream import SafetensorsStream
 
     sd = export_state_dict(module)
     sizes = [(name, t.numel() * t.element_size()) for name, t in sd.items()]
     total = sum(b for _, b in sizes)
     index = file_index(sizes, min(len(sizes), export_file_count(total, file_bytes)))
     out_dir = Path(out_dir)
-    parts = out_dir / "sharded"
-    if dist.get_rank() == 0:
-        parts.mkdir(parents=True, exist_ok=True)
-    dist.barrier()
-    dcp.save(sd, storage_writer=HuggingFaceStorageWriter(str(parts), fqn_to_index_mapping=index, save_distributed=True))
-    dist.barrier()
-    consolidate_safetensors_files_on_every_rank(str(parts), str(out_dir), fqn_to_index_mapping=index)
-    if dist.get_rank() == 0:
-        shutil.rmtree(parts, ignore_errors=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rank, world, n = dist.get_rank(), dist.get_world_size(), max(index.values())
+    error: OSError | None = None  # kept, not raised, until every rank has joined every gather
+    for i in range(1, n + 1):
+        names = [k for k, f in index.items() if f == i]
+        stream, owner = None, (i - 1) % world
+        if owner == rank and error is None:
+            try:
+                entries = {k: (sd[k].dtype, tuple(sd[k].shape)) for k in names}
+                stream = SafetensorsStream(out_dir / f"model-{i:05d}-of-{n:05d}.safetensors", entries, {"format": "pt"})
+            except OSError as e:
+                error = e
+        for name in names:
+            full = gathered_on(sd[name], owner)  # collective: every rank, every tensor
+            if stream is not None:
+                try:
+                    stream.write(name, full)
+                except OSError as e:
+                    error, stream = e, stream.abort()
+            del full
+        if stream is not None:
+            try:
+                stream.close()
+            except OSError as e:
+                error = e
+                stream.abort()
+    failures: list[str | None] = [None] * world  # every rank learns of any rank's failure: all raise, or none
+    dist.all_gather_object(failures, None if error is None else f"{type(error).__name__}: {error}")
+    if error is not None:
+        raise error
+    failed = [(r, f) for r, f in enumerate(failures) if f]
+    if failed:
+        raise OSError(f"writing the export failed on rank {failed[0][0]}: {failed[0][1]}")
+    if rank == 0:
         write_index(out_dir, index, dict(sizes))
-    dist.barrier()
+    dist.barrier()  # every file whole and named before any rank reads the export
     return index
+
+
+def gathered_on(t: torch.Tensor, dst: int) -> torch.Tensor | None:
+    """Collective for a ``DTensor``: the whole tensor on rank ``dst`` (None on the others). A
+    ``Shard(0)`` tensor over a 1-D mesh, as FSDP2 shards every parameter, is gathered to ``dst``
+    only (``dist.gather`` of each rank's rows, zero-padded to ``⌈n / world⌉``: the model crosses the
+    network once, not once per rank); other placements through ``DTensor.full_tensor``. A shard kept
+    on the host (CPU offload) travels through the mesh's device. A plain tensor: as it is, on
+    every rank. ``dst``: a rank of the default group, and of the mesh's (FSDP2's mesh spans them all)."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    if not isinstance(t, DTensor):
+        return t
+    mesh, local = t.device_mesh, t.to_local()
+    on_mesh = torch.device("cpu") if mesh.device_type == "cpu" else torch.device(mesh.device_type, torch.accelerator.current_device_index())
+    if mesh.ndim != 1 or tuple(t.placements) != (Shard(0),):
+        if local.device != on_mesh:
+            t = DTensor.from_local(local.to(on_mesh), mesh, t.placements, shape=t.shape, stride=t.stride(), run_check=False)
+        full = t.full_tensor()
+        return full if mesh.get_rank() == dst else None
+    group, world, n = mesh.get_group(), mesh.size(), t.shape[0]
+    if n == 0:
+        return torch.empty(t.shape, dtype=local.dtype) if mesh.get_rank() == dst else None
+    rows = math.ceil(n / world)
+    padded = torch.zeros((rows, *t.shape[1:]), dtype=local.dtype, device=on_mesh)
+    padded[: local.shape[0]] = local
+    # rank r holds rows [r·rows, …) (shard_rows): received into one buffer, the tensor is its first n rows
+    whole = torch.empty((world * rows, *t.shape[1:]), dtype=local.dtype, device=on_mesh) if mesh.get_rank() == dst else None
+    dist.gather(padded, None if whole is None else list(whole.split(rows)), group=group, group_dst=dst)
+    return None if whole is None else whole[:n]
 
 
 def dcp_to_hf_files(checkpoint: str, model_config, out_dir: str | os.PathLike, file_bytes: int | None = None) -> dict[str, int]:

@@ -1,0 +1,105 @@
+"""A safetensors file written one tensor at a time, for exports larger than a process should hold.
+
+safetensors' own ``save_file`` takes every tensor of the file at once. The sharded export
+(:func:`rayft.train.hf_weights.write_sharded_hf_weights`) gathers one full tensor at a time from
+its FSDP2 shards, so it writes the header first (every tensor's name, dtype and shape are known
+before any is gathered) and then each tensor's bytes as they arrive: a rank holds one full tensor,
+not one file. The layout is safetensors' documented one (https://huggingface.co/docs/safetensors,
+"Format"): an 8-byte little-endian header length, the JSON header (``{name: {"dtype", "shape",
+"data_offsets": [begin, end]}, "__metadata__": {...}}``, padded with spaces to a multiple of 8
+bytes), then the tensors' bytes back to back in header order, row-major, little-endian. Readers
+are safetensors' own (``safe_open``, ``load_file``, transformers); the export reads every file back
+through them before it is published.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from pathlib import Path
+
+import torch
+
+#: torch dtype → safetensors dtype name (the ones a model's state dict holds)
+DTYPE_NAMES = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+    torch.float8_e4m3fn: "F8_E4M3",
+    torch.float8_e5m2: "F8_E5M2",
+}
+
+
+class SafetensorsStream:
+    """Write ``path`` as a safetensors file holding ``entries`` (name → (dtype, shape)), in that
+    order; :meth:`write` each tensor in turn, then :meth:`close` (which fsyncs). Use as a context
+    manager, or call :meth:`abort` on a failure: either deletes the partial file.
+
+    Raises:
+        ValueError: a dtype safetensors has no name for; a tensor written out of order, or whose
+            dtype or shape differs from its entry; :meth:`close` before every tensor was written.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike, entries: dict[str, tuple[torch.dtype, tuple[int, ...]]], metadata: dict[str, str] | None = None
+    ):
+        self.path = Path(path)
+        self.entries = list(entries.items())
+        header: dict[str, object] = {"__metadata__": dict(metadata or {})} if metadata else {}
+        offset = 0
+        for name, (dtype, shape) in self.entries:
+            if dtype not in DTYPE_NAMES:
+                raise ValueError(f"{self.path}: tensor {name!r} has dtype {dtype}, which safetensors cannot store")
+            nbytes = math.prod(shape) * dtype.itemsize
+            header[name] = {"dtype": DTYPE_NAMES[dtype], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+            offset += nbytes
+        text = json.dumps(header, separators=(",", ":")).encode()
+        text += b" " * (-(8 + len(text)) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+        self._file = open(self.path, "wb")  # noqa: SIM115 -- closed by close()/__exit__
+        self._file.write(struct.pack("<Q", len(text)) + text)
+        self._next = 0
+
+    def write(self, name: str, tensor: torch.Tensor) -> None:
+        """Append ``tensor`` (any device; copied to the host here) as the next entry, ``name``."""
+        if self._next >= len(self.entries) or self.entries[self._next][0] != name:
+            expected = self.entries[self._next][0] if self._next < len(self.entries) else "nothing more"
+            raise ValueError(f"{self.path}: got tensor {name!r}, expected {expected!r}")
+        dtype, shape = self.entries[self._next][1]
+        if tensor.dtype != dtype or tuple(tensor.shape) != tuple(shape):
+            raise ValueError(f"{self.path}: tensor {name!r} is {tensor.dtype} {tuple(tensor.shape)}, its entry says {dtype} {tuple(shape)}")
+        host = tensor.detach().to("cpu").contiguous()
+        if host.numel():
+            self._file.write(memoryview(host.reshape(-1).view(torch.uint8).numpy()))
+        self._next += 1
+
+    def close(self) -> None:
+        """Flush and fsync the file (every entry must have been written)."""
+        if self._next != len(self.entries):
+            missing = [n for n, _ in self.entries[self._next :]]
+            raise ValueError(f"{self.path}: closed with {len(missing)} tensor(s) not written, first {missing[0]!r}")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+
+    def abort(self) -> None:
+        """Close and delete the partial file."""
+        self._file.close()
+        self.path.unlink(missing_ok=True)
+
+    def __enter__(self) -> SafetensorsStream:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()

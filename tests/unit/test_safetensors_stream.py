@@ -1,0 +1,74 @@
+"""rayft.train.safetensors_stream: a file written one tensor at a time reads back through
+safetensors' own readers exactly, and a wrong order, shape or early close is refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from rayft.train.safetensors_stream import SafetensorsStream
+
+
+def tensors() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(5)
+    return {
+        "model.embed_tokens.weight": torch.randn(7, 5, generator=g),
+        "model.norm.weight": torch.randn(3, generator=g).to(torch.bfloat16),
+        "transposed": torch.randn(4, 6, generator=g).t(),  # not contiguous: written row-major
+        "step": torch.tensor(12345678901, dtype=torch.int64),  # 0-d
+        "empty": torch.empty(0, 4),
+        "mask": torch.tensor([True, False, True]),
+        "f16": torch.randn(2, 3, generator=g).half(),
+        "fp8": torch.randn(9, generator=g).to(torch.float8_e4m3fn),
+    }
+
+
+def test_streamed_file_reads_back_exactly_through_safetensors(tmp_path):
+    want = tensors()
+    path = tmp_path / "model.safetensors"
+    with SafetensorsStream(path, {k: (v.dtype, tuple(v.shape)) for k, v in want.items()}, {"format": "pt"}) as s:
+        for k, v in want.items():
+            s.write(k, v)
+    got = load_file(str(path))
+    assert set(got) == set(want)
+    for k, v in want.items():
+        assert got[k].dtype == v.dtype and got[k].shape == v.shape, k
+        assert torch.equal(got[k].reshape(-1).view(torch.uint8), v.contiguous().reshape(-1).view(torch.uint8)), k  # bit for bit
+    with safe_open(str(path), framework="pt") as f:
+        assert f.metadata() == {"format": "pt"}
+        assert torch.equal(f.get_slice("model.embed_tokens.weight")[2:4], want["model.embed_tokens.weight"][2:4])
+    header_len = int.from_bytes(path.read_bytes()[:8], "little")
+    assert (8 + header_len) % 8 == 0  # the data starts 8-byte aligned
+    assert path.stat().st_size == 8 + header_len + sum(v.numel() * v.element_size() for v in want.values())
+
+
+def test_wrong_order_shape_dtype_or_early_close_is_refused_and_leaves_no_file(tmp_path):
+    a, b = torch.zeros(2, 3), torch.ones(4)
+    entries = {"a": (a.dtype, (2, 3)), "b": (b.dtype, (4,))}
+    path = tmp_path / "x.safetensors"
+    with pytest.raises(ValueError, match=r"x.safetensors: got tensor 'b', expected 'a'"), SafetensorsStream(path, entries) as s:
+        s.write("b", b)
+    assert not path.exists()
+    with (
+        pytest.raises(ValueError, match=r"tensor 'a' is torch.float32 \(3, 2\), its entry says torch.float32 \(2, 3\)"),
+        SafetensorsStream(path, entries) as s,
+    ):
+        s.write("a", a.t())
+    with pytest.raises(ValueError, match=r"tensor 'a' is torch.float64"), SafetensorsStream(path, entries) as s:
+        s.write("a", a.double())
+    s = SafetensorsStream(path, entries)
+    s.write("a", a)
+    with pytest.raises(ValueError, match=r"closed with 1 tensor\(s\) not written, first 'b'"):
+        s.close()
+    s.abort()
+    assert not path.exists()
+    with pytest.raises(ValueError, match=r"tensor 'c' has dtype torch.complex64, which safetensors cannot store"):
+        SafetensorsStream(path, {"c": (torch.complex64, (2,))})
+    with SafetensorsStream(path, entries) as s:
+        s.write("a", a)
+        s.write("b", b)
+        with pytest.raises(ValueError, match=r"got tensor 'a', expected 'nothing more'"):
+            s.write("a", a)
+    assert set(load_file(str(path))) == {"a", "b"}
