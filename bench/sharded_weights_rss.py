@@ -55,7 +55,7 @@ for layer in decoder_layers(model):
 fully_shard(model, mesh=mesh, mp_policy=mp)
 model.to_empty(device="cpu")
 t = time.perf_counter()
-if mode == "sharded":
+if mode.startswith("sharded"):
     load_sharded_weights(model, src)
 else:
     full = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).state_dict() if rank == 0 else {}

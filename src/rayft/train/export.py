@@ -1,8 +1,8 @@
 """The end-of-run Hugging Face export, checked against the trained model (collective).
 
-On a run directory every rank sees (a local disk, a shared file system), every rank writes its own
-shards and assembles a share of the export's files (:func:`rayft.train.hf_weights.write_sharded_hf_weights`):
-no rank holds the whole model. Each rank then reads back its rows and compares them with its shards
+On a run directory every rank sees (a local disk, a shared file system), each rank writes a share
+of the export's files, the tensors of each gathered to its rank one at a time
+(:func:`rayft.train.hf_weights.write_sharded_hf_weights`): no rank holds the whole model. Each rank then reads back its rows and compares them with its shards
 (exact: the export is the fp32 master weights). Rank 0 also compares the exported model's logits with
 the trained model's on a fixed batch, when the model fits next to what training holds (GPU memory
 for GPU workers, host memory for CPU workers); beyond that the check is skipped with a note.

@@ -338,8 +338,8 @@ def write_sharded_hf_weights(module: torch.nn.Module, out_dir: str | os.PathLike
 def gathered_on(t: torch.Tensor, dst: int) -> torch.Tensor | None:
     """Collective for a ``DTensor``: the whole tensor on rank ``dst`` (None on the others). A
     ``Shard(0)`` tensor over a 1-D mesh, as FSDP2 shards every parameter, is gathered to ``dst``
-    only (``dist.gather`` of each rank's rows, zero-padded to ``⌈n / world⌉``: the model crosses the
-    network once, not once per rank); other placements through ``DTensor.full_tensor``. A shard kept
+    only (each rank sends its rows, zero-padded to ``⌈n / world⌉``, point to point: the model
+    crosses the network once, not once per rank); other placements through ``DTensor.full_tensor``. A shard kept
     on the host (CPU offload) travels through the mesh's device. A plain tensor: as it is, on
     every rank. ``dst``: a rank of the default group, and of the mesh's (FSDP2's mesh spans them all)."""
     from torch.distributed.tensor import DTensor, Shard
@@ -354,15 +354,28 @@ def gathered_on(t: torch.Tensor, dst: int) -> torch.Tensor | None:
         full = t.full_tensor()
         return full if mesh.get_rank() == dst else None
     group, world, n = mesh.get_group(), mesh.size(), t.shape[0]
+    if world == 1:
+        return local
     if n == 0:
         return torch.empty(t.shape, dtype=local.dtype) if mesh.get_rank() == dst else None
     rows = math.ceil(n / world)
     padded = torch.zeros((rows, *t.shape[1:]), dtype=local.dtype, device=on_mesh)
     padded[: local.shape[0]] = local
     # rank r holds rows [r·rows, …) (shard_rows): received into one buffer, the tensor is its first n rows
-    whole = torch.empty((world * rows, *t.shape[1:]), dtype=local.dtype, device=on_mesh) if mesh.get_rank() == dst else None
-    dist.gather(padded, None if whole is None else list(whole.split(rows)), group=group, group_dst=dst)
-    return None if whole is None else whole[:n]
+    # point to point, not dist.gather: gloo's gather stages the whole tensor in a buffer of its own
+    # (twice the tensor on the receiving host); each send lands straight in its rows here
+    me = mesh.get_rank()
+    if me != dst:
+        for op in dist.batch_isend_irecv([dist.P2POp(dist.isend, padded, group=group, group_peer=dst)]):
+            op.wait()
+        return None
+    whole = torch.empty((world * rows, *t.shape[1:]), dtype=local.dtype, device=on_mesh)
+    parts = whole.split(rows)
+    parts[me].copy_(padded)
+    recvs = [dist.P2POp(dist.irecv, parts[r], group=group, group_peer=r) for r in range(world) if r != me]
+    for op in dist.batch_isend_irecv(recvs) if recvs else []:
+        op.wait()
+    return whole[:n]
 
 
 def dcp_to_hf_files(checkpoint: str, model_config, out_dir: str | os.PathLike, file_bytes: int | None = None) -> dict[str, int]:
