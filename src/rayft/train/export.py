@@ -30,7 +30,7 @@ from rayft.config import RayftConfig
 from rayft.data.packing import collate
 from rayft.train import checkpoint as ckpt_lib
 from rayft.train.events import ExportEvent, ProgressChannel
-from rayft.train.hf_weights import compare_export, sharded_io_available, write_sharded_hf_weights
+from rayft.train.hf_weights import compare_export, write_sharded_hf_weights
 from rayft.train.model import ShardedModel
 from rayft.train.worker_args import WorkerArgs
 
@@ -57,7 +57,7 @@ def export_and_verify(
     with torch.no_grad():
         ref = module(input_ids=probe["input_ids"].to(device), position_ids=probe["position_ids"].to(device)).logits.float().cpu()
     timings = {"probe": time.perf_counter() - t0}
-    if "://" in args.run_dir or model.export_gathered or not sharded_io_available():
+    if "://" in args.run_dir or model.export_gathered:
         t1 = time.perf_counter()
         info = _export_gathered(model, model_conf, cfg, args)
         timings["gather_write"] = time.perf_counter() - t1

@@ -52,11 +52,10 @@ PLAIN_DTYPES = {"F32", "F16", "BF16"}
 
 
 def sharded_io_available() -> bool:
-    """True when this torch has what the sharded load and export need (DCP's Hugging Face reader and
-    writer, and the consolidation on every rank: torch 2.9 and later)."""
+    """True when this torch has DCP's Hugging Face reader, which the sharded load needs (torch 2.9
+    and later; the sharded export needs only point-to-point sends and safetensors' format)."""
     try:
-        from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceStorageWriter  # noqa: F401
-        from torch.distributed.checkpoint._consolidate_hf_safetensors import consolidate_safetensors_files_on_every_rank  # noqa: F401
+        from torch.distributed.checkpoint import HuggingFaceStorageReader  # noqa: F401
     except ImportError:
         return False
     return True
