@@ -67,6 +67,17 @@ for name, src in spec["sources"].items():
         logits = model.module(input_ids=ids, position_ids=batch["position_ids"]).logits
     report[name] = {"all_equal": all(equal), "n": len(equal), "files": max(index.values()), "check": check, "spoiled": spoiled,
                     "logits": logits[0, :, :8].tolist()}
+if spec.get("fail"):  # rank 1 cannot create its file (a directory holds the name): every rank raises
+    import os
+    bad, k = spec["out"] + "/failing", max(index.values())
+    if rank == 1:
+        os.makedirs(f"{bad}/model-00002-of-{k:05d}.safetensors")
+    dist.barrier()
+    try:
+        write_sharded_hf_weights(model.module, bad, file_bytes=spec["file_bytes"])
+        report["failing"] = None
+    except OSError as e:
+        report["failing"] = f"{type(e).__name__}: {e}"
 if spec.get("offload"):
     losses = {}
     for off in (False, True):
@@ -122,7 +133,8 @@ def test_sharded_load_and_export_on_gloo_ranks(world, tmp_path):
     untied one stored in fp32 (mistral-tiny): every rank's fp32 shards equal its rows of transformers'
     own full load, exactly; after a training step the export (written by every rank, several files)
     reads back equal to every shard, a value changed in it is found (a number, then a NaN), and it
-    loads in transformers with the trained model's logits."""
+    loads in transformers with the trained model's logits; on 2 ranks, a file one rank cannot write
+    makes every rank raise, naming it."""
     from transformers import AutoModelForCausalLM
 
     sources = {
@@ -133,7 +145,7 @@ def test_sharded_load_and_export_on_gloo_ranks(world, tmp_path):
     ids = torch.randint(0, 32000, (24,), generator=torch.Generator().manual_seed(5)).tolist()
     out = tmp_path / "out"
     out.mkdir()
-    spec = {"sources": sources, "ids": ids, "out": str(out), "offload": world == 2, "file_bytes": 5 * 2**20}
+    spec = {"sources": sources, "ids": ids, "out": str(out), "offload": world == 2, "fail": world == 2, "file_bytes": 5 * 2**20}
     reports = run_ranks(world, tmp_path, spec)
     for name in sources:
         for r in reports:
@@ -154,6 +166,12 @@ def test_sharded_load_and_export_on_gloo_ranks(world, tmp_path):
         src = AutoModelForCausalLM.from_pretrained(sources[name], dtype=torch.float32)
         assert not torch.equal(src.model.layers[0].mlp.up_proj.weight, hf.model.layers[0].mlp.up_proj.weight)  # it trained
     if world == 2:
+        # a write that fails on one rank: that rank raises its error, every other rank names it; no index is written
+        k = reports[0]["mistral"]["files"]
+        own = f"IsADirectoryError: [Errno 21] Is a directory: '{out}/failing/model-00002-of-{k:05d}.safetensors'"
+        assert reports[1]["failing"] == own
+        assert reports[0]["failing"] == f"OSError: writing the export failed on rank 1: {own}"
+        assert not (out / "failing" / "model.safetensors.index.json").exists()
         losses = reports[0]["offload"]
         assert losses["True"] == pytest.approx(losses["False"], rel=1e-6)
         assert losses["True"][0] > losses["True"][2]
