@@ -8,7 +8,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from rayft.train.safetensors_stream import SafetensorsStream
+from rayft.train.safetensors_stream import DTYPE_NAMES, SafetensorsStream
 
 
 def tensors() -> dict[str, torch.Tensor]:
@@ -44,6 +44,23 @@ def test_streamed_file_reads_back_exactly_through_safetensors(tmp_path):
     assert path.stat().st_size == 8 + header_len + sum(v.numel() * v.element_size() for v in want.values())
 
 
+@pytest.mark.parametrize("dtype", sorted(DTYPE_NAMES, key=str))
+def test_every_named_dtype_reads_back_bit_for_bit_without_metadata(dtype, tmp_path):
+    raw = torch.arange(24, dtype=torch.uint8).reshape(2, 3, 4)
+    if dtype == torch.bool:
+        t = raw % 3 == 0
+    else:  # every byte pattern of the dtype's size: the bits, not the values, are what must survive
+        t = torch.randint(0, 256, (2, 3, 4 * dtype.itemsize), dtype=torch.uint8, generator=torch.Generator().manual_seed(2)).view(dtype)
+    path = tmp_path / "one.safetensors"
+    with SafetensorsStream(path, {"t": (t.dtype, tuple(t.shape))}) as s:
+        s.write("t", t)
+    got = load_file(str(path))["t"]
+    assert got.dtype == dtype and got.shape == t.shape
+    assert torch.equal(got.reshape(-1).view(torch.uint8), t.reshape(-1).view(torch.uint8))
+    with safe_open(str(path), framework="pt") as f:
+        assert f.metadata() is None
+
+
 def test_wrong_order_shape_dtype_or_early_close_is_refused_and_leaves_no_file(tmp_path):
     a, b = torch.zeros(2, 3), torch.ones(4)
     entries = {"a": (a.dtype, (2, 3)), "b": (b.dtype, (4,))}
@@ -66,6 +83,8 @@ def test_wrong_order_shape_dtype_or_early_close_is_refused_and_leaves_no_file(tm
     assert not path.exists()
     with pytest.raises(ValueError, match=r"tensor 'c' has dtype torch.complex64, which safetensors cannot store"):
         SafetensorsStream(path, {"c": (torch.complex64, (2,))})
+    with pytest.raises(ValueError, match=r"metadata holds strings only"):
+        SafetensorsStream(path, entries, {"step": 3})
     with SafetensorsStream(path, entries) as s:
         s.write("a", a)
         s.write("b", b)

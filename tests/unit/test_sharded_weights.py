@@ -67,8 +67,22 @@ for name, src in spec["sources"].items():
         logits = model.module(input_ids=ids, position_ids=batch["position_ids"]).logits
     report[name] = {"all_equal": all(equal), "n": len(equal), "files": max(index.values()), "check": check, "spoiled": spoiled,
                     "logits": logits[0, :, :8].tolist()}
+# tensors of uneven rows (a short last shard, empty ones) reach each rank whole, and only that rank
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from rayft.train.hf_weights import gathered_on
+mesh, uneven = init_device_mesh("cpu", (world,)), []
+for rows in (2 * world + 1, 1, 0):
+    full = torch.arange(rows * 3, dtype=torch.float32).reshape(rows, 3)
+    for placement in (Shard(0), Replicate()):
+        t = distribute_tensor(full, mesh, [placement])
+        for dst in range(world):
+            got = gathered_on(t, dst)
+            uneven.append(torch.equal(got, full) if rank == dst else got is None)
+report["uneven"] = uneven
 if spec.get("fail"):  # rank 1 cannot create its file (a directory holds the name): every rank raises
     import os
+    import rayft.train.safetensors_stream as stream_mod
     bad, k = spec["out"] + "/failing", max(index.values())
     if rank == 1:
         os.makedirs(f"{bad}/model-00002-of-{k:05d}.safetensors")
@@ -78,6 +92,21 @@ if spec.get("fail"):  # rank 1 cannot create its file (a directory holds the nam
         report["failing"] = None
     except OSError as e:
         report["failing"] = f"{type(e).__name__}: {e}"
+    # the disk fills while rank 0 writes the second tensor of a file: every rank raises, the partial file is gone
+    plain_write, calls = stream_mod.SafetensorsStream.write, []
+    def full_disk(self, name, tensor):
+        calls.append(self.path.name)
+        if rank == 0 and calls.count(self.path.name) == 2 and "full_disk_file" not in report:
+            report["full_disk_file"] = self.path.name
+            raise OSError(28, "No space left on device")
+        plain_write(self, name, tensor)
+    stream_mod.SafetensorsStream.write = full_disk
+    try:
+        write_sharded_hf_weights(model.module, spec["out"] + "/full", file_bytes=spec["file_bytes"])
+        report["full_disk"] = None
+    except OSError as e:
+        report["full_disk"] = f"{type(e).__name__}: {e}"
+    stream_mod.SafetensorsStream.write = plain_write
 if spec.get("offload"):
     losses = {}
     for off in (False, True):
@@ -147,6 +176,7 @@ def test_sharded_load_and_export_on_gloo_ranks(world, tmp_path):
     out.mkdir()
     spec = {"sources": sources, "ids": ids, "out": str(out), "offload": world == 2, "fail": world == 2, "file_bytes": 5 * 2**20}
     reports = run_ranks(world, tmp_path, spec)
+    assert all(all(r["uneven"]) and len(r["uneven"]) == 3 * 2 * world for r in reports)
     for name in sources:
         for r in reports:
             assert r[name]["all_equal"], (name, r[name])
@@ -172,6 +202,11 @@ def test_sharded_load_and_export_on_gloo_ranks(world, tmp_path):
         assert reports[1]["failing"] == own
         assert reports[0]["failing"] == f"OSError: writing the export failed on rank 1: {own}"
         assert not (out / "failing" / "model.safetensors.index.json").exists()
+        assert reports[0]["full_disk"] == "OSError: [Errno 28] No space left on device"
+        assert reports[1]["full_disk"] == "OSError: writing the export failed on rank 0: OSError: [Errno 28] No space left on device"
+        assert reports[0]["full_disk_file"].startswith("model-0000")
+        assert not (out / "full" / reports[0]["full_disk_file"]).exists()  # the partial file was removed
+        assert not (out / "full" / "model.safetensors.index.json").exists()
         losses = reports[0]["offload"]
         assert losses["True"] == pytest.approx(losses["False"], rel=1e-6)
         assert losses["True"][0] > losses["True"][2]

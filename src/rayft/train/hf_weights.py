@@ -285,19 +285,25 @@ def write_sharded_hf_weights(module: torch.nn.Module, out_dir: str | os.PathLike
     name → file number.
 
     Raises:
-        OSError: a write failed on this rank or another (raised on every rank, after every rank
-            has joined every gather, so that the ranks' collectives stay matched).
+        ValueError: a tensor of a dtype safetensors cannot store (on every rank, before any write).
+        OSError: opening, writing or closing a file, or the index, failed on this rank or another:
+            raised on every rank once every rank has joined every transfer, so that the ranks'
+            collectives stay matched (a failure inside a transfer itself, such as running out of
+            device memory for the tensor, is not covered: the other ranks then wait for it).
     """
-    from rayft.train.safetensors_stream import SafetensorsStream
+    from rayft.train.safetensors_stream import DTYPE_NAMES, SafetensorsStream
 
     sd = export_state_dict(module)
+    unstorable = sorted({str(t.dtype) for t in sd.values() if t.dtype not in DTYPE_NAMES})
+    if unstorable:
+        raise ValueError(f"the export holds tensors of {', '.join(unstorable)}, which safetensors cannot store")
     sizes = [(name, t.numel() * t.element_size()) for name, t in sd.items()]
     total = sum(b for _, b in sizes)
     index = file_index(sizes, min(len(sizes), export_file_count(total, file_bytes)))
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rank, world, n = dist.get_rank(), dist.get_world_size(), max(index.values())
-    error: OSError | None = None  # kept, not raised, until every rank has joined every gather
+    error: Exception | None = None  # kept, not raised, until every rank has joined every transfer
     for i in range(1, n + 1):
         names = [k for k, f in index.items() if f == i]
         stream, owner = None, (i - 1) % world
@@ -305,42 +311,52 @@ def write_sharded_hf_weights(module: torch.nn.Module, out_dir: str | os.PathLike
             try:
                 entries = {k: (sd[k].dtype, tuple(sd[k].shape)) for k in names}
                 stream = SafetensorsStream(out_dir / f"model-{i:05d}-of-{n:05d}.safetensors", entries, {"format": "pt"})
-            except OSError as e:
+            except Exception as e:  # noqa: BLE001 -- told to every rank below
                 error = e
         for name in names:
             full = gathered_on(sd[name], owner)  # collective: every rank, every tensor
             if stream is not None:
                 try:
                     stream.write(name, full)
-                except OSError as e:
+                except Exception as e:  # noqa: BLE001 -- told to every rank below
                     error, stream = e, stream.abort()
             del full
         if stream is not None:
             try:
                 stream.close()
-            except OSError as e:
+            except Exception as e:  # noqa: BLE001 -- told to every rank below
                 error = e
                 stream.abort()
-    failures: list[str | None] = [None] * world  # every rank learns of any rank's failure: all raise, or none
+    raise_on_any_rank(error, "writing the export")
+    if rank == 0:  # the index only once every file is whole: a failed export leaves none
+        try:
+            write_index(out_dir, index, dict(sizes))
+        except Exception as e:  # noqa: BLE001 -- told to every rank
+            error = e
+    raise_on_any_rank(error, "writing the export's index")  # also: named before any rank reads the export
+    return index
+
+
+def raise_on_any_rank(error: Exception | None, what: str) -> None:
+    """Collective: every rank learns whether any rank failed; the failed ones raise their own
+    ``error``, the others an ``OSError`` naming the first failed rank and its error (so all ranks
+    raise, or none)."""
+    failures: list[str | None] = [None] * dist.get_world_size()
     dist.all_gather_object(failures, None if error is None else f"{type(error).__name__}: {error}")
     if error is not None:
         raise error
     failed = [(r, f) for r, f in enumerate(failures) if f]
     if failed:
-        raise OSError(f"writing the export failed on rank {failed[0][0]}: {failed[0][1]}")
-    if rank == 0:
-        write_index(out_dir, index, dict(sizes))
-    dist.barrier()  # every file whole and named before any rank reads the export
-    return index
+        raise OSError(f"{what} failed on rank {failed[0][0]}: {failed[0][1]}")
 
 
 def gathered_on(t: torch.Tensor, dst: int) -> torch.Tensor | None:
-    """Collective for a ``DTensor``: the whole tensor on rank ``dst`` (None on the others). A
-    ``Shard(0)`` tensor over a 1-D mesh, as FSDP2 shards every parameter, is gathered to ``dst``
-    only (each rank sends its rows, zero-padded to ``⌈n / world⌉``, point to point: the model
-    crosses the network once, not once per rank); other placements through ``DTensor.full_tensor``. A shard kept
-    on the host (CPU offload) travels through the mesh's device. A plain tensor: as it is, on
-    every rank. ``dst``: a rank of the default group, and of the mesh's (FSDP2's mesh spans them all)."""
+    """Collective for a ``DTensor``: the whole tensor on rank ``dst`` of the default group (None on
+    the others). A ``Shard(0)`` tensor over a 1-D mesh, as FSDP2 shards every parameter, goes to
+    ``dst`` only: each rank sends its rows point to point into one buffer there (the model crosses
+    the network once, not once per rank); other placements go through ``DTensor.full_tensor``. A
+    shard kept on the host (CPU offload) travels through the mesh's device. A plain tensor: as it
+    is, on every rank."""
     from torch.distributed.tensor import DTensor, Shard
 
     if not isinstance(t, DTensor):
@@ -351,28 +367,28 @@ def gathered_on(t: torch.Tensor, dst: int) -> torch.Tensor | None:
         if local.device != on_mesh:
             t = DTensor.from_local(local.to(on_mesh), mesh, t.placements, shape=t.shape, stride=t.stride(), run_check=False)
         full = t.full_tensor()
-        return full if mesh.get_rank() == dst else None
+        return full if dist.get_rank() == dst else None
     group, world, n = mesh.get_group(), mesh.size(), t.shape[0]
+    me, to = mesh.get_local_rank(), dist.get_group_rank(group, dst)
     if world == 1:
         return local
     if n == 0:
-        return torch.empty(t.shape, dtype=local.dtype) if mesh.get_rank() == dst else None
+        return torch.empty(t.shape, dtype=local.dtype) if me == to else None
     rows = math.ceil(n / world)
-    padded = torch.zeros((rows, *t.shape[1:]), dtype=local.dtype, device=on_mesh)
-    padded[: local.shape[0]] = local
-    # rank r holds rows [r·rows, …) (shard_rows): received into one buffer, the tensor is its first n rows
-    # point to point, not dist.gather: gloo's gather stages the whole tensor in a buffer of its own
-    # (twice the tensor on the receiving host); each send lands straight in its rows here
-    me = mesh.get_rank()
-    if me != dst:
-        for op in dist.batch_isend_irecv([dist.P2POp(dist.isend, padded, group=group, group_peer=dst)]):
+    local = local.to(on_mesh).contiguous()
+    if me != to:
+        # a short last shard is sent padded (the receiver's buffer slots are rows long); the padding
+        # lands past row n, so it is left unset
+        send = local if local.shape[0] == rows else torch.cat([local, local.new_empty((rows - local.shape[0], *t.shape[1:]))])
+        for op in dist.batch_isend_irecv([dist.P2POp(dist.isend, send, group=group, group_peer=to)]):
             op.wait()
         return None
+    # rank r holds rows [r·rows, …) (shard_rows): received into one buffer, the tensor is its first n rows
     whole = torch.empty((world * rows, *t.shape[1:]), dtype=local.dtype, device=on_mesh)
     parts = whole.split(rows)
-    parts[me].copy_(padded)
+    parts[me][: local.shape[0]].copy_(local)
     recvs = [dist.P2POp(dist.irecv, parts[r], group=group, group_peer=r) for r in range(world) if r != me]
-    for op in dist.batch_isend_irecv(recvs) if recvs else []:
+    for op in dist.batch_isend_irecv(recvs):
         op.wait()
     return whole[:n]
 

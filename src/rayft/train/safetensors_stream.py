@@ -5,8 +5,8 @@ safetensors' own ``save_file`` takes every tensor of the file at once. The shard
 its FSDP2 shards, so it writes the header first (every tensor's name, dtype and shape are known
 before any is gathered) and then each tensor's bytes as they arrive: a rank holds one full tensor,
 not one file. The layout is safetensors' documented one (https://huggingface.co/docs/safetensors,
-"Format"): an 8-byte little-endian header length, the JSON header (``{name: {"dtype", "shape",
-"data_offsets": [begin, end]}, "__metadata__": {...}}``, padded with spaces to a multiple of 8
+"Format"): an 8-byte little-endian header length, the JSON header (``{"__metadata__": {str: str},
+name: {"dtype", "shape", "data_offsets": [begin, end]}, ...}``, padded with spaces to a multiple of 8
 bytes), then the tensors' bytes back to back in header order, row-major, little-endian. Readers
 are safetensors' own (``safe_open``, ``load_file``, transformers); the export reads every file back
 through them before it is published.
@@ -18,6 +18,7 @@ import json
 import math
 import os
 import struct
+import sys
 from pathlib import Path
 
 import torch
@@ -52,6 +53,10 @@ class SafetensorsStream:
     def __init__(
         self, path: str | os.PathLike, entries: dict[str, tuple[torch.dtype, tuple[int, ...]]], metadata: dict[str, str] | None = None
     ):
+        if sys.byteorder != "little":  # safetensors stores little-endian; tensors are written as the host holds them
+            raise ValueError(f"{path}: safetensors files are little-endian; this host is {sys.byteorder}-endian")
+        if any(not isinstance(k, str) or not isinstance(v, str) for k, v in (metadata or {}).items()):
+            raise ValueError(f"{path}: safetensors metadata holds strings only, got {metadata!r}")
         self.path = Path(path)
         self.entries = list(entries.items())
         header: dict[str, object] = {"__metadata__": dict(metadata or {})} if metadata else {}
@@ -91,9 +96,14 @@ class SafetensorsStream:
         self._file.close()
 
     def abort(self) -> None:
-        """Close and delete the partial file."""
-        self._file.close()
-        self.path.unlink(missing_ok=True)
+        """Close and delete the partial file (a failure to flush what is buffered is ignored: the
+        file is going anyway)."""
+        try:
+            self._file.close()
+        except OSError:
+            pass
+        finally:
+            self.path.unlink(missing_ok=True)
 
     def __enter__(self) -> SafetensorsStream:
         return self
