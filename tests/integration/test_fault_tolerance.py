@@ -273,7 +273,7 @@ class CliRun:
 
     def result(self) -> int | None:
         """The exit status, once the thread is done (its failure raised here)."""
-        self.thread.join(timeout=600)
+        self.thread.join(timeout=900)
         assert not self.thread.is_alive(), f"{self.log_path.name}: still running"
         if self.error is not None:
             raise self.error
@@ -288,7 +288,8 @@ def cli_runs(ray_local, workdir):
     metrics, after a second run of the same checkpoint.name was refused while it held the lock
     (``refused``: (the error, its seconds)); ``early``: signalled once its workers start. The waits
     are deadlines, not sleeps: generous, because three embedded Rays start at once on 2 cores (a
-    120 s deadline was missed by 0.16 s on a loaded machine)."""
+    120 s deadline was missed by 0.16 s on a loaded machine, and 240 s / 360 s ones in a fresh-clone
+    `make test` on 2 slow cores, 2026-12-02)."""
     from rayft.train.driver import TrainError
 
     stopped = CliRun(workdir, "stopped")
@@ -303,9 +304,9 @@ def cli_runs(ray_local, workdir):
             refused = (e, time.monotonic() - t0)
     finally:
         metrics = run / "rayft_metrics.jsonl"
-        stopped.signal_when(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 3, 360, "step 3")
+        stopped.signal_when(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 3, 600, "step 3")
     early = CliRun(workdir, "early")
-    early.signal_when(lambda: " worker(s), backend gloo; " in early.log_path.read_text(), 240, "the workers' start")
+    early.signal_when(lambda: " worker(s), backend gloo; " in early.log_path.read_text(), 480, "the workers' start")
     yield {"stopped": stopped, "refused": refused, "early": early}
     for r in (stopped, early):
         r.proc.kill()
