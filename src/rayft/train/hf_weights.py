@@ -269,6 +269,11 @@ def file_index(sizes: Iterable[tuple[str, int]], n_files: int) -> dict[str, int]
     return {name: renumber[i] for name, i in index.items()}
 
 
+def export_file_name(i: int, n: int) -> str:
+    """The name of export file ``i`` of ``n`` (1-based), as transformers' own sharded files are named."""
+    return f"model-{i:05d}-of-{n:05d}.safetensors"
+
+
 def export_file_count(total_bytes: int, file_bytes: int = EXPORT_FILE_BYTES) -> int:
     """Number of export files: as few as keep each at most ``file_bytes`` (one for a small model)."""
     return max(1, math.ceil(total_bytes / file_bytes))
@@ -310,7 +315,7 @@ def write_sharded_hf_weights(module: torch.nn.Module, out_dir: str | os.PathLike
         if owner == rank and error is None:
             try:
                 entries = {k: (sd[k].dtype, tuple(sd[k].shape)) for k in names}
-                stream = SafetensorsStream(out_dir / f"model-{i:05d}-of-{n:05d}.safetensors", entries, {"format": "pt"})
+                stream = SafetensorsStream(out_dir / export_file_name(i, n), entries, {"format": "pt"})
             except Exception as e:  # noqa: BLE001 -- told to every rank below
                 error = e
         for name in names:
@@ -319,7 +324,9 @@ def write_sharded_hf_weights(module: torch.nn.Module, out_dir: str | os.PathLike
                 try:
                     stream.write(name, full)
                 except Exception as e:  # noqa: BLE001 -- told to every rank below
-                    error, stream = e, stream.abort()
+                    error = e
+                    stream.abort()
+                    stream = None
             del full
         if stream is not None:
             try:
@@ -424,7 +431,7 @@ def write_weight_files(sizes: dict[str, int], read, out_dir: str | os.PathLike, 
         part = read([k for k, f in index.items() if f == i])
         save_file(
             {k: v.contiguous() for k, v in part.items()},
-            str(Path(out_dir) / f"model-{i:05d}-of-{n:05d}.safetensors"),
+            str(Path(out_dir) / export_file_name(i, n)),
             metadata={"format": "pt"},
         )
         del part
@@ -436,7 +443,7 @@ def write_index(out_dir: Path, index: dict[str, int], sizes: dict[str, int]) -> 
     """The export's file names as transformers looks for them: one file is ``model.safetensors``;
     several are listed in ``model.safetensors.index.json`` (written here, whatever torch wrote)."""
     n = max(index.values())
-    names = {i: f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)}
+    names = {i: export_file_name(i, n) for i in range(1, n + 1)}
     if n == 1:
         os.replace(out_dir / names[1], out_dir / SINGLE_FILE)
         (out_dir / INDEX_FILE).unlink(missing_ok=True)
