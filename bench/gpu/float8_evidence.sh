@@ -9,6 +9,8 @@
 # ($OUT/float8-evidence-1xgpu.json: both loss curves, the largest |gap| after step 50, each eval loss,
 # throughput). DEADLINE_S: seconds from now by which both runs must have ended (each run's timeout is
 # half of what is left when it starts, less 15 s, so a device call's limit cuts neither mid-way).
+# MODES="float8" runs one of them (the comparison then needs the other's files in $OUT). float8 needs
+# torchao in .gpu: bash ../shared/gpu/stage.sh torchao==0.18.0 (with the families' wheels, if wanted).
 set -uo pipefail
 source .gpu/setup.sh
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -16,11 +18,12 @@ D="$PWD/.gpu/data"; ls "$D" || exit 3
 STEPS=${STEPS:-400}; MB=${MB:-8}; EVAL_EVERY=${EVAL_EVERY:-50}; LR=${LR:-3e-4}
 END=$(( $(date +%s) + ${DEADLINE_S:-100000} ))
 n=0
-for mode in bf16 float8; do
+MODES=${MODES:-bf16 float8}; NM=$(echo $MODES | wc -w)
+for mode in $MODES; do
   f8=false; [ "$mode" = float8 ] && f8=true
   CMD="rayft train examples/qwen2.5-1.5b.yaml --set model.name_or_path=qwen2.5-1.5b --set train.num_workers=1 --set train.micro_batch_size=$MB --set train.max_steps=$STEPS --set train.epochs=40 --set train.lr=$LR --set train.warmup_steps=20 --set train.activation_checkpointing=false --set train.compile=true --set train.float8=$f8 --set data.train_files=[$D/alpaca_en_demo.json,$D/alpaca_zh_demo.json] --set data.validation_fraction=0.05 --set train.eval_every=$EVAL_EVERY --set train.log_every=10 --set checkpoint.storage_path=/tmp/runs --set checkpoint.name=f8-$mode --set checkpoint.every_steps=null --set checkpoint.save_final=false --set checkpoint.export_hf=false"
   echo "=== $mode: $CMD"
-  left=$(( END - $(date +%s) )); t=$(( left / (2 - n) - 15 )); n=$((n + 1))
+  left=$(( END - $(date +%s) )); t=$(( left / (NM - n) - 15 )); n=$((n + 1))
   [ "$t" -lt 60 ] && { echo "$mode: not started: ${t}s left before DEADLINE_S"; continue; }
   timeout -k 30 "$t" python3 -m rayft.cli ${CMD#rayft } > "$OUT/train-$mode.log" 2>&1
   echo "exit $?"; grep -E "eval|loss|error|Error" "$OUT/train-$mode.log" | tail -6
