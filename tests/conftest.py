@@ -3,24 +3,20 @@ embedded local Ray that the integration modules of one pytest process share (sta
 order the modules run in.
 
 ``ray_local``: the embedded Ray of `rayft train` (connect_ray: every Ray service on 127.0.0.1
-only), 2 CPUs. Starting one costs seconds of CI on 2 cores, so every module of a process that asks
+only), 6 logical CPUs. Starting one costs seconds of CI on 2 cores, so every module of a process that asks
 for it uses the same one, started by the first such module; the unit modules stop it first
 (no_ray_in_unit_modules: a unit test must not find Ray up); a module that needs another Ray in this
 process (a multi-node ``Cluster``) stops it too with ``embedded_ray.stop()``.
 
 The integration modules are collected first, in :data:`ORDER`, then the unit tests. ``make test``
-runs pytest-xdist with 2 processes and ``--dist loadgroup``, with no group marked: since pytest 9.2
-(whose node ids ignore the ``@group`` suffix xdist 3.8 writes into ``item._nodeid``) that hands the
-tests out one at a time in collection order, so the integration tests go first, spread over both
-processes, each process with its own embedded Ray (a module's fixtures may run in both). It is the
-schedule CI passed with (1,042 s, 2026-12-02); on a fresh clone on 2 cores the same day, pytest
-731 s and ``make test`` 898 s, every test passing. Tried on 2 cores the same day
-and dropped: ``--dist loadscope`` (whole modules) with 3 processes (694 s once, 1,967 s with
-failures once) and with 2 (Ray-heavy modules side by side: the fault-tolerance module's three
-embedded Rays plus another module's missed their deadlines): whole Ray-heavy modules side by side
-overload 2 cores; single tests interleave lighter. (The two failed tries also installed with pip
-``--no-compile``, which moves bytecode compilation into the suite's first Ray runs: a part of their
-load.)
+runs pytest-xdist with 2 processes and the schedule of :func:`pytest_xdist_make_scheduler`: each
+integration module goes whole to one process (its module fixtures, each a Ray run or a cluster,
+run once), each unit test on its own, handed out in collection order. Before it (2026-12-02), with
+``--dist loadgroup`` and no group marked, xdist handed out every test on its own: an integration
+module's tests landed on both processes and each ran the module's fixtures, so the fault-tolerance
+module's uninterrupted run and its two `rayft train` processes (each with its own embedded Ray) ran
+twice at once, six embedded Rays on 2 cores; its two SIGTERM runs then missed 480 s and 600 s
+deadlines (pytest 2,102 s).
 """
 
 import os
@@ -82,6 +78,20 @@ def pytest_collection_modifyitems(session, config, items):
     items.sort(key=rank)  # stable
 
 
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's schedule (``-n N``): an integration module is one unit of work, kept on one process;
+    a unit test is a unit of its own. Units are handed out in collection order (no reordering by size)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class IntegrationModulesWhole(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return path if "/integration/" in f"/{path}" else nodeid
+
+    config.option.loadscopereorder = False
+    return IntegrationModulesWhole(config, log)
+
+
 class EmbeddedRay:
     """The one embedded local Ray of this test session (see the module's docstring)."""
 
@@ -97,7 +107,9 @@ class EmbeddedRay:
         from rayft.train.ray_cluster import connect_ray
 
         assert not ray.is_initialized(), "a test left its own Ray running"
-        cfg = RayftConfig.model_validate({"data": {"train_files": ["unused.jsonl"]}, "ray": {"num_cpus": 2}})
+        # 6 logical CPUs: the fault-tolerance module runs three 2-worker runs at once on it (its own and
+        # two `rayft train` processes joined to it); the host's 2 cores are shared by all of them anyway
+        cfg = RayftConfig.model_validate({"data": {"train_files": ["unused.jsonl"]}, "ray": {"num_cpus": 6}})
         assert connect_ray(cfg) == "embedded local Ray"
         self.up = True
 
@@ -118,7 +130,7 @@ def embedded_ray():
 
 @pytest.fixture(scope="module")
 def ray_local(embedded_ray):
-    """The embedded Ray of `rayft train` (connect_ray: every Ray service on 127.0.0.1 only), 2 CPUs,
+    """The embedded Ray of `rayft train` (connect_ray: every Ray service on 127.0.0.1 only), 6 logical CPUs,
     shared by the modules that use it (stopped at the end of the session)."""
     embedded_ray.start()
     return embedded_ray
