@@ -10,8 +10,10 @@ process (a multi-node ``Cluster``) stops it too with ``embedded_ray.stop()``.
 
 The integration modules are collected first, in :data:`ORDER`, then the unit tests. ``make test``
 runs pytest-xdist with 2 processes and the schedule of :func:`pytest_xdist_make_scheduler`: each
-integration module goes whole to one process (its module fixtures, each a Ray run or a cluster,
-run once), each unit test on its own, handed out in collection order. Before it (2026-12-02), with
+of two lanes of integration modules (:data:`LANES`) goes whole to one process (each module's
+fixtures, each a Ray run or a cluster, run once; the two modules that start a local multi-process
+cluster one after the other: side by side each took twice as long), then each unit test on its own,
+handed out in collection order. Before it (2026-12-02), with
 ``--dist loadgroup`` and no group marked, xdist handed out every test on its own: an integration
 module's tests landed on both processes and each ran the module's fixtures, so the fault-tolerance
 module's uninterrupted run and its two `rayft train` processes (each with its own embedded Ray) ran
@@ -51,19 +53,31 @@ def qwen_tokenizer():
     return load_tokenizer("qwen2.5")
 
 
-#: The integration modules' order; a module not listed runs after them.
-ORDER = [
-    "test_fault_tolerance.py",
-    "test_train_ray.py",
-    "test_data_ray.py",
-    "test_bench_collectives.py",
-    "test_eval_ray.py",
-    "test_bench_train_ray.py",
-    "test_shared_storage.py",
-    "test_submit.py",
-    "test_doctor_job.py",
-    "test_loopback.py",
-]
+#: The integration modules in two lanes, one per xdist process (:func:`pytest_xdist_make_scheduler`),
+#: of about equal time on 2 cores; :data:`ORDER`: the order they are collected in (a module not
+#: listed runs after them, a unit of its own).
+LANES = (
+    # the fault-tolerance module (three runs at once on one Ray) with the single-run modules
+    (
+        "test_fault_tolerance.py",
+        "test_train_ray.py",
+        "test_data_ray.py",
+        "test_aws_moto.py",
+        "test_ray_start_retry.py",
+        "test_token_store_s3.py",
+    ),
+    # the two modules that start a `rayft cluster local` (a multi-process Ray each, plus jobs) one after the other
+    (
+        "test_submit.py",
+        "test_doctor_job.py",
+        "test_bench_train_ray.py",
+        "test_eval_ray.py",
+        "test_loopback.py",
+        "test_shared_storage.py",
+        "test_bench_collectives.py",
+    ),
+)
+ORDER = [m for lane in LANES for m in lane]
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -79,14 +93,19 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """xdist's schedule (``-n N``): an integration module is one unit of work, kept on one process;
-    a unit test is a unit of its own. Units are handed out in collection order (no reordering by size)."""
+    """xdist's schedule (``-n N``): each lane of :data:`LANES` is one unit of work, kept on one process
+    (an integration module not in a lane: a unit of its own); a unit test is a unit of its own. Units
+    are handed out in collection order (no reordering by size): with 2 processes, one lane each,
+    then the unit tests to whichever is free."""
     from xdist.scheduler import LoadScopeScheduling
 
     class IntegrationModulesWhole(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
-            return path if "/integration/" in f"/{path}" else nodeid
+            if "/integration/" not in f"/{path}":
+                return nodeid
+            name = path.rsplit("/", 1)[-1]
+            return next((f"lane-{i}" for i, lane in enumerate(LANES) if name in lane), path)
 
     config.option.loadscopereorder = False
     return IntegrationModulesWhole(config, log)
