@@ -1,0 +1,44 @@
+#!/bin/bash
+# Issue 23's wall-time target, on the GPU host (device tool), from the repo root, .gpu carried:
+#   DEADLINE_S=480 bash bench/gpu/wall_time.sh
+# The same `rayft train` twice on a fresh machine: the qwen2.5-1.5b preset (random init), 200 steps
+# of ../shared/data alpaca EN + ZH on every local GPU, micro-batch 16, compiled layers, the example's
+# periodic checkpoints (every 50 steps, async) and the end-of-run export with its check. The first run
+# is cold (no Inductor / AOTAutograd cache, no tokenized store); the second reuses what the first
+# left (warm). One results file per run ($OUT/wall-time-{cold,warm}-NxGPU.json: wall_s per phase,
+# overhead = total - steps) and the pair ($OUT/wall-time-NxGPU.json).
+set -uo pipefail
+source .gpu/setup.sh
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+NG=$(nvidia-smi -L | wc -l)
+D="$PWD/.gpu/data"; ls "$D" || exit 3
+STEPS=${STEPS:-200}
+END=$(( $(date +%s) + ${DEADLINE_S:-100000} ))
+n=0
+for run in cold warm; do
+  CMD="rayft train examples/qwen2.5-1.5b.yaml --set model.name_or_path=qwen2.5-1.5b --set train.num_workers=$NG --set train.micro_batch_size=16 --set train.max_steps=$STEPS --set train.epochs=20 --set train.activation_checkpointing=false --set data.train_files=[$D/alpaca_en_demo.json,$D/alpaca_zh_demo.json] --set train.log_every=10 --set checkpoint.storage_path=/tmp/runs --set checkpoint.name=wall-$run"
+  echo "=== $run: $CMD"
+  left=$(( END - $(date +%s) )); t=$(( left / (2 - n) - 10 )); n=$((n + 1))
+  [ "$t" -lt 60 ] && { echo "$run: not started: ${t}s left"; continue; }
+  timeout -k 30 "$t" python3 -m rayft.cli ${CMD#rayft } > "$OUT/train-$run.log" 2>&1
+  echo "exit $?"; grep -E "wall time|HF export" -A3 "$OUT/train-$run.log" | head -12
+  python3 -m rayft.benchmarks.record "/tmp/runs/wall-$run" "$OUT/wall-time-$run-${NG}xgpu.json" --command "$CMD" || echo "$run: no summary"
+  cp /tmp/runs/wall-$run/rayft_summary.json "$OUT/summary-$run.json" 2>/dev/null
+done
+python3 - "$OUT" "$NG" <<'EOF2'
+import json, sys
+from rayft.benchmarks.record import write_result
+out, ng = sys.argv[1], sys.argv[2]
+rows = {}
+for run in ("cold", "warm"):
+    try:
+        s = json.load(open(f"{out}/summary-{run}.json"))
+    except FileNotFoundError:
+        continue
+    w = s["wall_s"]
+    rows[run] = {"wall_s": w, "overhead_s": w["total"] - w["steps"], "steps": s.get("steps"),
+                 "export_timings_s": (s.get("export") or {}).get("export_timings_s"),
+                 "checkpoints": [{k: c.get(k) for k in ("step", "mode", "save_s", "blocked_s")} for c in s.get("checkpoints", [])]}
+print(write_result(f"{out}/wall-time-{ng}xgpu.json", "bash bench/gpu/wall_time.sh", rows))
+print(json.dumps({k: {"overhead_s": v["overhead_s"], "wall_s": v["wall_s"]} for k, v in rows.items()}, indent=1))
+EOF2
