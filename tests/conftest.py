@@ -3,7 +3,7 @@ embedded local Ray that the integration modules of one pytest process share (sta
 order the modules run in.
 
 ``ray_local``: the embedded Ray of `rayft train` (connect_ray: every Ray service on 127.0.0.1
-only), 6 logical CPUs. Starting one costs seconds of CI on 2 cores, so every module of a process that asks
+only), 2 logical CPUs (``ray_local_6``: 6). Starting one costs seconds of CI on 2 cores, so every module of a process that asks
 for it uses the same one, started by the first such module; the unit modules stop it first
 (no_ray_in_unit_modules: a unit test must not find Ray up); a module that needs another Ray in this
 process (a multi-node ``Cluster``) stops it too with ``embedded_ray.stop()``.
@@ -92,11 +92,15 @@ def pytest_collection_modifyitems(session, config, items):
     items.sort(key=rank)  # stable
 
 
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: pytest without xdist (the GPU host's) must not refuse it
 def pytest_xdist_make_scheduler(config, log):
-    """xdist's schedule (``-n N``): each lane of :data:`LANES` is one unit of work, kept on one process
-    (an integration module not in a lane: a unit of its own); a unit test is a unit of its own. Units
-    are handed out in collection order (no reordering by size): with 2 processes, one lane each,
-    then the unit tests to whichever is free."""
+    """xdist's schedule (``-n N``, xdist's default ``--dist load``): each lane of :data:`LANES` is one
+    unit of work, kept on one process (an integration module not in a lane: a unit of its own); a
+    unit test is a unit of its own. Units are handed out in collection order (no reordering by
+    size): with 2 processes, one lane each, then the unit tests to whichever is free. Another
+    ``--dist`` given on the command line is left to xdist."""
+    if config.getvalue("dist") != "load":
+        return None
     from xdist.scheduler import LoadScopeScheduling
 
     class IntegrationModulesWhole(LoadScopeScheduling):
@@ -115,22 +119,22 @@ class EmbeddedRay:
     """The one embedded local Ray of this test session (see the module's docstring)."""
 
     def __init__(self):
-        self.up = False
+        self.up: int | bool = False  # the logical CPUs of the running Ray, or False
 
-    def start(self) -> None:
-        if self.up:
+    def start(self, num_cpus: int = 2) -> None:
+        """Start it with ``num_cpus`` logical CPUs, or keep it if it is up with as many (else restart it)."""
+        if self.up == num_cpus:
             return
+        self.stop()
         import ray
 
         from rayft.config import RayftConfig
         from rayft.train.ray_cluster import connect_ray
 
         assert not ray.is_initialized(), "a test left its own Ray running"
-        # 6 logical CPUs: the fault-tolerance module runs three 2-worker runs at once on it (its own and
-        # two `rayft train` processes joined to it); the host's 2 cores are shared by all of them anyway
-        cfg = RayftConfig.model_validate({"data": {"train_files": ["unused.jsonl"]}, "ray": {"num_cpus": 6}})
+        cfg = RayftConfig.model_validate({"data": {"train_files": ["unused.jsonl"]}, "ray": {"num_cpus": num_cpus}})
         assert connect_ray(cfg) == "embedded local Ray"
-        self.up = True
+        self.up = num_cpus
 
     def stop(self) -> None:
         if self.up:
@@ -149,9 +153,18 @@ def embedded_ray():
 
 @pytest.fixture(scope="module")
 def ray_local(embedded_ray):
-    """The embedded Ray of `rayft train` (connect_ray: every Ray service on 127.0.0.1 only), 6 logical CPUs,
+    """The embedded Ray of `rayft train` (connect_ray: every Ray service on 127.0.0.1 only), 2 logical CPUs,
     shared by the modules that use it (stopped at the end of the session)."""
     embedded_ray.start()
+    return embedded_ray
+
+
+@pytest.fixture(scope="module")
+def ray_local_6(embedded_ray):
+    """:func:`ray_local` with 6 logical CPUs, for a module that runs three 2-worker runs at once on it
+    (the fault-tolerance module: its own and two `rayft train` processes joined to it; the host's
+    cores are shared by all of them anyway). The next module's ``ray_local`` restarts it with 2."""
+    embedded_ray.start(num_cpus=6)
     return embedded_ray
 
 

@@ -61,7 +61,7 @@ def losses(workdir, name):
 
 
 @pytest.fixture(scope="module")
-def baseline(ray_local, workdir, cli_runs):
+def baseline(ray_local_6, workdir, cli_runs):
     # cli_runs: the two `rayft train` processes of the SIGTERM tests run meanwhile (see cli_runs)
     summary = run_training(config(workdir, "base"))
     # async saves (the default): every checkpoint is finalised, in order, each with its timings
@@ -289,7 +289,7 @@ class CliRun:
 
 
 @pytest.fixture(scope="module")
-def cli_runs(ray_local, workdir):
+def cli_runs(ray_local_6, workdir):
     """The SIGTERM tests' two ``rayft train`` processes, started before the uninterrupted run so that
     they run while the in-process runs do, on the same Ray (6 logical CPUs: three runs of 2 workers;
     each mostly waits on process starts: together they take less wall time on 2 cores). ``stopped``: signalled once 3 steps are in its
@@ -372,11 +372,17 @@ def test_sigterm_while_the_workers_start_exits_143_with_nothing_to_resume(workdi
     assert "resume with" not in out
 
 
-def test_rayft_stop_asks_the_runs_of_the_cluster_to_stop(ray_local):
+def test_rayft_stop_asks_the_runs_of_the_cluster_to_stop(ray_local_6, cli_runs):
     """What a pod's preStop hook runs: every live run's stop flag is set; it waits for them to end."""
     import ray
 
     from rayft.train.stop import create_stop_flag, request_stop, running_stop_flags
+
+    for r in cli_runs.values():  # the SIGTERM tests' `rayft train` processes (on this Ray) have ended, even if a test failed
+        if isinstance(r, CliRun) and r.proc.poll() is None:
+            r.proc.kill()
+            r.proc.wait(timeout=60)
+    wait_for(lambda: running_stop_flags() == [], 60, "the stop flags of ended runs to go")
 
     flag = create_stop_flag("pod-run-0123456789ab")
     other = create_stop_flag("other-fedcba987654")
