@@ -119,11 +119,11 @@ class EmbeddedRay:
     """The one embedded local Ray of this test session (see the module's docstring)."""
 
     def __init__(self):
-        self.up: int | bool = False  # the logical CPUs of the running Ray, or False
+        self.cpus: int | None = None  # the logical CPUs of the running Ray; None: not up
 
     def start(self, num_cpus: int = 2) -> None:
         """Start it with ``num_cpus`` logical CPUs, or keep it if it is up with as many (else restart it)."""
-        if self.up == num_cpus:
+        if self.cpus == num_cpus:
             return
         self.stop()
         import ray
@@ -134,14 +134,14 @@ class EmbeddedRay:
         assert not ray.is_initialized(), "a test left its own Ray running"
         cfg = RayftConfig.model_validate({"data": {"train_files": ["unused.jsonl"]}, "ray": {"num_cpus": num_cpus}})
         assert connect_ray(cfg) == "embedded local Ray"
-        self.up = num_cpus
+        self.cpus = num_cpus
 
     def stop(self) -> None:
-        if self.up:
+        if self.cpus is not None:
             import ray
 
             ray.shutdown()
-            self.up = False
+            self.cpus = None
 
 
 @pytest.fixture(scope="session")

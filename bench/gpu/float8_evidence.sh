@@ -9,7 +9,7 @@
 # ($OUT/float8-evidence-1xgpu.json: both loss curves, the largest |gap| after step 50, each eval loss,
 # throughput). DEADLINE_S: seconds from now by which both runs must have ended (each run's timeout is
 # half of what is left when it starts, less 15 s, so a device call's limit cuts neither mid-way).
-# MODES="float8" runs one of them (the comparison then needs the other's files in $OUT). float8 needs
+# MODES="float8" runs one of them (then run bench/gpu/float8_compare.py on a folder with both runs' files). float8 needs
 # torchao in .gpu: bash ../shared/gpu/stage.sh torchao==0.18.0 (with the families' wheels, if wanted).
 set -uo pipefail
 source .gpu/setup.sh
@@ -30,31 +30,4 @@ for mode in $MODES; do
   python3 -m rayft.benchmarks.record "/tmp/runs/f8-$mode" "$OUT/float8-evidence-$mode-1xgpu.json" --command "$CMD" || echo "$mode: no summary"
   cp "/tmp/runs/f8-$mode/rayft_metrics.jsonl" "$OUT/metrics-$mode.jsonl" 2>/dev/null
 done
-python3 - "$OUT" <<'EOF'
-import json, sys
-from rayft.benchmarks.record import write_result
-out = sys.argv[1]
-def load(mode):
-    rows = [json.loads(x) for x in open(f"{out}/metrics-{mode}.jsonl")]
-    return {r["step"]: r for r in rows}
-runs = {m: load(m) for m in ("bf16", "float8")}
-figs = {m: json.load(open(f"{out}/float8-evidence-{m}-1xgpu.json"))["figures"] for m in runs}
-common = sorted(set(runs["bf16"]) & set(runs["float8"]))
-gaps = {s: runs["float8"][s]["loss"] - runs["bf16"][s]["loss"] for s in common}
-after = {s: g for s, g in gaps.items() if s > 50}
-worst = max(after, key=lambda s: abs(after[s])) if after else None
-evals = {m: {s: r["eval_loss"] for s, r in runs[m].items() if "eval_loss" in r} for m in runs}
-res = {
-    "steps_compared": len(common),
-    "largest_abs_gap_after_step_50": abs(after[worst]) if worst else None, "at_step": worst,
-    "mean_gap_after_step_50": sum(after.values()) / len(after) if after else None,
-    "final_loss": {m: runs[m][common[-1]]["loss"] for m in runs},
-    "eval_loss": evals,
-    "median_tokens_per_s_per_gpu": {m: figs[m]["median_tokens_per_s_per_gpu"] for m in runs},
-    "median_mfu": {m: figs[m]["median_mfu"] for m in runs},
-    "peak_mem_gib": {m: figs[m]["peak_mem_gib"] for m in runs},
-    "loss_curves": {m: [runs[m][s]["loss"] for s in common] for m in runs},
-}
-print(write_result(f"{out}/float8-evidence-1xgpu.json", "bash bench/gpu/float8_evidence.sh", res))
-print(json.dumps({k: v for k, v in res.items() if k != "loss_curves"}, indent=1))
-EOF
+[ "$NM" = 2 ] && python3 bench/gpu/float8_compare.py "$OUT" "$OUT/float8-evidence-1xgpu.json"

@@ -378,10 +378,12 @@ def test_rayft_stop_asks_the_runs_of_the_cluster_to_stop(ray_local_6, cli_runs):
 
     from rayft.train.stop import create_stop_flag, request_stop, running_stop_flags
 
-    for r in cli_runs.values():  # the SIGTERM tests' `rayft train` processes (on this Ray) have ended, even if a test failed
-        if isinstance(r, CliRun) and r.proc.poll() is None:
-            r.proc.kill()
-            r.proc.wait(timeout=60)
+    for r in (
+        cli_runs["stopped"],
+        cli_runs["early"],
+    ):  # the SIGTERM tests' `rayft train` processes on this Ray end, even after a failed test
+        r.proc.kill()
+        r.proc.wait(timeout=60)
     wait_for(lambda: running_stop_flags() == [], 60, "the stop flags of ended runs to go")
 
     flag = create_stop_flag("pod-run-0123456789ab")
