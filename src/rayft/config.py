@@ -254,6 +254,12 @@ class TrainConfig(_Section):
         "layer), an integer k (every k-th layer: layers 0, k, 2k, ...; 1 is the same as true), false (none).",
     )
     compile: bool = Field(default=False, description="torch.compile each decoder layer.")
+    compile_cache_dir: _CacheDir | None = Field(
+        default="~/.cache/rayft/compile",
+        description="compile only: torch.compile's on-disk caches (Inductor's FX graphs, AOTAutograd's, Triton's kernels; "
+        "TORCHINDUCTOR_CACHE_DIR), on each worker's node (~ is the worker's home): a later run of the same model and "
+        "shapes reuses them and compiles in seconds. null: torch's default, /tmp/torchinductor_<user>, lost with /tmp.",
+    )
     cross_entropy: Literal["auto", "fused", "torch"] = Field(
         default="auto",
         description="fused: liger-kernel fused linear cross-entropy (no full fp32 logits; CUDA); torch: plain; auto: fused where it runs.",

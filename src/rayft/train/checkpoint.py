@@ -50,6 +50,7 @@ from rayft.train.checkpoint_files import (
     verify_checkpoint,
 )
 from rayft.train.digests import ALGORITHM, HashingFileSystemWriter, file_digest, merge
+from rayft.train.staging_buffers import BackgroundStaging
 
 
 class CheckpointError(RuntimeError):
@@ -340,6 +341,8 @@ class CheckpointWriter:
         # collective (every rank): async saves' DCP collectives and every save's digest gather run on it
         self._pg = dist.new_group(backend="gloo")
         self._writer: HashingFileSystemWriter | None = None
+        self._staging: BackgroundStaging | None = None  # pinned buffers being allocated (see prestage)
+        self._buffers_alloc_s: float | None = None  # how long that allocation took, off the loop; reported once
         self._pending: dict | None = None
         self._last_bytes: int | None = None  # the size of the last checkpoint this writer finished (rank 0)
 
@@ -355,17 +358,27 @@ class CheckpointWriter:
         return bool(self.every_minutes) and (time.monotonic() - self.last_save) >= 60 * self.every_minutes
 
     def prestage(self, model, optimizer) -> float | None:
-        """Allocate the reusable pinned CPU buffers of async saves now (GPU, async only), so that
-        no later save pays for the allocation inside the step loop. Call once the optimizer has
-        state (after the first step). Returns the seconds it took, or None when there is nothing to do
-        (:meth:`reuses_pinned_buffers` is false, or they exist)."""
+        """Start allocating the reusable pinned CPU buffers of async saves (GPU, async only) on a
+        background thread (:class:`~rayft.train.staging_buffers.BackgroundStaging`), so that the
+        step loop goes on meanwhile; the first save takes them, waiting for what is left (that wait
+        is part of its ``stage_s``). Call once the optimizer has state (after the first step).
+        Returns the seconds the loop spent here (capturing the state's structure), or None when
+        there is nothing to do (:meth:`reuses_pinned_buffers` is false, or they exist)."""
         if not self.reuses_pinned_buffers(model) or self._writer is not None:
             return None
         t0 = time.perf_counter()
         msd, osd = get_state_dict(model, optimizer)
         self._writer = self._new_writer(tempfile.gettempdir(), cache=True)
-        self._writer.stage({"model": msd, "optim": osd})  # fills the cache; save() reuses it
+        self._staging = BackgroundStaging({"model": msd, "optim": osd})
         return time.perf_counter() - t0
+
+    def _take_staging_buffers(self) -> None:
+        """Hand the background-allocated buffers to the writer's stager (DCP's
+        ``BlockingAsyncStager.state_dict_cache``, which its ``stage`` copies into), waiting for them."""
+        if self._staging is not None:
+            staging, self._staging = self._staging, None
+            self._writer.state_dict_cache = staging.result()
+            self._buffers_alloc_s = staging.finished - staging.started
 
     def reuses_pinned_buffers(self, model) -> bool:
         """Async saves stage into reusable pinned host buffers: only on a GPU and only with periodic
@@ -390,6 +403,9 @@ class CheckpointWriter:
         import pyarrow.fs
         import ray.train
 
+        t_buffers = time.perf_counter()
+        self._take_staging_buffers()
+        buffers_wait_s = time.perf_counter() - t_buffers  # the first save after prestage: what was left of it
         done = self.wait()  # at most one save in flight
         if done and done[0]["finalize_wait_s"] > 1.0 and dist.get_rank() == 0:
             print(
@@ -422,8 +438,11 @@ class CheckpointWriter:
                 "state": state,
                 "metrics": metrics,
                 "t0": t0,
-                "stage_s": time.perf_counter() - t0,
+                "stage_s": time.perf_counter() - t0 + buffers_wait_s,
+                "buffers_wait_s": buffers_wait_s,
+                "buffers_alloc_s": self._buffers_alloc_s,
             }
+            self._buffers_alloc_s = None
             self.last_save = time.monotonic()
             return done
         writer = self._new_writer(path, cache=False)
@@ -446,12 +465,16 @@ class CheckpointWriter:
         return self.wait()
 
     def wait(self) -> list[dict]:
-        """Collective: block until the in-flight checkpoint is written, then finalise it; its timings."""
+        """Collective: block until the in-flight checkpoint is written, then finalise it; its timings.
+        Also waits for staging buffers still being allocated (a run that ends before its first save)."""
+        self._take_staging_buffers()
         return [self._finalize()] if self._pending is not None else []
 
     def _finalize(self) -> dict:
         """Timings in seconds of an async checkpoint: ``stage_s`` (the loop blocked while shards were
-        copied to CPU memory), ``save_s`` (start of the save until every shard was on storage, an upper
+        copied to CPU memory, with ``buffers_wait_s``: the first save's wait for the staging buffers
+        still being allocated, see :meth:`prestage`; ``buffers_alloc_s``: on that save, how long
+        their allocation took on its thread, else None), ``save_s`` (start of the save until every shard was on storage, an upper
         bound: measured when the loop looked), ``finalize_wait_s`` (the loop blocked waiting for the
         write; 0 when it had finished), ``finalize_s`` (that wait + state file + Ray report) and
         ``blocked_s`` = ``stage_s`` + ``finalize_s``, all the step loop lost to this checkpoint."""
@@ -469,6 +492,8 @@ class CheckpointWriter:
             "step": p["state"]["step"],
             "mode": "async",
             "stage_s": p["stage_s"],
+            "buffers_wait_s": p["buffers_wait_s"],
+            "buffers_alloc_s": p["buffers_alloc_s"],
             "save_s": written - p["t0"],
             "finalize_wait_s": written - t_wait,
             "finalize_s": done - t_wait,

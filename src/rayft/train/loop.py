@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -160,9 +161,11 @@ def train_func(loop_config: dict[str, Any]) -> None:
             report_checkpoints(w.saver.save(w.model.module, w.optimizer, w.checkpoint_state(step, result.loss), metrics), w.progress)
             w.saved_step = step + 1
             clock.skip()  # checkpoint time is not step time
-    report_checkpoints(w.saver.wait(), w.progress)  # the last save must be complete before the run ends
-    if w.cfg.checkpoint.export_hf:
-        export_and_verify(w.model, w.model_conf, w.data, w.cfg, w.args, w.device, w.progress)
+    try:
+        if w.cfg.checkpoint.export_hf:  # while the last checkpoint's background write runs (async saves)
+            export_and_verify(w.model, w.model_conf, w.data, w.cfg, w.args, w.device, w.progress)
+    finally:
+        report_checkpoints(w.saver.wait(), w.progress)  # the last save must be complete before the run ends
 
 
 def setup_worker(args: WorkerArgs) -> Worker:
@@ -182,6 +185,8 @@ def setup_worker(args: WorkerArgs) -> Worker:
     device = ray.train.torch.get_device()
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    if tc.compile and tc.compile_cache_dir:  # before the first compile: Inductor reads it at every use
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.expanduser(tc.compile_cache_dir)
     if tc.gpu_memory_limit_gib is not None:
         cap_gpu_memory(device, tc.gpu_memory_limit_gib)
     data = ray.get(args.dataset)

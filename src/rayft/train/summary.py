@@ -18,8 +18,9 @@ def wall_timeline(marks: dict[str, float], history: list[dict]) -> dict[str, flo
         ``data`` (read + tokenize, or the cache), ``ray`` (connect / start Ray), ``workers_start``
         (fit called → rank 0 enters the training function: the Ray Train controller, worker
         processes, process group), ``worker_setup`` (model build, weight load, optimizer, resume),
-        ``first_step`` (with compilation), ``checkpoint_buffers`` (after the first step: the pinned
-        host buffers async checkpoint saves reuse; 0 without), ``steps`` (the other steps, with checkpoint saves and
+        ``first_step`` (with compilation), ``checkpoint_buffers`` (after the first step: the loop's
+        share of the pinned host buffers async checkpoint saves reuse, which a thread allocates while the
+        steps run; 0 without), ``steps`` (the other steps, with checkpoint saves and
         evaluations), ``end`` (last step's end → fit returns: the final save, export, shutdown),
         ``total``; None when the metrics lack the marks (a run of an older rayft). Clocks of other
         nodes are compared as they are: on a cluster, differences carry their clock offset.
