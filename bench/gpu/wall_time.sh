@@ -9,7 +9,7 @@
 # first left (warm). One results file per run ($OUT/wall-time-{cold,warm}-NxGPU.json: wall_s per phase,
 # overhead = total - steps) and the pair ($OUT/wall-time-NxGPU.json). Ray Train's own log of the worker
 # group's start (its controller's, with each phase's seconds) is kept per run ($OUT/ray-train-*-RUN.log).
-# Then, if STAGING_S (default 200) seconds are left, bench/gpu/staging_alloc.py.
+# Then, if STAGING_S (default 200; 0: never) seconds are left, bench/gpu/staging_alloc.py.
 set -uo pipefail
 source .gpu/setup.sh
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -51,7 +51,7 @@ print(write_result(f"{out}/wall-time-{ng}xgpu.json", "bash bench/gpu/wall_time.s
 print(json.dumps({k: {"overhead_s": v["overhead_s"], "wall_s": v["wall_s"]} for k, v in rows.items()}, indent=1))
 EOF2
 left=$(( END - $(date +%s) ))
-if [ "$left" -ge "$STAGING_S" ]; then
+if [ "$STAGING_S" -gt 0 ] && [ "$left" -ge "$STAGING_S" ]; then
   timeout -k 10 $(( left - 5 )) python3 bench/gpu/staging_alloc.py --preset qwen2.5-1.5b --out "$OUT/staging-alloc-${NG}xgpu.json"
 else
   echo "staging_alloc: not started: ${left}s left"

@@ -10,7 +10,7 @@ import pytest
 
 from rayft.config import ConfigError, load_config
 from rayft.train.errors import TrainError
-from rayft.train.ray_cluster import check_worker_environment, flight_recorder_env, worker_env_vars
+from rayft.train.ray_cluster import PINNED_REGISTER, check_worker_environment, flight_recorder_env, pinned_register_conf, worker_env_vars
 
 
 def config(tmp_path, extra: str = ""):
@@ -30,7 +30,7 @@ def test_config_fields(tmp_path):
 
 
 def test_workers_environment(tmp_path, monkeypatch):
-    for k in ("NCCL_DEBUG", "NCCL_NET"):
+    for k in ("NCCL_DEBUG", "NCCL_NET", "PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
         monkeypatch.delenv(k, raising=False)
     assert worker_env_vars() == {"TOKENIZERS_PARALLELISM": "false"}  # the old call, unchanged
     cfg = config(tmp_path, "ray:\n  verify_transport: nvlink\ntrain:\n  nccl_flight_recorder: true\n")
@@ -42,6 +42,7 @@ def test_workers_environment(tmp_path, monkeypatch):
     )
     assert worker_env_vars(cfg, "/fsx/runs/r1") == {
         "TOKENIZERS_PARALLELISM": "false",
+        "PYTORCH_CUDA_ALLOC_CONF": PINNED_REGISTER,  # async saves (the default) pin their buffers by registering
         "NCCL_DEBUG": "INFO",  # the check reads NCCL_DEBUG=INFO lines
         buffer: "2000",
         dump: "/fsx/runs/r1/flight_recorder/rank_",
@@ -49,6 +50,17 @@ def test_workers_environment(tmp_path, monkeypatch):
     }
     monkeypatch.setenv("NCCL_DEBUG", "TRACE")  # the user's own level wins
     assert worker_env_vars(cfg, "/fsx/runs/r1")["NCCL_DEBUG"] == "TRACE"
+
+
+def test_pinned_register_joins_the_users_allocator_setting():
+    assert pinned_register_conf({}) == {"PYTORCH_CUDA_ALLOC_CONF": PINNED_REGISTER}
+    assert pinned_register_conf({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}) == {
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True," + PINNED_REGISTER
+    }
+    assert pinned_register_conf({"PYTORCH_ALLOC_CONF": "expandable_segments:True"}) == {
+        "PYTORCH_ALLOC_CONF": "expandable_segments:True," + PINNED_REGISTER
+    }
+    assert pinned_register_conf({"PYTORCH_CUDA_ALLOC_CONF": "pinned_use_cuda_host_register:False"}) == {}  # the user's choice stands
 
 
 def test_flight_recorder_names_by_torch_version():
