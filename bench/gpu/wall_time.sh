@@ -9,7 +9,7 @@
 # first left (warm). One results file per run ($OUT/wall-time-{cold,warm}-NxGPU.json: wall_s per phase,
 # overhead = total - steps) and the pair ($OUT/wall-time-NxGPU.json). Ray Train's own log of the worker
 # group's start (its controller's, with each phase's seconds) is kept per run ($OUT/ray-train-*-RUN.log).
-# Then, if STAGING_S (default 200; 0: never) seconds are left, bench/gpu/staging_alloc.py.
+# RUNS="cold" runs the cold one only. Then, if STAGING_S (default 200; 0: never) seconds are left, bench/gpu/staging_alloc.py.
 set -uo pipefail
 source .gpu/setup.sh
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -19,10 +19,12 @@ STEPS=${STEPS:-200}
 END=$(( $(date +%s) + ${DEADLINE_S:?give the seconds this script may take} ))
 STAGING_S=${STAGING_S:-200}
 n=0
-for run in cold warm; do
+RUNS=${RUNS:-cold warm}
+NRUNS=$(echo $RUNS | wc -w)
+for run in $RUNS; do
   CMD="rayft train examples/qwen2.5-1.5b.yaml --set model.name_or_path=qwen2.5-1.5b --set train.num_workers=$NG --set train.micro_batch_size=16 --set train.max_steps=$STEPS --set train.epochs=20 --set train.activation_checkpointing=false --set data.train_files=[$D/alpaca_en_demo.json,$D/alpaca_zh_demo.json] --set train.log_every=10 --set checkpoint.storage_path=/tmp/runs --set checkpoint.name=wall-$run"
   echo "=== $run: $CMD"
-  left=$(( END - STAGING_S - $(date +%s) )); t=$(( left / (2 - n) - 10 )); n=$((n + 1))
+  left=$(( END - STAGING_S - $(date +%s) )); t=$(( left / (NRUNS - n) - 10 )); n=$((n + 1))
   [ "$t" -lt 60 ] && { echo "$run: not started: ${t}s left"; continue; }
   timeout -k 30 "$t" python3 -m rayft.cli ${CMD#rayft } > "$OUT/train-$run.log" 2>&1
   echo "exit $?"; grep -E "wall time|HF export" -A3 "$OUT/train-$run.log" | head -12
@@ -32,6 +34,7 @@ for run in cold warm; do
   du -sh ~/.cache/rayft/compile 2>/dev/null
   python3 -m rayft.benchmarks.record "/tmp/runs/wall-$run" "$OUT/wall-time-$run-${NG}xgpu.json" --command "$CMD" || echo "$run: no summary"
   cp /tmp/runs/wall-$run/rayft_summary.json "$OUT/summary-$run.json" 2>/dev/null
+  rm -rf /tmp/runs/wall-$run  # its checkpoints (2 x 18.5 GB) and export: the host's 64 GiB disk cannot hold two runs'
 done
 python3 - "$OUT" "$NG" <<'EOF2'
 import json, sys

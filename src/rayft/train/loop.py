@@ -161,11 +161,9 @@ def train_func(loop_config: dict[str, Any]) -> None:
             report_checkpoints(w.saver.save(w.model.module, w.optimizer, w.checkpoint_state(step, result.loss), metrics), w.progress)
             w.saved_step = step + 1
             clock.skip()  # checkpoint time is not step time
-    try:
-        if w.cfg.checkpoint.export_hf:  # while the last checkpoint's background write runs (async saves)
-            export_and_verify(w.model, w.model_conf, w.data, w.cfg, w.args, w.device, w.progress)
-    finally:
-        report_checkpoints(w.saver.wait(), w.progress)  # the last save must be complete before the run ends
+    report_checkpoints(w.saver.wait(), w.progress)  # the last save must be complete before the run ends
+    if w.cfg.checkpoint.export_hf:
+        export_and_verify(w.model, w.model_conf, w.data, w.cfg, w.args, w.device, w.progress)
 
 
 def setup_worker(args: WorkerArgs) -> Worker:
