@@ -48,6 +48,10 @@ def connect_ray(cfg: RayftConfig) -> str:
     # "local": never attach to a `ray start` cluster by accident. Every Ray service listens on
     # 127.0.0.1 only; Ray turns token auth on by itself unless RAY_AUTH_MODE says otherwise (docs/network.md).
     ensure_default_token()
+    # Ray Train's preemption watcher (an actor per run, polling for node drains) has nothing to watch
+    # on a one-host Ray that no autoscaler drains: one process fewer to start per run. The actors
+    # inherit this process's environment. A user's own setting stands.
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
 
     def start() -> None:
         with keep_localhost():
