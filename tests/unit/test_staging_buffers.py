@@ -1,7 +1,7 @@
 """The host buffers async saves stage into, allocated on a thread (rayft.train.staging_buffers):
 DCP's stager copies a real FSDP2 model + AdamW state into them, reusing them, with the values intact."""
 
-import threading
+import os
 
 import pytest
 import torch
@@ -56,8 +56,63 @@ def test_stager_copies_into_background_buffers_and_reuses_them(sharded_state, tm
     assert (tmp_path / ".metadata").is_file()
 
 
+def test_zero_dim_and_empty_shards_follow_torchs_own_stager(one_rank_group):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate
+
+    mesh = init_device_mesh("cpu", (1,))
+    scalar = DTensor.from_local(torch.tensor(3.0), mesh, [Replicate()])
+    empty = DTensor.from_local(torch.empty(0, 4), mesh, [Replicate()])
+    state = {"scalar": scalar, "empty": empty, "t": (torch.ones(2), 7, "x", None)}
+    twin = empty_host_like(state, pin=False)
+    assert twin["scalar"] is scalar  # a 0-dim DTensor is the live object, as in torch's _create_cpu_state_dict
+    assert isinstance(twin["empty"], DTensor) and twin["empty"].shape == (0, 4)
+    assert isinstance(twin["t"], tuple) and twin["t"][1:] == (7, "x", None) and twin["t"][0].shape == (2,)
+    writer = dcp.FileSystemWriter("/nonexistent", cache_staged_state_dict=True)
+    writer.state_dict_cache = twin
+    staged = writer.stage(state)
+    assert torch.equal(staged["t"][0], torch.ones(2)) and staged["t"][0] is twin["t"][0]
+
+
 def test_background_error_reaches_the_caller():
     staging = BackgroundStaging({"model": {"w": object()}}, pin=False)
     with pytest.raises(TypeError, match="cannot stage a object"):
         staging.result()
-    assert not any(t.name == "rayft-staging-buffers" for t in threading.enumerate())
+    assert staging.done()
+
+
+def test_compile_cache_dir_replaces_only_torchs_default(tmp_path, monkeypatch):
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    from rayft.train.model import use_compile_cache_dir
+
+    ours = str(tmp_path / "compile")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())  # what importing Inductor leaves
+    assert use_compile_cache_dir(ours) == ours and os.environ["TORCHINDUCTOR_CACHE_DIR"] == ours
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))  # the user's own
+    assert use_compile_cache_dir(ours) == str(tmp_path / "mine")
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    (tmp_path / "file").write_text("")
+    said = []
+    assert use_compile_cache_dir(str(tmp_path / "file" / "compile"), say=said.append) == default_cache_dir()
+    assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ and "compiling with torch's cache directory instead" in said[0]
+
+
+def test_a_run_that_ends_before_its_first_save_only_warns_of_failed_buffers(one_rank_group, monkeypatch, capfd):
+    """prestage's thread on a host that cannot pin (this CPU machine, made to look like a GPU run):
+    the loop never waits on it, and the run's end reports the failure as a warning, not an error."""
+    from types import SimpleNamespace
+
+    from rayft.train import checkpoint
+
+    model = torch.nn.Linear(4, 4)
+    fully_shard(model)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    monkeypatch.setattr(checkpoint, "on_gpu", lambda m: True)
+    ccfg = SimpleNamespace(every_steps=10, every_minutes=None, async_save=True, write_threads=1)
+    saver = checkpoint.CheckpointWriter(ccfg, model_config=None)
+    assert saver.prestage(model, opt) is not None
+    assert saver.wait() == []
+    assert "staging buffers could not be allocated" in capfd.readouterr().err

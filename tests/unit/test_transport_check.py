@@ -4,6 +4,7 @@ itself runs against a real local Ray job in tests/integration/test_doctor_job.py
 
 from __future__ import annotations
 
+import os
 import textwrap
 
 import pytest
@@ -42,12 +43,18 @@ def test_workers_environment(tmp_path, monkeypatch):
     )
     assert worker_env_vars(cfg, "/fsx/runs/r1") == {
         "TOKENIZERS_PARALLELISM": "false",
-        "PYTORCH_CUDA_ALLOC_CONF": PINNED_REGISTER,  # async saves (the default) pin their buffers by registering
         "NCCL_DEBUG": "INFO",  # the check reads NCCL_DEBUG=INFO lines
         buffer: "2000",
         dump: "/fsx/runs/r1/flight_recorder/rank_",
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
     }
+    # GPU workers with periodic async saves pin their staging buffers by registering; not without them
+    periodic = config(tmp_path, "checkpoint:\n  every_steps: 10\n")
+    assert worker_env_vars(periodic, None, use_gpu=True)["PYTORCH_CUDA_ALLOC_CONF"] == PINNED_REGISTER
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in worker_env_vars(periodic, None, use_gpu=False)
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in worker_env_vars(cfg, None, use_gpu=True)  # no periodic saves: one plain copy
+    sync = config(tmp_path, "checkpoint:\n  every_steps: 10\n  async_save: false\n")
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in worker_env_vars(sync, None, use_gpu=True)
     monkeypatch.setenv("NCCL_DEBUG", "TRACE")  # the user's own level wins
     assert worker_env_vars(cfg, "/fsx/runs/r1")["NCCL_DEBUG"] == "TRACE"
 
@@ -60,7 +67,23 @@ def test_pinned_register_joins_the_users_allocator_setting():
     assert pinned_register_conf({"PYTORCH_ALLOC_CONF": "expandable_segments:True"}) == {
         "PYTORCH_ALLOC_CONF": "expandable_segments:True," + PINNED_REGISTER
     }
+    both = {"PYTORCH_ALLOC_CONF": "a:1", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}  # CUDA reads its own first
+    assert pinned_register_conf(both) == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True," + PINNED_REGISTER}
     assert pinned_register_conf({"PYTORCH_CUDA_ALLOC_CONF": "pinned_use_cuda_host_register:False"}) == {}  # the user's choice stands
+
+
+def test_embedded_ray_start_turns_the_preemption_watcher_off_for_its_processes_only(monkeypatch):
+    from rayft.train.ray_cluster import without_preemption_watcher
+
+    key = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
+    monkeypatch.delenv(key, raising=False)
+    with without_preemption_watcher():
+        assert os.environ[key] == "0"  # what the embedded Ray's processes inherit
+    assert key not in os.environ  # this process: as before (Ray Train passes a driver's own setting on)
+    monkeypatch.setenv(key, "1")
+    with without_preemption_watcher():
+        assert os.environ[key] == "1"  # the user's setting stands
+    assert os.environ[key] == "1"
 
 
 def test_flight_recorder_names_by_torch_version():

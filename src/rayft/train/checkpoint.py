@@ -361,7 +361,7 @@ class CheckpointWriter:
         """Start allocating the reusable pinned CPU buffers of async saves (GPU, async only) on a
         background thread (:class:`~rayft.train.staging_buffers.BackgroundStaging`), so that the
         step loop goes on meanwhile; the first save takes them, waiting for what is left (that wait
-        is part of its ``stage_s``). Call once the optimizer has state (after the first step).
+        is its ``buffers_wait_s``). Call once the optimizer has state (after the first step).
         Returns the seconds the loop spent here (capturing the state's structure), or None when
         there is nothing to do (:meth:`reuses_pinned_buffers` is false, or they exist)."""
         if not self.reuses_pinned_buffers(model) or self._writer is not None:
@@ -372,24 +372,34 @@ class CheckpointWriter:
         self._staging = BackgroundStaging({"model": msd, "optim": osd})
         return time.perf_counter() - t0
 
-    def _take_staging_buffers(self) -> None:
+    def _take_staging_buffers(self, needed: bool = True) -> None:
         """Hand the background-allocated buffers to the writer's stager (DCP's
-        ``BlockingAsyncStager.state_dict_cache``, which its ``stage`` copies into), waiting for them."""
-        if self._staging is not None:
-            staging, self._staging = self._staging, None
+        ``BlockingAsyncStager.state_dict_cache``, which its ``stage`` copies into), waiting for them.
+        Raises the allocation's error (e.g. out of host memory) when ``needed``; when not (the run's
+        end, no save to come), prints it as a warning instead."""
+        if self._staging is None:
+            return
+        staging, self._staging = self._staging, None
+        try:
             self._writer.state_dict_cache = staging.result()
-            self._buffers_alloc_s = staging.finished - staging.started
+        except Exception as e:
+            if needed:
+                raise
+            _to_stderr(f"[rayft] warning: the async saves' staging buffers could not be allocated ({e}); no save needed them")
+            return
+        self._buffers_alloc_s = staging.finished - staging.started
 
     def reuses_pinned_buffers(self, model) -> bool:
         """Async saves stage into reusable pinned host buffers: only on a GPU and only with periodic
         saves (``every_steps``/``every_minutes``). Pinning a copy of the rank's whole state (12 bytes
-        per parameter: fp32 weights and AdamW's two moments) runs at ~0.5 GB/s and holds that host
-        memory for the rest of the run, which a run that saves once (the final or a signal's
+        per parameter: fp32 weights and AdamW's two moments) costs seconds (18.5 GB: 3.3 s registered,
+        bench/results/2026-12-02-staging-alloc-1xh200.json) and holds that host memory for the rest
+        of the run, which a run that saves once (the final or a signal's
         checkpoint) or never would pay for nothing: ~178 s of the Mistral-7B run's wall time on one
         H200 went unaccounted after its first step with no checkpoint configured
         (bench/results/2026-12-02-families-mistral-7b-v0.3-1xh200.json). A one-off save stages into
         plain host memory instead."""
-        return self.async_save and bool(self.every_steps or self.every_minutes) and on_gpu(model)
+        return self.async_save and bool(self.every_steps or self.every_minutes) and on_gpu(model)  # see stages_pinned_buffers
 
     def local_write_done(self) -> bool:
         """This rank's background write has finished (or none is in flight)."""
@@ -438,7 +448,7 @@ class CheckpointWriter:
                 "state": state,
                 "metrics": metrics,
                 "t0": t0,
-                "stage_s": time.perf_counter() - t0 + buffers_wait_s,
+                "stage_s": time.perf_counter() - t0,
                 "buffers_wait_s": buffers_wait_s,
                 "buffers_alloc_s": self._buffers_alloc_s,
             }
@@ -466,18 +476,20 @@ class CheckpointWriter:
 
     def wait(self) -> list[dict]:
         """Collective: block until the in-flight checkpoint is written, then finalise it; its timings.
-        Also waits for staging buffers still being allocated (a run that ends before its first save)."""
-        self._take_staging_buffers()
+        Also waits for staging buffers still being allocated (a run that ends before its first save:
+        their failure is then only a warning)."""
+        self._take_staging_buffers(needed=False)
         return [self._finalize()] if self._pending is not None else []
 
     def _finalize(self) -> dict:
         """Timings in seconds of an async checkpoint: ``stage_s`` (the loop blocked while shards were
-        copied to CPU memory, with ``buffers_wait_s``: the first save's wait for the staging buffers
-        still being allocated, see :meth:`prestage`; ``buffers_alloc_s``: on that save, how long
-        their allocation took on its thread, else None), ``save_s`` (start of the save until every shard was on storage, an upper
+        copied to CPU memory), ``buffers_wait_s`` (the first save's wait for the staging buffers still
+        being allocated, see :meth:`prestage`; ~0 otherwise), ``buffers_alloc_s`` (on that save, how
+        long their allocation took on its thread, else None), ``save_s`` (start of the save until every shard was on storage, an upper
         bound: measured when the loop looked), ``finalize_wait_s`` (the loop blocked waiting for the
         write; 0 when it had finished), ``finalize_s`` (that wait + state file + Ray report) and
-        ``blocked_s`` = ``stage_s`` + ``finalize_s``, all the step loop lost to this checkpoint."""
+        ``blocked_s`` = ``buffers_wait_s`` + ``stage_s`` + ``finalize_s``, all the step loop lost to
+        this checkpoint."""
         p, self._pending = self._pending, None
         t_wait = time.perf_counter()
         try:
@@ -497,7 +509,7 @@ class CheckpointWriter:
             "save_s": written - p["t0"],
             "finalize_wait_s": written - t_wait,
             "finalize_s": done - t_wait,
-            "blocked_s": p["stage_s"] + done - t_wait,
+            "blocked_s": p["buffers_wait_s"] + p["stage_s"] + done - t_wait,
         }
 
     def _warn_if_no_room(self, path: str, local: bool, step: int) -> None:

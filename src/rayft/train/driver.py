@@ -225,7 +225,7 @@ def train_run(
             else str(Path(cfg.checkpoint.storage_path).resolve()),
             failure_config=ray.train.FailureConfig(max_failures=cfg.ray.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.checkpoint.keep_last),
-            worker_runtime_env={"env_vars": worker_env_vars(cfg, run_dir)},
+            worker_runtime_env={"env_vars": worker_env_vars(cfg, run_dir, use_gpu)},
         ),
         torch_config=TorchConfig(backend=backend),
     )

@@ -26,7 +26,7 @@ from rayft.train.evaluate import Evaluator
 from rayft.train.events import CheckpointEvent, ProgressChannel, ResumedEvent, StepEvent, StoppedEvent
 from rayft.train.export import export_and_verify
 from rayft.train.metrics import flops_per_token, gpu_peak_flops, mfu
-from rayft.train.model import ShardedModel, build_sharded_model, load_model_config, matmul_params
+from rayft.train.model import ShardedModel, build_sharded_model, load_model_config, matmul_params, use_compile_cache_dir
 from rayft.train.optim import build_optimizer, lr_at, set_lr
 from rayft.train.step import GlobalCounts, StepClock, StepResult, global_counts, micro_batch_loss, train_step
 from rayft.train.stop import StopPoll
@@ -184,7 +184,7 @@ def setup_worker(args: WorkerArgs) -> Worker:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if tc.compile and tc.compile_cache_dir:  # before the first compile: Inductor reads it at every use
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.expanduser(tc.compile_cache_dir)
+        use_compile_cache_dir(os.path.expanduser(tc.compile_cache_dir), say=print if rank == 0 else None)
     if tc.gpu_memory_limit_gib is not None:
         cap_gpu_memory(device, tc.gpu_memory_limit_gib)
     data = ray.get(args.dataset)

@@ -14,6 +14,7 @@ applies ``fully_shard`` per decoder layer and at the root, then allocates its sh
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -403,3 +404,26 @@ def matmul_params(model: torch.nn.Module) -> int:
     emb = model.get_input_embeddings().weight
     head = model.get_output_embeddings().weight
     return total - emb.numel() + (head.numel() if head is emb else 0)
+
+
+def use_compile_cache_dir(path: str, say=None) -> str:
+    """Point torch.compile's on-disk caches (Inductor's FX graphs, AOTAutograd's, Triton's kernels:
+    ``TORCHINDUCTOR_CACHE_DIR``, which Inductor reads at every use) at ``path``, unless this process
+    was started with a directory of its own there (importing Inductor sets torch's default,
+    ``/tmp/torchinductor_<user>``, when none was). A ``path`` that cannot be created or written
+    leaves torch's choice, with a line to ``say``. Returns the directory in use."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if current and os.path.abspath(current) != os.path.abspath(default_cache_dir()):
+        return current  # the user's own
+    try:
+        os.makedirs(path, exist_ok=True)
+        if not os.access(path, os.W_OK):
+            raise PermissionError(f"{path} is not writable")
+    except OSError as e:
+        if say:
+            say(f"[rayft] train.compile_cache_dir: {e}; compiling with torch's cache directory instead")
+        return current or default_cache_dir()
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
+    return path

@@ -48,13 +48,9 @@ def connect_ray(cfg: RayftConfig) -> str:
     # "local": never attach to a `ray start` cluster by accident. Every Ray service listens on
     # 127.0.0.1 only; Ray turns token auth on by itself unless RAY_AUTH_MODE says otherwise (docs/network.md).
     ensure_default_token()
-    # Ray Train's preemption watcher (an actor per run, polling for node drains) has nothing to watch
-    # on a one-host Ray that no autoscaler drains: one process fewer to start per run. The actors
-    # inherit this process's environment. A user's own setting stands.
-    os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
 
     def start() -> None:
-        with keep_localhost():
+        with keep_localhost(), without_preemption_watcher():
             ray.init(address="local", num_cpus=cfg.ray.num_cpus, _node_ip_address=LOOPBACK, **kwargs)
 
     before = child_pids()
@@ -262,20 +258,37 @@ def refuse_node_local_checkpoints(cfg: RayftConfig) -> None:
         )
 
 
-def worker_env_vars(cfg: RayftConfig | None = None, run_dir: str | None = None) -> dict[str, str]:
+@contextlib.contextmanager
+def without_preemption_watcher():
+    """``RAY_TRAIN_ENABLE_PREEMPTION_WATCHER=0`` while the block starts an embedded Ray (its processes
+    keep it; this process gets its own value back): Ray Train's preemption watcher, an actor per run
+    polling for node drains, has nothing to watch on one host that no autoscaler drains, so each run
+    starts one process fewer. A user's own setting stands."""
+    key = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
+    before = os.environ.get(key)
+    os.environ.setdefault(key, "0")
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+
+
+def worker_env_vars(cfg: RayftConfig | None = None, run_dir: str | None = None, use_gpu: bool = False) -> dict[str, str]:
     """Environment variables the Ray Train workers get on top of their node's.
 
     ``TOKENIZERS_PARALLELISM=false``, plus every ``NCCL_*`` variable set in the driver's
     environment: on an embedded local Ray the workers inherit them anyway, on a remote cluster
     this is how ``NCCL_DEBUG=INFO rayft train ...`` (or ``NCCL_NET=Socket``) reaches the workers.
-    With ``cfg``: PyTorch's host allocator set to pin by registering (:func:`pinned_register_conf`)
-    for async checkpoint saves; ``NCCL_DEBUG=INFO`` unless set, when ``ray.verify_transport`` reads the NCCL logs
+    With ``cfg``: for GPU workers (``use_gpu``) whose saves stage into pinned buffers
+    (:func:`stages_pinned_buffers`), PyTorch's host allocator set to pin by registering
+    (:func:`pinned_register_conf`); ``NCCL_DEBUG=INFO`` unless set, when ``ray.verify_transport`` reads the NCCL logs
     at the end; PyTorch's flight recorder (:func:`flight_recorder_env`) with
     ``train.nccl_flight_recorder``, its dumps in ``run_dir``'s :data:`FLIGHT_RECORDER_DIR`.
     """
     env = {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}
     env["TOKENIZERS_PARALLELISM"] = "false"
-    if cfg is not None and cfg.checkpoint.async_save:
+    if cfg is not None and use_gpu and stages_pinned_buffers(cfg):
         env |= pinned_register_conf(os.environ)
     if cfg is not None and cfg.ray.verify_transport:
         env.setdefault("NCCL_DEBUG", "INFO")
@@ -289,17 +302,29 @@ def worker_env_vars(cfg: RayftConfig | None = None, run_dir: str | None = None) 
 PINNED_REGISTER = "pinned_use_cuda_host_register:True,pinned_num_register_threads:8"
 
 
+def stages_pinned_buffers(cfg: RayftConfig) -> bool:
+    """GPU workers of this run stage async saves into reused pinned buffers (periodic async saves;
+    not with ``parallel.cpu_offload``, whose pinned parameters the allocator setting was not measured on)."""
+    ck = cfg.checkpoint
+    return ck.async_save and bool(ck.every_steps or ck.every_minutes) and not cfg.parallel.cpu_offload
+
+
 def pinned_register_conf(environ: Mapping[str, str]) -> dict[str, str]:
-    """The allocator setting (``PYTORCH_ALLOC_CONF`` where ``environ`` sets it, else
-    ``PYTORCH_CUDA_ALLOC_CONF``) with :data:`PINNED_REGISTER` appended to what ``environ`` already
-    has there; {} when that already chooses the pinned allocation (``pinned_use_cuda_host_register``).
+    """The allocator setting with :data:`PINNED_REGISTER` appended to what ``environ`` already has
+    there: ``PYTORCH_CUDA_ALLOC_CONF`` where set (CUDA reads it first), else ``PYTORCH_ALLOC_CONF``
+    where set, else a new ``PYTORCH_CUDA_ALLOC_CONF``; {} when it already chooses how to pin
+    (``pinned_use_cuda_host_register``). ``environ`` is the driver's, which stands for the workers'
+    (embedded Ray, or pods of one image): a value set only on the worker nodes is replaced, so set
+    it where the driver runs too.
 
     Why: the async saves' staging buffers are pinned on a thread while the steps run
     (:mod:`rayft.train.staging_buffers`). With PyTorch's default, 18.5 GB (the 1.5B preset on one
     GPU) took 10.4 s and slowed the GPU work meanwhile 7.7× (its longest stall 1.2 s); registering
     took 3.3 s at 1.06× (bench/results/2026-12-02-staging-alloc-1xh200.json).
     """
-    name = "PYTORCH_ALLOC_CONF" if "PYTORCH_ALLOC_CONF" in environ else "PYTORCH_CUDA_ALLOC_CONF"
+    name = (
+        "PYTORCH_ALLOC_CONF" if "PYTORCH_ALLOC_CONF" in environ and "PYTORCH_CUDA_ALLOC_CONF" not in environ else "PYTORCH_CUDA_ALLOC_CONF"
+    )
     current = environ.get(name, "")
     if "pinned_use_cuda_host_register" in current:
         return {}

@@ -3,11 +3,18 @@
 An async save first copies the rank's state (fp32 weights and AdamW's two moments: 12 bytes per
 parameter of its shard) from the GPU into host memory, then writes from there in the background.
 DCP's stager (``FileSystemWriter(cache_staged_state_dict=True)``) keeps that host copy in pinned
-memory and reuses it, but allocates it inside the first save: pinning runs at ~0.5 GB/s, 36.9 s
-for the 1.5B preset's 18.5 GB on one H200, all of it time the step loop stood still
+memory and reuses it, allocating it at its first ``stage()``: a copy of every DTensor into pageable
+memory, then pinned buffers. rayft used to call that once after step 1, and for the 1.5B preset's
+18.5 GB on one H200 the step loop stood still 36.9 s
 (bench/results/2026-12-02-wall-time-cold-stopped-1xh200.json). :class:`BackgroundStaging`
-allocates the same buffers on a thread while the steps run, and hands them to the writer
+allocates the same buffers on a thread while the steps run, with no copy, and the writer gets them
 (its ``state_dict_cache``) at the first save, which waits only for what is not done yet.
+
+Pinning on a thread needs PyTorch's host allocator set to register pages
+(``pinned_use_cuda_host_register``, which rayft sets for its workers:
+:func:`rayft.train.ray_cluster.pinned_register_conf`): its default, ``cudaHostAlloc``, holds the CUDA
+driver's lock while it pins, and slowed the GPU work meanwhile 7.7× (registering: 1.06×;
+bench/results/2026-12-02-staging-alloc-1xh200.json).
 """
 
 from __future__ import annotations
@@ -24,9 +31,11 @@ def empty_host_like(state: Any, pin: bool) -> Any:
     """A host-memory twin of ``state`` for DCP's stager to copy into: the same nesting (dicts,
     lists, tuples), every tensor an uninitialised CPU tensor of its shape and dtype (a DTensor a
     DTensor of the same mesh and placements whose local shard is on the CPU), pinned when ``pin``
-    (needs CUDA); 0-dim tensors (an optimizer's step count) and empty ones are zero CPU tensors,
-    never pinned; every other value is kept as it is. No data is copied: the values are garbage
-    until a save's staging copies into them.
+    (needs CUDA). As torch's own stager does: a 0-dim tensor (an optimizer's step count) becomes a
+    zero CPU tensor and a 0-dim DTensor stays the live object itself; an empty tensor or local shard
+    becomes zeros on the CPU, never pinned; every other value is kept as it is. No data is copied:
+    the values are garbage until a save's staging copies into them. Reads shapes and dtypes only,
+    so the loop may step meanwhile (AdamW adds no state entry after its first step).
 
     Raises:
         TypeError: a value of a type the stager cannot copy (not a tensor, number, string,
@@ -75,6 +84,7 @@ class BackgroundStaging:
         self.finished = time.perf_counter()
 
     def done(self) -> bool:
+        """The thread has finished (the buffers are ready, or it failed)."""
         return not self._thread.is_alive()
 
     def result(self) -> dict:
