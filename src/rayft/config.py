@@ -370,6 +370,12 @@ class CheckpointConfig(_Section):
     def _safe_name(cls, v: str | None) -> str | None:
         return None if v is None else check_run_name(v)
 
+    @property
+    def periodic_async(self) -> bool:
+        """Async saves every N steps and/or M minutes: each stages into the same reused host buffers
+        (pinned on a GPU: rayft.train.staging_buffers); a run that saves once or never does not."""
+        return self.async_save and bool(self.every_steps or self.every_minutes)
+
 
 class RayConfig(_Section):
     """How the driver reaches Ray: ``address`` (or RAY_ADDRESS) for a running cluster, else embedded."""

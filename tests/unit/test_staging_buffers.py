@@ -111,7 +111,7 @@ def test_a_run_that_ends_before_its_first_save_only_warns_of_failed_buffers(one_
     model(torch.randn(2, 4)).sum().backward()
     opt.step()
     monkeypatch.setattr(checkpoint, "on_gpu", lambda m: True)
-    ccfg = SimpleNamespace(every_steps=10, every_minutes=None, async_save=True, write_threads=1)
+    ccfg = SimpleNamespace(every_steps=10, every_minutes=None, async_save=True, periodic_async=True, write_threads=1)
     saver = checkpoint.CheckpointWriter(ccfg, model_config=None)
     assert saver.prestage(model, opt) is not None
     assert saver.wait() == []

@@ -337,6 +337,7 @@ class CheckpointWriter:
         self.model_config = model_config
         self.last_save = time.monotonic()
         self.async_save = ccfg.async_save
+        self.periodic_async = ccfg.periodic_async
         self.write_threads = ccfg.write_threads
         # collective (every rank): async saves' DCP collectives and every save's digest gather run on it
         self._pg = dist.new_group(backend="gloo")
@@ -399,7 +400,7 @@ class CheckpointWriter:
         H200 went unaccounted after its first step with no checkpoint configured
         (bench/results/2026-12-02-families-mistral-7b-v0.3-1xh200.json). A one-off save stages into
         plain host memory instead."""
-        return self.async_save and bool(self.every_steps or self.every_minutes) and on_gpu(model)  # see stages_pinned_buffers
+        return self.periodic_async and on_gpu(model)
 
     def local_write_done(self) -> bool:
         """This rank's background write has finished (or none is in flight)."""

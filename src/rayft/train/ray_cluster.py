@@ -305,8 +305,7 @@ PINNED_REGISTER = "pinned_use_cuda_host_register:True,pinned_num_register_thread
 def stages_pinned_buffers(cfg: RayftConfig) -> bool:
     """GPU workers of this run stage async saves into reused pinned buffers (periodic async saves;
     not with ``parallel.cpu_offload``, whose pinned parameters the allocator setting was not measured on)."""
-    ck = cfg.checkpoint
-    return ck.async_save and bool(ck.every_steps or ck.every_minutes) and not cfg.parallel.cpu_offload
+    return cfg.checkpoint.periodic_async and not cfg.parallel.cpu_offload
 
 
 def pinned_register_conf(environ: Mapping[str, str]) -> dict[str, str]:
