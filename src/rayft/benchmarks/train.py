@@ -11,7 +11,11 @@ Recipes (docs/bench-train.md says what each one is):
   ``--rayft-set``, which only the rayft recipes get: e.g. their own micro-batch size);
 * ``rayft-fp8`` (not in the default list): ``rayft`` plus ``train.float8=true``, reported as its own
   row; when both ran on a workload, the results carry ``float8_check``, its per-step loss against
-  ``rayft``'s (same data order and initial weights).
+  ``rayft``'s (same data order and initial weights);
+* ``torchtitan`` / ``torchtitan-fp8`` (by name; GPU only; ``pip install torchtitan==0.2.2``):
+  torchtitan's own trainer on the same rows, padded one per row, compiled, with its own seeded init
+  of the same architecture (the presets with a torchtitan flavour), under ``torchrun``,
+  :mod:`rayft.benchmarks.torchtitan_recipe`.
 
 Workloads: ``random`` (random full-length rows, :func:`rayft.data.synthetic.random_dataset`; every
 recipe gets the same ids) and ``real`` (the config's data files, tokenized once by rayft's pipeline
@@ -52,9 +56,11 @@ from rich.text import Text
 
 from rayft.benchmarks.fabric import gpu_label
 from rayft.benchmarks.logged_run import LoggedCommand, log_tail, run_logged
+from rayft.benchmarks.torchtitan_recipe import TORCHTITAN_RECIPES, TorchtitanRecipeError, check_preset_shape, torchtitan_model
 
-RECIPES = ("sample-recipe", "trl-default", "trl-best", "rayft", "rayft-fp8")
-#: What ``--recipes`` defaults to (``rayft-fp8`` is asked for by name).
+RECIPES = ("sample-recipe", "trl-default", "trl-best", "rayft", "rayft-fp8", "torchtitan", "torchtitan-fp8")
+#: What ``--recipes`` defaults to (``rayft-fp8`` and the torchtitan recipes, which need
+#: ``pip install torchtitan==0.2.2``, are asked for by name).
 DEFAULT_RECIPES = ("sample-recipe", "trl-default", "trl-best", "rayft")
 RAYFT_RECIPES = ("rayft", "rayft-fp8")
 WORKLOADS = ("random", "real")
@@ -663,6 +669,11 @@ def _prepare_model_and_data(cfg, plan: Plan, world: int, console: Console) -> di
         del model
         if init != "cpu":
             torch.cuda.empty_cache()
+    if set(TORCHTITAN_RECIPES) & set(plan.recipes):
+        try:  # torchtitan builds its own model: the same shape or no run
+            check_preset_shape(cfg.model.name_or_path, conf)
+        except TorchtitanRecipeError as e:
+            raise BenchTrainError(str(e)) from None
     shared["matmul_params"] = matmul_params(meta)
     shared["decoder_layer_cls"] = type(meta.model.layers[0]).__name__
     shared["num_layers"], shared["hidden"], shared["vocab_size"] = conf.num_hidden_layers, conf.hidden_size, conf.vocab_size
@@ -749,9 +760,15 @@ def recipe_command(recipe: str, workload: str, plan: Plan, cfg, world: int, use_
         "pad_id": shared["pad_id"],
         "out_dir": str(run_dir),
     }
+    if recipe in TORCHTITAN_RECIPES:
+        from rayft.benchmarks.torchtitan_recipe import command
+
+        spec |= {"preset": cfg.model.name_or_path, "float8": recipe == "torchtitan-fp8", "compile": True}
     run_dir.mkdir(parents=True, exist_ok=True)
     spec_file = run_dir / "spec.json"
     spec_file.write_text(json.dumps(spec, indent=2))
+    if recipe in TORCHTITAN_RECIPES:
+        return command(spec_file, world)
     if recipe == "sample-recipe":
         return [py, "-m", "rayft.benchmarks.recipes", "sample", str(spec_file)]
     return [
@@ -812,6 +829,14 @@ def recipe_settings(recipe: str, run_dir: Path, cmd: list[str], config: Path) ->
             pass
         return out
     from rayft.benchmarks.recipes import SETTINGS_FILE, trl_planned_settings
+
+    if recipe in TORCHTITAN_RECIPES:
+        from rayft.benchmarks.torchtitan_recipe import planned_settings
+
+        try:
+            return json.loads((run_dir / SETTINGS_FILE).read_text())
+        except (OSError, ValueError):
+            return planned_settings(json.loads((run_dir / "spec.json").read_text()))
 
     try:
         return json.loads((run_dir / SETTINGS_FILE).read_text())  # with "label" when trl-best fell back to sdpa
@@ -919,6 +944,13 @@ def run_bench(
                 "baseline; run float8 as the rayft-fp8 recipe"
             )
     use_gpu = torch.cuda.is_available() if cfg.train.use_gpu == "auto" else bool(cfg.train.use_gpu)
+    if set(recipes) & set(TORCHTITAN_RECIPES):
+        try:
+            torchtitan_model(cfg.model.name_or_path)
+        except TorchtitanRecipeError as e:
+            raise BenchTrainError(str(e)) from None
+        if not use_gpu:
+            raise BenchTrainError("the torchtitan recipes run on CUDA GPUs only (torchtitan's trainer): this config trains on CPU")
     world = cfg.train.num_workers if cfg.train.num_workers != "auto" else (torch.cuda.device_count() if use_gpu else 1)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     wd = Path(work_dir) if work_dir else Path(cfg.checkpoint.storage_path) / f"bench-train-{stamp}"
@@ -967,7 +999,7 @@ def run_bench(
         ]
     )
     versions = {}
-    for mod in ("trl", "datasets", "accelerate"):
+    for mod in ("trl", "datasets", "accelerate", "torchtitan"):
         try:
             versions[mod] = __import__(mod).__version__
         except Exception:  # noqa: BLE001
