@@ -193,13 +193,15 @@ class ShardedModel:
 
     ``module``: the FSDP2 root (a transformers causal LM; its state dict keys are the model's own).
     ``loss``: the training loss (:class:`~rayft.train.loss.TokenLoss`); ``float8``: the decoder
-    layers' linear layers train in float8 (:func:`apply_float8`); ``export_gathered``: the export
+    layers' linear layers train in float8 (:func:`apply_float8`); ``float8_all_gather``: FSDP2
+    all-gathers those weights in float8 (with more than one rank); ``export_gathered``: the export
     goes through transformers (the checkpoint's tensor names were converted while loading).
     """
 
     module: torch.nn.Module
     loss: TokenLoss
     float8: bool = False
+    float8_all_gather: bool = False
     export_gathered: bool = False
 
     @property
@@ -216,7 +218,7 @@ class ShardedModel:
         """Work due after each ``optimizer.step()``: with float8 weights all-gathered by FSDP2,
         compute every weight's float8 scale for the next step in one all-reduce (torchao's
         ``precompute_float8_dynamic_scale_for_fsdp``) instead of one per weight at all-gather time."""
-        if self.float8:
+        if self.float8_all_gather:
             from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
 
             precompute_float8_dynamic_scale_for_fsdp(self.module)
@@ -278,8 +280,12 @@ def build_sharded_model(
         full_sd = load_full_state_dict(model_cfg, conf, seed, init_device) if rank == 0 else {}
     if liger_kernels:
         _apply_liger(model, device, checkpointed_compiled=bool(activation_checkpointing) and compile_layers)
+    # float8 all-gathers pay off where there is an all-gather: on one rank the weight's cast to
+    # float8 then runs eagerly in FSDP2's hooks (and once more in backward when resharded) instead
+    # of fused into the compiled layer (issue 23: 45,109 against torchtitan's 52,899 tokens/s on one H200)
+    float8_all_gather = float8 and dist.get_world_size() > 1
     if float8:
-        apply_float8(model, device)
+        apply_float8(model, device, all_gather=float8_all_gather)
     tied = bool(getattr(conf, "tie_word_embeddings", False))
     if activation_checkpointing:
         checkpoint_layers(model, every=int(activation_checkpointing))
@@ -322,7 +328,13 @@ def build_sharded_model(
     # the checkpoint's own tensor names differ from the model's (transformers converts them while loading):
     # export through transformers' save_pretrained, which converts them back
     renamed = "tensor name" in why
-    return ShardedModel(model, TokenLoss.create(ce_impl, chunk_mem=fused_loss_chunk_mem), float8=float8, export_gathered=renamed)
+    return ShardedModel(
+        model,
+        TokenLoss.create(ce_impl, chunk_mem=fused_loss_chunk_mem),
+        float8=float8,
+        float8_all_gather=float8_all_gather,
+        export_gathered=renamed,
+    )
 
 
 def _apply_liger(model: torch.nn.Module, device: torch.device, checkpointed_compiled: bool = False) -> None:
@@ -360,11 +372,12 @@ def check_float8(device: torch.device) -> None:
         raise ValueError("train.float8 needs the torchao package (in a clone: pip install -e '.[fp8]')") from e
 
 
-def apply_float8(model: torch.nn.Module, device: torch.device) -> int:
+def apply_float8(model: torch.nn.Module, device: torch.device, all_gather: bool = True) -> int:
     """Convert the decoder layers' ``nn.Linear`` modules to torchao's ``Float8Linear`` (before
     ``fully_shard``): the three matmuls of each linear layer (forward, input and weight gradients)
     run in float8 with tensorwise dynamic scaling (e4m3 for inputs and weights, e5m2 for output
-    gradients), and FSDP2 all-gathers the weights in float8. Weights, gradients and optimizer
+    gradients), and with ``all_gather`` FSDP2 all-gathers the weights in float8 (else each layer
+    casts its bf16 weights when it runs). Weights, gradients and optimizer
     states stay fp32; the embedding and the LM head (whose 151,936-wide logits drive the loss) stay
     bf16. Only layers whose two dimensions are multiples of 16 (what the float8 GEMM needs) convert;
     the third dimension, the micro-batch's tokens, is kept a multiple of 16 by the config's check
@@ -388,7 +401,7 @@ def apply_float8(model: torch.nn.Module, device: torch.device) -> int:
             return True  # recurse into containers; only the leaves below are decided
         return id(mod) in in_layers and mod.in_features % 16 == 0 and mod.out_features % 16 == 0
 
-    convert_to_float8_training(model, config=Float8LinearConfig(enable_fsdp_float8_all_gather=True), module_filter_fn=convert)
+    convert_to_float8_training(model, config=Float8LinearConfig(enable_fsdp_float8_all_gather=all_gather), module_filter_fn=convert)
     n = sum(type(m).__name__ == "Float8Linear" for m in model.modules())
     if n == 0:
         raise ValueError(
