@@ -288,6 +288,17 @@ def main(argv: list[str] | None = None) -> None:
                 (Path(spec["out_dir"]) / "settings.json").write_text(json.dumps(settings, indent=2))
             torch.cuda.reset_peak_memory_stats(self.device)
             self.t_last: float | None = None
+            # torchtitan resets the device's peak at every log (each step here): the peak since the
+            # last record is kept before each of those resets
+            self.peak_gib = 0.0
+            monitor = self.metrics_processor.device_memory_monitor
+            reset = monitor.reset_peak_stats
+
+            def keep_peak_then_reset() -> None:
+                self.peak_gib = max(self.peak_gib, torch.cuda.max_memory_allocated(self.device) / 2**30)
+                reset()
+
+            monitor.reset_peak_stats = keep_peak_then_reset
 
         def train_step(self, data_iterator):
             if self.t_last is None:
@@ -303,7 +314,7 @@ def main(argv: list[str] | None = None) -> None:
                     "step_time_s": now - self.t_last,
                     "tokens": tokens,
                     "attn_tokens_sq": sq,
-                    "peak_mem_gib": torch.cuda.max_memory_allocated(self.device) / 2**30,
+                    "peak_mem_gib": max(self.peak_gib, torch.cuda.max_memory_allocated(self.device) / 2**30),
                 }
             )
             self.t_last = now

@@ -282,7 +282,7 @@ def build_sharded_model(
         _apply_liger(model, device, checkpointed_compiled=bool(activation_checkpointing) and compile_layers)
     # float8 all-gathers pay off where there is an all-gather: on one rank the weight's cast to
     # float8 then runs eagerly in FSDP2's hooks (and once more in backward when resharded) instead
-    # of fused into the compiled layer (issue 23: 45,109 against torchtitan's 52,899 tokens/s on one H200)
+    # of fused into the compiled layer (bench/NOTES.md §20: 45,109 → 51,275 tokens/s on one H200)
     float8_all_gather = float8 and dist.get_world_size() > 1
     if float8:
         apply_float8(model, device, all_gather=float8_all_gather)
