@@ -103,6 +103,9 @@ def test_float8_converts_only_decoder_linears_and_keeps_the_model_close(one_rank
     kinds = {n: type(mod).__name__ for n, mod in m.named_modules() if isinstance(mod, torch.nn.Linear)}
     assert sum(k == "Float8Linear" for k in kinds.values()) == 2 * 7  # q, k, v, o, gate, up, down in each of 2 layers
     assert kinds["lm_head"] == "Linear"
+    # one rank: no float8 all-gather (nothing to gather; the weights cast inside each layer instead)
+    assert sharded.float8_all_gather is False
+    assert {mod.config.enable_fsdp_float8_all_gather for mod in m.modules() if type(mod).__name__ == "Float8Linear"} == {False}
     sd, want = full_model_state_dict(m), full_model_state_dict(ref)
     assert type(sd["model.layers.0.mlp.up_proj.weight"]) is torch.Tensor
     assert sd["model.layers.0.mlp.up_proj.weight"].dtype == torch.float32
