@@ -233,7 +233,7 @@ def sample_config(**train):
     )
 
 
-def test_fit_problem_refuses_only_when_the_peak_alone_is_over():
+def test_fit_problem_refuses_only_when_the_peak_alone_is_over(monkeypatch):
     """On 8 L4s: the 7B plain is refused (its allocated peak alone exceeds 22.35 GiB); with float8 the
     count is an upper bound and with checkpointing only the margins are over: warnings; with
     checkpointing and offload it fits; a hub id that cannot be read offline is not judged."""
@@ -252,6 +252,10 @@ def test_fit_problem_refuses_only_when_the_peak_alone_is_over():
     assert fit_problem(offload, target) is None
     hub = sample_config()
     hub.model.name_or_path = "no-such-org/no-such-model"
+    from huggingface_hub import constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # what `rayft train` / `rayft fit` switch to when the Hub cannot be reached
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     assert fit_problem(hub, target) is None
 
 
@@ -265,3 +269,27 @@ def test_the_cli_check_leaves_cpu_workers_and_capped_gpus_to_their_settings(caps
     warn = sample_config(fit_check="warn")
     check_cluster_fit(warn, "job.yaml")
     assert "warning: job.yaml: qwen2.5-7b with train.micro_batch_size=1" in " ".join(capsys.readouterr().err.split())
+
+
+def test_rayft_fit_without_the_hub_says_so_in_one_line_and_reads_only_the_cache(tmp_path, monkeypatch):
+    """A Hub id and no Hub: `rayft fit` switches to the local cache before it reads the model's config
+    (one line; not huggingface_hub's five retries, 23 s), then names what it cannot read."""
+    import os
+
+    from huggingface_hub import constants
+    from typer.testing import CliRunner
+
+    from rayft.cli import app
+
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens there: the Hub cannot be reached
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache
+    cfg = write_config(tmp_path)
+    cfg.write_text(cfg.read_text().replace("qwen2.5-7b", "no-such-org/no-such-model"))
+    r = CliRunner().invoke(app, ["fit", str(cfg), "--gpus", "8xL4"])
+    assert r.exit_code == 2, r.output
+    assert "http://127.0.0.1:9 cannot be reached" in r.output
+    assert "no-such-org/no-such-model from the local Hugging Face cache only (HF_HUB_OFFLINE=1)" in r.output
+    assert "model.name_or_path=no-such-org/no-such-model: cannot read its config" in r.output
+    assert constants.HF_HUB_OFFLINE is True and os.environ["HF_HUB_OFFLINE"] == "1"  # switched before the read

@@ -36,6 +36,9 @@ def fit(
     if target is None:
         print_error("error", ValueError(f"{config}: no cluster: section with a GPU instance type; say which GPUs with --gpus, e.g. 8xL4"))
         raise typer.Exit(2)
+    from rayft.train.hub import offline_when_unreachable
+
+    offline_when_unreachable([cfg.model.name_or_path], lambda text: console.print(text, highlight=False, markup=False))
     try:
         conf = load_model_config(cfg.model)
     except (OSError, ValueError) as e:

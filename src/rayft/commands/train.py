@@ -55,11 +55,15 @@ def train(
 def check_cluster_fit(cfg: RayftConfig, config: str | os.PathLike[str]) -> None:
     """With a ``cluster:`` section and GPU workers, judge the config on the instance's GPUs before Ray
     starts (``train.fit_check``; :func:`rayft.train.memory_plan.fit_problem`): refuse (exit 1) or warn."""
+    from rayft.train.hub import offline_when_unreachable
     from rayft.train.memory_plan import capped, cluster_gpus, fit_problem
 
     target = cluster_gpus(cfg)
     if target is None or cfg.train.use_gpu is False or cfg.train.fit_check == "off":
         return
+    # the model's config is read here, before the driver's own check: without the Hub, one line
+    # instead of huggingface_hub's five retries (23 s)
+    offline_when_unreachable([cfg.model.name_or_path], lambda text: console.print(text, highlight=False, markup=False))
     problem = fit_problem(cfg, capped(target, cfg))
     if problem is None:
         return
