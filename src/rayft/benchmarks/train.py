@@ -54,6 +54,7 @@ import numpy as np
 from rich.console import Console
 from rich.text import Text
 
+from rayft.benchmarks import ceiling as gpu_ceiling
 from rayft.benchmarks.fabric import gpu_label
 from rayft.benchmarks.logged_run import LoggedCommand, log_tail, run_logged
 from rayft.benchmarks.torchtitan_recipe import TORCHTITAN_RECIPES, TorchtitanRecipeError, check_preset_shape, torchtitan_model
@@ -66,6 +67,9 @@ RAYFT_RECIPES = ("rayft", "rayft-fp8")
 WORKLOADS = ("random", "real")
 DEFAULT_STEPS = 30
 DEFAULT_WARMUP = 5
+#: Seconds of bf16 products that measure the GPU's sustained matrix rate before the recipes run
+#: (:mod:`rayft.benchmarks.ceiling`); 0 skips it.
+DEFAULT_CEILING_S = 15.0
 
 #: GPU model (as in ``torch.cuda.get_device_name``, whole word) → the EC2 instance whose price is used.
 GPU_INSTANCE = {
@@ -550,6 +554,15 @@ def markdown_table(doc: dict[str, Any]) -> str:
             + " tokens/s/GPU."
         )
     lines += excluded
+    if fig.get("use_gpu") and fig.get("ceiling") and fig["ceiling"].get("status") != NOT_RUN:
+        lines.append(gpu_ceiling.describe(fig["ceiling"]))
+        shares = [
+            f"{_text(r, 'label') if r.get('label') else _text(r, 'recipe')} × {_text(r, 'workload')} {100 * r['of_ceiling']:.1f}%"
+            for r in fig["runs"]
+            if r.get("status") == "ok" and r.get("of_ceiling") is not None
+        ]
+        if shares:
+            lines.append("Each run's model FLOP rate (tokens/s/GPU × FLOPs per token) as a share of it: " + ", ".join(shares) + ".")
     price = fig.get("price", {})
     for w, chk in (fig.get("float8_check") or {}).items():
         lines.append(
@@ -865,6 +878,7 @@ def run_bench(
     runner: LoggedCommand = run_logged,
     deadline_s: float | None = None,
     rayft_overrides: list[str] | None = None,
+    ceiling_s: float = DEFAULT_CEILING_S,
 ) -> tuple[Path, dict[str, Any]]:
     """Run every recipe × workload, write the results JSON (+ ``.md`` and ``.png`` beside it).
 
@@ -880,6 +894,9 @@ def run_bench(
             what is left less :data:`DEADLINE_MARGIN_S`; a run with less than :data:`MIN_RUN_S` left
             is not started (status :data:`SKIPPED`).
         usd_per_gpu_hour / instance: the price to use instead of the catalog's for the detected GPU.
+        ceiling_s: on GPUs, seconds of bf16 products first (:mod:`rayft.benchmarks.ceiling`, in its
+            own process through ``runner``): the figures' ``ceiling``, and each run's ``of_ceiling``
+            (its model FLOP rate as a fraction of that sustained rate); 0 skips it.
         runner: runs one subprocess into a log (tests replace it).
 
     The results JSON and its Markdown table are rewritten after every run; runs not started yet are
@@ -916,6 +933,8 @@ def run_bench(
             raise BenchTrainError(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
     if steps <= warmup_steps:
         raise BenchTrainError(f"--steps {steps} leaves no step after --warmup-steps {warmup_steps}")
+    if not (ceiling_s == 0 or 2 <= ceiling_s <= 600):
+        raise BenchTrainError(f"--ceiling-s {ceiling_s:g}: 0 (not measured) or 2 to 600 seconds")
     try:
         cfg = load_config(Path(config), overrides)
     except ConfigError as e:
@@ -996,6 +1015,7 @@ def run_bench(
             *(["--deadline-s", f"{deadline_s:g}"] if deadline_s is not None else []),
             *(a for s in overrides for a in ("--set", shlex.quote(s))),
             *(a for s in rayft_overrides for a in ("--rayft-set", shlex.quote(s))),
+            *(["--ceiling-s", f"{ceiling_s:g}"] if ceiling_s != DEFAULT_CEILING_S else []),
         ]
     )
     versions = {}
@@ -1006,6 +1026,7 @@ def run_bench(
             versions[mod] = None
     todo = [(r, w) for w in workloads for r in recipes]
     runs: list[dict[str, Any]] = []
+    ceiling: dict[str, Any] = {"status": NOT_RUN}
 
     def write(final: bool) -> tuple[Path, dict[str, Any]]:
         """The results so far (runs not started: status "not run"), JSON + Markdown (+ PNG when final)."""
@@ -1028,6 +1049,7 @@ def run_bench(
             "workloads": {w: shared["data"][w] for w in workloads},
             "runs": runs + pending,
             "float8_check": float8_check(runs),
+            "ceiling": ceiling,
         }
         path = write_result(out, command, figures, versions=versions)
         if final:
@@ -1042,8 +1064,12 @@ def run_bench(
     write(False)  # every run "not run" yet: a results file exists from the start
     old_handler = signal.signal(signal.SIGTERM, on_sigterm) if threading.current_thread() is threading.main_thread() else None
     try:
+        ceiling = measure_ceiling(plan, use_gpu, ceiling_s, runner, console)
         for r, w in todo:
-            runs.append(_one_run(r, w, plan, cfg, world, use_gpu, shared, runner, console, t0, flops_fn, peak, price))
+            run = _one_run(r, w, plan, cfg, world, use_gpu, shared, runner, console, t0, flops_fn, peak, price)
+            if run["status"] == "ok":
+                run["of_ceiling"] = gpu_ceiling.share_of_ceiling(run["tokens_per_s_per_gpu"], run.get("flops_per_token"), ceiling)
+            runs.append(run)
             write(False)
     except (KeyboardInterrupt, BenchInterrupted) as e:
         why = str(e) or "KeyboardInterrupt"
@@ -1053,6 +1079,35 @@ def run_bench(
         if old_handler is not None:
             signal.signal(signal.SIGTERM, old_handler)
     return write(True)
+
+
+def measure_ceiling(plan: Plan, use_gpu: bool, seconds: float, runner: LoggedCommand, console: Console) -> dict[str, Any]:
+    """The GPU's sustained bf16 matrix rate (:mod:`rayft.benchmarks.ceiling`, its own process, on the
+    first GPU the recipes use) with ``status`` ``ok``; or why it was not measured (``not measured``:
+    CPU workers or ``seconds`` 0; ``failed``: its error and log tail). Never raises for a failed
+    measurement: the recipes run anyway."""
+    if not use_gpu:
+        return {"status": "not measured", "reason": "CPU workers"}
+    if not seconds:
+        return {"status": "not measured", "reason": "--ceiling-s 0"}
+    out, log = plan.work_dir / "ceiling.json", plan.work_dir / "ceiling.log"
+    cmd = [sys.executable, "-m", "rayft.benchmarks.ceiling", "--seconds", f"{seconds:g}", "--out", str(out)]
+    console.print(f"[ceiling] {seconds:g} s of bf16 products → {log}", highlight=False, markup=False)
+    try:
+        rc = runner(cmd, dict(os.environ, PYTHONUNBUFFERED="1"), log, seconds + 120)
+        if rc != 0:
+            raise BenchTrainError(f"exit {rc}")
+        res = json.loads(out.read_text())
+        figures = {
+            "status": "ok",
+            **{k: v for k, v in res.items() if k != "windows"},
+            "windows_tflops": [w["tflops"] for w in res["windows"]],
+        }
+    except Exception as e:  # noqa: BLE001 -- recorded, the recipes run anyway
+        console.print(Text.assemble(("[ceiling] failed", "bold red"), f": {e}"), highlight=False)
+        return {"status": "failed", "error": f"{e}\n{log_tail(log, 15)}", "log": str(log)}
+    console.print(f"[ceiling] {figures['sustained_tflops']:,.1f} TFLOP/s sustained", highlight=False, markup=False)
+    return {**figures, "log": str(log)}
 
 
 def _one_run(

@@ -95,6 +95,13 @@ def bench_train(
     ] = None,
     usd_per_gpu_hour: Annotated[float | None, typer.Option(min=0, help="Price per GPU-hour instead of the catalog's.")] = None,
     instance: Annotated[str | None, typer.Option(help="EC2 instance type whose catalog price is used.")] = None,
+    ceiling_s: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="On GPUs, seconds of bf16 products first: the card's sustained matrix rate, each run's share of it (0: skip).",
+        ),
+    ] = train_bench.DEFAULT_CEILING_S,
 ) -> None:
     """Train CONFIG with several recipes on identical data, model and GPUs; write results, table and chart."""
     console = Console(stderr=True)
@@ -117,6 +124,7 @@ def bench_train(
             console,
             deadline_s=deadline_s,
             rayft_overrides=rayft_set,
+            ceiling_s=ceiling_s,
         )
     except train_bench.BenchInterrupted as e:
         console.print(Text.assemble(("interrupted", "bold red"), ": ", str(e)), highlight=False)
