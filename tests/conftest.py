@@ -5,14 +5,16 @@ order the modules run in.
 ``ray_local``: the embedded Ray of `rayft train` (connect_ray: every Ray service on 127.0.0.1
 only), 2 logical CPUs (``ray_local_6``: 6). Starting one costs seconds of CI on 2 cores, so every module of a process that asks
 for it uses the same one, started by the first such module; the unit modules stop it first
-(no_ray_in_unit_modules: a unit test must not find Ray up); a module that needs another Ray in this
-process (a multi-node ``Cluster``) stops it too with ``embedded_ray.stop()``.
+(release_shared_rays: a unit test must not find Ray up); a module that needs another Ray in this
+process (a multi-node ``Cluster``) stops it too with ``embedded_ray.stop()``. ``local_cluster``: one
+`rayft cluster local` (head and two worker nodes, token auth) shared the same way by the modules that
+submit jobs (:class:`SharedLocalCluster`).
 
 The integration modules are collected first, in :data:`ORDER`, then the unit tests. ``make test``
 runs pytest-xdist with 2 processes and the schedule of :func:`pytest_xdist_make_scheduler`: each
 of two lanes of integration modules (:data:`LANES`) goes whole to one process (each module's
-fixtures, each a Ray run or a cluster, run once; the two modules that start a local multi-process
-cluster one after the other: side by side each took twice as long), then each unit test on its own,
+fixtures, each a Ray run or a cluster, run once; the two modules that submit jobs to the local
+multi-process cluster in one lane: side by side each took twice as long), then each unit test on its own,
 handed out in collection order. Before it (2026-12-02), with
 ``--dist loadgroup`` and no group marked, xdist handed out every test on its own: an integration
 module's tests landed on both processes and each ran the module's fixtures, so the fault-tolerance
@@ -66,13 +68,13 @@ LANES = (
         "test_ray_start_retry.py",
         "test_token_store_s3.py",
     ),
-    # the two modules that start a `rayft cluster local` (a multi-process Ray each, plus jobs) one after the other
+    # the two modules whose jobs run on the shared `rayft cluster local` (local_cluster: a multi-process Ray), then the rest
     (
         "test_submit.py",
         "test_doctor_job.py",
+        "test_loopback.py",
         "test_bench_train_ray.py",
         "test_eval_ray.py",
-        "test_loopback.py",
         "test_shared_storage.py",
         "test_bench_collectives.py",
     ),
@@ -168,12 +170,84 @@ def ray_local_6(embedded_ray):
     return embedded_ray
 
 
+class SharedLocalCluster:
+    """One `rayft cluster local up --workers 2 --cpus-per-worker 1` (a head with no CPU and two
+    1-CPU worker nodes, token auth, through the CLI as a user starts it) for the modules of one
+    pytest process that need a multi-node cluster (``local_cluster``): the submit, doctor-job and
+    loopback modules, one after the other in one lane, each with ``USES_LOCAL_CLUSTER = True``. A
+    start costs seconds of both cores of the CI machine, and an idle node ~4% of a core: the first
+    module without the flag stops it (``release_shared_rays``)."""
+
+    def __init__(self):
+        self.state: Path | None = None
+        self.env: dict[str, str] = {}
+
+    def start(self):
+        """``(the cluster's state, the environment to run rayft with)``; starts it on the first call."""
+        import subprocess
+        import sys
+        import tempfile
+
+        from rayft.cluster import local
+
+        if self.state is None:
+            state = Path(tempfile.mkdtemp(prefix="rlc-", dir="/tmp"))  # short: Ray's socket paths must stay < 108 bytes
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH_"))}
+            env["RAYFT_LOCAL_CLUSTER_DIR"] = str(state)
+            self.state, self.env = state, env
+            cmd = [sys.executable, "-m", "rayft.cli", "cluster", "local", "up", "--workers", "2", "--cpus-per-worker", "1"]
+            r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+            assert r.returncode == 0, r.stdout + r.stderr
+        c = local.load_state(self.state)
+        assert c is not None, f"no cluster recorded in {self.state}"
+        return c, self.env
+
+    def stop(self) -> None:
+        """`rayft cluster local down`; every process it leaves is killed, then reported."""
+        import shutil
+        import subprocess
+        import sys
+
+        from rayft.cluster import local
+
+        if self.state is None:
+            return
+        state, env, self.state = self.state, self.env, None
+        c = local.load_state(state)
+        cmd = [sys.executable, "-m", "rayft.cli", "cluster", "local", "down"]
+        d = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+        left = local.cluster_pids(c) if c else {}
+        for pid in left:  # never leave Ray processes behind, even when `down` is broken
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        shutil.rmtree(state, ignore_errors=True)
+        assert d.returncode == 0 and not left, f"down left processes {left}: {d.stdout}{d.stderr}"
+
+
+@pytest.fixture(scope="session")
+def shared_local_cluster():
+    holder = SharedLocalCluster()
+    yield holder
+    holder.stop()
+
+
+@pytest.fixture(scope="module")
+def local_cluster(shared_local_cluster):
+    """``(LocalCluster, env)`` of this process's :class:`SharedLocalCluster` (started on first use)."""
+    return shared_local_cluster.start()
+
+
 @pytest.fixture(scope="module", autouse=True)
-def no_ray_in_unit_modules(request, embedded_ray):
+def release_shared_rays(request, embedded_ray, shared_local_cluster):
     """Unit tests run without Ray up in their process: an integration module before them in the same
-    pytest process may have left the shared embedded Ray up."""
+    pytest process may have left the shared embedded Ray or local cluster up. A module without
+    ``USES_LOCAL_CLUSTER = True`` stops the shared local cluster."""
     if Path(request.path).parent.name == "unit":
         embedded_ray.stop()
+    if not getattr(request.module, "USES_LOCAL_CLUSTER", False):
+        shared_local_cluster.stop()
 
 
 @pytest.fixture(scope="module")

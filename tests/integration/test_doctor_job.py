@@ -1,6 +1,7 @@
 """rayft doctor straight from a Ray job (--job, --run) and on real flight-recorder dumps (issue 20, parts 4-5).
 
-One local Ray head with token auth (`rayft cluster local`, head only, 2 CPUs) runs one Jobs-API job:
+The shared local cluster with token auth (`rayft cluster local`, a head and two 1-CPU worker nodes:
+tests/conftest.py) runs one Jobs-API job:
 a 2-worker Ray Train run (TorchTrainer, gloo on CPU, one real all_reduce) whose workers print the
 NCCL lines of a 2-rank single-host job forced onto sockets, as NCCL would (with their real hostname
 and pids). The job's driver records its Ray job in a run directory and runs the end-of-run check
@@ -16,20 +17,17 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
-from rayft.cluster import local
-
 ROOT = Path(__file__).resolve().parents[2]
+USES_LOCAL_CLUSTER = True  # the shared `rayft cluster local` (tests/conftest.py)
 SRC = ROOT / "src" / "rayft"
 
 JOB = textwrap.dedent(
@@ -117,35 +115,29 @@ def checked_train(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def job(checked_train):
-    """(cluster, env, submission id, run dir) of the finished job (``checked_train`` runs meanwhile)."""
-    state = Path(tempfile.mkdtemp(prefix="rld-", dir="/tmp"))  # short: Ray's socket paths must stay < 108 bytes
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH_"))}
-    env["PYTHONPATH"] = str(ROOT / "src")
-    cluster = None
-    try:
-        cluster, _ = local.up(workers=0, head_cpus=2, state_dir=state, say=lambda s: None)
-        from ray.job_submission import JobSubmissionClient
+def job(checked_train, local_cluster, tmp_path_factory):
+    """(cluster, env, submission id, run dir, logs) of the finished job, run on the shared local
+    cluster (tests/conftest.py: a head and two 1-CPU worker nodes; ``checked_train`` runs meanwhile)."""
+    cluster, env = local_cluster
+    env = {**env, "PYTHONPATH": str(ROOT / "src")}  # the doctor CLI's own environment
+    from ray.job_submission import JobSubmissionClient
 
-        work = state / "work"
-        work.mkdir()
-        (work / "job.py").write_text(JOB)
-        run_dir = state / "runs" / "doctor-job"
-        client = JobSubmissionClient(cluster.dashboard_url, headers={"Authorization": f"Bearer {cluster.token}"})
-        sid = client.submit_job(
-            entrypoint=f"python job.py {run_dir}",
-            runtime_env={"working_dir": str(work), "py_modules": [str(SRC)], "env_vars": {"RAY_TRAIN_V2_ENABLED": "1"}},
-        )
-        deadline = time.monotonic() + 300
-        while str(client.get_job_status(sid).value) not in ("SUCCEEDED", "FAILED", "STOPPED") and time.monotonic() < deadline:
-            time.sleep(1)
-        logs = client.get_job_logs(sid)
-        assert str(client.get_job_status(sid).value) == "SUCCEEDED", logs[-3000:]
-        yield cluster, env, sid, run_dir, logs
-    finally:
-        if cluster is not None or (state / local.STATE_FILE).exists():
-            local.down(state, say=lambda s: None)
-        shutil.rmtree(state, ignore_errors=True)
+    base = tmp_path_factory.mktemp("doctor-job")
+    work = base / "work"
+    work.mkdir()
+    (work / "job.py").write_text(JOB)
+    run_dir = base / "runs" / "doctor-job"
+    client = JobSubmissionClient(cluster.dashboard_url, headers={"Authorization": f"Bearer {cluster.token}"})
+    sid = client.submit_job(
+        entrypoint=f"python job.py {run_dir}",
+        runtime_env={"working_dir": str(work), "py_modules": [str(SRC)], "env_vars": {"RAY_TRAIN_V2_ENABLED": "1"}},
+    )
+    deadline = time.monotonic() + 300
+    while str(client.get_job_status(sid).value) not in ("SUCCEEDED", "FAILED", "STOPPED") and time.monotonic() < deadline:
+        time.sleep(1)
+    logs = client.get_job_logs(sid)
+    assert str(client.get_job_status(sid).value) == "SUCCEEDED", logs[-3000:]
+    return cluster, env, sid, run_dir, logs
 
 
 @pytest.mark.integration

@@ -11,7 +11,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -23,6 +22,7 @@ from rayft.cluster import local
 from rayft.cluster import submit as sub
 
 ROOT = Path(__file__).resolve().parents[2]
+USES_LOCAL_CLUSTER = True  # the shared `rayft cluster local` (tests/conftest.py)
 QUICK = [
     "--set",
     "train.max_steps=2",
@@ -169,27 +169,10 @@ def test_cli_has_one_cluster_group_with_local():
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    state = Path(tempfile.mkdtemp(prefix="rlc-", dir="/tmp"))  # short: Ray's socket paths must stay < 108 bytes
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH_"))}
-    env["RAYFT_LOCAL_CLUSTER_DIR"] = str(state)
-    try:
-        r = rayft(env, "cluster", "local", "up", "--workers", "2", "--cpus-per-worker", "1", timeout=180)
-        assert r.returncode == 0, r.stdout + r.stderr
-        c = local.load_state(state)
-        assert c is not None
-        yield c, env
-    finally:
-        c = local.load_state(state)
-        d = rayft(env, "cluster", "local", "down", timeout=120)
-        left = local.cluster_pids(c) if c else {}
-        for pid in left:  # never leave Ray processes behind, even when `down` is broken
-            try:
-                os.kill(pid, 9)
-            except ProcessLookupError:
-                pass
-        shutil.rmtree(state, ignore_errors=True)
-        assert d.returncode == 0 and not left, f"down left processes {left}: {d.stdout}{d.stderr}"
+def cluster(local_cluster):
+    """The shared `rayft cluster local up --workers 2 --cpus-per-worker 1` (tests/conftest.py), with the
+    environment that names its state directory (RAYFT_LOCAL_CLUSTER_DIR)."""
+    return local_cluster
 
 
 @pytest.mark.integration

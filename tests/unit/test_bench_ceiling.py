@@ -110,9 +110,9 @@ CEILING = {
     "gpu": "NVIDIA H200",
     "n": 8192,
     "seconds": 15.0,
-    "burst_tflops": 791.3,
+    "first_window_tflops": 671.3,
     "sustained_tflops": 650.0,
-    "windows": [{"t0": 0.0, "t1": 1.0, "tflops": 791.3}, {"t0": 1.0, "t1": 2.0, "tflops": 650.0}],
+    "windows": [{"t0": 0.0, "t1": 1.0, "tflops": 671.3}, {"t0": 1.0, "t1": 2.0, "tflops": 650.0}],
     "smi": {"samples": 70, "sm_mhz_median": 1480.0, "power_w_median": 699.4, "power_limit_w": 700.0, "power_cap_share": 1.0},
     "smi_error": None,
     "torch": "2.11.0",
@@ -123,7 +123,7 @@ CEILING = {
 def gpu_config(tmp_path: Path) -> Path:
     cfg = tmp_path / "job.yaml"
     cfg.write_text(
-        "model: {name_or_path: qwen2-tiny}\ndata: {synthetic: {rows: 4}, seq_len: 16}\n"
+        "model: {name_or_path: mistral-tiny}\ndata: {synthetic: {rows: 4}, seq_len: 16}\n"
         f"train: {{num_workers: 2, use_gpu: true, micro_batch_size: 1}}\ncheckpoint: {{storage_path: {tmp_path}}}\n"
     )
     return cfg
@@ -172,7 +172,7 @@ def test_bench_measures_the_rate_first_and_states_each_runs_share(tmp_path):
     assert cmd[1:] == ["-m", "rayft.benchmarks.ceiling", "--seconds", "12", "--out", str(tmp_path / "wd" / "ceiling.json")]
     assert limit == 132
     c = figs["ceiling"]
-    assert c["status"] == "ok" and c["sustained_tflops"] == 650.0 and c["windows_tflops"] == [791.3, 650.0] and "windows" not in c
+    assert c["status"] == "ok" and c["sustained_tflops"] == 650.0 and c["windows_tflops"] == [671.3, 650.0] and "windows" not in c
     [run] = figs["runs"]
     assert run["tokens_per_s_per_gpu"] == 32.0  # 2 ranks × 16 tokens / 0.5 s / 2 GPUs
     assert run["of_ceiling"] == pytest.approx(32.0 * run["flops_per_token"] / 650e12, rel=1e-12)
@@ -181,7 +181,7 @@ def test_bench_measures_the_rate_first_and_states_each_runs_share(tmp_path):
     md = path.with_suffix(".md").read_text()
     assert (
         "This GPU's sustained bf16 matrix rate in this call: 650.0 TFLOP/s (8192² products for 15 s, median of the second half; "
-        "first second 791.3; SM clock 1,480 MHz, 699 W of 700 W, power cap in 100% of samples)." in md
+        "first second 671.3; SM clock 1,480 MHz, 699 W of 700 W, power cap in 100% of samples)." in md
     )
     share = 100 * run["of_ceiling"]
     assert f"as a share of it: sample-recipe × random {share:.1f}%." in md
@@ -210,34 +210,28 @@ def test_a_failed_measurement_is_recorded_and_the_recipes_still_run(tmp_path):
 
 def test_cpu_runs_and_ceiling_s_0_measure_nothing(tmp_path):
     calls = []
-    cfg = gpu_config(tmp_path)
-    _, figs = bt.run_bench(
-        cfg,
-        recipes=["sample-recipe"],
-        workloads=["random"],
-        steps=3,
-        warmup_steps=1,
-        out=tmp_path / "res.json",
-        work_dir=tmp_path / "wd",
-        runner=runner_with_ceiling(0, calls),
-        ceiling_s=0,
-    )
-    assert figs["ceiling"] == {"status": "not measured", "reason": "--ceiling-s 0"} and len(calls) == 1
-    cfg.write_text(cfg.read_text().replace("use_gpu: true", "use_gpu: false"))
-    calls.clear()
-    path, figs = bt.run_bench(
-        cfg,
-        recipes=["sample-recipe"],
-        workloads=["random"],
-        steps=3,
-        warmup_steps=1,
-        out=tmp_path / "res2.json",
-        work_dir=tmp_path / "wd2",
-        runner=runner_with_ceiling(0, calls),
-    )
-    assert figs["ceiling"] == {"status": "not measured", "reason": "CPU workers"} and len(calls) == 1
-    assert "matrix rate" not in path.with_suffix(".md").read_text()  # a CPU run's table says nothing of it
+    plan = bt.Plan(tmp_path / "job.yaml", [], ["rayft"], ["random"], 3, 1, tmp_path, None)
+    console = __import__("rich.console").console.Console(quiet=True)
+    assert bt.measure_ceiling(plan, True, 0, runner_with_ceiling(0, calls), console) == {
+        "status": "not measured",
+        "reason": "--ceiling-s 0",
+    }
+    assert bt.measure_ceiling(plan, False, 15, runner_with_ceiling(0, calls), console) == {
+        "status": "not measured",
+        "reason": "CPU workers",
+    }
+    assert calls == []
+    doc = {"figures": {"runs": [], "price": {}, "use_gpu": False, "ceiling": {"status": "not measured", "reason": "CPU workers"}}}
+    assert "matrix rate" not in bt.markdown_table(doc)  # a CPU run's table says nothing of it
+    doc["figures"].update(use_gpu=True, ceiling={"status": "not measured", "reason": "--ceiling-s 0"})
+    assert "This GPU's matrix rate was not measured in this call: --ceiling-s 0." in bt.markdown_table(doc)
     with pytest.raises(bt.BenchTrainError, match=r"--ceiling-s 1: 0 \(not measured\) or 2 to 600 seconds"):
         bt.run_bench(
-            cfg, recipes=["sample-recipe"], workloads=["random"], steps=3, warmup_steps=1, runner=runner_with_ceiling(0, []), ceiling_s=1
+            gpu_config(tmp_path),
+            recipes=["sample-recipe"],
+            workloads=["random"],
+            steps=3,
+            warmup_steps=1,
+            runner=runner_with_ceiling(0, []),
+            ceiling_s=1,
         )

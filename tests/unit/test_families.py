@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from conftest import shared_path
+from gloo_ranks import run_ranks
 
 from rayft.data.examples import DataError
 from rayft.data.records import to_conversation
@@ -414,9 +415,6 @@ def test_tiny_presets_on_two_gloo_ranks_equal_one_rank(gloo, tmp_path):
     """Every tiny preset, 3 steps on 2 gloo ranks (FSDP2 shards over 2 processes, each rank its own
     record) against 1 rank holding both records as two micro-batches: the same losses (the global
     mean over both records' trainable tokens) step for step, and falling."""
-    import subprocess
-    import sys
-
     from rayft.config import ModelConfig, ParallelConfig, TrainConfig
     from rayft.data.packing import collate
     from rayft.train.model import build_sharded_model
@@ -427,14 +425,8 @@ def test_tiny_presets_on_two_gloo_ranks_equal_one_rank(gloo, tmp_path):
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"presets": TINY, "records": recs, "out": str(tmp_path / "losses.json")}))
     (tmp_path / "two_ranks.py").write_text(TWO_RANKS)
-    env = {**__import__("os").environ, "OMP_NUM_THREADS": "1"}
-    procs = [
-        subprocess.Popen([sys.executable, str(tmp_path / "two_ranks.py"), str(r), str(tmp_path / "store"), str(spec)], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for r in (0, 1)
-    ]  # fmt: skip
-    outs = [p.communicate(timeout=400)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outs)
+    ranks = run_ranks(tmp_path / "two_ranks.py", [[str(r), str(tmp_path / "store"), str(spec)] for r in (0, 1)], tmp_path / "launch")
+    assert [rc for rc, _ in ranks] == [0, 0], "\n".join(o[-3000:] for _, o in ranks)
     two = json.loads((tmp_path / "losses.json").read_text())
     cpu = torch.device("cpu")
     for preset, name in TINY.items():

@@ -5,13 +5,11 @@ equal to the unsharded reference, and distributed as transformers initialises th
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from gloo_ranks import run_ranks
 
 RANK = """
 import json, sys
@@ -38,20 +36,9 @@ def shards(tmp_path: Path, world: int, offload: bool) -> dict[str, list[dict[str
     out.mkdir()
     spec = tmp_path / f"spec-{world}.json"
     spec.write_text(json.dumps({"presets": PRESETS, "out": str(out), "offload": offload}))
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, str(tmp_path / "rank.py")]
-    procs = [
-        subprocess.Popen(
-            cmd + [str(r), str(world), str(tmp_path / f"store-{world}"), str(spec)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(world)
-    ]
-    outs = [p.communicate(timeout=600)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0] * world, "\n".join(o[-3000:] for o in outs)
+    ranks = run_ranks(tmp_path / "rank.py", [[str(r), str(world), str(tmp_path / f"store-{world}"), str(spec)] for r in range(world)],
+                      tmp_path / f"ranks-{world}")  # fmt: skip
+    assert [rc for rc, _ in ranks] == [0] * world, "\n".join(o[-3000:] for _, o in ranks)
     return {p: [torch.load(out / f"{p}-{world}-{r}.pt") for r in range(world)] for p in PRESETS}
 
 

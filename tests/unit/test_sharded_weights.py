@@ -5,13 +5,11 @@ offload and per-layer activation checkpointing, on real gloo process groups of 1
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from gloo_ranks import run_ranks
 
 RANKS = """
 import json, sys
@@ -134,24 +132,15 @@ def write_source(preset: str, out: Path, dtype: torch.dtype, max_shard_size: str
     return out
 
 
-def run_ranks(world: int, tmp_path: Path, spec: dict) -> list[dict]:
+def run_gloo_ranks(world: int, tmp_path: Path, spec: dict) -> list[dict]:
     """Run :data:`RANKS` on ``world`` gloo ranks (one process each); every rank's report."""
     (tmp_path / "ranks.py").write_text(RANKS)
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(json.dumps(spec))
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(tmp_path / "ranks.py"), str(r), str(world), str(tmp_path / "store"), str(spec_file)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(world)
-    ]
-    outs = [p.communicate(timeout=600)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0] * world, "\n".join(o[-3000:] for o in outs)
+    ranks = run_ranks(tmp_path / "ranks.py", [[str(r), str(world), str(tmp_path / "store"), str(spec_file)] for r in range(world)],
+                      tmp_path / "launch")  # fmt: skip
+    outs = [o for _, o in ranks]
+    assert [rc for rc, _ in ranks] == [0] * world, "\n".join(o[-3000:] for o in outs)
     assert "each rank read its shards" in outs[0]
     return [json.loads((Path(spec["out"]) / f"report{r}.json").read_text()) for r in range(world)]
 
@@ -175,7 +164,7 @@ def test_sharded_load_and_export_on_gloo_ranks(world, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     spec = {"sources": sources, "ids": ids, "out": str(out), "offload": world == 2, "fail": world == 2, "file_bytes": 5 * 2**20}
-    reports = run_ranks(world, tmp_path, spec)
+    reports = run_gloo_ranks(world, tmp_path, spec)
     assert all(all(r["uneven"]) and len(r["uneven"]) == 3 * 2 * world for r in reports)
     for name in sources:
         for r in reports:
