@@ -173,10 +173,13 @@ def ray_local_6(embedded_ray):
 class SharedLocalCluster:
     """One `rayft cluster local up --workers 2 --cpus-per-worker 1` (a head with no CPU and two
     1-CPU worker nodes, token auth, through the CLI as a user starts it) for the modules of one
-    pytest process that need a multi-node cluster (``local_cluster``): the submit, doctor-job and
-    loopback modules, one after the other in one lane, each with ``USES_LOCAL_CLUSTER = True``. A
+    pytest process that need a multi-node cluster with jobs (``local_cluster``): the submit and
+    doctor-job modules, one after the other in one lane, each with ``USES_LOCAL_CLUSTER = True``. A
     start costs seconds of both cores of the CI machine, and an idle node ~4% of a core: the first
-    module without the flag stops it (``release_shared_rays``)."""
+    module without the flag stops it (``release_shared_rays``). The loopback module starts its own:
+    it checks a fresh cluster's listeners against docs/network.md, and on this one, after the other
+    modules' jobs, a dashboard agent also listened on a port the table does not name (127.0.0.1,
+    2026-12-03; not investigated further)."""
 
     def __init__(self):
         self.state: Path | None = None

@@ -1,6 +1,6 @@
 """Ray on 127.0.0.1 only, for both Rays rayft starts: the embedded Ray of `rayft train` (through
-connect_ray, in a child process) and `rayft cluster local up --workers 2` (through the CLI: a head
-and two worker nodes, both kinds of `ray start`; the one this pytest process shares, tests/conftest.py).
+connect_ray, in a child process) and `rayft cluster local up --workers 1` (through the CLI: a head
+and one worker node, the smallest shape with both kinds of `ray start`).
 
 Each test lists every TCP socket the started processes listen on (psutil), and checks it against
 the table of docs/network.md, which it reads: every listener's role (by process and port) is a row
@@ -13,8 +13,10 @@ import ipaddress
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -26,7 +28,6 @@ import pytest
 from rayft.cluster import local
 
 ROOT = Path(__file__).resolve().parents[2]
-USES_LOCAL_CLUSTER = True  # the shared `rayft cluster local` (tests/conftest.py)
 DOC = ROOT / "docs" / "network.md"
 
 pytestmark = pytest.mark.integration
@@ -322,6 +323,10 @@ def test_embedded_ray_listens_on_loopback_only(tmp_path):
 # --------------------------------------------------------------------------- rayft cluster local
 
 
+def rayft(env, *args, timeout=240):
+    return subprocess.run([sys.executable, "-m", "rayft.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
 LOCAL_PORTS = {  # state.json's nodes[].ports -> role
     "dashboard_agent_listen": "agent-http",
     "dashboard_agent_grpc": "agent-grpc",
@@ -333,14 +338,18 @@ LOCAL_PORTS = {  # state.json's nodes[].ports -> role
 }
 
 
-def test_local_cluster_listens_on_loopback_only(local_cluster, tmp_path):
+def test_local_cluster_listens_on_loopback_only(tmp_path):
     table = documented()
-    c, env = local_cluster
-    proc = None
+    state = Path(tempfile.mkdtemp(prefix="rlb-", dir="/tmp"))  # short: Ray's socket paths must stay < 108 bytes
+    env = {**clean_env(), "RAYFT_LOCAL_CLUSTER_DIR": str(state)}
+    c = proc = None
     try:
-        assert local.alive_nodes(c) == 3
+        r = rayft(env, "cluster", "local", "up", "--workers", "1", timeout=180)
+        assert r.returncode == 0, r.stdout + r.stderr
+        c = local.load_state(state)
+        assert c is not None and local.alive_nodes(c) == 2
 
-        # nothing of the cluster listens off loopback (its own processes, and the workers that jobs before this left)
+        # nothing of the cluster listens off loopback (checked before any driver joins)
         kinds = {"gcs_server", "raylet", "dashboard-agent", "runtime-env-agent", "dashboard", "monitor", "ray-client-server"}
         found = wait_for_roles(lambda: listeners(local.cluster_pids(c)), lambda k, p: k, kinds)
         bad = off_loopback(found, table, "local")
@@ -350,7 +359,7 @@ def test_local_cluster_listens_on_loopback_only(local_cluster, tmp_path):
         # and runs a task on the worker node: the cluster's processes with it, driver included
         auth = {**env, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": c.token_file}
         proc, info = start_driver({"address": c.gcs_address}, auth, tmp_path)
-        assert info["where"] == c.gcs_address and len(info["nodes"]) == 3
+        assert info["where"] == c.gcs_address and len(info["nodes"]) == 2
         assert info["driver_ip"] == info["task_ip"] == "127.0.0.1"
         known = {int(c.gcs_address.rsplit(":", 1)[1]): "gcs", int(c.dashboard_url.rsplit(":", 1)[1]): "dashboard"}
         known.update({port: LOCAL_PORTS[name] for n in c.nodes for name, port in n["ports"].items()})
@@ -371,7 +380,7 @@ def test_local_cluster_listens_on_loopback_only(local_cluster, tmp_path):
         for n in c.nodes:
             metrics_only_on_loopback(found, n["ports"]["metrics_export"])
         seen = check(found, roles_of, table, "local")
-        assert len(seen["gcs"]) == 1 and len(seen["raylet"]) == len(seen["object-manager"]) == len(seen["metrics"]) == 3
+        assert len(seen["gcs"]) == 1 and len(seen["raylet"]) == len(seen["object-manager"]) == len(seen["metrics"]) == 2
         end_driver(proc)
 
         # Ray's own CLI on the GCS address needs RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (docs/network.md)
@@ -386,6 +395,15 @@ def test_local_cluster_listens_on_loopback_only(local_cluster, tmp_path):
     finally:
         if proc is not None:
             stop_tree(proc)
+        d = rayft(env, "cluster", "local", "down", timeout=120)
+        left = local.cluster_pids(c) if c else {}
+        for pid in left:  # never leave Ray processes behind, even when `down` is broken
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        shutil.rmtree(state, ignore_errors=True)
+        assert d.returncode == 0 and not left, f"down left processes {left}: {d.stdout}{d.stderr}"
 
 
 # --------------------------------------------------------------------------- a training run's own listener
