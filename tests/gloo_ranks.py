@@ -21,6 +21,9 @@ import json, os, runpy, sys, traceback
 spec = json.load(open(sys.argv[1]))
 for m in spec["preload"]:
     __import__(m)
+shared = {}
+exec(spec["warm"], shared)  # what every rank would build alike: built once, inherited by the fork
+shared = {k: v for k, v in shared.items() if not k.startswith("__")}
 children = {}
 for r, (argv, log) in enumerate(zip(spec["argvs"], spec["logs"])):
     pid = os.fork()
@@ -31,7 +34,7 @@ for r, (argv, log) in enumerate(zip(spec["argvs"], spec["logs"])):
         code = 0
         try:
             sys.argv = [spec["script"], *argv]
-            runpy.run_path(spec["script"], run_name="__main__")
+            runpy.run_path(spec["script"], init_globals=shared, run_name="__main__")
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         except BaseException:
@@ -49,10 +52,13 @@ json.dump(codes, open(spec["codes"], "w"))
 """
 
 
-def run_ranks(script: Path, argvs: list[list[str]], work: Path, timeout: float = 600, env: dict | None = None) -> list[tuple[int, str]]:
+def run_ranks(
+    script: Path, argvs: list[list[str]], work: Path, timeout: float = 600, env: dict | None = None, warm: str = ""
+) -> list[tuple[int, str]]:
     """Run ``script`` once per entry of ``argvs`` (rank r gets ``argvs[r]`` as its arguments), all at
     once, forked from one launcher: ``[(exit status, output), ...]`` in rank order (a negative status:
-    killed by that signal).
+    killed by that signal). ``warm``: code the launcher runs once before forking; the names it
+    defines are in every rank script's globals (e.g. tokenizers every rank loads alike).
 
     Raises:
         subprocess.TimeoutExpired: the ranks did not all end within ``timeout`` seconds (the launcher
@@ -63,8 +69,10 @@ def run_ranks(script: Path, argvs: list[list[str]], work: Path, timeout: float =
     launcher.write_text(LAUNCHER)
     logs = [str(work / f"rank{r}.log") for r in range(len(argvs))]
     codes = work / "codes.json"
-    spec.write_text(json.dumps({"preload": PRELOAD, "script": str(script), "argvs": argvs, "logs": logs, "codes": str(codes)}))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    spec.write_text(
+        json.dumps({"preload": PRELOAD, "warm": warm, "script": str(script), "argvs": argvs, "logs": logs, "codes": str(codes)})
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     proc = subprocess.Popen([sys.executable, str(launcher), str(spec)], env=env, start_new_session=True)
     try:
         proc.wait(timeout=timeout)

@@ -387,7 +387,6 @@ from rayft.config import ModelConfig, ParallelConfig, TrainConfig
 from rayft.data.packing import collate
 from rayft.data.records import to_conversation
 from rayft.data.tokenize import tokenize_dataset
-from rayft.data.tokenizer import build_standin_tokenizer, load_tokenizer
 from rayft.train.model import build_sharded_model
 from rayft.train.optim import build_optimizer
 from rayft.train.step import train_step
@@ -396,8 +395,7 @@ rank, store, spec = int(sys.argv[1]), sys.argv[2], json.load(open(sys.argv[3]))
 dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
 cpu, out = torch.device("cpu"), {}
 for preset, name in spec["presets"].items():
-    standin = {"gemma-standin": "gemma2", "phi-standin": "phi3"}
-    tok = build_standin_tokenizer(standin[name]) if name in standin else load_tokenizer(name)
+    tok = TOKENIZERS[name]  # built by the launcher before it forked the ranks (WARM)
     ds = tokenize_dataset(tok, [to_conversation(r, f"r{i}", "alpaca") for i, r in enumerate(spec["records"])], seq_len=64)
     model = build_sharded_model(ModelConfig(name_or_path=preset), ParallelConfig(), device=cpu, activation_checkpointing=False,
                                 compile_layers=False, seed=3)
@@ -408,6 +406,12 @@ for preset, name in spec["presets"].items():
 if rank == 0:
     json.dump(out, open(spec["out"], "w"))
 dist.destroy_process_group()
+"""
+# the rank script's TOKENIZERS, built once in the launcher (tests/gloo_ranks.py) instead of in each rank
+WARM = """
+from rayft.data.tokenizer import build_standin_tokenizer, load_tokenizer
+STANDIN = {"gemma-standin": "gemma2", "phi-standin": "phi3"}
+TOKENIZERS = {n: build_standin_tokenizer(STANDIN[n]) if n in STANDIN else load_tokenizer(n) for n in NAMES}
 """
 
 
@@ -425,7 +429,10 @@ def test_tiny_presets_on_two_gloo_ranks_equal_one_rank(gloo, tmp_path):
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"presets": TINY, "records": recs, "out": str(tmp_path / "losses.json")}))
     (tmp_path / "two_ranks.py").write_text(TWO_RANKS)
-    ranks = run_ranks(tmp_path / "two_ranks.py", [[str(r), str(tmp_path / "store"), str(spec)] for r in (0, 1)], tmp_path / "launch")
+    warm = f"NAMES = {sorted(set(TINY.values()))!r}\n{WARM}"
+    ranks = run_ranks(
+        tmp_path / "two_ranks.py", [[str(r), str(tmp_path / "store"), str(spec)] for r in (0, 1)], tmp_path / "launch", warm=warm
+    )
     assert [rc for rc, _ in ranks] == [0, 0], "\n".join(o[-3000:] for _, o in ranks)
     two = json.loads((tmp_path / "losses.json").read_text())
     cpu = torch.device("cpu")

@@ -29,24 +29,27 @@ dist.destroy_process_group()
 PRESETS = ["qwen2-tiny", "mistral-tiny"]  # tied embeddings and q/k/v biases; untied, no biases
 
 
-def shards(tmp_path: Path, world: int, offload: bool) -> dict[str, list[dict[str, torch.Tensor]]]:
-    """Every rank's local shards of each preset, built on ``world`` gloo ranks."""
+def shards(tmp_path: Path, worlds: dict[int, bool]) -> dict[int, dict[str, list[dict[str, torch.Tensor]]]]:
+    """Every rank's local shards of each preset, built on each ``world`` of gloo ranks (with CPU
+    offload where ``worlds[world]``), all the groups' ranks at once: {world: {preset: [rank 0's, ...]}}."""
     (tmp_path / "rank.py").write_text(RANK)
-    out = tmp_path / f"out-{world}"
-    out.mkdir()
-    spec = tmp_path / f"spec-{world}.json"
-    spec.write_text(json.dumps({"presets": PRESETS, "out": str(out), "offload": offload}))
-    ranks = run_ranks(tmp_path / "rank.py", [[str(r), str(world), str(tmp_path / f"store-{world}"), str(spec)] for r in range(world)],
-                      tmp_path / f"ranks-{world}")  # fmt: skip
-    assert [rc for rc, _ in ranks] == [0] * world, "\n".join(o[-3000:] for _, o in ranks)
-    return {p: [torch.load(out / f"{p}-{world}-{r}.pt") for r in range(world)] for p in PRESETS}
+    argvs = []
+    for world, offload in worlds.items():
+        (tmp_path / f"out-{world}").mkdir()
+        spec = tmp_path / f"spec-{world}.json"
+        spec.write_text(json.dumps({"presets": PRESETS, "out": str(tmp_path / f"out-{world}"), "offload": offload}))
+        argvs += [[str(r), str(world), str(tmp_path / f"store-{world}"), str(spec)] for r in range(world)]
+    ranks = run_ranks(tmp_path / "rank.py", argvs, tmp_path / "ranks")
+    assert [rc for rc, _ in ranks] == [0] * len(argvs), "\n".join(o[-3000:] for _, o in ranks)
+    return {w: {p: [torch.load(tmp_path / f"out-{w}" / f"{p}-{w}-{r}.pt") for r in range(w)] for p in PRESETS} for w in worlds}
 
 
 def test_preset_init_is_the_same_at_any_world_size_and_equals_the_reference(tmp_path):
     from rayft.config import ModelConfig
     from rayft.train.model import load_full_model, load_model_config
 
-    one, three = shards(tmp_path, 1, offload=False), shards(tmp_path, 3, offload=True)
+    got = shards(tmp_path, {1: False, 3: True})
+    one, three = got[1], got[3]
     for preset in PRESETS:
         cfg = ModelConfig(name_or_path=preset)
         conf = load_model_config(cfg)
