@@ -62,7 +62,7 @@ def run_ranks(
 
     Raises:
         subprocess.TimeoutExpired: the ranks did not all end within ``timeout`` seconds (the launcher
-            and its children are killed first).
+            and its children are killed first, each rank's log's end printed to stderr).
     """
     work.mkdir(parents=True, exist_ok=True)
     launcher, spec = work / "launcher.py", work / "launcher.json"
@@ -76,9 +76,11 @@ def run_ranks(
     proc = subprocess.Popen([sys.executable, str(launcher), str(spec)], env=env, start_new_session=True)
     try:
         proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
+    except BaseException:  # a timeout, Ctrl-C, the test process stopped: no rank left behind
         os.killpg(proc.pid, 9)
         proc.wait()
+        tails = "\n".join(f"rank {r}: {Path(log).read_text()[-1500:] if Path(log).exists() else '(no log)'}" for r, log in enumerate(logs))
+        print(f"the ranks did not end; their logs' ends:\n{tails}", file=sys.stderr)
         raise
     assert proc.returncode == 0, f"the launcher itself failed (exit {proc.returncode})"
     return list(zip(json.loads(codes.read_text()), (Path(log).read_text() for log in logs)))

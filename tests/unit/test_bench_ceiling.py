@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -184,7 +185,7 @@ def test_bench_measures_the_rate_first_and_states_each_runs_share(tmp_path):
         "first second 671.3; SM clock 1,480 MHz, 699 W of 700 W, power cap in 100% of samples)." in md
     )
     share = 100 * run["of_ceiling"]
-    assert f"as a share of it: sample-recipe × random {share:.1f}%." in md
+    assert f"as a share of it (float8 runs too, against this bf16 rate): sample-recipe × random {share:.1f}%." in md
 
 
 def test_a_failed_measurement_is_recorded_and_the_recipes_still_run(tmp_path):
@@ -220,6 +221,10 @@ def test_cpu_runs_and_ceiling_s_0_measure_nothing(tmp_path):
         "status": "not measured",
         "reason": "CPU workers",
     }
+    tight = bt.Plan(tmp_path / "job.yaml", [], ["rayft"], ["random"], 3, 1, tmp_path, None, deadline_s=40)
+    got = bt.measure_ceiling(tight, True, 15, runner_with_ceiling(0, calls), console, t0=bt._clock())
+    # 40 s less the 10 s margin: under the 15 s + 30 s it needs
+    assert got["status"] == "not measured" and re.fullmatch(r"(29|30) s left before --deadline-s 40", got["reason"]), got
     assert calls == []
     doc = {"figures": {"runs": [], "price": {}, "use_gpu": False, "ceiling": {"status": "not measured", "reason": "CPU workers"}}}
     assert "matrix rate" not in bt.markdown_table(doc)  # a CPU run's table says nothing of it
@@ -235,3 +240,15 @@ def test_cpu_runs_and_ceiling_s_0_measure_nothing(tmp_path):
             runner=runner_with_ceiling(0, []),
             ceiling_s=1,
         )
+
+
+def test_the_table_line_leaves_out_what_nvidia_smi_did_not_report():
+    c = {
+        **CEILING,
+        "status": "ok",
+        "smi": {"sm_mhz_median": 1480.0, "power_w_median": None, "power_limit_w": None, "power_cap_share": None},
+    }
+    assert ce.describe(c).endswith("first second 671.3; SM clock 1,480 MHz).")
+    c = {**CEILING, "status": "ok", "smi": {}, "smi_error": "nvidia-smi is not on PATH: no clock or power samples"}
+    assert ce.describe(c).endswith("first second 671.3; nvidia-smi is not on PATH: no clock or power samples).")
+    assert ce.describe({"status": "failed", "error": ""}) == "This GPU's matrix rate was not measured in this call: no reason recorded."

@@ -4,8 +4,8 @@
 
 Why: a card's datasheet rate is not what it holds for minutes. The H200 this project measures on
 multiplies bf16 matrices at ~796 TFLOP/s for a 10-product burst but 610–690 TFLOP/s once its clock
-has settled under its 700 W power limit, and where in that range depends on the card and the hour
-(bench/NOTES.md §9). ``rayft bench train`` runs this first, on the GPU its recipes then use, and
+has settled under its 700 W power limit (issue 23's measurements; bench/NOTES.md §9: 641–670 on
+products run back to back), and where in that range depends on the card and the hour. ``rayft bench train`` runs this first, on the GPU its recipes then use, and
 states every recipe's model FLOP rate as a share of what this card sustained in the same call.
 
 What: an ``n × n`` by ``n × n`` bf16 product (default n = 8,192: large enough that the product, not
@@ -15,7 +15,8 @@ samples that GPU's SM clock, board power, power limit and active clock-event rea
 (a read-only query; nothing is changed on the card). The sustained rate is the median of the
 windows in the second half. The first window starts from idle clocks, but a one-second window is no
 burst on a power-capped card: on the H200 the cap holds the clock down within its first second
-(every window of the first call ran at 654–663 TFLOP/s; a 10-product burst ran at ~796, NOTES §9).
+(windows 2–15 of the first call ran at 654–663 TFLOP/s, its first at 589.6 before the warm-up
+products were added, 670.0 after: NOTES §21).
 """
 
 from __future__ import annotations
@@ -143,6 +144,7 @@ class SmiSampler:
                 self.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+                self.proc.wait()
             if self.thread is not None:
                 self.thread.join(timeout=5)
             if not self.samples:
@@ -222,17 +224,19 @@ def share_of_ceiling(tokens_per_s_per_gpu: float | None, flops_per_token: float 
 def describe(ceiling: dict[str, Any]) -> str:
     """One sentence for a results table: what was measured, or why not (``status`` other than ``ok``)."""
     if ceiling.get("status") != "ok":
-        return (
-            f"This GPU's matrix rate was not measured in this call: {ceiling.get('reason') or ceiling.get('error', '?').splitlines()[0]}."
-        )
+        why = ceiling.get("reason") or (ceiling.get("error") or "").strip().split("\n")[0] or "no reason recorded"
+        return f"This GPU's matrix rate was not measured in this call: {why}."
     smi = ceiling.get("smi") or {}
-    seen = ""
+    parts = []  # a field nvidia-smi did not report ([N/A]) is left out
     if smi.get("sm_mhz_median") is not None:
-        seen = f"; SM clock {smi['sm_mhz_median']:,.0f} MHz, {smi['power_w_median']:.0f} W"
-        if smi.get("power_limit_w"):
-            seen += f" of {smi['power_limit_w']:.0f} W"
-        if smi.get("power_cap_share") is not None:
-            seen += f", power cap in {100 * smi['power_cap_share']:.0f}% of samples"
+        parts.append(f"SM clock {smi['sm_mhz_median']:,.0f} MHz")
+    if smi.get("power_w_median") is not None:
+        parts.append(f"{smi['power_w_median']:.0f} W" + (f" of {smi['power_limit_w']:.0f} W" if smi.get("power_limit_w") else ""))
+    if smi.get("power_cap_share") is not None:
+        parts.append(f"power cap in {100 * smi['power_cap_share']:.0f}% of samples")
+    if ceiling.get("smi_error"):
+        parts.append(ceiling["smi_error"])
+    seen = "; " + ", ".join(parts) if parts else ""
     first = ceiling.get("first_window_tflops", ceiling.get("burst_tflops"))  # the key's name before 2026-12-03
     return (
         f"This GPU's sustained bf16 matrix rate in this call: {ceiling['sustained_tflops']:,.1f} TFLOP/s "
@@ -256,7 +260,11 @@ def main(argv: list[str] | None = None) -> int:
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1)
     smi = res["smi"]
-    clock = f", SM clock {smi['sm_mhz_median']:.0f} MHz, {smi['power_w_median']:.0f} W" if smi.get("sm_mhz_median") else ""
+    clock = "".join(
+        f", {fmt.format(smi[k])}"
+        for k, fmt in (("sm_mhz_median", "SM clock {:.0f} MHz"), ("power_w_median", "{:.0f} W"))
+        if smi.get(k) is not None
+    )
     print(
         f"{res['gpu']}: {res['sustained_tflops']:.1f} TFLOP/s sustained (first second {res['first_window_tflops']:.1f}){clock}", flush=True
     )

@@ -562,7 +562,11 @@ def markdown_table(doc: dict[str, Any]) -> str:
             if r.get("status") == "ok" and r.get("of_ceiling") is not None
         ]
         if shares:
-            lines.append("Each run's model FLOP rate (tokens/s/GPU × FLOPs per token) as a share of it: " + ", ".join(shares) + ".")
+            lines.append(
+                "Each run's model FLOP rate (tokens/s/GPU × FLOPs per token) as a share of it (float8 runs too, against this bf16 rate): "
+                + ", ".join(shares)
+                + "."
+            )
     price = fig.get("price", {})
     for w, chk in (fig.get("float8_check") or {}).items():
         lines.append(
@@ -1064,7 +1068,7 @@ def run_bench(
     write(False)  # every run "not run" yet: a results file exists from the start
     old_handler = signal.signal(signal.SIGTERM, on_sigterm) if threading.current_thread() is threading.main_thread() else None
     try:
-        ceiling = measure_ceiling(plan, use_gpu, ceiling_s, runner, console)
+        ceiling = measure_ceiling(plan, use_gpu, ceiling_s, runner, console, t0)
         for r, w in todo:
             run = _one_run(r, w, plan, cfg, world, use_gpu, shared, runner, console, t0, flops_fn, peak, price)
             if run["status"] == "ok":
@@ -1081,20 +1085,29 @@ def run_bench(
     return write(True)
 
 
-def measure_ceiling(plan: Plan, use_gpu: bool, seconds: float, runner: LoggedCommand, console: Console) -> dict[str, Any]:
-    """The GPU's sustained bf16 matrix rate (:mod:`rayft.benchmarks.ceiling`, its own process, on the
-    first GPU the recipes use) with ``status`` ``ok``; or why it was not measured (``not measured``:
-    CPU workers or ``seconds`` 0; ``failed``: its error and log tail). Never raises for a failed
-    measurement: the recipes run anyway."""
+def measure_ceiling(
+    plan: Plan, use_gpu: bool, seconds: float, runner: LoggedCommand, console: Console, t0: float | None = None
+) -> dict[str, Any]:
+    """The GPU's sustained bf16 matrix rate (:mod:`rayft.benchmarks.ceiling`, its own process, on CUDA
+    device 0 of those this process sees, the recipes' first) with ``status`` ``ok``; or why it was
+    not measured (``not measured``: CPU workers, ``seconds`` 0, or too little time left before
+    ``--deadline-s``, counted from ``t0``; ``failed``: its error and log tail). Never raises for a
+    failed measurement: the recipes run anyway."""
     if not use_gpu:
         return {"status": "not measured", "reason": "CPU workers"}
     if not seconds:
         return {"status": "not measured", "reason": "--ceiling-s 0"}
+    limit = seconds + 120  # the products, and the process's start and CUDA set-up
+    if plan.deadline_s is not None and t0 is not None:
+        left = plan.deadline_s - (_clock() - t0) - DEADLINE_MARGIN_S
+        if left < seconds + 30:
+            return {"status": "not measured", "reason": f"{max(0.0, left):.0f} s left before --deadline-s {plan.deadline_s:g}"}
+        limit = min(limit, left)
     out, log = plan.work_dir / "ceiling.json", plan.work_dir / "ceiling.log"
     cmd = [sys.executable, "-m", "rayft.benchmarks.ceiling", "--seconds", f"{seconds:g}", "--out", str(out)]
     console.print(f"[ceiling] {seconds:g} s of bf16 products → {log}", highlight=False, markup=False)
     try:
-        rc = runner(cmd, dict(os.environ, PYTHONUNBUFFERED="1"), log, seconds + 120)
+        rc = runner(cmd, dict(os.environ, PYTHONUNBUFFERED="1"), log, limit)
         if rc != 0:
             raise BenchTrainError(f"exit {rc}")
         res = json.loads(out.read_text())
