@@ -80,6 +80,17 @@ LANES = (
     ),
 )
 ORDER = [m for lane in LANES for m in lane]
+#: Unit modules with module-scoped fixtures worth building once (an `mlflow server`, model exports,
+#: subprocess imports): each goes whole to one process instead of its fixtures running on both.
+WHOLE_UNIT_MODULES = (
+    "test_eval_harness.py",
+    "test_families.py",
+    "test_generation.py",
+    "test_memory_plan.py",
+    "test_packing_efficiency.py",
+    "test_step.py",
+    "test_tracking.py",
+)
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -98,7 +109,7 @@ def pytest_collection_modifyitems(session, config, items):
 def pytest_xdist_make_scheduler(config, log):
     """xdist's schedule (``-n N``, xdist's default ``--dist load``): each lane of :data:`LANES` is one
     unit of work, kept on one process (an integration module not in a lane: a unit of its own); a
-    unit test is a unit of its own. Units are handed out in collection order (no reordering by
+    unit test is a unit of its own, but for the modules of :data:`WHOLE_UNIT_MODULES`, one unit each. Units are handed out in collection order (no reordering by
     size): with 2 processes, one lane each, then the unit tests to whichever is free. Another
     ``--dist`` given on the command line is left to xdist."""
     if config.getvalue("dist") != "load":
@@ -109,7 +120,7 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
             if "/integration/" not in f"/{path}":
-                return nodeid
+                return path if path.rsplit("/", 1)[-1] in WHOLE_UNIT_MODULES else nodeid
             name = path.rsplit("/", 1)[-1]
             return next((f"lane-{i}" for i, lane in enumerate(LANES) if name in lane), path)
 
