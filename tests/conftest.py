@@ -217,27 +217,32 @@ class SharedLocalCluster:
         return c, self.env
 
     def stop(self) -> None:
-        """`rayft cluster local down`; every process it leaves is killed, then reported."""
-        import shutil
-        import subprocess
-        import sys
+        """`rayft cluster local down` (:func:`down_local_cluster`)."""
+        if self.state is not None:
+            state, self.state = self.state, None
+            down_local_cluster(state, self.env)
 
-        from rayft.cluster import local
 
-        if self.state is None:
-            return
-        state, env, self.state = self.state, self.env, None
-        c = local.load_state(state)
-        cmd = [sys.executable, "-m", "rayft.cli", "cluster", "local", "down"]
-        d = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
-        left = local.cluster_pids(c) if c else {}
-        for pid in left:  # never leave Ray processes behind, even when `down` is broken
-            try:
-                os.kill(pid, 9)
-            except ProcessLookupError:
-                pass
-        shutil.rmtree(state, ignore_errors=True)
-        assert d.returncode == 0 and not left, f"down left processes {left}: {d.stdout}{d.stderr}"
+def down_local_cluster(state: Path, env: dict[str, str]) -> None:
+    """`rayft cluster local down` of the cluster recorded in ``state`` (run with ``env``); every
+    process it leaves is killed, then reported (AssertionError); ``state`` is removed."""
+    import shutil
+    import subprocess
+    import sys
+
+    from rayft.cluster import local
+
+    c = local.load_state(state)
+    cmd = [sys.executable, "-m", "rayft.cli", "cluster", "local", "down"]
+    d = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    left = local.cluster_pids(c) if c else {}
+    for pid in left:  # never leave Ray processes behind, even when `down` is broken
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+    shutil.rmtree(state, ignore_errors=True)
+    assert d.returncode == 0 and not left, f"down left processes {left}: {d.stdout}{d.stderr}"
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,6 @@ import ipaddress
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import down_local_cluster
 
 from rayft.cluster import local
 
@@ -395,15 +395,7 @@ def test_local_cluster_listens_on_loopback_only(tmp_path):
     finally:
         if proc is not None:
             stop_tree(proc)
-        d = rayft(env, "cluster", "local", "down", timeout=120)
-        left = local.cluster_pids(c) if c else {}
-        for pid in left:  # never leave Ray processes behind, even when `down` is broken
-            try:
-                os.kill(pid, 9)
-            except ProcessLookupError:
-                pass
-        shutil.rmtree(state, ignore_errors=True)
-        assert d.returncode == 0 and not left, f"down left processes {left}: {d.stdout}{d.stderr}"
+        down_local_cluster(state, env)
 
 
 # --------------------------------------------------------------------------- a training run's own listener

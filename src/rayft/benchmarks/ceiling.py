@@ -214,11 +214,14 @@ def measure(seconds: float = 15.0, n: int = 8192, device_index: int = 0) -> dict
 
 def share_of_ceiling(tokens_per_s_per_gpu: float | None, flops_per_token: float | None, ceiling: dict[str, Any] | None) -> float | None:
     """A run's model FLOP rate (tokens/s/GPU × training FLOPs per token) as a fraction of the
-    measured sustained rate; None when any of the three is unknown (CPU runs, a failed measurement)."""
+    measured sustained rate: MFU's formula (:func:`rayft.train.metrics.mfu`) with that rate as the
+    peak; None when any of the three is unknown (CPU runs, a failed measurement)."""
+    from rayft.train.metrics import mfu
+
     sustained = (ceiling or {}).get("sustained_tflops")
     if not sustained or not tokens_per_s_per_gpu or not flops_per_token:
         return None
-    return tokens_per_s_per_gpu * flops_per_token / (sustained * 1e12)
+    return mfu(tokens_per_s_per_gpu, flops_per_token, sustained * 1e12)
 
 
 def describe(ceiling: dict[str, Any]) -> str:
