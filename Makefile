@@ -1,29 +1,36 @@
 # Two entry points (see README): `make quickstart` and `make test`. Each creates .venv and installs
 # what it needs; the CPU build of torch 2.13.0 is installed first so that no CUDA build is pulled.
-# Bytecode is compiled at install, but by compileall on every core rather than by pip on one: 47 s of
-# install + 37 s of compiling instead of pip's 102 s on 2 cores (2026-12-03). Without compiled
-# bytecode the suite's first Ray runs compiled torch/transformers/ray at once in every process and
-# missed their deadlines on 2 cores. (compileall's exit status is not checked: like pip, it leaves
-# a file that does not compile as it is, e.g. torch's Python 3.12 test helper under 3.11.)
+# Bytecode: pip installs without compiling (--no-compile), and Python writes the bytecode of what is
+# imported, once, into the venv's __pycache__ folders (PYTHONDONTWRITEBYTECODE, which this machine's
+# environment sets, is cleared for our own venv's commands). The modules every Ray worker, driver and
+# test process imports are compiled at install by two warm-up imports side by side. Before
+# (2026-12-03): compileall over the whole venv (27,000 files, 91 CPU-s, 37 s on 2 cores) for the
+# ~4,000 that the suite imports. Without any bytecode, every process compiled torch, transformers
+# and ray afresh, and the suite's first Ray runs missed their deadlines on 2 cores.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
+# our venv's commands with bytecode writing on (see above)
+RUN := env -u PYTHONDONTWRITEBYTECODE
+# what the warm-up imports: the worker and driver side, and the Ray daemons and test services
+WARM_A := rayft.train.loop, rayft.train.driver, rayft.cli, ray.train.torch, ray.data, ray.util.queue, ray._private.workers.default_worker
+WARM_B := ray.dashboard.agent, ray.dashboard.dashboard, ray._private.log_monitor, ray.autoscaler._private.monitor, ray._private.runtime_env.agent.main, ray.dashboard.modules.job.job_head, ray.dashboard.modules.reporter.reporter_agent, ray.job_submission, mlflow, lm_eval, moto.server, datasets, tensorboard, wandb, matplotlib.pyplot
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q --no-compile torch==2.13.0
 	$(PY) -m pip install -q --no-compile -e '.[test]'
-	$(PY) -m compileall -q -j 0 $(VENV)/lib > /dev/null 2>&1 || true
+	$(RUN) $(PY) -c 'import $(WARM_A)' & $(RUN) $(PY) -c 'import $(WARM_B)'; s=$$?; wait $$! && exit $$s
 	touch $@
 
 .PHONY: install quickstart test
 install: $(VENV)/.installed
 
 quickstart: $(VENV)/.installed
-	$(VENV)/bin/rayft train examples/quickstart.yaml
+	$(RUN) $(VENV)/bin/rayft train examples/quickstart.yaml
 
 test: $(VENV)/.installed
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m pytest -q -n 2 --durations=15
+	$(RUN) $(PY) -m pytest -q -n 2 --durations=15
