@@ -377,7 +377,8 @@ def test_rayft_stop_asks_the_runs_of_the_cluster_to_stop(ray_local_6, cli_runs):
     """What a pod's preStop hook runs: every live run's stop flag is set; it waits for them to end."""
     import ray
 
-    from rayft.train.stop import create_stop_flag, request_stop, running_stop_flags
+    from rayft.train.run_actor import create_run_actor
+    from rayft.train.stop import request_stop, running_stop_flags
 
     for r in (
         cli_runs["stopped"],
@@ -387,8 +388,8 @@ def test_rayft_stop_asks_the_runs_of_the_cluster_to_stop(ray_local_6, cli_runs):
         r.proc.wait(timeout=60)
     wait_for(lambda: running_stop_flags() == [], 60, "the stop flags of ended runs to go")
 
-    flag = create_stop_flag("pod-run-0123456789ab")
-    other = create_stop_flag("other-fedcba987654")
+    flag = create_run_actor("pod-run-0123456789ab")
+    other = create_run_actor("other-fedcba987654")
     assert running_stop_flags() == ["rayft-stop-other-fedcba987654", "rayft-stop-pod-run-0123456789ab"]
     said = []
     alive = request_stop("preStop of pod w-1", run="pod-run", wait_s=1.0, say=said.append)

@@ -4,7 +4,6 @@ the driver's collection of them, the workers' typed arguments and the step clock
 import pickle
 
 import pytest
-from ray.util.queue import Empty
 
 from rayft.train.events import (
     CheckpointEvent,
@@ -20,16 +19,19 @@ from rayft.train.step import StepClock
 from rayft.train.worker_args import WorkerArgs
 
 
-class ListQueue:
-    """A queue with ray.util.queue.Queue's driver-side read (get_nowait raising Empty)."""
+class ListMailbox:
+    """A mailbox with the run actor's two sides (rayft.train.run_actor.ActorMailbox): post, and take
+    every event not taken yet."""
 
     def __init__(self, items):
         self.items = list(items)
 
-    def get_nowait(self):
-        if not self.items:
-            raise Empty
-        return self.items.pop(0)
+    def post(self, event, wait=False):
+        self.items.append(event)
+
+    def take(self):
+        taken, self.items = self.items, []
+        return taken
 
 
 def step(n, loss=1.0):
@@ -41,15 +43,33 @@ def test_an_untyped_message_is_refused_on_both_sides():
     with pytest.raises(UnknownEventError, match=r"not a progress event: dict \{'chekpoint'"):
         channel.send({"chekpoint": {"step": 2}})  # a misspelt key was once taken for a step
     channel.send(CheckpointEvent({"step": 2}))  # a silent channel drops typed events
-    received = ProgressChannel(ListQueue([StepEvent(step(1)), {"step": 2}]))
+    received = ProgressChannel(ListMailbox([StepEvent(step(1)), {"step": 2}]))
     with pytest.raises(UnknownEventError, match=r"not a progress event: dict"):
         received.drain()
 
 
+def test_events_go_through_the_mailbox_in_order_and_are_taken_once():
+    from rayft.train.run_actor import RunActor
+
+    box = ListMailbox([])
+    channel = ProgressChannel(box)
+    first, second = StepEvent(step(1)), CheckpointEvent({"step": 1})
+    channel.send(first)
+    with pytest.raises(UnknownEventError):
+        channel.send({"step": 2})  # refused before it is posted
+    channel.send(second, wait=True)
+    assert box.items == [first, second]
+    assert channel.drain() == [first, second] and channel.drain() == []
+    actor = RunActor()  # the actor's state, as the driver and rank 0 call it
+    actor.post(first)
+    actor.post(second)
+    assert actor.take() == [first, second] and actor.take() == []
+
+
 def test_only_rank_0_reports():
-    channel = ProgressChannel(ListQueue([]))
+    channel = ProgressChannel(ListMailbox([]))
     assert channel.for_rank(0) is channel
-    assert channel.for_rank(1).queue is None
+    assert channel.for_rank(1).mailbox is None
 
 
 def test_the_driver_collects_each_kind_and_keeps_the_latest_of_a_rerun_step():
@@ -65,7 +85,7 @@ def test_the_driver_collects_each_kind_and_keeps_the_latest_of_a_rerun_step():
         ExportEvent({"export_dir": "/r/hf", "export_max_abs_logit_diff": 0.0}),
     ]
     run = RunProgress()
-    infos = [run.add(e, said.append) for e in ProgressChannel(ListQueue(events)).drain()]
+    infos = [run.add(e, said.append) for e in ProgressChannel(ListMailbox(events)).drain()]
     assert [h["loss"] for h in run.history] == [3.0, 2.9, 2.7]
     assert infos[1] == "loss 3.0000  1,000 tok/s/worker"
     assert said == [

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from rayft.train.stop import EXIT_CODES, SignalStop, StopBeforeTraining, StopFlag, StopPoll, stop_actor_name
+from rayft.train.run_actor import RunActor
+from rayft.train.stop import EXIT_CODES, SignalStop, StopBeforeTraining, StopPoll, stop_actor_name
 
 
 def test_a_signal_before_training_stops_the_driver_at_once():
@@ -45,7 +46,7 @@ def test_during_training_the_first_signal_requests_a_stop_and_the_second_forces_
 
 
 def test_the_stop_flag_is_set_once_and_the_poll_without_a_flag_never_stops():
-    flag = StopFlag()
+    flag = RunActor()
     assert flag.requested() is None
     flag.request("SIGTERM to the driver")
     flag.request("later")

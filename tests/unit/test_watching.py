@@ -14,18 +14,15 @@ from rayft.train.progress import show_progress
 from rayft.train.run_dir import MetricsLog, write_metrics
 
 
-class ListQueue:
-    """The queue's side the driver reads (get_nowait), over a list of events."""
+class ListMailbox:
+    """The run actor's mailbox as the driver reads it (take: every event not taken yet), over a list."""
 
     def __init__(self, events):
         self.events = deque(events)
 
-    def get_nowait(self):
-        from ray.util.queue import Empty
-
-        if not self.events:
-            raise Empty
-        return self.events.popleft()
+    def take(self):
+        taken, self.events = list(self.events), deque()
+        return taken
 
 
 def step(n: int, loss: float) -> StepEvent:
@@ -40,7 +37,7 @@ def test_plain_progress_lines_when_output_is_not_a_terminal():
     fit = threading.Thread(target=time.sleep, args=(0.3,))
     fit.start()
     seen = []
-    run = show_progress(fit, ProgressChannel(ListQueue(events)), 8, console, on_step=seen.append)
+    run = show_progress(fit, ProgressChannel(ListMailbox(events)), 8, console, on_step=seen.append)
     lines = buf.getvalue().splitlines()
     assert lines[0] == "resumed from the checkpoint of step 2 (world size 2 → 2; loaded in 0.5 s)"
     steps = [ln for ln in lines if ln.startswith("step ")]

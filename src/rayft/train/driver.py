@@ -35,6 +35,7 @@ from rayft.train.ray_cluster import (
     shared_store_root,
     worker_env_vars,
 )
+from rayft.train.run_actor import ActorMailbox, create_run_actor
 from rayft.train.run_dir import (
     MetricsLog,
     check_resume_data,
@@ -46,7 +47,7 @@ from rayft.train.run_dir import (
     write_run_records,
 )
 from rayft.train.run_lock import RunLock
-from rayft.train.stop import EXIT_CODES, SignalStop, StopBeforeTraining, create_stop_flag
+from rayft.train.stop import EXIT_CODES, SignalStop, StopBeforeTraining
 from rayft.train.summary import build_summary, stop_record, wall_timeline
 from rayft.train.transport_check import TransportCheck
 
@@ -185,12 +186,13 @@ def train_run(
         f"ray: {where}; {n_workers} {'GPU' if use_gpu else 'CPU'} worker(s), backend {backend}; {total} steps; run {run_dir}",
         highlight=False,
     )
-    progress = ProgressChannel.open()
-    stop_flag = create_stop_flag(f"{name}-{lock.holder.run_id}")
-    cleanup.callback(ray.kill, stop_flag)  # the flag lives as long as the run (`rayft stop --wait` waits for that)
+    # the run's one actor: rank 0's progress mailbox and the stop flag (rayft.train.run_actor)
+    run_actor = create_run_actor(f"{name}-{lock.holder.run_id}")
+    cleanup.callback(ray.kill, run_actor)  # it lives as long as the run (`rayft stop --wait` waits for that)
+    progress = ProgressChannel(ActorMailbox(run_actor))
     # the Ray job recorded for `rayft doctor --run`; after a finished run, ray.verify_transport judged (after the summary)
     cleanup.enter_context(TransportCheck(cfg, run_dir, say=lambda s: console.print(s, highlight=False, markup=False)))
-    signals.on_stop = lambda reason: stop_flag.request.remote(reason)
+    signals.on_stop = lambda reason: run_actor.request.remote(reason)
     args = WorkerArgs(
         config=cfg.model_dump(mode="json"),
         # Ray Train's idiom is a Ray Data dataset per worker (get_dataset_shard), a stream; but the step
@@ -210,7 +212,7 @@ def train_run(
         run_dir=run_dir,
         progress=progress,
         resume_from=resume_from,
-        stop_flag=stop_flag,
+        stop_flag=run_actor,
     )
     trainer = TorchTrainer(
         train_func,
@@ -251,7 +253,7 @@ def train_run(
     def watch_lock() -> None:  # a lease another run took over (see run_lock): stop writing into its directory
         if lock.lost and not signals.signum and not lost_sent:
             lost_sent.append(True)
-            stop_flag.request.remote(lock.lost)
+            run_actor.request.remote(lock.lost)
 
     lost_sent: list[bool] = []
 

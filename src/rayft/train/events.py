@@ -3,7 +3,8 @@
 Rank 0 sends; the driver drains the channel into its live display and the run's summary. Why not
 ``ray.train.report`` for this: it waits for the Ray Train controller to consume each result (a
 queue of one), which costs ~1.5 s per call — a whole step at 1.5B scale — so live metrics travel
-through a ``ray.util.queue.Queue`` of our own, and ``ray.train.report`` is not used per step.
+through a mailbox of our own (the run's actor, :mod:`rayft.train.run_actor`), and
+``ray.train.report`` is not used per step.
 
 An event that is not one of the types below is an error on both sides, never taken for a step.
 """
@@ -92,18 +93,12 @@ def check_event(event: object) -> ProgressEvent:
 
 @dataclass(frozen=True)
 class ProgressChannel:
-    """The driver↔rank-0 channel. Created on the driver (``ProgressChannel.open()``), pickled into
-    the workers' arguments; a channel without a queue (:meth:`silent`, and every rank but 0 through
-    :meth:`for_rank`) drops what it is sent."""
+    """The driver↔rank-0 channel. Made on the driver over the run's mailbox (an
+    :class:`~rayft.train.run_actor.ActorMailbox`: ``post(event, wait)`` and ``take() -> list``),
+    pickled into the workers' arguments; a channel without a mailbox (:meth:`silent`, and every rank
+    but 0 through :meth:`for_rank`) drops what it is sent."""
 
-    queue: Any = None  # ray.util.queue.Queue, or None
-
-    @classmethod
-    def open(cls) -> ProgressChannel:
-        """A channel over a new Ray queue (needs a connected Ray)."""
-        from ray.util.queue import Queue
-
-        return cls(Queue())
+    mailbox: Any = None  # an ActorMailbox, or None
 
     @classmethod
     def silent(cls) -> ProgressChannel:
@@ -114,33 +109,23 @@ class ProgressChannel:
         return self if rank == 0 else ProgressChannel.silent()
 
     def send(self, event: ProgressEvent, wait: bool = False) -> None:
-        """Queue ``event`` without blocking; ``wait``: until it is in the queue (the last messages
+        """Post ``event`` without blocking; ``wait``: until the mailbox holds it (the last messages
         before a worker exits, which would otherwise be lost with it).
 
         Raises:
             UnknownEventError: ``event`` is not a progress event.
         """
         check_event(event)
-        if self.queue is None:
-            return
-        sent = self.queue.actor.put_nowait.remote(event)
-        if wait:
-            import ray
-
-            ray.get(sent)
+        if self.mailbox is not None:
+            self.mailbox.post(event, wait=wait)
 
     def drain(self) -> list[ProgressEvent]:
-        """Every event queued so far, oldest first (driver side; never blocks).
+        """Every event posted so far and not drained yet, oldest first (driver side; one call, no wait
+        for new events).
 
         Raises:
-            UnknownEventError: the queue held something that is not a progress event.
+            UnknownEventError: the mailbox held something that is not a progress event.
         """
-        from ray.util.queue import Empty
-
-        events: list[ProgressEvent] = []
-        while self.queue is not None:
-            try:
-                events.append(check_event(self.queue.get_nowait()))
-            except Empty:
-                break
-        return events
+        if self.mailbox is None:
+            return []
+        return [check_event(e) for e in self.mailbox.take()]

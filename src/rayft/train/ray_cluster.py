@@ -177,8 +177,11 @@ def nodes_missing_storage(storage_path: str) -> list[str]:
     """Addresses of live Ray nodes that cannot see ``storage_path`` (a local path).
 
     A marker with a random token is written from one node and read back on every other node, so a
-    node-local directory that merely exists everywhere is told apart from a shared file system.
-    Returns ``[]`` for URIs (``s3://``) and single-node clusters.
+    node-local directory that merely exists everywhere is told apart from a shared file system. The
+    driver writes and removes the marker itself when it runs on a node of the cluster (a job's driver
+    on the head, or ``rayft train`` on a node), so the check is one round of tasks, one per other
+    node: each task starts a worker process there. Returns ``[]`` for URIs (``s3://``) and
+    single-node clusters.
     """
     import uuid
 
@@ -191,7 +194,6 @@ def nodes_missing_storage(storage_path: str) -> list[str]:
     token = uuid.uuid4().hex
     marker = os.path.join(os.path.abspath(storage_path), f".rayft-shared-{token}")
 
-    @ray.remote(num_cpus=0)
     def probe(path: str, action: str) -> bool:
         if action == "write":
             os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -207,15 +209,27 @@ def nodes_missing_storage(storage_path: str) -> list[str]:
         except OSError:
             return False
 
-    def on(node):
-        return probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False))
+    remote_probe = ray.remote(num_cpus=0)(probe)
 
-    first, rest = nodes[0], nodes[1:]
-    ray.get(on(first).remote(marker, "write"))
+    def on(node):
+        return remote_probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False))
+
+    here = ray.get_runtime_context().get_node_id()
+    local = next((n for n in nodes if n["NodeID"] == here), None)
+    first = local or nodes[0]
+    rest = [n for n in nodes if n is not first]
+
+    def at_first(action: str) -> None:
+        if local:
+            probe(marker, action)
+        else:
+            ray.get(on(first).remote(marker, action))
+
+    at_first("write")
     try:
         seen = ray.get([on(n).remote(marker, "read") for n in rest])
     finally:
-        ray.get(on(first).remote(marker, "remove"))
+        at_first("remove")
     return [n["NodeManagerAddress"] for n, ok in zip(rest, seen) if not ok]
 
 

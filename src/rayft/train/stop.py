@@ -3,8 +3,9 @@
 Kubernetes sends SIGTERM to an evicted or deleted pod and SIGKILL after its grace period (30 s by
 default); a user sends SIGINT with Ctrl-C. The path of a stop:
 
-1. The driver's handler (:class:`SignalStop`) sets a :class:`StopFlag` actor, which every run
-   creates (named, so that ``rayft stop`` can set it from another process too).
+1. The driver's handler (:class:`SignalStop`) sets the stop request of the run's actor
+   (:class:`rayft.train.run_actor.RunActor`, named, so that ``rayft stop`` can set it from another
+   process too).
 2. Rank 0 polls the flag without blocking (:class:`StopPoll`: one small actor call in flight,
    checked each step with ``ray.wait(timeout=0)``) and votes in the step's count all-reduce
    (:func:`rayft.train.step.global_counts`), so every rank stops at the same step boundary: the
@@ -36,35 +37,11 @@ def stop_actor_name(run_name: str) -> str:
     return f"rayft-stop-{run_name}"
 
 
-class StopFlag:
-    """A run's stop request: ``request(reason)`` sets it once; ``requested()`` reads it (None: go on)."""
-
-    def __init__(self) -> None:
-        self.reason: str | None = None
-
-    def request(self, reason: str) -> None:
-        if self.reason is None:
-            self.reason = reason
-
-    def requested(self) -> str | None:
-        return self.reason
-
-
-def create_stop_flag(run_name: str):
-    """A new :class:`StopFlag` actor named for ``run_name`` (needs a connected Ray; zero CPUs),
-    placed on the driver's node: it lives and dies with the driver, not with a worker node."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    actor = ray.remote(num_cpus=0)(StopFlag)
-    return actor.options(name=stop_actor_name(run_name), namespace=STOP_NAMESPACE, scheduling_strategy=here).remote()
-
-
 class StopPoll:
     """Rank 0's view of the stop flag: :meth:`requested` never blocks after :meth:`check_now`.
 
-    ``flag``: the :class:`StopFlag` actor handle, or None (nothing can stop this run).
+    ``flag``: the run's :class:`~rayft.train.run_actor.RunActor` handle (its ``requested()``), or
+    None (nothing can stop this run).
     """
 
     def __init__(self, flag: Any) -> None:

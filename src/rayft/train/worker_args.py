@@ -34,7 +34,7 @@ class WorkerArgs:
         run_dir: the run directory (a local path or an ``s3://`` URI).
         progress: the channel to the driver's display (:class:`ProgressChannel`).
         resume_from: the checkpoint ``--resume`` chose, or None.
-        stop_flag: the run's :class:`~rayft.train.stop.StopFlag` actor handle, or None.
+        stop_flag: the run's :class:`~rayft.train.run_actor.RunActor` handle (its stop flag), or None.
     """
 
     config: dict[str, Any]

@@ -1,0 +1,79 @@
+"""The one small actor each run creates, on the driver's node: rank 0's progress mailbox and the
+run's stop flag.
+
+Every Ray actor is a worker process of its own (about 1.5 CPU-s and a second or more to start on a
+busy head node), so the run's two small jobs share one: rank 0 posts its progress events to it
+(:class:`rayft.train.events.ProgressChannel`) and polls its stop request
+(:class:`rayft.train.stop.StopPoll`); the driver takes the events every 0.25 s, all of them in one
+call, and sets the stop request on a signal; ``rayft stop`` finds it by its name
+(:func:`rayft.train.stop.stop_actor_name`). Until 2026-12-03 these were two actors: a
+``ray.util.queue.Queue`` (an async actor read one call per event) and a stop flag.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rayft.train.stop import STOP_NAMESPACE, stop_actor_name
+
+
+class RunActor:
+    """A run's stop request and its undelivered progress events (the actor's state; every method
+    is one call, run in the order each caller sent them)."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self.events: list = []
+
+    def request(self, reason: str) -> None:
+        """Ask the run to stop; the first reason given is kept."""
+        if self.reason is None:
+            self.reason = reason
+
+    def requested(self) -> str | None:
+        """The stop request's reason, or None: go on."""
+        return self.reason
+
+    def post(self, event: Any) -> None:
+        """Keep ``event`` (rank 0's progress event) until the driver takes it."""
+        self.events.append(event)
+
+    def take(self) -> list:
+        """Every event posted since the last call, oldest first."""
+        events, self.events = self.events, []
+        return events
+
+
+def create_run_actor(run_name: str):
+    """A new :class:`RunActor` named for ``run_name`` (``rayft-stop-<run_name>`` in namespace
+    ``rayft``; needs a connected Ray; zero CPUs), placed on the driver's node: it lives and dies
+    with the driver, not with a worker node."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    actor = ray.remote(num_cpus=0)(RunActor)
+    return actor.options(name=stop_actor_name(run_name), namespace=STOP_NAMESPACE, scheduling_strategy=here).remote()
+
+
+@dataclass(frozen=True)
+class ActorMailbox:
+    """The progress mailbox of a :class:`RunActor`, as :class:`rayft.train.events.ProgressChannel`
+    uses it: ``post`` on rank 0, ``take`` on the driver. ``actor``: the actor's handle (picklable)."""
+
+    actor: Any
+
+    def post(self, event: Any, wait: bool = False) -> None:
+        """Post ``event`` without blocking; ``wait``: until the actor holds it."""
+        sent = self.actor.post.remote(event)
+        if wait:
+            import ray
+
+            ray.get(sent)
+
+    def take(self) -> list:
+        """Every event posted and not taken yet, oldest first (one call to the actor)."""
+        import ray
+
+        return ray.get(self.actor.take.remote())
