@@ -12,16 +12,18 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 # our venv's commands with bytecode writing on (see above)
 RUN := env -u PYTHONDONTWRITEBYTECODE
-# what the warm-up imports: the worker and driver side, and the Ray daemons and test services
-WARM_A := rayft.train.loop, rayft.train.driver, rayft.cli, ray.train.torch, ray.data, ray.util.queue, ray._private.workers.default_worker
-WARM_B := ray.dashboard.agent, ray.dashboard.dashboard, ray._private.log_monitor, ray.autoscaler._private.monitor, ray._private.runtime_env.agent.main, ray.dashboard.modules.job.job_head, ray.dashboard.modules.reporter.reporter_agent, ray.job_submission, mlflow, lm_eval, moto.server, datasets, tensorboard, wandb, matplotlib.pyplot
+# what the warm-up imports: the worker and driver side, and the Ray daemons and test services; Ray's runtime-env
+# agent alone in a process: importing it puts Ray's bundled aiohttp first on sys.path for what follows
+WARM_AGENT := ray._private.runtime_env.agent.main
+WARM_A := rayft.train.loop, rayft.train.driver, rayft.cli, ray.train.torch, ray.data, ray._private.workers.default_worker
+WARM_B := ray.dashboard.agent, ray.dashboard.dashboard, ray._private.log_monitor, ray.autoscaler._private.monitor, ray.dashboard.modules.job.job_head, ray.dashboard.modules.reporter.reporter_agent, ray.job_submission, mlflow, lm_eval, moto.server, datasets, tensorboard, wandb, matplotlib.pyplot
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q --no-compile torch==2.13.0
 	$(PY) -m pip install -q --no-compile -e '.[test]'
-	$(RUN) $(PY) -c 'import $(WARM_A)' & $(RUN) $(PY) -c 'import $(WARM_B)'; s=$$?; wait $$! && exit $$s
+	{ $(RUN) $(PY) -c 'import $(WARM_A)' && $(RUN) $(PY) -c 'import $(WARM_AGENT)'; } & $(RUN) $(PY) -c 'import $(WARM_B)'; s=$$?; wait $$! && exit $$s
 	touch $@
 
 .PHONY: install quickstart test

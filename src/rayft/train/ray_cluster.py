@@ -215,7 +215,8 @@ def nodes_missing_storage(storage_path: str) -> list[str]:
         return remote_probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False))
 
     here = ray.get_runtime_context().get_node_id()
-    local = next((n for n in nodes if n["NodeID"] == here), None)
+    # a Ray Client driver (ray://) runs off the cluster, though its runtime context names the head's node
+    local = None if ray.util.client.ray.is_connected() else next((n for n in nodes if n["NodeID"] == here), None)
     first = local or nodes[0]
     rest = [n for n in nodes if n is not first]
 

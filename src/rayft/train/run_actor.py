@@ -48,7 +48,11 @@ class RunActor:
 def create_run_actor(run_name: str):
     """A new :class:`RunActor` named for ``run_name`` (``rayft-stop-<run_name>`` in namespace
     ``rayft``; needs a connected Ray; zero CPUs), placed on the driver's node: it lives and dies
-    with the driver, not with a worker node."""
+    with the driver, not with a worker node.
+
+    Raises:
+        ValueError: an actor of that name is alive on the cluster (Ray's error for a taken name).
+    """
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -65,7 +69,11 @@ class ActorMailbox:
     actor: Any
 
     def post(self, event: Any, wait: bool = False) -> None:
-        """Post ``event`` without blocking; ``wait``: until the actor holds it."""
+        """Post ``event`` without blocking; ``wait``: until the actor holds it.
+
+        Raises:
+            ray.exceptions.RayActorError: with ``wait``, the actor is gone (its driver ended).
+        """
         sent = self.actor.post.remote(event)
         if wait:
             import ray
@@ -73,7 +81,11 @@ class ActorMailbox:
             ray.get(sent)
 
     def take(self) -> list:
-        """Every event posted and not taken yet, oldest first (one call to the actor)."""
+        """Every event posted and not taken yet, oldest first (one call to the actor).
+
+        Raises:
+            ray.exceptions.RayActorError: the actor is gone.
+        """
         import ray
 
         return ray.get(self.actor.take.remote())
