@@ -3,10 +3,10 @@
 # Bytecode: pip installs without compiling (--no-compile), and Python writes the bytecode of what is
 # imported, once, into the venv's __pycache__ folders (PYTHONDONTWRITEBYTECODE, which this machine's
 # environment sets, is cleared for our own venv's commands). The modules every Ray worker, driver and
-# test process imports are compiled at install by two warm-up imports side by side. Before
-# (2026-12-03): compileall over the whole venv (27,000 files, 91 CPU-s, 37 s on 2 cores) for the
-# 8,900 that a whole `make test` imports (counted after one). Without any bytecode, every process compiled torch, transformers
-# and ray afresh, and the suite's first Ray runs missed their deadlines on 2 cores.
+# test process imports are compiled at install by warm-up imports side by side. Before (2026-12-03):
+# compileall over the whole venv (27,000 files, 91 CPU-s, 37 s on 2 cores) for the 8,900 that a
+# whole `make test` imports (counted after one). Without any bytecode, every process compiled
+# torch, transformers and ray afresh, and the suite's first Ray runs missed their deadlines on 2 cores.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
