@@ -10,9 +10,24 @@
 # overhead = total - steps) and the pair ($OUT/wall-time-NxGPU.json). Ray Train's own log of the worker
 # group's start (its controller's, with each phase's seconds) is kept per run ($OUT/ray-train-*-RUN.log).
 # RUNS="cold" runs the cold one only. Then, if STAGING_S (default 200; 0: never) seconds are left, bench/gpu/staging_alloc.py.
+# PRECOMPILE (default 1): write the bundle's bytecode first (not part of any run's wall time): the
+# bundle unpacks into /tmp/site as sources only, where an image's pip install leaves bytecode beside
+# them. Before and after, the seconds a fresh process takes to import the workers' module, and
+# (after) its -X importtime profile ($OUT/importtime.txt).
 set -uo pipefail
 source .gpu/setup.sh
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+echo "python env: $(env | grep -E '^PYTHON' | tr '\n' ' ')"
+echo "bytecode files in /tmp/site: $(find /tmp/site -name '*.pyc' | wc -l)"
+TIMEFORMAT='%R s'
+for i in 1 2; do echo -n "import rayft.train.loop, as unpacked ($i): "; { time python3 -c "import rayft.train.loop" >/dev/null 2>&1; } 2>&1; done
+if [ "${PRECOMPILE:-1}" = 1 ]; then
+  echo -n "compileall /tmp/site src: "; { time python3 -m compileall -q -j 0 /tmp/site src >/dev/null 2>&1; } 2>&1
+  echo "bytecode files in /tmp/site: $(find /tmp/site -name '*.pyc' | wc -l)"
+  for i in 1 2; do echo -n "import rayft.train.loop, compiled ($i): "; { time python3 -c "import rayft.train.loop" >/dev/null 2>&1; } 2>&1; done
+  python3 -X importtime -c "import rayft.train.loop" 2> "$OUT/importtime.txt" >/dev/null
+  sort -t'|' -k2 -n -r "$OUT/importtime.txt" | head -25
+fi
 NG=$(nvidia-smi -L | wc -l)
 D="$PWD/.gpu/data"; ls "$D" || exit 3
 STEPS=${STEPS:-200}
