@@ -876,7 +876,7 @@ def recipe_settings(recipe: str, run_dir: Path, cmd: list[str], config: Path) ->
         planned = trl_planned_settings(spec)
         del planned["label"]
         if recipe == "trl-best" and spec["use_gpu"]:
-            planned["attention"] = "auto (rayft varlen on CUDA with torch varlen_attn, else sdpa)"
+            planned["attention"] = "auto (rayft varlen on CUDA with torch varlen_attn and a TRL passing cu_seq_lens_q, else sdpa)"
         return planned
 
 
