@@ -84,6 +84,7 @@ def test_llamafactory_recipe_runs_three_steps_on_cpu(tmp_path, workload):
     used = json.loads((run_dir / "settings.json").read_text())  # rank 0's report
     assert used["attention"] == "sdpa" and used["liger"] is False and used["gradient_checkpointing"] is False
     assert used["use_ray"] is False and used["world_size"] == 1 and used["bf16"] is False
-    assert used["versions"]["llamafactory"] == "0.9.5"
-    assert used["llamafactory_args"]["neat_packing"] is True and used["llamafactory_args"]["cutoff_len"] == L
+    given = json.loads((run_dir / "llamafactory_args.json").read_text())  # what LLaMA-Factory was given
+    assert given["versions"]["llamafactory"] == "0.9.5"
+    assert given["args"]["neat_packing"] is True and given["args"]["cutoff_len"] == L and given["args"]["stage"] == "sft"
     assert bt.recipe_settings("llamafactory", run_dir, cmd, plan.config) == used

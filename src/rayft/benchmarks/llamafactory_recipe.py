@@ -44,7 +44,8 @@ What is LLaMA-Factory's and what is added here:
   files beside it (symbolic links): LLaMA-Factory reads the tokenizer from the model's path.
 * :class:`StepRecords` (a ``TrainerCallback``) writes the records; it counts each step's tokens
   from the batch the model is called with (a forward pre-hook), and writes the run's effective
-  settings into ``settings.json`` (rank 0).
+  settings into ``settings.json`` (rank 0); LLaMA-Factory's full arguments and the package versions
+  go into ``llamafactory_args.json`` beside it.
 
 LLaMA-Factory 0.9.5 declares transformers <= 5.6 and checks the versions of transformers, datasets,
 accelerate, peft and trl when it is imported; the recipe sets ``DISABLE_VERSION_CHECK=1`` unless
@@ -75,6 +76,8 @@ LLAMAFACTORY_VERSION = "0.9.5"
 DATASET_NAME = "rayft_bench_rows"
 #: CPUs LLaMA-Factory 0.9.5 reserves per Ray worker (its placement-group bundle and actor).
 CPUS_PER_WORKER = 10
+#: The run's full LLaMA-Factory arguments and the package versions, beside ``settings.json``.
+ARGS_FILE = "llamafactory_args.json"
 
 Knapsack = Callable[[list[int], int], list[list[int]]]
 
@@ -225,7 +228,7 @@ def planned_settings(spec: dict[str, Any], flash_attn: str = "sdpa", liger: bool
     return {
         "attention": flash_attn,
         "padding_free": False,
-        "packing": "LLaMA-Factory neat packing (greedy knapsack, rows padded to seq_len, no attention across examples)",
+        "packing": "neat (LLaMA-Factory's knapsack, rows padded to seq_len)",
         "liger": liger,
         "gradient_checkpointing": bool(spec["activation_checkpointing"]),
         "fsdp": 1 if spec["num_workers"] > 1 else None,
@@ -329,14 +332,13 @@ def used_settings(args: Any, model: Any) -> dict[str, Any]:
     """What the run reports it used: ``args`` (the Hugging Face ``TrainingArguments`` LLaMA-Factory
     built) and ``model`` (as the trainer holds it; None: not known). Keys: attention (the model
     config's attention implementation), liger (the model's forward is liger-kernel's),
-    gradient_checkpointing, param_dtype, world_size, bf16, optim, fsdp, use_ray, versions."""
+    gradient_checkpointing, param_dtype, world_size, bf16, optim, fsdp, use_ray."""
     out: dict[str, Any] = {
         "world_size": args.world_size,
         "bf16": bool(args.bf16),
         "optim": str(getattr(args.optim, "value", args.optim)),
         "fsdp": 1 if args.fsdp else None,
         "use_ray": os.environ.get("USE_RAY", "0").lower() in ("1", "true", "y"),
-        "versions": {p: _version(p) for p in ("llamafactory", "transformers", "trl", "datasets", "accelerate", "peft", "liger-kernel")},
     }
     if model is not None:
         attn = getattr(model.config, "_attn_implementation", None)
@@ -351,11 +353,15 @@ def used_settings(args: Any, model: Any) -> dict[str, Any]:
     return out
 
 
-def _version(package: str) -> str | None:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+def versions() -> dict[str, str | None]:
+    """Installed versions of LLaMA-Factory and the packages it checks (None: not installed)."""
+    out: dict[str, str | None] = {}
+    for package in ("llamafactory", "transformers", "trl", "datasets", "accelerate", "peft", "liger-kernel"):
+        try:
+            out[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            out[package] = None
+    return out
 
 
 def model_with_tokenizer(model_dir: str | os.PathLike, tokenizer_dir: str | os.PathLike, dest: Path) -> Path:
@@ -410,13 +416,14 @@ def run(spec: dict[str, Any]) -> None:
     liger = spec["use_gpu"] and importlib.util.find_spec("liger_kernel") is not None
     flash_attn, why = attention_choice(spec["micro_batch_size"], importlib.util.find_spec("flash_attn") is not None)
     args = llamafactory_args(spec, str(model_path), str(data_path), flash_attn, liger)
-    planned = {**planned_settings(spec, flash_attn, liger), "attention_requested": f"{flash_attn} ({why})", "llamafactory_args": args}
+    planned = {**planned_settings(spec, flash_attn, liger), "attention_requested": f"{flash_attn} ({why})"}
     (Path(spec["out_dir"]) / SETTINGS_FILE).write_text(json.dumps(planned, indent=2))  # rank 0 rewrites it with what it used
     if spec["use_gpu"]:
         os.environ["USE_RAY"] = "1"
         args["master_addr"] = start_ray(spec["num_workers"])
     else:
         os.environ.pop("USE_RAY", None)
+    (Path(spec["out_dir"]) / ARGS_FILE).write_text(json.dumps({"args": args, "versions": versions()}, indent=2))
     from llamafactory.train.tuner import run_exp
 
     run_exp(args, callbacks=[StepRecords(spec["out_dir"], planned, spec["use_gpu"])])
