@@ -68,7 +68,6 @@ from transformers import TrainerCallback
 
 from rayft.benchmarks.recipes import IGNORE_INDEX, SETTINGS_FILE, StepLog, load_dataset
 
-RECIPE = "llamafactory"
 #: The LLaMA-Factory release this recipe is written against (its argument names, Ray launcher, collator).
 LLAMAFACTORY_VERSION = "0.9.5"
 #: The name given as LLaMA-Factory's ``dataset`` (it insists on one); never read: the rows come
@@ -337,7 +336,7 @@ def used_settings(args: Any, model: Any) -> dict[str, Any]:
         "world_size": args.world_size,
         "bf16": bool(args.bf16),
         "optim": str(getattr(args.optim, "value", args.optim)),
-        "fsdp": 1 if args.fsdp else None,
+        "fsdp": (args.fsdp_config or {}).get("version", 1) if args.fsdp else None,
         "use_ray": os.environ.get("USE_RAY", "0").lower() in ("1", "true", "y"),
     }
     if model is not None:
