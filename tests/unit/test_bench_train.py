@@ -3,6 +3,7 @@ table from a synthetic results file, the per-run failure path, and data.syntheti
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -547,6 +548,25 @@ def test_trl_settings_gradient_checkpointing_completion_only_and_attention(tmp_p
     st = trl_planned_settings(trl_spec(tmp_path))
     assert st["label"] == "trl-best (sdpa)" and st["attention"] == "sdpa" and st["padding_free"] is True and st["fsdp"] == 1
     assert trl_planned_settings(trl_spec(tmp_path, recipe="trl-default"))["label"] == "trl-default"
+
+
+def test_trl_best_takes_varlen_attention_only_from_a_trl_that_passes_boundaries(tmp_path, monkeypatch):
+    """TRL 0.24 (LLaMA-Factory 0.9.5's) passes position ids only: varlen attention would then see
+    each packed row as one document, so trl-best runs sdpa there."""
+    from rayft.benchmarks import recipes
+    from rayft.train import attention
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(attention, "resolve_attn_implementation", lambda name, device: attention.VARLEN)
+    gpu = trl_spec(tmp_path) | {"use_gpu": True}
+    monkeypatch.setattr(recipes, "trl_passes_boundaries", lambda: False)
+    assert recipes.trl_attention(gpu) == "sdpa"
+    monkeypatch.setattr(recipes, "trl_passes_boundaries", lambda: True)
+    assert recipes.trl_attention(gpu) == attention.VARLEN
+    if importlib.util.find_spec("trl") is None:
+        monkeypatch.undo()
+        assert recipes.trl_passes_boundaries() is False  # no TRL: no boundaries
 
 
 def test_varlen_attention_reads_trl_padding_free_kwargs(monkeypatch):

@@ -265,18 +265,32 @@ def trl_config_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
     return kw
 
 
+def trl_passes_boundaries() -> bool:
+    """Whether the installed TRL's padding-free collator passes the documents' boundaries
+    (``cu_seq_lens_q``), which rayft's variable-length attention reads: TRL 1.x does; TRL 0.24 (the
+    one LLaMA-Factory 0.9.5 takes) passes position ids only, and varlen attention would then run each
+    packed row as one document. False where TRL or its collator is not found."""
+    try:
+        from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+        out = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)([{"input_ids": [1, 2]}, {"input_ids": [3]}])
+    except (ImportError, TypeError):
+        return False
+    return "cu_seq_lens_q" in out
+
+
 def trl_attention(spec: dict[str, Any]) -> str:
     """The attention implementation of a TRL run: for ``trl-best`` on CUDA, rayft's variable-length
     FlashAttention (:data:`rayft.train.attention.VARLEN`, registered here; it reads the padding-free
-    collator's ``cu_seq_lens_q``), else ``sdpa`` (which runs a padding-free row with a dense
-    block-diagonal mask)."""
+    collator's ``cu_seq_lens_q``, so only where :func:`trl_passes_boundaries`), else ``sdpa`` (which
+    runs a padding-free row with a dense block-diagonal mask built from its position ids)."""
     if spec["recipe"] != "trl-best" or not spec["use_gpu"]:
         return "sdpa"
     import torch
 
     from rayft.train.attention import resolve_attn_implementation
 
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_available() or not trl_passes_boundaries():
         return "sdpa"
     return resolve_attn_implementation("auto", torch.device("cuda", torch.cuda.current_device()))
 

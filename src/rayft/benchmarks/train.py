@@ -15,7 +15,10 @@ Recipes (docs/bench-train.md says what each one is):
 * ``torchtitan`` / ``torchtitan-fp8`` (by name; GPU only; ``pip install torchtitan==0.2.2``):
   torchtitan's own trainer on the same rows, padded one per row, compiled, with its own seeded init
   of the same architecture (the presets with a torchtitan flavour), under ``torchrun``,
-  :mod:`rayft.benchmarks.torchtitan_recipe`.
+  :mod:`rayft.benchmarks.torchtitan_recipe`;
+* ``llamafactory`` (by name; ``pip install llamafactory==0.9.5``): LLaMA-Factory's SFT stage (full
+  fine-tuning) launched on Ray by LLaMA-Factory, with its neat packing of the same rows and
+  liger-kernel, :mod:`rayft.benchmarks.llamafactory_recipe`.
 
 Workloads: ``random`` (random full-length rows, :func:`rayft.data.synthetic.random_dataset`; every
 recipe gets the same ids) and ``real`` (the config's data files, tokenized once by rayft's pipeline
@@ -59,9 +62,9 @@ from rayft.benchmarks.fabric import gpu_label
 from rayft.benchmarks.logged_run import LoggedCommand, log_tail, run_logged
 from rayft.benchmarks.torchtitan_recipe import TORCHTITAN_RECIPES, TorchtitanRecipeError, check_preset_shape, torchtitan_model
 
-RECIPES = ("sample-recipe", "trl-default", "trl-best", "rayft", "rayft-fp8", "torchtitan", "torchtitan-fp8")
-#: What ``--recipes`` defaults to (``rayft-fp8`` and the torchtitan recipes, which need
-#: ``pip install torchtitan==0.2.2``, are asked for by name).
+RECIPES = ("sample-recipe", "trl-default", "trl-best", "rayft", "rayft-fp8", "torchtitan", "torchtitan-fp8", "llamafactory")
+#: What ``--recipes`` defaults to (``rayft-fp8``, the torchtitan recipes, which need
+#: ``pip install torchtitan==0.2.2``, and ``llamafactory`` are asked for by name).
 DEFAULT_RECIPES = ("sample-recipe", "trl-default", "trl-best", "rayft")
 RAYFT_RECIPES = ("rayft", "rayft-fp8")
 WORKLOADS = ("random", "real")
@@ -673,7 +676,7 @@ def _prepare_model_and_data(cfg, plan: Plan, world: int, console: Console) -> di
     shared: dict[str, Any] = {"model_dir": str(plan.work_dir / "model"), "tokenizer_dir": str(plan.work_dir / "tokenizer"), "data": {}}
     with torch.device("meta"):
         meta = AutoModelForCausalLM.from_config(conf)
-    if {"sample-recipe", "trl-default", "trl-best"} & set(plan.recipes):
+    if {"sample-recipe", "trl-default", "trl-best", "llamafactory"} & set(plan.recipes):
         # one init, which every recipe (rayft too: see recipe_command) loads from model_dir
         init = "cpu"
         if torch.cuda.is_available() and is_preset(cfg.model.name_or_path):
@@ -786,6 +789,10 @@ def recipe_command(recipe: str, workload: str, plan: Plan, cfg, world: int, use_
     spec_file.write_text(json.dumps(spec, indent=2))
     if recipe in TORCHTITAN_RECIPES:
         return command(spec_file, world)
+    if recipe == "llamafactory":
+        from rayft.benchmarks.llamafactory_recipe import command as llamafactory_command
+
+        return llamafactory_command(spec_file)
     if recipe == "sample-recipe":
         return [py, "-m", "rayft.benchmarks.recipes", "sample", str(spec_file)]
     return [
@@ -854,6 +861,13 @@ def recipe_settings(recipe: str, run_dir: Path, cmd: list[str], config: Path) ->
             return json.loads((run_dir / SETTINGS_FILE).read_text())
         except (OSError, ValueError):
             return planned_settings(json.loads((run_dir / "spec.json").read_text()))
+    if recipe == "llamafactory":
+        from rayft.benchmarks import llamafactory_recipe
+
+        try:  # the driver's plan, then what rank 0 reported it used
+            return json.loads((run_dir / SETTINGS_FILE).read_text())
+        except (OSError, ValueError):
+            return llamafactory_recipe.planned_settings(json.loads((run_dir / "spec.json").read_text()))
 
     try:
         return json.loads((run_dir / SETTINGS_FILE).read_text())  # with "label" when trl-best fell back to sdpa
@@ -862,7 +876,7 @@ def recipe_settings(recipe: str, run_dir: Path, cmd: list[str], config: Path) ->
         planned = trl_planned_settings(spec)
         del planned["label"]
         if recipe == "trl-best" and spec["use_gpu"]:
-            planned["attention"] = "auto (rayft varlen on CUDA with torch varlen_attn, else sdpa)"
+            planned["attention"] = "auto (rayft varlen on CUDA with torch varlen_attn and a TRL passing cu_seq_lens_q, else sdpa)"
         return planned
 
 
@@ -975,6 +989,13 @@ def run_bench(
         if not use_gpu:
             raise BenchTrainError("the torchtitan recipes run on CUDA GPUs only (torchtitan's trainer): this config trains on CPU")
     world = cfg.train.num_workers if cfg.train.num_workers != "auto" else (torch.cuda.device_count() if use_gpu else 1)
+    if "llamafactory" in recipes:
+        from rayft.benchmarks.llamafactory_recipe import LlamaFactoryRecipeError, check_world
+
+        try:
+            check_world(use_gpu, world)
+        except LlamaFactoryRecipeError as e:
+            raise BenchTrainError(str(e)) from None
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     wd = Path(work_dir) if work_dir else Path(cfg.checkpoint.storage_path) / f"bench-train-{stamp}"
     wd.mkdir(parents=True, exist_ok=True)
