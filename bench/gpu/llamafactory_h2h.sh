@@ -2,8 +2,9 @@
 # The head-to-head with LLaMA-Factory 0.9.5 (its SFT stage, full fine-tuning, launched on Ray by
 # LLaMA-Factory) on one GPU, through `rayft bench train`, on the real workload (alpaca EN + ZH):
 #   RAYFT_GIT_COMMIT=<sha> bash bench/gpu/llamafactory_h2h.sh
-# env: RECIPES (llamafactory,rayft,trl-best: the new recipe first, so that a slow start of the others
-# cannot leave it "skipped: no time left"), MB (16: every recipe's micro-batch), PRESET (qwen2.5-1.5b),
+# env: RECIPES (llamafactory,rayft: the new recipe first, so that a slow start of the other cannot
+# leave it "skipped: no time left"; trl-best ran out of GPU memory here under TRL 0.24 at micro-batch 16
+# (bench/NOTES.md §23): its figures come from bench_train.sh with TRL 1.x), MB (16: every recipe's micro-batch), PRESET (qwen2.5-1.5b),
 # STEPS (15), WARM (5), AC (false), DEADLINE_S (520), RUN_TIMEOUTS, RAYFT_SET (extra --rayft-set KEY=VALUE).
 #
 # Stage first, on the development machine (LLaMA-Factory and what the host lacks of its imports;
@@ -14,9 +15,10 @@
 #   python3 -m pip wheel -q --no-deps antlr4-python3-runtime==4.9.3 -w .gpu/wheels   # no wheel on PyPI (sdist): pure Python
 #   mkdir -p .gpu/data && cp ../shared/data/alpaca_*_demo.json .gpu/data/
 # .gpu/wheels must hold no other trl (bench_train.sh stages trl 1.16.0): LLaMA-Factory 0.9.5 imports names
-# TRL 1.x no longer has (AutoModelForCausalLMWithValueHead, PPOTrainer), so trl-best runs on TRL 0.24 here
-# (with sdpa: TRL 0.24's padding-free collator passes no document boundaries for rayft's varlen attention;
-# the table labels it "trl-best (sdpa)"). torchtitan_h2h.sh's wheels are not needed here.
+# TRL 1.x no longer has (AutoModelForCausalLMWithValueHead, PPOTrainer): a trl-best row asked for here runs
+# on TRL 0.24 with sdpa (its padding-free collator passes no document boundaries for rayft's varlen
+# attention; labelled "trl-best (sdpa)"), and at micro-batch 16 it ran out of GPU memory on one H200.
+# torchtitan_h2h.sh's wheels are not needed here.
 # What LLaMA-Factory's SFT path imports beyond the host's packages (read off a CPU run of the recipe):
 # llamafactory, trl, datasets (+ dill, multiprocess, xxhash), omegaconf (+ antlr4-python3-runtime 4.9.x,
 # the runtime its grammar was generated with); torchaudio (imported at the top of its mm_plugin) is on the host.
@@ -42,7 +44,7 @@ print('llamafactory', llamafactory.__version__, 'trl', trl.__version__, 'dataset
 [ "${PIPESTATUS[0]}" = 0 ] || { echo "stage the wheels in the header"; exit 4; }
 nvidia-smi --query-gpu=name,memory.total,driver_version,power.limit --format=csv
 TAG=llamafactory; WD=/tmp/bench-$TAG; rm -rf "$WD"
-RECIPES=${RECIPES:-llamafactory,rayft,trl-best}
+RECIPES=${RECIPES:-llamafactory,rayft}
 TIMEOUTS=${RUN_TIMEOUTS:-llamafactory=240,rayft=200,trl-best=150}
 RAYFT_SETS=""; for kv in ${RAYFT_SET:-}; do RAYFT_SETS+=" --rayft-set $kv"; done
 CMD="rayft bench train examples/qwen2.5-1.5b.yaml --workload real --recipes $RECIPES$RAYFT_SETS --steps ${STEPS:-15} --warmup-steps ${WARM:-5} --out $OUT/train-bench-$TAG.json --work-dir $WD --timeout-s $TIMEOUTS --deadline-s ${DEADLINE_S:-520} --set model.name_or_path=${PRESET:-qwen2.5-1.5b} --set train.num_workers=1 --set train.micro_batch_size=${MB:-16} --set train.activation_checkpointing=${AC:-false} --set data.train_files=[$D/alpaca_en_demo.json,$D/alpaca_zh_demo.json] --set data.cache_dir=null --set checkpoint.storage_path=$WD"
