@@ -12,21 +12,29 @@
 # RUNS="cold" runs the cold one only. Then, if STAGING_S (default 200; 0: never) seconds are left, bench/gpu/staging_alloc.py.
 # PRECOMPILE (default 1): write the bundle's bytecode first (not part of any run's wall time): the
 # bundle unpacks into /tmp/site as sources only, where an image's pip install leaves bytecode beside
-# them. Before and after, the seconds a fresh process takes to import the workers' module, and
-# (after) its -X importtime profile ($OUT/importtime.txt).
+# them (the host's own packages still import without: it sets PYTHONDONTWRITEBYTECODE, NOTES §22).
+# IMPORT_TIMES=1 (default 0: ~100 s of the call on that host): before and after, the seconds a fresh
+# process takes to import the workers' module, and (after) its -X importtime profile ($OUT/importtime.txt).
 set -uo pipefail
 source .gpu/setup.sh
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 echo "python env: $(env | grep -E '^PYTHON' | tr '\n' ' ')"
 echo "bytecode files in /tmp/site: $(find /tmp/site -name '*.pyc' | wc -l)"
 TIMEFORMAT='%R s'
-for i in 1 2; do echo -n "import rayft.train.loop, as unpacked ($i): "; { time python3 -c "import rayft.train.loop" >/dev/null 2>&1; } 2>&1; done
+IMPORT_TIMES=${IMPORT_TIMES:-0}
+import_times() {  # $1: label
+  [ "$IMPORT_TIMES" = 1 ] || return 0
+  for i in 1 2; do echo -n "import rayft.train.loop, $1 ($i): "; { time python3 -c "import rayft.train.loop" >/dev/null 2>&1; } 2>&1; done
+}
+import_times "as unpacked"
 if [ "${PRECOMPILE:-1}" = 1 ]; then
   echo -n "compileall /tmp/site src: "; { time python3 -m compileall -q -j 0 /tmp/site src >/dev/null 2>&1; } 2>&1
   echo "bytecode files in /tmp/site: $(find /tmp/site -name '*.pyc' | wc -l)"
-  for i in 1 2; do echo -n "import rayft.train.loop, compiled ($i): "; { time python3 -c "import rayft.train.loop" >/dev/null 2>&1; } 2>&1; done
-  python3 -X importtime -c "import rayft.train.loop" 2> "$OUT/importtime.txt" >/dev/null
-  sort -t'|' -k2 -n -r "$OUT/importtime.txt" | head -25
+  import_times "compiled"
+  if [ "$IMPORT_TIMES" = 1 ]; then
+    python3 -X importtime -c "import rayft.train.loop" 2> "$OUT/importtime.txt" >/dev/null
+    sort -t'|' -k2 -n -r "$OUT/importtime.txt" | head -25
+  fi
 fi
 NG=$(nvidia-smi -L | wc -l)
 D="$PWD/.gpu/data"; ls "$D" || exit 3
