@@ -150,6 +150,23 @@ def test_the_callback_pickles_and_writes_one_record_per_step(tmp_path):
     assert set(lf.versions()) >= {"llamafactory", "transformers", "trl", "datasets"}
 
 
+
+def test_a_step_without_exactly_one_counted_forward_is_an_error(tmp_path):
+    """The counts are matched to steps in order: a step with no forward counted (or two) would shift
+    every later step's tokens, so it stops the run instead of recording 0 tokens."""
+    cb = lf.StepRecords(str(tmp_path), {}, use_gpu=False)
+    args = SimpleNamespace(process_index=0, world_size=1, bf16=False, optim="adamw_torch_fused", fsdp=[])
+    model = TinyModel()
+    cb.on_train_begin(args, SimpleNamespace(global_step=0), None, model=model)
+    cb.on_step_begin(args, None, None)
+    with pytest.raises(lf.LlamaFactoryRecipeError, match="step 1: 0 forward calls counted, expected 1"):
+        cb.on_step_end(args, SimpleNamespace(global_step=1), None)
+    pos = torch.tensor([[0, 1, 2, 0]])
+    for _ in range(2):
+        model(input_ids=torch.zeros(1, 4, dtype=torch.long), position_ids=pos)
+    with pytest.raises(lf.LlamaFactoryRecipeError, match="step 2: 2 forward calls counted"):
+        cb.on_step_end(args, SimpleNamespace(global_step=2), None)
+
 def job(tmp_path, workers=1):
     f = tmp_path / "job.yaml"
     f.write_text(

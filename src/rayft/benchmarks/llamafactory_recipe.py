@@ -156,6 +156,7 @@ def packed_batch_stats(position_ids: Any, attention_mask: Any = None) -> tuple[i
         keep = torch.diagonal(attention_mask[:, 0], dim1=-2, dim2=-1) == 0
     else:
         keep = attention_mask != 0
+    position_ids, keep = position_ids.cpu(), keep.cpu()  # one copy each: not a device sync per row
     lengths: list[int] = []
     for r in range(position_ids.shape[0]):
         row = position_ids[r][keep[r]]
@@ -305,7 +306,9 @@ class StepRecords(TrainerCallback):
 
         self._flush()
         now = self._sync_now()
-        tokens, sq = self.counts.pop(0) if self.counts else (0, 0.0)
+        if len(self.counts) != 1:  # one forward per step (no gradient accumulation here): else the counts are not this step's
+            raise LlamaFactoryRecipeError(f"step {state.global_step}: {len(self.counts)} forward calls counted, expected 1")
+        tokens, sq = self.counts.pop()
         peak = torch.cuda.max_memory_allocated() / 2**30 if self.use_gpu and torch.cuda.is_available() else None
         start = self.t_last if self.t_last is not None else now
         self.pending = {
@@ -340,6 +343,7 @@ def used_settings(args: Any, model: Any) -> dict[str, Any]:
         "use_ray": os.environ.get("USE_RAY", "0").lower() in ("1", "true", "y"),
     }
     if model is not None:
+        model = getattr(model, "module", model)  # under FSDP/DDP: the wrapped model's class and config
         attn = getattr(model.config, "_attn_implementation", None)
         liger = type(model).forward.__module__.startswith("liger_kernel")
         out |= {
@@ -408,6 +412,8 @@ def run(spec: dict[str, Any]) -> None:
         LlamaFactoryRecipeError: CPU with more than one worker.
     """
     check_world(spec["use_gpu"], spec["num_workers"])
+    # absolute: LLaMA-Factory's Ray workers need not share this process's working directory
+    spec = {**spec, **{k: str(Path(spec[k]).resolve()) for k in ("out_dir", "model_dir", "tokenizer_dir")}}
     os.environ.setdefault("DISABLE_VERSION_CHECK", "1")  # before LLaMA-Factory is imported (see the module doc)
     work = Path(spec["out_dir"]) / "llamafactory"
     model_path = model_with_tokenizer(spec["model_dir"], spec["tokenizer_dir"], work / "model")

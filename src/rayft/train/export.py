@@ -21,7 +21,6 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -41,14 +40,7 @@ LOGIT_CHECK_MARGIN = 1.25
 
 
 def export_and_verify(
-    model: ShardedModel,
-    model_conf,
-    ds,
-    cfg: RayftConfig,
-    args: WorkerArgs,
-    device: torch.device,
-    progress: ProgressChannel,
-    after_write: Callable[[], None] = lambda: None,
+    model: ShardedModel, model_conf, ds, cfg: RayftConfig, args: WorkerArgs, device: torch.device, progress: ProgressChannel
 ) -> None:
     """Collective: write the HF export into ``RUN/hf``, check it, and (rank 0) write the check to
     ``rayft_export_check.json`` and send an :class:`ExportEvent`.
@@ -56,27 +48,26 @@ def export_and_verify(
     The check: ``export_max_abs_weight_diff`` (every tensor against the trained fp32 shards) and
     ``export_max_abs_logit_diff`` (the exported model's logits against the trained model's on the
     first packed row of ``ds``; None with ``export_logit_check_skipped`` saying why), and
-    ``export_timings_s``: rank 0's wall seconds per phase (``probe``, ``write``, ``after_write``, ``read_back``,
-    ``config_files`` of a sharded export, ``gather_write`` of a gathered one, ``logit_check``).
-
-    ``after_write``: collective, called once the weight files are written (the run's last
-    checkpoint starts there, see :func:`rayft.train.loop.finish_with_export`); the checks run after it."""
+    ``export_timings_s``: rank 0's wall seconds per phase (``probe``, ``write``, ``read_back``,
+    ``config_files`` of a sharded export, ``gather_write`` of a gathered one, ``logit_check``)."""
     t0 = time.perf_counter()
     module = model.module
     probe = collate(ds, [[0]], cfg.data.seq_len, args.pad_id, fixed_len=False)
     module.eval()
-    # eager: compiled layers would compile again for eval mode without grad (5.4 s of a 1.5B
-    # model's end, bench/results/2026-12-02-wall-time-cold-1xh200.json) for one forward
-    with torch.no_grad(), torch.compiler.set_stance("force_eager"):
+    # eager: compiled layers would compile again for eval mode without grad for this one forward
+    # (5.4 s of a 1.5B model's end: bench/results/2026-12-02-wall-time-cold-1xh200.json; 1.4 s
+    # eager: 2026-12-03-wall-time-end-order-1xh200.json). Not with flex attention: its eager
+    # fallback builds the whole score matrix, heads × seq_len², where the compiled kernel does not.
+    stance = "default" if model.attn_implementation == "flex_attention" else "force_eager"
+    with torch.no_grad(), torch.compiler.set_stance(stance):
         ref = module(input_ids=probe["input_ids"].to(device), position_ids=probe["position_ids"].to(device)).logits.float().cpu()
     timings = {"probe": time.perf_counter() - t0}
     if "://" in args.run_dir or model.export_gathered:
         t1 = time.perf_counter()
         info = _export_gathered(model, model_conf, cfg, args)
         timings["gather_write"] = time.perf_counter() - t1
-        after_write()
     else:
-        info = _export_sharded(model, model_conf, cfg, args, device, timings, after_write)
+        info = _export_sharded(model, model_conf, cfg, args, device, timings)
     if dist.get_rank() == 0:
         t1 = time.perf_counter()
         info.update(_logit_check(info["export_dir_local"], probe, ref, cfg, device))
@@ -99,17 +90,10 @@ def export_and_verify(
 
 
 def _export_sharded(
-    model: ShardedModel,
-    model_conf,
-    cfg: RayftConfig,
-    args: WorkerArgs,
-    device: torch.device,
-    timings: dict[str, float],
-    after_write: Callable[[], None],
+    model: ShardedModel, model_conf, cfg: RayftConfig, args: WorkerArgs, device: torch.device, timings: dict[str, float]
 ) -> dict:
     """Collective: every rank writes its part of ``RUN/hf`` (through ``RUN/hf.tmp``, renamed when
-    whole), calls ``after_write``, and compares it with its shards; ``timings`` gets each phase's
-    wall seconds (``after_write``'s as ``after_write``)."""
+    whole) and compares it with its shards; ``timings`` gets each phase's wall seconds."""
     out = Path(args.run_dir) / "hf"
     tmp, old = out.with_name("hf.tmp"), out.with_name("hf.old")
     rank0 = dist.get_rank() == 0
@@ -121,8 +105,6 @@ def _export_sharded(
     with every_rank_or_none(f"writing the export's weights to {tmp}", device):
         write_sharded_hf_weights(model.module, tmp)
     timings["write"], t = time.perf_counter() - t, time.perf_counter()
-    after_write()
-    timings["after_write"], t = time.perf_counter() - t, time.perf_counter()
     check = {}
     with every_rank_or_none(f"reading the export back from {tmp}", device):
         check = compare_export(model.module, tmp, device)

@@ -129,7 +129,6 @@ def train_func(loop_config: dict[str, Any]) -> None:
     w = setup_worker(WorkerArgs.from_loop_config(loop_config))
     clock = StepClock()
     last: tuple[int, float, dict] | None = None  # the last finished step: (0-based index, loss, metrics), for a stop's checkpoint
-    deferred: tuple[int, float, dict] | None = None  # the last step, when its checkpoint waits for the export
     for step in range(w.start_step, w.total_steps):
         lr = lr_at(step, w.total_steps, w.cfg.train)
         set_lr(w.optimizer, lr)
@@ -159,15 +158,12 @@ def train_func(loop_config: dict[str, Any]) -> None:
             w.progress.send(StepEvent(metrics), wait=step + 1 == w.total_steps)
         last = (step, result.loss, metrics)
         if w.checkpoint_is_due(step + 1, counts.time_vote):
-            if step + 1 == w.total_steps and w.cfg.checkpoint.export_hf:
-                deferred = last  # saved once the export's weight files are written (finish_with_export)
-            else:
-                save_checkpoint(w, last)
-                clock.skip()  # checkpoint time is not step time
-    report_checkpoints(w.saver.wait(), w.progress)  # a save still in flight
-    if w.cfg.checkpoint.export_hf:
-        finish_with_export(w, deferred)
+            report_checkpoints(w.saver.save(w.model.module, w.optimizer, w.checkpoint_state(step, result.loss), metrics), w.progress)
+            w.saved_step = step + 1
+            clock.skip()  # checkpoint time is not step time
     report_checkpoints(w.saver.wait(), w.progress)  # the last save must be complete before the run ends
+    if w.cfg.checkpoint.export_hf:
+        export_and_verify(w.model, w.model_conf, w.data, w.cfg, w.args, w.device, w.progress)
 
 
 def setup_worker(args: WorkerArgs) -> Worker:
@@ -251,42 +247,14 @@ def setup_worker(args: WorkerArgs) -> Worker:
     )
 
 
-def save_checkpoint(w: Worker, done: tuple[int, float, dict]) -> None:
-    """Collective: checkpoint the finished step ``done`` (0-based index, loss, metrics); async
-    saves return at once (:meth:`~rayft.train.checkpoint.CheckpointWriter.save`)."""
-    step, loss, metrics = done
-    report_checkpoints(w.saver.save(w.model.module, w.optimizer, w.checkpoint_state(step, loss), metrics), w.progress)
-    w.saved_step = step + 1
-
-
-def finish_with_export(w: Worker, final: tuple[int, float, dict] | None) -> None:
-    """Collective: the end-of-run export, and the last step's checkpoint (``final``; None: none due).
-
-    The checkpoint's save starts once the export's weight files are written, not before: both
-    write to the run directory, and on one disk two writers at once took longer than one after the
-    other (bench/NOTES.md §19). The export's checks (reading the files back, the config files, the
-    logit check) then run while the checkpoint is written. If the export fails, the checkpoint is
-    still saved before the error goes on: the run's last steps are never lost to an export. What
-    this order costs: a worker lost during the export's write (seconds) restarts from the previous
-    checkpoint instead of only exporting again."""
-    pending = [final] if final is not None else []
-
-    def save_final() -> None:
-        if pending:
-            save_checkpoint(w, pending.pop())
-
-    try:
-        export_and_verify(w.model, w.model_conf, w.data, w.cfg, w.args, w.device, w.progress, after_write=save_final)
-    finally:
-        save_final()
-
-
 def stop_early(w: Worker, last: tuple[int, float, dict] | None) -> None:
     """Collective: the workers' end on a stop request. The last finished step is checkpointed
     (``checkpoint.on_signal``) unless a checkpoint holds it already; every save is finished; rank 0
     sends a :class:`StoppedEvent` before the workers return (normally: Ray Train sees a success)."""
     if last is not None and w.cfg.checkpoint.on_signal and w.saved_step != last[0] + 1:
-        save_checkpoint(w, last)
+        step, loss, metrics = last
+        report_checkpoints(w.saver.save(w.model.module, w.optimizer, w.checkpoint_state(step, loss), metrics), w.progress)
+        w.saved_step = step + 1
     report_checkpoints(w.saver.wait(), w.progress)
     done = last[0] + 1 if last is not None else w.start_step
     w.progress.send(StoppedEvent(done, w.saved_step or None, w.stop.reason or "a stop request"), wait=True)
