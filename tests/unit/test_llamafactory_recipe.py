@@ -150,7 +150,6 @@ def test_the_callback_pickles_and_writes_one_record_per_step(tmp_path):
     assert set(lf.versions()) >= {"llamafactory", "transformers", "trl", "datasets"}
 
 
-
 def test_a_step_without_exactly_one_counted_forward_is_an_error(tmp_path):
     """The counts are matched to steps in order: a step with no forward counted (or two) would shift
     every later step's tokens, so it stops the run instead of recording 0 tokens."""
@@ -166,6 +165,7 @@ def test_a_step_without_exactly_one_counted_forward_is_an_error(tmp_path):
         model(input_ids=torch.zeros(1, 4, dtype=torch.long), position_ids=pos)
     with pytest.raises(lf.LlamaFactoryRecipeError, match="step 2: 2 forward calls counted"):
         cb.on_step_end(args, SimpleNamespace(global_step=2), None)
+
 
 def job(tmp_path, workers=1):
     f = tmp_path / "job.yaml"
