@@ -66,7 +66,7 @@ from typing import Any, Callable
 
 from transformers import TrainerCallback
 
-from rayft.benchmarks.recipes import IGNORE_INDEX, SETTINGS_FILE, StepLog, load_dataset
+from rayft.benchmarks.recipes import IGNORE_INDEX, SETTINGS_FILE, StepLog, batch_token_stats, load_dataset
 
 #: The LLaMA-Factory release this recipe is written against (its argument names, Ray launcher, collator).
 LLAMAFACTORY_VERSION = "0.9.5"
@@ -140,7 +140,8 @@ def packed_rows(examples: list[tuple[Any, Any]], seq_len: int, pad_id: int, knap
 
 
 def packed_batch_stats(position_ids: Any, attention_mask: Any = None) -> tuple[int, float]:
-    """(non-padding tokens, Σ example length²) of a batch the model is called with.
+    """(non-padding tokens, Σ example length²) of a batch the model is called with:
+    :func:`rayft.benchmarks.recipes.batch_token_stats` once the mask says, per position, token or padding.
 
     Args:
         position_ids: int [B, S], restarting at 0 for each example.
@@ -150,19 +151,12 @@ def packed_batch_stats(position_ids: Any, attention_mask: Any = None) -> tuple[i
     """
     import torch
 
-    if attention_mask is None:
-        keep = torch.ones_like(position_ids, dtype=torch.bool)
-    elif attention_mask.dim() == 4:
-        keep = torch.diagonal(attention_mask[:, 0], dim1=-2, dim2=-1) == 0
-    else:
-        keep = attention_mask != 0
-    position_ids, keep = position_ids.cpu(), keep.cpu()  # one copy each: not a device sync per row
-    lengths: list[int] = []
-    for r in range(position_ids.shape[0]):
-        row = position_ids[r][keep[r]]
-        starts = torch.nonzero(row == 0).flatten().tolist() + [row.numel()]
-        lengths += [b - a for a, b in zip(starts, starts[1:]) if b > a]
-    return sum(lengths), float(sum(n * n for n in lengths))
+    batch = {"position_ids": position_ids.cpu()}  # one copy each: not a device sync per row
+    if attention_mask is not None:
+        if attention_mask.dim() == 4:
+            attention_mask = torch.diagonal(attention_mask[:, 0], dim1=-2, dim2=-1) == 0
+        batch["attention_mask"] = attention_mask.cpu()
+    return batch_token_stats(batch)
 
 
 def attention_choice(micro_batch_size: int, flash_attn_installed: bool) -> tuple[str, str]:
@@ -418,10 +412,9 @@ def run(spec: dict[str, Any]) -> None:
     work = Path(spec["out_dir"]) / "llamafactory"
     model_path = model_with_tokenizer(spec["model_dir"], spec["tokenizer_dir"], work / "model")
     data_path = save_rows(spec, work / "rows")
-    liger = spec["use_gpu"] and importlib.util.find_spec("liger_kernel") is not None
     flash_attn, why = attention_choice(spec["micro_batch_size"], importlib.util.find_spec("flash_attn") is not None)
-    args = llamafactory_args(spec, str(model_path), str(data_path), flash_attn, liger)
-    planned = {**planned_settings(spec, flash_attn, liger), "attention_requested": f"{flash_attn} ({why})"}
+    planned = {**planned_settings(spec, flash_attn), "attention_requested": f"{flash_attn} ({why})"}
+    args = llamafactory_args(spec, str(model_path), str(data_path), flash_attn, planned["liger"])
     (Path(spec["out_dir"]) / SETTINGS_FILE).write_text(json.dumps(planned, indent=2))  # rank 0 rewrites it with what it used
     if spec["use_gpu"]:
         os.environ["USE_RAY"] = "1"

@@ -852,32 +852,32 @@ def recipe_settings(recipe: str, run_dir: Path, cmd: list[str], config: Path) ->
         except (OSError, IndexError, KeyError, ValueError):
             pass
         return out
-    from rayft.benchmarks.recipes import SETTINGS_FILE, trl_planned_settings
+    from rayft.benchmarks.recipes import SETTINGS_FILE
 
+    try:  # what the run wrote (rank 0: what it used; trl-best's with "label" when it fell back to sdpa)
+        return json.loads((run_dir / SETTINGS_FILE).read_text())
+    except (OSError, ValueError):
+        return planned_recipe_settings(recipe, json.loads((run_dir / "spec.json").read_text()))
+
+
+def planned_recipe_settings(recipe: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """The settings a torchtitan, llamafactory or TRL run was planned with (its ``spec.json``), for
+    a run that wrote none of its own."""
     if recipe in TORCHTITAN_RECIPES:
         from rayft.benchmarks.torchtitan_recipe import planned_settings
 
-        try:
-            return json.loads((run_dir / SETTINGS_FILE).read_text())
-        except (OSError, ValueError):
-            return planned_settings(json.loads((run_dir / "spec.json").read_text()))
+        return planned_settings(spec)
     if recipe == "llamafactory":
         from rayft.benchmarks import llamafactory_recipe
 
-        try:  # the driver's plan, then what rank 0 reported it used
-            return json.loads((run_dir / SETTINGS_FILE).read_text())
-        except (OSError, ValueError):
-            return llamafactory_recipe.planned_settings(json.loads((run_dir / "spec.json").read_text()))
+        return llamafactory_recipe.planned_settings(spec)
+    from rayft.benchmarks.recipes import trl_planned_settings
 
-    try:
-        return json.loads((run_dir / SETTINGS_FILE).read_text())  # with "label" when trl-best fell back to sdpa
-    except (OSError, ValueError):
-        spec = json.loads((run_dir / "spec.json").read_text())
-        planned = trl_planned_settings(spec)
-        del planned["label"]
-        if recipe == "trl-best" and spec["use_gpu"]:
-            planned["attention"] = "auto (rayft varlen on CUDA with torch varlen_attn and a TRL passing cu_seq_lens_q, else sdpa)"
-        return planned
+    planned = trl_planned_settings(spec)
+    del planned["label"]
+    if recipe == "trl-best" and spec["use_gpu"]:
+        planned["attention"] = "auto (rayft varlen on CUDA with torch varlen_attn and a TRL passing cu_seq_lens_q, else sdpa)"
+    return planned
 
 
 def run_bench(
