@@ -162,9 +162,16 @@ def rayft(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def write_config(tmp_path: Path, extra: str = "") -> Path:
+    """A job config of the 7B with two alpaca records of its own (a fresh clone need not have ../shared)."""
+    data = tmp_path / "records.json"
+    data.write_text(
+        json.dumps(
+            [{"instruction": "Add 2 and 3.", "input": "", "output": "5"}, {"instruction": "Name a colour.", "input": "", "output": "Blue."}]
+        )
+    )
     cfg = tmp_path / "job.yaml"
     cfg.write_text(
-        f"model: {{name_or_path: qwen2.5-7b}}\ndata: {{train_files: [{DATA}], seq_len: 2048}}\n"
+        f"model: {{name_or_path: qwen2.5-7b}}\ndata: {{train_files: [{data}], seq_len: 2048}}\n"
         f"train: {{micro_batch_size: 1, compile: true}}\n{extra}"
     )
     return cfg
