@@ -45,6 +45,10 @@ def test_padded_batch_counts_exact_non_padding_tokens():
     assert b["input_ids"].shape == (3, 8) and int(b["attention_mask"].sum()) == 15
     assert (b["labels"][0, 3:] == -100).all() and b["labels"][1, :7].tolist() == list(range(1, 8))
     assert step_rows(5, 2, 4) == [3, 4, 0, 1]  # step 2 of 4 rows over 5 examples wraps around
+    # the random workload's rows fill seq_len exactly: every row of a step counts whole, no padding
+    rnd = random_dataset(12, 64, 32768, seed=0)
+    b = padded_batch(rnd, step_rows(len(rnd), 2, 4), 64, pad_id=0)
+    assert b["tokens"] == 4 * 64 and b["attn_tokens_sq"] == 4 * 64**2 and (b["labels"] != -100).all()
 
 
 def test_batch_token_stats_padded_and_padding_free():
