@@ -303,11 +303,25 @@ class TrainConfig(_Section):
         "Needs a run directory every node sees (not s3://).",
     )
     log_every: int = Field(default=1, ge=1)
+    profile_steps: tuple[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=1)]] | None = Field(
+        default=None,
+        description="torch.profiler (CPU and GPU activity, with shapes) over the optimizer steps [FIRST, LAST] (1-based, "
+        "inclusive; e.g. [10, 11]: after compile and warm-up). Each rank writes RUN_DIR/profile/rank<N>.trace.json.gz (a "
+        "Chrome/Perfetto trace) and rank<N>.ops.txt (its operators by self GPU time, or CPU time on CPU workers). The "
+        "traced steps run slower and are marked `profiled` in the metrics. At most 10 steps: traces grow fast.",
+    )
     eval_every: int | None = Field(
         default=None,
         ge=1,
         description="Validation loss every N steps (and before the first and after the last); default: after the last step only.",
     )
+
+    @field_validator("profile_steps")
+    @classmethod
+    def _profile_window(cls, v: tuple[int, int] | None) -> tuple[int, int] | None:
+        if v is not None and not 0 <= v[1] - v[0] < 10:
+            raise ValueError(f"give [FIRST, LAST] with FIRST <= LAST and at most 10 steps, got {list(v)}")
+        return v
 
 
 class ParallelConfig(_Section):

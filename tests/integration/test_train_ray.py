@@ -65,7 +65,7 @@ def test_two_worker_fsdp2_run_loss_export_and_tied_weights(ray_local, tmp_path, 
     from rayft.infer.model_dir import model_dir
     from rayft.train.checkpoint import export_run, find_checkpoints
 
-    cfg = job(tmp_path, "tracking.tensorboard=true")
+    cfg = job(tmp_path, "tracking.tensorboard=true", "train.profile_steps=[2,3]")
     ref_loss, n_rows = reference_first_step_loss(cfg)
     assert n_rows == 5  # 5 rows over 2 ranks × 2 micro-batches × 2: uneven, one micro-batch empty
     summary = run_training(cfg)
@@ -100,6 +100,17 @@ def test_two_worker_fsdp2_run_loss_export_and_tied_weights(ray_local, tmp_path, 
             with torch.no_grad():
                 logp = torch.log_softmax(step3(torch.tensor([whole])).logits[0].double(), -1)
             assert ll == pytest.approx(sum(logp[i - 1, whole[i]].item() for i in range(len(ctx), len(whole))), abs=1e-3)
+    # train.profile_steps [2, 3]: those steps marked in the metrics; each rank's trace holds their two
+    # step ranges (CPU workers: operators, no GPU kernels) and its operators' table
+    from rayft.benchmarks.trace_kernels import load_events, summarize
+
+    assert [h.get("profiled", False) for h in hist] == [False, True, True, False, False, False]
+    for r in (0, 1):
+        events = load_events(run / "profile" / f"rank{r}.trace.json.gz")
+        assert {e["name"] for e in events if e.get("name", "").startswith("ProfilerStep#")} == {"ProfilerStep#2", "ProfilerStep#3"}
+        assert summarize(events).steps == 2 and any(e.get("name") == "aten::mm" for e in events)
+        ops = (run / "profile" / f"rank{r}.ops.txt").read_text()
+        assert ops.startswith(f"steps 2-3, rank {r}\n") and "aten::mm" in ops and "Self CPU" in ops
     # worker setup is reported once, with the first step, and includes the model build
     assert hist[0]["time_setup_s"] >= hist[0]["time_setup_model_build_s"] > 0
     assert not any("time_setup_s" in h for h in hist[1:])
@@ -188,6 +199,12 @@ def test_float8_run_trains_checkpoints_and_exports_plain_weights(ray_local, tmp_
     assert summary["resumes"][0]["step"] == 2 and summary["steps"] == 3
     hist = [json.loads(line) for line in (run / "rayft_metrics.jsonl").read_text().splitlines()]
     assert [h["step"] for h in hist] == [1, 2, 3] and hist[2]["float8"] is True and hist[2]["loss"] < hist[0]["loss"]
+
+
+def test_a_profile_window_past_the_last_step_is_refused_before_the_workers(ray_local, tmp_path):
+    with pytest.raises(TrainError, match=r"train.profile_steps=\[5, 7\] but the run has only 6 steps: nothing would be written"):
+        run_training(job(tmp_path, "train.profile_steps=[5,7]"))
+    assert not (tmp_path / "runs" / "t").exists()
 
 
 def test_too_many_gpus_fails_fast_with_a_clear_message(ray_local, tmp_path):

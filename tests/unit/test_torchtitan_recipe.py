@@ -68,6 +68,22 @@ def test_torchtitan_flags_for_bf16_and_float8():
     assert fp8["--activation_checkpoint.mode"] == "full" and "--compile.enable" not in fp8
 
 
+@pytest.mark.filterwarnings("ignore:Profiler won't be using warmup")  # (1, 1): no step before the first to warm up on
+@pytest.mark.parametrize("first,last", [(10, 11), (1, 1), (2, 2), (3, 7)])
+def test_profiling_flags_record_the_same_steps_as_rayfts_profile_steps(first, last):
+    """torchtitan builds torch.profiler.schedule(wait=freq - (warmup + active), warmup, active) and
+    steps it once after each training step: the steps that schedule records are first..last."""
+    import torch.profiler as tp
+
+    f = flags(tt.torchtitan_args(spec(profile_steps=[first, last])))
+    assert "--profiling.enable_profiling" in f and f["--profiling.save_traces_folder"] == "profile_traces"
+    freq, warmup, active = (int(f[k]) for k in ("--profiling.profile_freq", "--profiling.profiler_warmup", "--profiling.profiler_active"))
+    sched = tp.schedule(wait=freq - (warmup + active), warmup=warmup, active=active)
+    recorded = [k + 1 for k in range(last + 3) if sched(k) in (tp.ProfilerAction.RECORD, tp.ProfilerAction.RECORD_AND_SAVE)]
+    assert recorded[:active] == list(range(first, last + 1)) and sched(last - 1) == tp.ProfilerAction.RECORD_AND_SAVE
+    assert "--profiling.enable_profiling" not in flags(tt.torchtitan_args(spec(profile_steps=None)))
+
+
 def test_rows_are_shifted_for_torchtitans_loss_with_padding_ignored():
     ds = assemble([(np.array([5, 6, 7, 8], np.int32), np.ones(4, bool)), (np.array([9, 10], np.int32), np.ones(2, bool))])
     b = padded_batch(ds, [0, 1], 4, pad_id=0)

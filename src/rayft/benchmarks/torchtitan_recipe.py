@@ -169,7 +169,7 @@ def torchtitan_args(spec: dict[str, Any]) -> list[str]:
     """torchtitan's command-line flags for one run (its ``ConfigManager`` reads them).
 
     ``spec`` keys used: ``preset``, ``seq_len``, ``micro_batch_size``, ``steps``, ``lr``, ``seed``,
-    ``activation_checkpointing``, ``float8``, ``compile``, ``out_dir``.
+    ``activation_checkpointing``, ``float8``, ``compile``, ``out_dir``, ``profile_steps`` (optional).
     """
     _, flavour = torchtitan_model(spec["preset"])
     args = [
@@ -190,7 +190,25 @@ def torchtitan_args(spec: dict[str, Any]) -> list[str]:
         args.append("--compile.enable")
     if spec["float8"]:
         args += ["--model.converters", "quantize.linear.float8", "--quantize.linear.float8.filter_fqns", "output"]
+    if spec.get("profile_steps"):
+        args += profiling_args(*spec["profile_steps"])
     return args
+
+
+def profiling_args(first: int, last: int) -> list[str]:
+    """torchtitan's profiler over its training steps ``first``..``last`` (1-based, as rayft's
+    ``train.profile_steps``): its schedule waits, warms up one step and records ``active`` steps,
+    and writes ``profile_traces/iteration_<last>/rank<N>_trace.json`` (again every ``last`` steps,
+    if the run is longer)."""
+    active = last - first + 1
+    warmup = 1 if first > 1 else 0
+    return [
+        "--profiling.enable_profiling",
+        "--profiling.save_traces_folder", "profile_traces",
+        "--profiling.profile_freq", str(last),
+        "--profiling.profiler_warmup", str(warmup),
+        "--profiling.profiler_active", str(active),
+    ]  # fmt: skip
 
 
 def command(spec_file: str | os.PathLike, world: int) -> list[str]:

@@ -783,7 +783,13 @@ def recipe_command(recipe: str, workload: str, plan: Plan, cfg, world: int, use_
     if recipe in TORCHTITAN_RECIPES:
         from rayft.benchmarks.torchtitan_recipe import command
 
-        spec |= {"preset": cfg.model.name_or_path, "float8": recipe == "torchtitan-fp8", "compile": True}
+        # train.profile_steps (--set): rayft's runs trace those steps, torchtitan's the same through its own profiler
+        spec |= {
+            "preset": cfg.model.name_or_path,
+            "float8": recipe == "torchtitan-fp8",
+            "compile": True,
+            "profile_steps": cfg.train.profile_steps,
+        }
     run_dir.mkdir(parents=True, exist_ok=True)
     spec_file = run_dir / "spec.json"
     spec_file.write_text(json.dumps(spec, indent=2))

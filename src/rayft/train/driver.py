@@ -171,6 +171,10 @@ def train_run(
         console.print(packing_line(plan, ds, cfg.data.seq_len), highlight=False)
     if cfg.train.warmup_steps >= total:
         raise TrainError(f"train.warmup_steps={cfg.train.warmup_steps} but the run has only {total} steps: the LR never reaches train.lr")
+    if cfg.train.profile_steps and cfg.train.profile_steps[1] > total:
+        raise TrainError(
+            f"train.profile_steps={list(cfg.train.profile_steps)} but the run has only {total} steps: nothing would be written"
+        )
     local = "://" not in run_dir
     resume_from = prepare_run_dir(run_dir, resume, cfg, console) if local else None
     data_fingerprint = data.fingerprint  # of the selection (store key, part, example ids): no token read

@@ -28,6 +28,7 @@ from rayft.train.export import export_and_verify
 from rayft.train.metrics import flops_per_token, gpu_peak_flops, mfu
 from rayft.train.model import ShardedModel, build_sharded_model, load_model_config, matmul_params, use_compile_cache_dir
 from rayft.train.optim import build_optimizer, lr_at, set_lr
+from rayft.train.profiling import StepProfiler
 from rayft.train.step import GlobalCounts, StepClock, StepResult, global_counts, micro_batch_loss, train_step
 from rayft.train.stop import StopPoll
 from rayft.train.worker_args import WorkerArgs
@@ -78,6 +79,7 @@ class Worker:
     peak_flops: float | None  # the GPU's dense bf16 peak, FLOP/s (None: unknown, or CPU)
     matmul_params: int  # parameters in matrix products (MFU's N)
     stop: StopPoll  # rank 0's view of the run's stop flag (never set on the other ranks)
+    profiler: StepProfiler  # train.profile_steps (inactive when unset)
     saved_step: int = 0  # steps held by the newest checkpoint (resumed or saved; 0: none)
 
     @property
@@ -138,9 +140,14 @@ def train_func(loop_config: dict[str, Any]) -> None:
         if counts.stop_vote > 0:  # every rank agreed: abandon this step, keep the finished ones
             return stop_early(w, last)
         data_s = clock.since_mark()
+        w.profiler.before(step + 1)
         result = train_step(w.model, w.optimizer, batches, counts.trainable, w.cfg.train.max_grad_norm)
         timings = {"data_s": data_s, "fwd_bwd_s": result.fwd_bwd_s, "optim_s": result.optim_s}
         step_time = clock.lap()
+        if (traces := w.profiler.after(step + 1)) is not None:
+            clock.skip()  # writing the trace is not step time
+            if w.rank == 0:
+                print(f"[rayft] profile of steps {w.profiler.window[0]}-{step + 1}: every rank's trace in {traces}", flush=True)
         if step == w.start_step:
             timings.update(w.setup_timings)
             if (staged := w.saver.prestage(w.model.module, w.optimizer)) is not None:
@@ -149,6 +156,8 @@ def train_func(loop_config: dict[str, Any]) -> None:
         metrics = step_record(w, step, lr, result, counts, step_time, timings)
         if step == w.start_step:
             metrics["worker_entry_unix"] = entry_unix
+        if w.profiler.covers(step + 1):
+            metrics["profiled"] = True
         if not math.isfinite(result.loss):
             raise FloatingPointError(f"loss is {result.loss} at step {step + 1}")
         if w.evaluator.is_due(step + 1, w.total_steps):
@@ -243,6 +252,7 @@ def setup_worker(args: WorkerArgs) -> Worker:
         peak_flops=peak,
         matmul_params=matmul_params(model.module),
         stop=stop,
+        profiler=StepProfiler(tc.profile_steps, args.run_dir, rank, device),
         saved_step=start_step,
     )
 

@@ -1,0 +1,140 @@
+"""Where a profiled step's GPU time goes, by kernel category, from torch.profiler Chrome traces.
+
+    python -m rayft.benchmarks.trace_kernels LABEL=TRACE [LABEL=TRACE ...] [--top 12]
+
+``TRACE``: a ``.json`` or ``.json.gz`` trace as torch.profiler exports it (rayft's
+``train.profile_steps`` writes ``RUN/profile/rank<N>.trace.json.gz``; torchtitan's
+``--profiling.enable_profiling`` writes ``profile_traces/iteration_<N>/rank<N>_trace.json``).
+Prints a Markdown table of milliseconds per step per category for every trace side by side, the
+GPU's busy share of the traced span, and each trace's largest kernels.
+
+Only the GPU's own events count (``cat`` ``kernel``, ``gpu_memcpy``, ``gpu_memset``; ``ts`` and
+``dur`` in microseconds); steps are the trace's ``ProfilerStep#N`` annotations (1 when it has none).
+Categories are read from kernel names (:data:`CATEGORIES`, first match wins); what matches none is
+``other``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+#: (category, pattern on the kernel's name), tried in order
+CATEGORIES: tuple[tuple[str, str], ...] = (
+    ("collectives (NCCL)", r"nccl"),
+    ("attention", r"flash|fmha|attn|attention"),
+    ("matmul (cuBLAS/CUTLASS)", r"gemm|nvjet|cutlass|xmma|cublas|splitk|Kernel2"),
+    ("optimizer (foreach/fused)", r"multi_tensor|adam|foreach|fused_optim"),
+    ("liger kernels", r"liger|_rms_norm_|_swiglu_|_geglu_|_rope_|_cross_entropy_kernel|element_mul_kernel"),
+    ("Inductor (Triton)", r"^triton_"),
+    ("copies, casts, fills", r"memcpy|memset|copy|cast|CatArray|fill|direct_copy|to_copy|chunk_cat|split_with_sizes"),
+    ("elementwise/reduce (eager)", r"elementwise|vectorized|reduce_kernel|reduction"),
+)
+
+
+@dataclass
+class TraceSummary:
+    """One trace's GPU time: ``ms_per_step`` by category, ``steps``, ``span_ms`` (first kernel's
+    start to last kernel's end, whole trace), ``busy_ms`` (the union of kernel intervals, whole
+    trace), ``top``: (name, ms per step, calls per step) of the largest kernels."""
+
+    steps: int
+    ms_per_step: dict[str, float]
+    span_ms: float
+    busy_ms: float
+    top: list[tuple[str, float, float]] = field(default_factory=list)
+
+    @property
+    def kernel_ms_per_step(self) -> float:
+        return sum(self.ms_per_step.values())
+
+    @property
+    def busy_share(self) -> float:
+        return self.busy_ms / self.span_ms if self.span_ms else 0.0
+
+
+def category(name: str) -> str:
+    for label, pattern in CATEGORIES:
+        if re.search(pattern, name, re.IGNORECASE):
+            return label
+    return "other"
+
+
+def load_events(path: str | Path) -> list[dict]:
+    """The trace's ``traceEvents`` (a list of dicts). Raises ValueError for a file that is not a trace."""
+    p = Path(path)
+    opener = gzip.open if p.suffix == ".gz" else open
+    with opener(p, "rt") as f:
+        doc = json.load(f)
+    events = doc.get("traceEvents") if isinstance(doc, dict) else doc
+    if not isinstance(events, list):
+        raise ValueError(f"{p}: no traceEvents list: not a torch.profiler Chrome trace")
+    return events
+
+
+def summarize(events: list[dict], top: int = 12) -> TraceSummary:
+    gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    steps = len({e["name"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#")}) or 1
+    by_cat: dict[str, float] = {}
+    by_name: dict[str, list[float]] = {}
+    for e in gpu:
+        us = float(e.get("dur", 0.0))
+        by_cat[category(e["name"])] = by_cat.get(category(e["name"]), 0.0) + us
+        by_name.setdefault(e["name"], []).append(us)
+    spans = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0))) for e in gpu)
+    busy, end = 0.0, float("-inf")
+    for a, b in spans:  # union of intervals (kernels on several streams overlap)
+        if a > end:
+            busy, end = busy + (b - a), b
+        elif b > end:
+            busy, end = busy + (b - end), b
+    span = (max(b for _, b in spans) - spans[0][0]) if spans else 0.0
+    largest = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:top]
+    return TraceSummary(
+        steps=steps,
+        ms_per_step={k: v / 1000 / steps for k, v in sorted(by_cat.items(), key=lambda kv: -kv[1])},
+        span_ms=span / 1000,
+        busy_ms=busy / 1000,
+        top=[(name, sum(d) / 1000 / steps, len(d) / steps) for name, d in largest],
+    )
+
+
+def table(summaries: dict[str, TraceSummary]) -> str:
+    """Markdown: categories as rows, traces as columns (ms per step), then the totals."""
+    labels = list(summaries)
+    cats = sorted(
+        {c for s in summaries.values() for c in s.ms_per_step}, key=lambda c: -max(s.ms_per_step.get(c, 0) for s in summaries.values())
+    )
+    lines = ["| GPU time per step (ms) | " + " | ".join(labels) + " |", "|---|" + "---:|" * len(labels)]
+    for c in cats:
+        lines.append(f"| {c} | " + " | ".join(f"{summaries[k].ms_per_step.get(c, 0.0):.1f}" for k in labels) + " |")
+    lines.append("| **all kernels** | " + " | ".join(f"**{summaries[k].kernel_ms_per_step:.1f}**" for k in labels) + " |")
+    lines.append("| GPU busy share of the traced span | " + " | ".join(f"{100 * summaries[k].busy_share:.1f}%" for k in labels) + " |")
+    lines.append("| steps traced | " + " | ".join(str(summaries[k].steps) for k in labels) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("traces", nargs="+", metavar="LABEL=TRACE")
+    ap.add_argument("--top", type=int, default=12, help="largest kernels listed per trace")
+    a = ap.parse_args(argv)
+    summaries = {}
+    for item in a.traces:
+        label, sep, path = item.partition("=")
+        if not sep:
+            ap.error(f"{item}: give LABEL=TRACE")
+        summaries[label] = summarize(load_events(path), a.top)
+    print(table(summaries))
+    for label, s in summaries.items():
+        print(f"\n{label}: largest kernels (ms per step, calls per step)")
+        for name, ms, calls in s.top:
+            print(f"  {ms:8.2f} ms  {calls:6.1f}×  [{category(name)}]  {name[:110]}")
+
+
+if __name__ == "__main__":
+    main()
