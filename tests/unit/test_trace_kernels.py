@@ -25,8 +25,8 @@ def test_categories_per_step_and_the_busy_union(tmp_path, capsys):
         kernel("nvjet_tst_128x256_64x4_1x2_h_bz_coopB_NTT", 0, 2000),  # matmul
         kernel("sm90_xmma_gemm_bf16bf16_bf16f32", 1000, 2000),  # matmul, overlapping the first by 1 ms
         kernel("pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits>", 4000, 1000),
-        kernel("triton_poi_fused__to_copy_mul_0", 6000, 500),
-        kernel("_rms_norm_forward_kernel", 6500, 500),
+        kernel("triton_per_fused__fused_rms_norm__to_copy_0", 6000, 500),
+        kernel("_rms_norm_forward_kernel", 6500, 500),  # liger's; Inductor's own fused norm is named triton_..._rms_norm_...
         kernel("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", 7000, 1000),
         kernel("Memcpy HtoD (Pageable -> Device)", 8000, 200, cat="gpu_memcpy"),
         kernel("void at::native::multi_tensor_apply_kernel<FusedAdamMathFunctor>", 8200, 800),

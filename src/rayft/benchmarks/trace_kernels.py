@@ -29,8 +29,8 @@ CATEGORIES: tuple[tuple[str, str], ...] = (
     ("attention", r"flash|fmha|attn|attention"),
     ("matmul (cuBLAS/CUTLASS)", r"gemm|nvjet|cutlass|xmma|cublas|splitk|Kernel2"),
     ("optimizer (foreach/fused)", r"multi_tensor|adam|foreach|fused_optim"),
+    ("Inductor (Triton)", r"^triton_"),  # before liger's: Inductor names its kernels after the ops they fuse
     ("liger kernels", r"liger|_rms_norm_|_swiglu_|_geglu_|_rope_|_cross_entropy_kernel|element_mul_kernel"),
-    ("Inductor (Triton)", r"^triton_"),
     ("copies, casts, fills", r"memcpy|memset|copy|cast|CatArray|fill|direct_copy|to_copy|chunk_cat|split_with_sizes"),
     ("elementwise/reduce (eager)", r"elementwise|vectorized|reduce_kernel|reduction"),
 )
