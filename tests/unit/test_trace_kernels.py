@@ -32,6 +32,7 @@ def test_categories_per_step_and_the_busy_union(tmp_path, capsys):
         kernel("void at::native::multi_tensor_apply_kernel<FusedAdamMathFunctor>", 8200, 800),
         kernel("some_custom_kernel", 9000, 100),
         {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 99999},  # CPU side: not GPU time
+        *({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": t, "dur": 5} for t in range(0, 9000, 1000)),
     ]
     f = tmp_path / "t.json.gz"
     with gzip.open(f, "wt") as out:
@@ -52,11 +53,13 @@ def test_categories_per_step_and_the_busy_union(tmp_path, capsys):
     )
     assert s.kernel_ms_per_step == pytest.approx(4.05)
     # kernels cover 0–3 ms (two overlapping), 4–5 ms and 6–9.1 ms: 7.1 ms busy of a 9.1 ms span
-    assert s.busy_ms == pytest.approx(7.1) and s.span_ms == pytest.approx(9.1)
+    assert s.busy_ms == pytest.approx(7.1) and s.span_ms == pytest.approx(9.1) and s.idle_ms_per_step == pytest.approx(1.0)
+    assert s.runtime_calls == 9
     assert s.top[0] == ("nvjet_tst_128x256_64x4_1x2_h_bz_coopB_NTT", pytest.approx(1.0), 0.5)
     tk.main([f"a={f}", f"b={f}", "--top", "2"])
     out = capsys.readouterr().out
     assert "| matmul (cuBLAS/CUTLASS) | 2.0 | 2.0 |" in out and "| GPU busy share of the traced span | 78.0% | 78.0% |" in out
+    assert "| GPU idle within the span, ms per step | 1.0 | 1.0 |" in out and "| CUDA runtime calls per step (CPU) | 4 | 4 |" in out
 
 
 def test_a_cpu_trace_from_torch_profiler_has_its_steps_and_no_gpu_time(tmp_path):

@@ -6,7 +6,8 @@
 ``train.profile_steps`` writes ``RUN/profile/rank<N>.trace.json.gz``; torchtitan's
 ``--profiling.enable_profiling`` writes ``profile_traces/iteration_<N>/rank<N>_trace.json``).
 Prints a Markdown table of milliseconds per step per category for every trace side by side, the
-GPU's busy share of the traced span, and each trace's largest kernels.
+GPU's busy share of the traced span and its idle milliseconds per step, the CPU's CUDA runtime calls
+per step (each launch, copy and sync: what a step costs the CPU to issue), and each trace's largest kernels.
 
 Only the GPU's own events count (``cat`` ``kernel``, ``gpu_memcpy``, ``gpu_memset``; ``ts`` and
 ``dur`` in microseconds); steps are the trace's ``ProfilerStep#N`` annotations (1 when it has none).
@@ -40,17 +41,23 @@ CATEGORIES: tuple[tuple[str, str], ...] = (
 class TraceSummary:
     """One trace's GPU time: ``ms_per_step`` by category, ``steps``, ``span_ms`` (first kernel's
     start to last kernel's end, whole trace), ``busy_ms`` (the union of kernel intervals, whole
+    trace), ``runtime_calls`` (CUDA runtime calls from the CPU: launches, copies, syncs; whole
     trace), ``top``: (name, ms per step, calls per step) of the largest kernels."""
 
     steps: int
     ms_per_step: dict[str, float]
     span_ms: float
     busy_ms: float
+    runtime_calls: int = 0
     top: list[tuple[str, float, float]] = field(default_factory=list)
 
     @property
     def kernel_ms_per_step(self) -> float:
         return sum(self.ms_per_step.values())
+
+    @property
+    def idle_ms_per_step(self) -> float:
+        return (self.span_ms - self.busy_ms) / self.steps
 
     @property
     def busy_share(self) -> float:
@@ -100,6 +107,7 @@ def summarize(events: list[dict], top: int = 12) -> TraceSummary:
         span_ms=span / 1000,
         busy_ms=busy / 1000,
         top=[(name, sum(d) / 1000 / steps, len(d) / steps) for name, d in largest],
+        runtime_calls=sum(1 for e in events if e.get("ph") == "X" and e.get("cat") == "cuda_runtime"),
     )
 
 
@@ -114,6 +122,12 @@ def table(summaries: dict[str, TraceSummary]) -> str:
         lines.append(f"| {c} | " + " | ".join(f"{summaries[k].ms_per_step.get(c, 0.0):.1f}" for k in labels) + " |")
     lines.append("| **all kernels** | " + " | ".join(f"**{summaries[k].kernel_ms_per_step:.1f}**" for k in labels) + " |")
     lines.append("| GPU busy share of the traced span | " + " | ".join(f"{100 * summaries[k].busy_share:.1f}%" for k in labels) + " |")
+    lines.append("| GPU idle within the span, ms per step | " + " | ".join(f"{summaries[k].idle_ms_per_step:.1f}" for k in labels) + " |")
+    lines.append(
+        "| CUDA runtime calls per step (CPU) | "
+        + " | ".join(f"{summaries[k].runtime_calls / summaries[k].steps:,.0f}" for k in labels)
+        + " |"
+    )
     lines.append("| steps traced | " + " | ".join(str(summaries[k].steps) for k in labels) + " |")
     return "\n".join(lines)
 
