@@ -75,12 +75,19 @@ def test_profiling_flags_record_the_same_steps_as_rayfts_profile_steps(first, la
     steps it once after each training step: the steps that schedule records are first..last."""
     import torch.profiler as tp
 
-    f = flags(tt.torchtitan_args(spec(profile_steps=[first, last])))
+    f = flags(tt.torchtitan_args(spec(profile_steps=[first, last], steps=last)))
     assert "--profiling.enable_profiling" in f and f["--profiling.save_traces_folder"] == "profile_traces"
     freq, warmup, active = (int(f[k]) for k in ("--profiling.profile_freq", "--profiling.profiler_warmup", "--profiling.profiler_active"))
     sched = tp.schedule(wait=freq - (warmup + active), warmup=warmup, active=active)
-    recorded = [k + 1 for k in range(last + 3) if sched(k) in (tp.ProfilerAction.RECORD, tp.ProfilerAction.RECORD_AND_SAVE)]
-    assert recorded[:active] == list(range(first, last + 1)) and sched(last - 1) == tp.ProfilerAction.RECORD_AND_SAVE
+    longest = first + last - 1 - warmup  # the longest run it profiles once
+    recorded = [k + 1 for k in range(longest) if sched(k) in (tp.ProfilerAction.RECORD, tp.ProfilerAction.RECORD_AND_SAVE)]
+    assert recorded == list(range(first, last + 1)) and sched(last - 1) == tp.ProfilerAction.RECORD_AND_SAVE
+    # one step more and the next cycle traces (or warms up) again: refused, as is a window past the run
+    assert sched(longest) != tp.ProfilerAction.NONE
+    with pytest.raises(tt.TorchtitanRecipeError, match=rf"traces steps {first}-{last} once only in a run of {last} to {longest} steps"):
+        tt.torchtitan_args(spec(profile_steps=[first, last], steps=longest + 1))
+    with pytest.raises(tt.TorchtitanRecipeError):
+        tt.profiling_args(first, last, steps=last - 1)
     assert "--profiling.enable_profiling" not in flags(tt.torchtitan_args(spec(profile_steps=None)))
 
 

@@ -58,8 +58,27 @@ def test_categories_per_step_and_the_busy_union(tmp_path, capsys):
     assert s.top[0] == ("nvjet_tst_128x256_64x4_1x2_h_bz_coopB_NTT", pytest.approx(1.0), 0.5)
     tk.main([f"a={f}", f"b={f}", "--top", "2"])
     out = capsys.readouterr().out
-    assert "| matmul (cuBLAS/CUTLASS) | 2.0 | 2.0 |" in out and "| GPU busy share of the traced span | 78.0% | 78.0% |" in out
-    assert "| GPU idle within the span, ms per step | 1.0 | 1.0 |" in out and "| CUDA runtime calls per step (CPU) | 4 | 4 |" in out
+    assert "| matmul (cuBLAS/CUTLASS) | 2.0 | 2.0 |" in out and "| GPU busy share of the traced steps | 78.0% | 78.0% |" in out
+    assert (
+        "| GPU idle within the traced steps, ms per step | 1.0 | 1.0 |" in out
+        and "| CUDA runtime and driver calls per step (CPU) | 4 | 4 |" in out
+    )
+
+
+def test_only_kernels_inside_the_steps_gpu_ranges_count():
+    """With the steps' GPU-side ranges in the trace, what ran between two steps stays out."""
+    events = [
+        {"ph": "X", "cat": "gpu_user_annotation", "name": "ProfilerStep#7", "ts": 0, "dur": 3000},
+        {"ph": "X", "cat": "gpu_user_annotation", "name": "ProfilerStep#8", "ts": 10000, "dur": 2000},
+        kernel("nvjet_tst_a", 0, 2500),
+        kernel("nvjet_tst_a", 10000, 2000),
+        kernel("Memcpy HtoD (Pageable -> Device)", 5000, 4000, cat="gpu_memcpy"),  # the next batch, between the steps
+        {"ph": "X", "cat": "cuda_driver", "name": "cuLaunchKernel", "ts": 1, "dur": 3},
+    ]
+    s = tk.summarize(events)
+    assert s.steps == 2 and s.ms_per_step == {"matmul (cuBLAS/CUTLASS)": pytest.approx(2.25)}
+    assert s.span_ms == pytest.approx(5.0) and s.busy_ms == pytest.approx(4.5) and s.idle_ms_per_step == pytest.approx(0.25)
+    assert s.runtime_calls == 1
 
 
 def test_a_cpu_trace_from_torch_profiler_has_its_steps_and_no_gpu_time(tmp_path):

@@ -191,17 +191,30 @@ def torchtitan_args(spec: dict[str, Any]) -> list[str]:
     if spec["float8"]:
         args += ["--model.converters", "quantize.linear.float8", "--quantize.linear.float8.filter_fqns", "output"]
     if spec.get("profile_steps"):
-        args += profiling_args(*spec["profile_steps"])
+        args += profiling_args(*spec["profile_steps"], steps=spec["steps"])
     return args
 
 
-def profiling_args(first: int, last: int) -> list[str]:
+def profiling_args(first: int, last: int, steps: int) -> list[str]:
     """torchtitan's profiler over its training steps ``first``..``last`` (1-based, as rayft's
-    ``train.profile_steps``): its schedule waits, warms up one step and records ``active`` steps,
-    and writes ``profile_traces/iteration_<last>/rank<N>_trace.json`` (again every ``last`` steps,
-    if the run is longer)."""
-    active = last - first + 1
+    ``train.profile_steps``) of a run of ``steps``: its schedule waits, warms up on the step before
+    ``first`` (none when ``first`` is 1) and records ``last - first + 1`` steps, and writes
+    ``profile_traces/iteration_<last>/rank<N>_trace.json``.
+
+    Raises:
+        TorchtitanRecipeError: ``steps`` goes past ``first + last - 1`` (``- 2`` with a warm-up
+            step): torchtitan's schedule repeats every ``last`` steps and would profile the
+            following ones again (unmarked, and slowed by the trace's export), or ``last`` lies
+            past the run.
+    """
     warmup = 1 if first > 1 else 0
+    longest = first + last - 1 - warmup  # the next cycle warms up (or records) at the step after
+    if not first <= last <= steps <= longest:
+        raise TorchtitanRecipeError(
+            f"train.profile_steps=[{first}, {last}] with {steps} steps: torchtitan's profiler traces steps {first}-{last} once "
+            f"only in a run of {last} to {longest} steps (its schedule repeats every {last} steps)"
+        )
+    active = last - first + 1
     return [
         "--profiling.enable_profiling",
         "--profiling.save_traces_folder", "profile_traces",

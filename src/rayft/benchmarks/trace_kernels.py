@@ -6,11 +6,13 @@
 ``train.profile_steps`` writes ``RUN/profile/rank<N>.trace.json.gz``; torchtitan's
 ``--profiling.enable_profiling`` writes ``profile_traces/iteration_<N>/rank<N>_trace.json``).
 Prints a Markdown table of milliseconds per step per category for every trace side by side, the
-GPU's busy share of the traced span and its idle milliseconds per step, the CPU's CUDA runtime calls
-per step (each launch, copy and sync: what a step costs the CPU to issue), and each trace's largest kernels.
+GPU's busy share of the traced steps and its idle milliseconds per step, the CPU's CUDA runtime and
+driver calls per step (launches, copies, syncs: what a step costs the CPU to issue), and each
+trace's largest kernels.
 
 Only the GPU's own events count (``cat`` ``kernel``, ``gpu_memcpy``, ``gpu_memset``; ``ts`` and
-``dur`` in microseconds); steps are the trace's ``ProfilerStep#N`` annotations (1 when it has none).
+``dur`` in microseconds), inside the steps' GPU-side ``ProfilerStep#N`` ranges where the trace has
+them; steps are the trace's ``ProfilerStep#N`` names (1 when it has none).
 Categories are read from kernel names (:data:`CATEGORIES`, first match wins); what matches none is
 ``other``.
 """
@@ -39,10 +41,10 @@ CATEGORIES: tuple[tuple[str, str], ...] = (
 
 @dataclass
 class TraceSummary:
-    """One trace's GPU time: ``ms_per_step`` by category, ``steps``, ``span_ms`` (first kernel's
-    start to last kernel's end, whole trace), ``busy_ms`` (the union of kernel intervals, whole
-    trace), ``runtime_calls`` (CUDA runtime calls from the CPU: launches, copies, syncs; whole
-    trace), ``top``: (name, ms per step, calls per step) of the largest kernels."""
+    """One trace's GPU time: ``ms_per_step`` by category, ``steps``, ``span_ms`` (the traced steps'
+    GPU-side length, all steps), ``busy_ms`` (the union of kernel intervals in it), ``runtime_calls``
+    (CUDA runtime and driver calls from the CPU: launches, copies, syncs; whole trace), ``top``:
+    (name, ms per step, calls per step) of the largest kernels (:func:`summarize`)."""
 
     steps: int
     ms_per_step: dict[str, float]
@@ -65,6 +67,7 @@ class TraceSummary:
 
 
 def category(name: str) -> str:
+    """The :data:`CATEGORIES` label of a GPU event's name (``other`` when none matches)."""
     for label, pattern in CATEGORIES:
         if re.search(pattern, name, re.IGNORECASE):
             return label
@@ -72,7 +75,12 @@ def category(name: str) -> str:
 
 
 def load_events(path: str | Path) -> list[dict]:
-    """The trace's ``traceEvents`` (a list of dicts). Raises ValueError for a file that is not a trace."""
+    """The trace's ``traceEvents`` (a list of dicts).
+
+    Raises:
+        ValueError: the file holds JSON that is not a trace. (OSError, gzip.BadGzipFile and
+            json.JSONDecodeError pass through for a missing, damaged or non-JSON file.)
+    """
     p = Path(path)
     opener = gzip.open if p.suffix == ".gz" else open
     with opener(p, "rt") as f:
@@ -83,31 +91,55 @@ def load_events(path: str | Path) -> list[dict]:
     return events
 
 
+def _union_us(intervals: list[tuple[float, float]]) -> float:
+    """Total length of the union of ``(start, end)`` intervals, in their unit."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if a > end:
+            total, end = total + (b - a), b
+        elif b > end:
+            total, end = total + (b - end), b
+    return total
+
+
 def summarize(events: list[dict], top: int = 12) -> TraceSummary:
-    gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    """GPU time per step of a trace's events (``ts``/``dur`` in µs; the summary in ms).
+
+    Steps: the distinct ``ProfilerStep#N`` names (1 when there are none). Where the trace has the
+    steps' GPU-side ranges (``gpu_user_annotation`` ``ProfilerStep#N``: first to last kernel of
+    each step), only the GPU events inside them count, and the span is their total length: what
+    ran between two traced steps (the next batch's copies, an evaluation, a checkpoint) stays out.
+    Without them, every GPU event counts and the span runs from the first to the last.
+    """
     steps = len({e["name"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#")}) or 1
+    ranges = [
+        (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
+        for e in events
+        if e.get("cat") == "gpu_user_annotation" and str(e.get("name", "")).startswith("ProfilerStep#")
+    ]
+    gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    if ranges:
+        gpu = [e for e in gpu if any(a <= float(e["ts"]) < b for a, b in ranges)]
     by_cat: dict[str, float] = {}
     by_name: dict[str, list[float]] = {}
     for e in gpu:
-        us = float(e.get("dur", 0.0))
-        by_cat[category(e["name"])] = by_cat.get(category(e["name"]), 0.0) + us
+        us, label = float(e.get("dur", 0.0)), category(e["name"])
+        by_cat[label] = by_cat.get(label, 0.0) + us
         by_name.setdefault(e["name"], []).append(us)
-    spans = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0))) for e in gpu)
-    busy, end = 0.0, float("-inf")
-    for a, b in spans:  # union of intervals (kernels on several streams overlap)
-        if a > end:
-            busy, end = busy + (b - a), b
-        elif b > end:
-            busy, end = busy + (b - end), b
-    span = (max(b for _, b in spans) - spans[0][0]) if spans else 0.0
+    spans = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0))) for e in gpu]
+    if ranges:
+        span = _union_us(ranges)
+    else:
+        span = (max(b for _, b in spans) - min(a for a, _ in spans)) if spans else 0.0
     largest = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:top]
     return TraceSummary(
         steps=steps,
         ms_per_step={k: v / 1000 / steps for k, v in sorted(by_cat.items(), key=lambda kv: -kv[1])},
         span_ms=span / 1000,
-        busy_ms=busy / 1000,
+        busy_ms=_union_us(spans) / 1000,  # kernels on several streams overlap
         top=[(name, sum(d) / 1000 / steps, len(d) / steps) for name, d in largest],
-        runtime_calls=sum(1 for e in events if e.get("ph") == "X" and e.get("cat") == "cuda_runtime"),
+        # launches through the runtime (cudaLaunchKernel, copies, syncs) and the driver (cuLaunchKernel: Triton's)
+        runtime_calls=sum(1 for e in events if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver")),
     )
 
 
@@ -121,10 +153,12 @@ def table(summaries: dict[str, TraceSummary]) -> str:
     for c in cats:
         lines.append(f"| {c} | " + " | ".join(f"{summaries[k].ms_per_step.get(c, 0.0):.1f}" for k in labels) + " |")
     lines.append("| **all kernels** | " + " | ".join(f"**{summaries[k].kernel_ms_per_step:.1f}**" for k in labels) + " |")
-    lines.append("| GPU busy share of the traced span | " + " | ".join(f"{100 * summaries[k].busy_share:.1f}%" for k in labels) + " |")
-    lines.append("| GPU idle within the span, ms per step | " + " | ".join(f"{summaries[k].idle_ms_per_step:.1f}" for k in labels) + " |")
+    lines.append("| GPU busy share of the traced steps | " + " | ".join(f"{100 * summaries[k].busy_share:.1f}%" for k in labels) + " |")
     lines.append(
-        "| CUDA runtime calls per step (CPU) | "
+        "| GPU idle within the traced steps, ms per step | " + " | ".join(f"{summaries[k].idle_ms_per_step:.1f}" for k in labels) + " |"
+    )
+    lines.append(
+        "| CUDA runtime and driver calls per step (CPU) | "
         + " | ".join(f"{summaries[k].runtime_calls / summaries[k].steps:,.0f}" for k in labels)
         + " |"
     )

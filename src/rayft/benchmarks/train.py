@@ -60,7 +60,13 @@ from rich.text import Text
 from rayft.benchmarks import ceiling as gpu_ceiling
 from rayft.benchmarks.fabric import gpu_label
 from rayft.benchmarks.logged_run import LoggedCommand, log_tail, run_logged
-from rayft.benchmarks.torchtitan_recipe import TORCHTITAN_RECIPES, TorchtitanRecipeError, check_preset_shape, torchtitan_model
+from rayft.benchmarks.torchtitan_recipe import (
+    TORCHTITAN_RECIPES,
+    TorchtitanRecipeError,
+    check_preset_shape,
+    profiling_args,
+    torchtitan_model,
+)
 
 RECIPES = ("sample-recipe", "trl-default", "trl-best", "rayft", "rayft-fp8", "torchtitan", "torchtitan-fp8", "llamafactory")
 #: What ``--recipes`` defaults to (``rayft-fp8``, the torchtitan recipes, which need
@@ -987,9 +993,15 @@ def run_bench(
                 "baseline; run float8 as the rayft-fp8 recipe"
             )
     use_gpu = torch.cuda.is_available() if cfg.train.use_gpu == "auto" else bool(cfg.train.use_gpu)
+    if cfg.train.profile_steps and cfg.train.profile_steps[1] > steps:
+        raise BenchTrainError(
+            f"train.profile_steps={list(cfg.train.profile_steps)} but each run has --steps {steps}: nothing would be traced"
+        )
     if set(recipes) & set(TORCHTITAN_RECIPES):
         try:
             torchtitan_model(cfg.model.name_or_path)
+            if cfg.train.profile_steps:
+                profiling_args(*cfg.train.profile_steps, steps=steps)
         except TorchtitanRecipeError as e:
             raise BenchTrainError(str(e)) from None
         if not use_gpu:

@@ -129,6 +129,11 @@ def train_func(loop_config: dict[str, Any]) -> None:
     """The Ray Train worker entry point; ``loop_config`` carries a :class:`WorkerArgs`."""
     entry_unix = time.time()
     w = setup_worker(WorkerArgs.from_loop_config(loop_config))
+    if w.rank == 0 and w.profiler.window and w.start_step >= w.profiler.window[1]:
+        print(
+            f"[rayft] train.profile_steps {list(w.profiler.window)}: this run starts after step {w.start_step}: nothing to trace",
+            flush=True,
+        )
     clock = StepClock()
     last: tuple[int, float, dict] | None = None  # the last finished step: (0-based index, loss, metrics), for a stop's checkpoint
     for step in range(w.start_step, w.total_steps):
@@ -147,7 +152,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
         if (traces := w.profiler.after(step + 1)) is not None:
             clock.skip()  # writing the trace is not step time
             if w.rank == 0:
-                print(f"[rayft] profile of steps {w.profiler.window[0]}-{step + 1}: every rank's trace in {traces}", flush=True)
+                print(f"[rayft] profile of steps {w.profiler.first_traced}-{step + 1}: every rank's trace in {traces}", flush=True)
         if step == w.start_step:
             timings.update(w.setup_timings)
             if (staged := w.saver.prestage(w.model.module, w.optimizer)) is not None:
@@ -261,6 +266,7 @@ def stop_early(w: Worker, last: tuple[int, float, dict] | None) -> None:
     """Collective: the workers' end on a stop request. The last finished step is checkpointed
     (``checkpoint.on_signal``) unless a checkpoint holds it already; every save is finished; rank 0
     sends a :class:`StoppedEvent` before the workers return (normally: Ray Train sees a success)."""
+    w.profiler.discard()  # a window the stop cut short: no partial trace
     if last is not None and w.cfg.checkpoint.on_signal and w.saved_step != last[0] + 1:
         step, loss, metrics = last
         report_checkpoints(w.saver.save(w.model.module, w.optimizer, w.checkpoint_state(step, loss), metrics), w.progress)

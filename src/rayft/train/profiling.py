@@ -27,7 +27,9 @@ class StepProfiler:
     """torch.profiler over steps ``window`` = (FIRST, LAST) of one rank; does nothing when ``window`` is None.
 
     Call :meth:`before` with the 1-based step about to run and :meth:`after` once it finished;
-    :meth:`after` of step LAST writes the files and returns their folder (else None).
+    :meth:`after` of step LAST writes the files and returns their folder (else None). A run that
+    starts inside the window (a resume) traces from its first step; :meth:`discard` drops an open
+    window (a stop before LAST: nothing is written).
     """
 
     def __init__(self, window: tuple[int, int] | None, run_dir: str, rank: int, device: torch.device):
@@ -35,6 +37,7 @@ class StepProfiler:
         self.run_dir = run_dir
         self.rank = rank
         self.on_gpu = device.type == "cuda"
+        self.first_traced: int | None = None  # the step the open window started at
         self._prof: profile | None = None
         self._step_range: record_function | None = None
 
@@ -48,7 +51,8 @@ class StepProfiler:
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.on_gpu else [])
             self._prof = profile(activities=activities, record_shapes=True)
             self._prof.__enter__()
-        # each step under its own range, named as torch.profiler's schedules name theirs (by the run's step)
+            self.first_traced = step
+        # each step under a range of its own, named after the run's step number
         self._step_range = record_function(f"ProfilerStep#{step}")
         self._step_range.__enter__()
 
@@ -62,9 +66,15 @@ class StepProfiler:
             return None
         self._prof.__exit__(None, None, None)
         prof, self._prof = self._prof, None
-        return self._write(prof)
+        return self._write(prof, step)
 
-    def _write(self, prof: profile) -> str:
+    def discard(self) -> None:
+        """Stop an open window without writing anything."""
+        if self._prof is not None:
+            self._prof.__exit__(None, None, None)
+            self._prof = None
+
+    def _write(self, prof: profile, last: int) -> str:
         remote = "://" in self.run_dir
         folder = Path(tempfile.mkdtemp(prefix="rayft-profile-")) if remote else Path(self.run_dir) / "profile"
         folder.mkdir(parents=True, exist_ok=True)
@@ -72,15 +82,19 @@ class StepProfiler:
         prof.export_chrome_trace(str(trace))  # gzip-compressed: the name ends in .gz
         sort = "self_device_time_total" if self.on_gpu else "self_cpu_time_total"
         table = prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=80)
-        (folder / f"rank{self.rank}.ops.txt").write_text(f"steps {self.window[0]}-{self.window[1]}, rank {self.rank}\n{table}\n")
+        (folder / f"rank{self.rank}.ops.txt").write_text(f"steps {self.first_traced}-{last}, rank {self.rank}\n{table}\n")
         if not remote:
             return str(folder)
         import pyarrow.fs
 
         dest = f"{self.run_dir.rstrip('/')}/profile"
-        fs, path = pyarrow.fs.FileSystem.from_uri(dest)
-        fs.create_dir(path, recursive=True)
-        for f in folder.iterdir():
-            pyarrow.fs.copy_files(str(f), f"{dest}/{f.name}")
+        try:
+            fs, path = pyarrow.fs.FileSystem.from_uri(dest)
+            fs.create_dir(path, recursive=True)
+            for f in folder.iterdir():
+                pyarrow.fs.copy_files(str(f), f"{dest}/{f.name}")
+        except OSError as e:  # the profile is an aid: a failed upload must not end the training run
+            print(f"[rayft] warning: rank {self.rank}: the profile could not be copied to {dest} ({e}); it stays in {folder}", flush=True)
+            return str(folder)
         shutil.rmtree(folder, ignore_errors=True)
         return dest

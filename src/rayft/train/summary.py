@@ -72,6 +72,7 @@ def build_summary(
         raise TrainError("training finished without reporting a step")
     last = history[-1]
     steady = history[min(3, len(history) - 1) :]
+    steady = [h for h in steady if not h.get("profiled")] or steady  # the traced steps run slower (train.profile_steps)
     tps = sorted(h["tokens_per_s_per_gpu"] for h in steady)
     evals = [h for h in history if "eval_loss" in h]
     med = tps[len(tps) // 2]
