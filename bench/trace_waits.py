@@ -6,7 +6,8 @@ For each trace, within the steps' GPU-side ``ProfilerStep#N`` ranges (whole trac
 the GPU's idle gaps between kernels by length; the largest gaps with the CPU operators that were
 launching the kernel after each (the launch found through the trace's ``correlation`` ids); and
 every host synchronisation (``cuda*Synchronize``, a blocking copy's included) with how long the
-CPU waited, the operators it was called from, and the GPU's gap after it. Times in ms.
+CPU waited, the operators it was called from, and the GPU's gap after it (for a sync at a step's
+end, that gap is the time between two steps, not idle time inside one). Times in ms.
 """
 
 from __future__ import annotations
@@ -38,23 +39,27 @@ def stack_at(by_tid: dict[int, list[dict]], tid: int, ts: float, depth: int = 5)
 
 def report(path: str) -> None:
     ev = load_events(path)
+    # the steps' GPU-side ranges, by step name (Kineto writes one per stream a step was on)
     ranges = [
-        (e["ts"], e["ts"] + e["dur"])
+        (e["ts"], e["ts"] + e["dur"], e["name"])
         for e in ev
         if e.get("cat") == "gpu_user_annotation" and str(e.get("name", "")).startswith("ProfilerStep#")
     ]
-    steps = max(len(ranges), 1)
+    steps = max(len({n for _, _, n in ranges}), 1)
     gpu = sorted((e for e in ev if e.get("ph") == "X" and e.get("cat") in GPU_CATS), key=lambda e: e["ts"])
+
+    def step_of(e: dict) -> str | None:
+        return next((n for a, b, n in ranges if a <= e["ts"] < b), None)
+
     if ranges:
-        gpu = [e for e in gpu if any(a <= e["ts"] < b for a, b in ranges)]
+        gpu = [e for e in gpu if step_of(e) is not None]
+    if not gpu:
+        print(f"\n{path}\n  no GPU events in the traced steps")
+        return
     launches = {
         e["args"]["correlation"]: e for e in ev if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})
     }
     by_tid = cpu_stacks(ev)
-
-    def step_of(e: dict) -> int:
-        return next((i for i, (a, b) in enumerate(ranges) if a <= e["ts"] < b), 0)
-
     gaps, end, prev_step = [], gpu[0]["ts"] + gpu[0]["dur"], step_of(gpu[0])
     for e in gpu[1:]:  # between kernels of the same step only
         s = step_of(e)
@@ -65,7 +70,7 @@ def report(path: str) -> None:
     lo = 0.0
     for hi, label in BUCKETS:
         sel = [d for d, _ in gaps if lo <= d < hi]
-        print(f"    {label:10s} {len(sel) / steps:8.0f} gaps  {sum(sel) / 1000 / steps:6.2f} ms")
+        print(f"    {label:10s} {len(sel) / steps:8.1f} gaps  {sum(sel) / 1000 / steps:6.2f} ms")
         lo = hi
     print("  largest gaps (ms), and what the CPU was in when it launched the kernel after:")
     for d, e in sorted(gaps, key=lambda g: -g[0])[:10]:

@@ -68,8 +68,7 @@ def test_torchtitan_flags_for_bf16_and_float8():
     assert fp8["--activation_checkpoint.mode"] == "full" and "--compile.enable" not in fp8
 
 
-@pytest.mark.filterwarnings("ignore:Profiler won't be using warmup")  # (1, 1): no step before the first to warm up on
-@pytest.mark.parametrize("first,last", [(10, 11), (1, 1), (2, 2), (3, 7)])
+@pytest.mark.parametrize("first,last", [(10, 11), (2, 2), (3, 7)])
 def test_profiling_flags_record_the_same_steps_as_rayfts_profile_steps(first, last):
     """torchtitan builds torch.profiler.schedule(wait=freq - (warmup + active), warmup, active) and
     steps it once after each training step: the steps that schedule records are first..last."""
@@ -88,6 +87,9 @@ def test_profiling_flags_record_the_same_steps_as_rayfts_profile_steps(first, la
         tt.torchtitan_args(spec(profile_steps=[first, last], steps=longest + 1))
     with pytest.raises(tt.TorchtitanRecipeError):
         tt.profiling_args(first, last, steps=last - 1)
+    # FIRST 1: no warm-up step, and the recording the last step's schedule starts is saved over the window's
+    with pytest.raises(tt.TorchtitanRecipeError, match=r"needs FIRST >= 2"):
+        tt.profiling_args(1, last, steps=last)
     assert "--profiling.enable_profiling" not in flags(tt.torchtitan_args(spec(profile_steps=None)))
 
 

@@ -198,17 +198,24 @@ def torchtitan_args(spec: dict[str, Any]) -> list[str]:
 def profiling_args(first: int, last: int, steps: int) -> list[str]:
     """torchtitan's profiler over its training steps ``first``..``last`` (1-based, as rayft's
     ``train.profile_steps``) of a run of ``steps``: its schedule waits, warms up on the step before
-    ``first`` (none when ``first`` is 1) and records ``last - first + 1`` steps, and writes
+    ``first`` and records ``last - first + 1`` steps, and writes
     ``profile_traces/iteration_<last>/rank<N>_trace.json``.
 
     Raises:
-        TorchtitanRecipeError: ``steps`` goes past ``first + last - 1`` (``- 2`` with a warm-up
-            step): torchtitan's schedule repeats every ``last`` steps and would profile the
-            following ones again (unmarked, and slowed by the trace's export), or ``last`` lies
-            past the run.
+        TorchtitanRecipeError: ``first`` is 1 (without a warm-up step, leaving the profiler after
+            the run saves a new, empty recording over the window's trace); ``steps`` goes past
+            ``first + last - 2``: torchtitan's schedule repeats every ``last`` steps and would
+            profile the following ones again (unmarked, and slowed by the trace's export); or
+            ``last`` lies past the run.
     """
-    warmup = 1 if first > 1 else 0
-    longest = first + last - 1 - warmup  # the next cycle warms up (or records) at the step after
+    if first < 2:
+        # no warm-up step: the profiler's step after the last training step starts the next cycle's
+        # recording, and leaving the profiler saves that one over iteration_<last>
+        raise TorchtitanRecipeError(
+            f"train.profile_steps=[{first}, {last}]: torchtitan's profiler needs FIRST >= 2 (a warm-up step before the window)"
+        )
+    warmup = 1
+    longest = first + last - 2  # the next cycle warms up at the step after
     if not first <= last <= steps <= longest:
         raise TorchtitanRecipeError(
             f"train.profile_steps=[{first}, {last}] with {steps} steps: torchtitan's profiler traces steps {first}-{last} once "

@@ -109,7 +109,10 @@ def summarize(events: list[dict], top: int = 12) -> TraceSummary:
     steps' GPU-side ranges (``gpu_user_annotation`` ``ProfilerStep#N``: first to last kernel of
     each step), only the GPU events inside them count, and the span is their total length: what
     ran between two traced steps (the next batch's copies, an evaluation, a checkpoint) stays out.
-    Without them, every GPU event counts and the span runs from the first to the last.
+    Without them, every GPU event counts and the span runs from the first to the last. Kineto
+    draws a step's GPU range from the kernels launched directly under the step's annotation: a step
+    whose first or last kernels come from a nested ``record_function`` (an FSDP hook's, say) may
+    have a shorter range, and those kernels then fall outside it.
     """
     steps = len({e["name"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#")}) or 1
     ranges = [
