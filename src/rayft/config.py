@@ -320,7 +320,7 @@ class TrainConfig(_Section):
     @classmethod
     def _profile_window(cls, v: tuple[int, int] | None) -> tuple[int, int] | None:
         if v is not None and not 0 <= v[1] - v[0] < 10:
-            raise ValueError(f"give [FIRST, LAST] with FIRST <= LAST and at most 10 steps, got {list(v)}")
+            raise ValueError("give [FIRST, LAST] with FIRST <= LAST and at most 10 steps")  # the loader adds the value
         return v
 
 

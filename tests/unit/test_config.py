@@ -461,3 +461,22 @@ def test_unknown_keys_suggest_the_closest_known_key_of_their_section(tmp_path):
         "  cluster.kube.namespce (line 10): unknown key (did you mean 'namespace'?)",
         "  traim (line 1): unknown key (did you mean 'train'?)",
     ]
+
+
+@pytest.mark.parametrize(
+    "value,why",
+    [
+        ("[3, 2]", r"FIRST <= LAST and at most 10 steps \(got \[3, 2\]\)"),
+        ("[1, 20]", r"at most 10 steps \(got \[1, 20\]\)"),
+        ("[0, 1]", r"greater than or equal to 1"),
+        ("ten", r"valid tuple"),
+    ],
+)
+def test_a_bad_profile_window_names_the_key_and_line(tmp_path, value, why):
+    p = write(tmp_path, f"data:\n  train_files: [x.json]\ntrain:\n  profile_steps: {value}\n")
+    with pytest.raises(ConfigError, match=rf"(?s){p.name}: invalid config.*train\.profile_steps(\.0)? \(line 4\): .*{why}"):
+        load_config(p)
+    assert load_config(write(tmp_path, "data:\n  train_files: [x.json]\ntrain:\n  profile_steps: [10, 11]\n")).train.profile_steps == (
+        10,
+        11,
+    )
