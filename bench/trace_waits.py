@@ -15,9 +15,8 @@ from __future__ import annotations
 import sys
 from collections import defaultdict
 
-from rayft.benchmarks.trace_kernels import load_events
+from rayft.benchmarks.trace_kernels import gpu_events, load_events, step_of, step_ranges
 
-GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 BUCKETS = ((10, "< 10 µs"), (50, "10–50 µs"), (200, "50–200 µs"), (1000, "0.2–1 ms"), (float("inf"), "> 1 ms"))
 
 
@@ -39,20 +38,9 @@ def stack_at(by_tid: dict[int, list[dict]], tid: int, ts: float, depth: int = 5)
 
 def report(path: str) -> None:
     ev = load_events(path)
-    # the steps' GPU-side ranges, by step name (Kineto writes one per stream a step was on)
-    ranges = [
-        (e["ts"], e["ts"] + e["dur"], e["name"])
-        for e in ev
-        if e.get("cat") == "gpu_user_annotation" and str(e.get("name", "")).startswith("ProfilerStep#")
-    ]
+    ranges = step_ranges(ev)
     steps = max(len({n for _, _, n in ranges}), 1)
-    gpu = sorted((e for e in ev if e.get("ph") == "X" and e.get("cat") in GPU_CATS), key=lambda e: e["ts"])
-
-    def step_of(e: dict) -> str | None:
-        return next((n for a, b, n in ranges if a <= e["ts"] < b), None)
-
-    if ranges:
-        gpu = [e for e in gpu if step_of(e) is not None]
+    gpu = gpu_events(ev, ranges)
     if not gpu:
         print(f"\n{path}\n  no GPU events in the traced steps")
         return
@@ -60,9 +48,9 @@ def report(path: str) -> None:
         e["args"]["correlation"]: e for e in ev if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})
     }
     by_tid = cpu_stacks(ev)
-    gaps, end, prev_step = [], gpu[0]["ts"] + gpu[0]["dur"], step_of(gpu[0])
+    gaps, end, prev_step = [], gpu[0]["ts"] + gpu[0]["dur"], step_of(gpu[0], ranges)
     for e in gpu[1:]:  # between kernels of the same step only
-        s = step_of(e)
+        s = step_of(e, ranges)
         if e["ts"] > end and s == prev_step:
             gaps.append((e["ts"] - end, e))
         end, prev_step = (max(end, e["ts"] + e["dur"]) if s == prev_step else e["ts"] + e["dur"]), s

@@ -102,6 +102,30 @@ def _union_us(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def step_ranges(events: list[dict]) -> list[tuple[float, float, str]]:
+    """The steps' GPU-side ranges ``(start µs, end µs, "ProfilerStep#N")`` (``gpu_user_annotation``;
+    Kineto writes one per stream a step ran on); empty for a trace without them."""
+    return [
+        (float(e["ts"]), float(e["ts"]) + float(e["dur"]), e["name"])
+        for e in events
+        if e.get("cat") == "gpu_user_annotation" and str(e.get("name", "")).startswith("ProfilerStep#")
+    ]
+
+
+def step_of(event: dict, ranges: list[tuple[float, float, str]]) -> str | None:
+    """The name of the step range ``event`` starts in (None: in none)."""
+    return next((n for a, b, n in ranges if a <= float(event["ts"]) < b), None)
+
+
+def gpu_events(events: list[dict], ranges: list[tuple[float, float, str]]) -> list[dict]:
+    """The GPU's own events (:data:`GPU_CATS`) by start time, only those inside ``ranges`` when there are any."""
+    gpu = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") in GPU_CATS), key=lambda e: float(e["ts"]))
+    return [e for e in gpu if step_of(e, ranges) is not None] if ranges else gpu
+
+
 def summarize(events: list[dict], top: int = 12) -> TraceSummary:
     """GPU time per step of a trace's events (``ts``/``dur`` in µs; the summary in ms).
 
@@ -115,14 +139,8 @@ def summarize(events: list[dict], top: int = 12) -> TraceSummary:
     have a shorter range, and those kernels then fall outside it.
     """
     steps = len({e["name"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#")}) or 1
-    ranges = [
-        (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
-        for e in events
-        if e.get("cat") == "gpu_user_annotation" and str(e.get("name", "")).startswith("ProfilerStep#")
-    ]
-    gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
-    if ranges:
-        gpu = [e for e in gpu if any(a <= float(e["ts"]) < b for a, b in ranges)]
+    ranges = [(a, b) for a, b, _ in step_ranges(events)]
+    gpu = gpu_events(events, step_ranges(events))
     by_cat: dict[str, float] = {}
     by_name: dict[str, list[float]] = {}
     for e in gpu:
