@@ -69,14 +69,13 @@ LANES = (
         "test_token_store_s3.py",
     ),
     # the two modules whose jobs run on the shared `rayft cluster local` (local_cluster: a multi-process Ray), then
-    # the modules with a Ray of their own, then those of the embedded one (ray_local: started once for the three)
+    # the modules with a Ray of their own, then those of the embedded one (ray_local: started once for the two)
     (
         "test_submit.py",
         "test_doctor_job.py",
         "test_loopback.py",
         "test_shared_storage.py",
         "test_bench_train_ray.py",
-        "test_eval_ray.py",
         "test_bench_collectives.py",
     ),
 )

@@ -1,4 +1,4 @@
-"""rayft bench train recipes on 2 CPU workers (gloo) with the mistral-tiny preset (a 32,768-token
+"""rayft bench train recipes on CPU workers (gloo) with the mistral-tiny preset (a 32,768-token
 vocabulary: a quarter of qwen2-tiny's output-layer work per step; what is counted here does not
 depend on the model): per-step token counts of sample-recipe (on real rows where ../shared is present, else random) and
 of rayft on random rows, and trl-default under torchrun.
@@ -76,13 +76,15 @@ def test_rayft_recipe_on_synthetic_rows(ray_local, tmp_path):
     from rayft.train.driver import run_training
 
     cfg, plan, shared = inputs(tmp_path, ["random"], recipes=("rayft",))
-    cmd = bt.recipe_command("rayft", "random", plan, cfg, 2, False, shared, tmp_path / "run")
+    # one worker: what is checked is the recipe's command and its token counts (~8 CPU-s of CI less than two)
+    cmd = bt.recipe_command("rayft", "random", plan, cfg, 1, False, shared, tmp_path / "run")
     sets = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--set"] + ["train.compile=false", "model.attn_implementation=sdpa"]
-    assert "data.synthetic={rows: 12, seed: 0}" in sets and "train.compile=true" in sets
+    assert "data.synthetic={rows: 6, seed: 0}" in sets and "train.compile=true" in sets  # 3 steps × 1 worker × 2 rows
     run_training(load_config(plan.config, sets), console=Console(quiet=True))
     recs = bt.rayft_records(tmp_path / "run" / "rayft" / "rayft_metrics.jsonl")
     assert [r["step"] for r in recs] == [1, 2, 3]
-    assert all(r["tokens"] == 4 * 64 and r["attn_tokens_sq"] == 4 * 64 * 64 for r in recs)
+    assert "train.num_workers=1" in sets and "train.grad_accum_steps=1" in sets
+    assert all(r["tokens"] == 2 * 64 and r["attn_tokens_sq"] == 2 * 64 * 64 for r in recs)  # 1 worker × 2 full rows a step
     assert "checkpoint.save_final=false" in sets
     assert not list((tmp_path / "run" / "rayft").glob("checkpoint_*"))  # a benchmark writes no 18 GB final checkpoint
 

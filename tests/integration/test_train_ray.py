@@ -57,7 +57,20 @@ def reference_first_step_loss(cfg):
     return total / count, len(rows)
 
 
-def test_two_worker_fsdp2_run_loss_export_and_tied_weights(ray_local, tmp_path, qwen_tokenizer):
+@pytest.fixture(scope="module")
+def fsdp2_run(ray_local, tmp_path_factory):
+    """The module's main 2-worker run (qwen2-tiny, 6 steps; each step one whole epoch of the 5
+    examples), shared by the tests that read it: a Ray Train run costs ~30 CPU-s of CI on 2 cores.
+    Its features at once: TensorBoard, a profiled window, and an evaluation on the training set
+    before training and after every step. ``(folder, config, its summary, step 1's reference loss)``."""
+    tmp = tmp_path_factory.mktemp("fsdp2")
+    cfg = job(tmp, "tracking.tensorboard=true", "train.profile_steps=[2,3]", "data.validation_files=[chat.jsonl]", "train.eval_every=1")
+    ref_loss, n_rows = reference_first_step_loss(cfg)
+    assert n_rows == 5  # 5 rows over 2 ranks × 2 micro-batches × 2: uneven, one micro-batch empty
+    return tmp, cfg, run_training(cfg), ref_loss
+
+
+def test_two_worker_fsdp2_run_loss_export_and_tied_weights(fsdp2_run, qwen_tokenizer):
     from transformers import AutoModelForCausalLM
     from typer.testing import CliRunner
 
@@ -65,10 +78,7 @@ def test_two_worker_fsdp2_run_loss_export_and_tied_weights(ray_local, tmp_path, 
     from rayft.infer.model_dir import model_dir
     from rayft.train.checkpoint import export_run, find_checkpoints
 
-    cfg = job(tmp_path, "tracking.tensorboard=true", "train.profile_steps=[2,3]")
-    ref_loss, n_rows = reference_first_step_loss(cfg)
-    assert n_rows == 5  # 5 rows over 2 ranks × 2 micro-batches × 2: uneven, one micro-batch empty
-    summary = run_training(cfg)
+    tmp_path, cfg, summary, ref_loss = fsdp2_run
     run = tmp_path / "runs" / "t"
     hist = [json.loads(line) for line in (run / "rayft_metrics.jsonl").read_text().splitlines()]
     losses = [h["loss"] for h in hist]
@@ -85,6 +95,9 @@ def test_two_worker_fsdp2_run_loss_export_and_tied_weights(ray_local, tmp_path, 
     events.Reload()
     assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(h["step"], float(np.float32(h["loss"]))) for h in hist]
     assert [e.value for e in events.Scalars("train/lr")] == [float(np.float32(h["lr"])) for h in hist]
+    # train.eval_every 1: each step's evaluation, and the one before training at step 0 (written with the summary)
+    evals = [(0, summary["eval_loss_initial"])] + [(h["step"], h["eval_loss"]) for h in hist]
+    assert sorted((e.step, e.value) for e in events.Scalars("eval/loss")) == [(s, float(np.float32(v))) for s, v in evals]
     # `rayft eval --step 3`: step 3's checkpoint exported to a temporary directory (removed after) and
     # scored with lm-eval; each choice's log-likelihood is step 3's model's (as `rayft export` writes it)
     res = CliRunner().invoke(app, ["eval", str(run), "--step", "3", "--tasks", "rayft_sums", "--limit", "3"])
@@ -164,6 +177,53 @@ def test_two_worker_fsdp2_run_loss_export_and_tied_weights(ray_local, tmp_path, 
     assert gen["eos_token_id"] == [151645, 151643] == hf.generation_config.eos_token_id
 
 
+def single_process_loss(model, ds, seq_len: int) -> tuple[float, int]:
+    """Mean CE (float64) over every trainable target of ``ds``, one example at a time, one process:
+    ``(the mean, the number of targets)``."""
+    from rayft.data.packing import IGNORE_INDEX, collate
+
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for i in range(len(ds)):
+            b = collate(ds, [[i]], seq_len, 0, fixed_len=False)  # one row, no padding: the pad id is unused
+            logits = model(input_ids=b["input_ids"], position_ids=b["position_ids"]).logits
+            total += F.cross_entropy(
+                logits.flatten(0, 1).double(), b["labels"].flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
+            ).item()
+            count += int(b["num_trainable"])
+    return total / count, count
+
+
+def test_eval_every_step_on_the_training_set(fsdp2_run):
+    """train.eval_every 1 with the training set as the validation set (data.validation_files). What
+    is exactly comparable: the evaluation before training uses the initial weights, as step 1's
+    training loss does (its forward runs before the update), over the same tokens (step 1 holds every
+    example: 2 workers × 2 × 2 = 8 rows ≥ 5); each step is a whole epoch, so the evaluation after step
+    k and step k+1's training loss are the same mean under the same weights; the last evaluation uses
+    the final weights, which the export holds, so a single-process forward of it gives the same mean."""
+    from rich.console import Console
+    from transformers import AutoModelForCausalLM
+
+    tmp_path, cfg, summary, _ = fsdp2_run
+    ds = load_run_data(cfg, Console(quiet=True)).validation
+    n_targets = sum(int(ds.example(i)[1][1:].sum()) for i in range(len(ds)))
+    hist = [json.loads(line) for line in (tmp_path / "runs" / "t" / "rayft_metrics.jsonl").read_text().splitlines()]
+    assert [h["step"] for h in hist] == [1, 2, 3, 4, 5, 6]
+    assert hist[0]["trainable_tokens"] == n_targets
+    assert summary["eval_loss_initial"] == pytest.approx(hist[0]["loss"], rel=1e-5, abs=0)
+    # an evaluation after every step, over every validation target
+    assert all(h["eval_tokens"] == n_targets for h in hist)
+    assert all(0 < h["eval_loss"] < 20 for h in hist)
+    for k in range(5):
+        assert hist[k]["eval_loss"] == pytest.approx(hist[k + 1]["loss"], rel=1e-5, abs=0), k
+    assert summary["eval_loss_initial"] > hist[0]["eval_loss"] > hist[1]["eval_loss"] > hist[2]["eval_loss"]
+    assert (summary["eval_loss"], summary["eval_step"]) == (hist[-1]["eval_loss"], 6)
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "runs" / "t" / "hf", dtype=torch.float32).eval()
+    ref, count = single_process_loss(hf, ds, cfg.data.seq_len)
+    assert count == n_targets
+    assert hist[-1]["eval_loss"] == pytest.approx(ref, rel=1e-5, abs=0)
+
+
 def test_float8_run_trains_checkpoints_and_exports_plain_weights(ray_local, tmp_path):
     """train.float8 on 2 CPU workers (PyTorch's CPU float8 matmul): step 1's loss is close to the
     full-precision reference, the loss falls, the DCP checkpoint exports to plain fp32 weights, and
@@ -192,11 +252,12 @@ def test_float8_run_trains_checkpoints_and_exports_plain_weights(ray_local, tmp_
     final = AutoModelForCausalLM.from_pretrained(run / "hf")
     assert torch.equal(final.model.layers[0].mlp.up_proj.weight, w)  # the last checkpoint is the trained model
 
-    # resuming loads the float8 run's DCP checkpoint back into a float8 model and goes on
-    summary = run_training(
-        job(tmp_path, "train.float8=true", "train.epochs=3", "checkpoint.export_hf=false", model="mistral-tiny"), resume=str(run)
-    )
+    # resuming loads the float8 run's DCP checkpoint back into a float8 model and goes on, here on 1 worker
+    # (the same global batch): 2 ranks all-gather the weights in float8, 1 rank casts them in the layer
+    overrides = ("train.float8=true", "train.epochs=3", "checkpoint.export_hf=false", "train.num_workers=1", "train.grad_accum_steps=4")
+    summary = run_training(job(tmp_path, *overrides, model="mistral-tiny"), resume=str(run))
     assert summary["resumes"][0]["step"] == 2 and summary["steps"] == 3
+    assert (summary["resumes"][0]["from_world_size"], summary["resumes"][0]["world_size"]) == (2, 1)
     hist = [json.loads(line) for line in (run / "rayft_metrics.jsonl").read_text().splitlines()]
     assert [h["step"] for h in hist] == [1, 2, 3] and hist[2]["float8"] is True and hist[2]["loss"] < hist[0]["loss"]
 
