@@ -11,7 +11,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -238,29 +237,23 @@ def project(tmp: Path) -> tuple[Path, str, dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def submitted(cluster, tmp_path_factory):
-    """The module's two real submissions, run at the same time (each is a 2-step quickstart job whose
-    Ray Train workers take at most 1 of the worker nodes' 2 CPUs; together they take half the wall
-    time on 2 cores): the quickstart from this repository (2 workers), and ``project()``'s folder (1).
-    Returns {"quickstart": its `rayft submit`, "project": (folder, marker, its `rayft submit`)}."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    """The module's one real submission (a Ray job costs ~50 CPU-s of CI on 2 cores): ``project()``'s
+    folder, a 2-step quickstart job on 2 Ray Train workers, with the cluster's token file. The
+    repository's own submission (`rayft submit examples/quickstart.yaml`, the repository as the
+    working_dir) differs only in what is packed: its listing is checked with --dry-run below.
+    Returns (folder, marker, its `rayft submit`)."""
     c, env = cluster
     proj, marker, _ = project(tmp_path_factory.mktemp("submit"))
     auth = ["--address", c.dashboard_url, "--token-file", c.token_file, *QUICK]
-    with ThreadPoolExecutor(2) as pool:
-        quick = pool.submit(rayft, env, "submit", "examples/quickstart.yaml", *auth, timeout=480)
-        time.sleep(2)  # both upload the same rayft package (py_modules): one after the other
-        # one Ray Train worker is enough to see what a worker node unpacked (~8 CPU-s of CI less than two)
-        own = pool.submit(rayft, env, "submit", str(proj / "job.yaml"), *auth, "--set", "train.num_workers=1", timeout=480)
-        return {"quickstart": quick.result(), "project": (proj, marker, own.result())}
+    return proj, marker, rayft(env, "submit", str(proj / "job.yaml"), *auth, timeout=480)
 
 
 @pytest.mark.integration
-def test_submit_quickstart_with_token(cluster, submitted):
+def test_submit_with_token_streams_the_job_to_its_end(cluster, submitted):
     from ray.job_submission import JobSubmissionClient
 
     c, env = cluster
-    r = submitted["quickstart"]  # rayft submit examples/quickstart.yaml --address URL --token-file FILE *QUICK
+    _, _, r = submitted  # rayft submit PROJECT/job.yaml --address URL --token-file FILE *QUICK
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "rayft run summary" in r.stdout  # the job's logs, streamed
     assert "2/2" in r.stdout
@@ -276,7 +269,7 @@ def test_submit_quickstart_with_token(cluster, submitted):
     client = JobSubmissionClient(c.dashboard_url, headers={"Authorization": f"Bearer {c.token}"})
     info = client.get_job_info(job_id)
     assert str(info.status.value) == "SUCCEEDED"
-    assert info.entrypoint.startswith("python -m rayft.cli train examples/quickstart.yaml")
+    assert info.entrypoint.startswith("python -m rayft.cli train job.yaml --set train.max_steps=2"), info.entrypoint
     logs = client.get_job_logs(job_id)
     assert "rayft run summary" in logs and "2 × cpu" in logs
     # the two Ray Train workers ran on the worker nodes: the head offers no CPU
@@ -288,6 +281,22 @@ def test_submit_quickstart_with_token(cluster, submitted):
 
 
 @pytest.mark.integration
+def test_the_repository_submission_packs_the_repository_without_its_outputs(cluster):
+    """`rayft submit examples/quickstart.yaml` from this repository (pyproject.toml: the repository is
+    the working_dir): --dry-run lists exactly what the packaging scan keeps, no run output, venv or
+    git data, within Ray's upload limit."""
+    from rayft.cluster.packaging import scan
+
+    _, env = cluster
+    dry = rayft(env, "submit", "examples/quickstart.yaml", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    listed = dry.stdout.splitlines()
+    assert tuple(listed) == scan(ROOT).files and "examples/quickstart.yaml" in listed and "pyproject.toml" in listed
+    assert not [f for f in listed if f.startswith(("runs/", ".venv/", ".gpu/", ".git/"))]
+    assert f"working_dir {ROOT}: {len(listed)} files" in dry.stderr
+
+
+@pytest.mark.integration
 def test_submit_uploads_exactly_the_listed_files_and_no_secret(cluster, submitted):
     """A config in a folder without a pyproject.toml: that folder is the working_dir. Its .env and
     id_rsa, and what .gitignore / .rayftignore ignore, are absent from what Ray unpacked on every node
@@ -295,7 +304,7 @@ def test_submit_uploads_exactly_the_listed_files_and_no_secret(cluster, submitte
     from rayft.cluster.packaging import scan
 
     c, env = cluster
-    proj, marker, r = submitted["project"]  # project()'s folder, submitted with --address, --token-file and QUICK
+    proj, marker, r = submitted  # project()'s folder, submitted with --address, --token-file and QUICK
     listed = scan(proj).files
     assert set(listed) == {".gitignore", ".rayftignore", "data/chat.jsonl", "job.yaml", marker}
 
