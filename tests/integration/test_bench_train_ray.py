@@ -1,7 +1,7 @@
 """rayft bench train recipes on CPU workers (gloo) with the mistral-tiny preset (a 32,768-token
 vocabulary: a quarter of qwen2-tiny's output-layer work per step; what is counted here does not
 depend on the model): per-step token counts of sample-recipe (on real rows where ../shared is present, else random) and
-of rayft on random rows, and trl-default under torchrun.
+of rayft on random rows (one worker), and trl-default under torchrun.
 Heavier than the unit tests (~1 min in all on 2 cores): marked integration."""
 
 from __future__ import annotations

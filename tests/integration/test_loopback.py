@@ -157,8 +157,9 @@ def grpc_status_without_token(port: int) -> str:
     return "UNIMPLEMENTED"
 
 
-def check(found, roles_of, table, setup):
-    """The table's facts for every listener; returns {role: [port, ...]} seen."""
+def check(found, roles_of, table, setup, held_at_start=frozenset()):
+    """The table's facts for every listener; returns {role: [port, ...]} seen. ``held_at_start``: see
+    :func:`missing_roles`."""
     assert found, "no listening socket found: the process list is wrong"
     bad = off_loopback(found, table, setup)
     assert not bad, f"listening on a non-loopback address, not named in docs/network.md: {bad}"
@@ -177,7 +178,7 @@ def check(found, roles_of, table, setup):
         else:
             got = grpc_status_without_token(port)
             assert got == "UNAUTHENTICATED", f"{role} {ip}:{port} without a token: gRPC {got}"
-    missing = missing_roles(table, setup, seen)
+    missing = missing_roles(table, setup, seen, held_at_start)
     assert not missing, f"docs/network.md lists {missing} for {setup}, but nothing listens as that"
     held = {r for r, row in table.items() if setup in row["started_by"]} - set(seen)
     if held:
@@ -268,11 +269,17 @@ def wait_for_roles(list_now, roles_of, wanted) -> list:
     return found
 
 
-def missing_roles(table, setup, seen) -> set:
+def missing_roles(table, setup, seen, held_at_start=frozenset()) -> set:
     """Rows for this Ray with nothing listening as them, but for a fixed port of the embedded Ray
-    (Ray's defaults) that another process on this host holds: Ray does not start that server then."""
+    (Ray's defaults) that another process on this host holds, now or when this Ray started
+    (``held_at_start``: ports): Ray does not start that server then. (The other test process's
+    embedded Ray can give the port back meanwhile: seen 2026-12-03.)"""
     missing = {r for r, row in table.items() if setup in row["started_by"]} - set(seen)
-    return {r for r in missing if not (setup == "train" and listened_elsewhere(table[r]["fixed_train_port"]))}
+
+    def held(port):
+        return port is not None and (port in held_at_start or listened_elsewhere(port))
+
+    return {r for r in missing if not (setup == "train" and held(table[r]["fixed_train_port"]))}
 
 
 def clean_env() -> dict:
@@ -284,6 +291,8 @@ def test_embedded_ray_listens_on_loopback_only(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     env = {**clean_env(), "HOME": str(home)}  # Ray's default token file goes here: this test's own
+    fixed = {row["fixed_train_port"] for row in table.values() if "train" in row["started_by"]}
+    held_at_start = {port for port in fixed if listened_elsewhere(port)}  # another Ray's, on this host
     proc, info = start_driver({"num_cpus": 1}, env, tmp_path)
     try:
         assert info["where"] == "embedded local Ray"
@@ -305,11 +314,11 @@ def test_embedded_ray_listens_on_loopback_only(tmp_path):
         def list_now():
             return listeners([proc.pid, *(c.pid for c in psutil.Process(proc.pid).children(recursive=True))], driver_pid=proc.pid)
 
-        found = wait_for_roles(list_now, roles_of, lambda seen: missing_roles(table, "train", seen))
+        found = wait_for_roles(list_now, roles_of, lambda seen: missing_roles(table, "train", seen, held_at_start))
         bad = off_loopback(found, table, "train")
         assert not bad, f"listening on a non-loopback address, not named in docs/network.md: {bad}"
         metrics_only_on_loopback(found, node["MetricsExportPort"])
-        check(found, roles_of, table, "train")
+        check(found, roles_of, table, "train", held_at_start)
         # the driver, the GCS and a task's worker all on 127.0.0.1; token auth on, the token file 0600
         assert node["NodeManagerAddress"] == info["driver_ip"] == info["task_ip"] == "127.0.0.1"
         assert info["gcs"].startswith("127.0.0.1:") and info["auth_mode"] == "token"

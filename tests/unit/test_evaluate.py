@@ -1,6 +1,7 @@
 """The validation loss (rayft.train.evaluate) on one CPU rank (gloo): when it runs, and over a held-out
 fraction of the training records, the global mean equals a single-process forward of the same weights.
-The 2-worker run on Ray evaluates after every step (tests/integration/test_train_ray.py)."""
+The runs on Ray (tests/integration/test_train_ray.py) evaluate after every step, and with a held-out
+fraction and the default schedule after the last step only."""
 
 import json
 
@@ -20,7 +21,7 @@ RECORDS = [
 ]
 
 
-def test_without_eval_every_only_the_last_step_is_evaluated():
+def test_eval_schedule():
     assert [s for s in range(0, 5) if eval_is_due(s, 4, None)] == [4]
     assert [s for s in range(0, 6) if eval_is_due(s, 5, 2)] == [0, 2, 4, 5]  # before training, each 2nd step, the last
     assert [s for s in range(0, 4) if eval_is_due(s, 3, 1)] == [0, 1, 2, 3]
