@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from reference_loss import single_process_loss
 
 from rayft.config import load_config
 from rayft.train.driver import TrainError, load_run_data, run_training
@@ -176,23 +177,6 @@ def test_two_worker_fsdp2_run_loss_export_and_tied_weights(fsdp2_run, qwen_token
     assert again.config.eos_token_id == 151643 and again.config.use_cache is True and hf.config.use_cache is True
     # both exports stop generating at ChatML's end of turn <|im_end|>, then the base EOS
     assert gen["eos_token_id"] == [151645, 151643] == hf.generation_config.eos_token_id
-
-
-def single_process_loss(model, ds, seq_len: int) -> tuple[float, int]:
-    """Mean CE (float64) over every trainable target of ``ds``, one example at a time, one process:
-    ``(the mean, the number of targets)``."""
-    from rayft.data.packing import IGNORE_INDEX, collate
-
-    total, count = 0.0, 0
-    with torch.no_grad():
-        for i in range(len(ds)):
-            b = collate(ds, [[i]], seq_len, 0, fixed_len=False)  # one row, no padding: the pad id is unused
-            logits = model(input_ids=b["input_ids"], position_ids=b["position_ids"]).logits
-            total += F.cross_entropy(
-                logits.flatten(0, 1).double(), b["labels"].flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
-            ).item()
-            count += int(b["num_trainable"])
-    return total / count, count
 
 
 def test_eval_every_step_on_the_training_set(fsdp2_run):

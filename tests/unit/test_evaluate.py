@@ -7,11 +7,10 @@ import json
 
 import pytest
 import torch
-import torch.nn.functional as F
+from reference_loss import single_process_loss
 from rich.console import Console
 
 from rayft.config import load_config
-from rayft.data.packing import IGNORE_INDEX, collate
 from rayft.train.driver import load_run_data
 from rayft.train.evaluate import eval_is_due, eval_rows, evaluate
 
@@ -55,15 +54,6 @@ def test_held_out_fraction_is_split_off_and_its_loss_is_the_global_mean(one_rank
     conf = load_model_config(cfg.model)
     ref = AutoModelForCausalLM.from_config(conf)
     ref.load_state_dict(load_full_state_dict(cfg.model, conf, 5))  # the same seeded initial weights, unsharded
-    ref.eval()
-    total, count = 0.0, 0
-    with torch.no_grad():
-        for i in range(len(data.validation)):
-            b = collate(data.validation, [[i]], 64, 0, fixed_len=False)
-            logits = ref(input_ids=b["input_ids"], position_ids=b["position_ids"]).logits
-            total += F.cross_entropy(
-                logits.flatten(0, 1).double(), b["labels"].flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
-            ).item()
-            count += int(b["num_trainable"])
+    want, count = single_process_loss(ref.eval(), data.validation, 64)
     assert got["eval_tokens"] == count
-    assert got["eval_loss"] == pytest.approx(total / count, rel=1e-5, abs=0)
+    assert got["eval_loss"] == pytest.approx(want, rel=1e-5, abs=0)

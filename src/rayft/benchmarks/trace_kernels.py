@@ -139,8 +139,9 @@ def summarize(events: list[dict], top: int = 12) -> TraceSummary:
     have a shorter range, and those kernels then fall outside it.
     """
     steps = len({e["name"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#")}) or 1
-    ranges = [(a, b) for a, b, _ in step_ranges(events)]
-    gpu = gpu_events(events, step_ranges(events))
+    named = step_ranges(events)
+    ranges = [(a, b) for a, b, _ in named]
+    gpu = gpu_events(events, named)
     by_cat: dict[str, float] = {}
     by_name: dict[str, list[float]] = {}
     for e in gpu:
