@@ -3,11 +3,11 @@ embedded local Ray that the integration modules of one pytest process share (sta
 order the modules run in.
 
 ``ray_local``: the embedded Ray of `rayft train` (connect_ray: every Ray service on 127.0.0.1
-only), 2 logical CPUs (``ray_local_6``: 6). Starting one costs seconds of CI on 2 cores, so every module of a process that asks
+only), 2 logical CPUs. Starting one costs seconds of CI on 2 cores, so every module of a process that asks
 for it uses the same one, started by the first such module; the unit modules stop it first
 (release_shared_rays: a unit test must not find Ray up); a module that needs another Ray in this
 process (a multi-node ``Cluster``) stops it too with ``embedded_ray.stop()``. ``local_cluster``: one
-`rayft cluster local` (head and two worker nodes, token auth) shared the same way by the modules that
+`rayft cluster local` (a head and one worker node, token auth) shared the same way by the modules that
 submit jobs (:class:`SharedLocalCluster`).
 
 The integration modules are collected first, in :data:`ORDER`, then the unit tests. ``make test``
@@ -173,18 +173,9 @@ def ray_local(embedded_ray):
     return embedded_ray
 
 
-@pytest.fixture(scope="module")
-def ray_local_6(embedded_ray):
-    """:func:`ray_local` with 6 logical CPUs, for a module that runs three 2-worker runs at once on it
-    (the fault-tolerance module: its own and two `rayft train` processes joined to it; the host's
-    cores are shared by all of them anyway). The next module's ``ray_local`` restarts it with 2."""
-    embedded_ray.start(num_cpus=6)
-    return embedded_ray
-
-
 class SharedLocalCluster:
-    """One `rayft cluster local up --workers 2 --cpus-per-worker 1` (a head with no CPU and two
-    1-CPU worker nodes, token auth, through the CLI as a user starts it) for the modules of one
+    """One `rayft cluster local up --workers 1 --cpus-per-worker 1` (a head with no CPU and one
+    1-CPU worker node, token auth, through the CLI as a user starts it) for the modules of one
     pytest process that need a multi-node cluster with jobs (``local_cluster``): the submit and
     doctor-job modules, one after the other in one lane, each with ``USES_LOCAL_CLUSTER = True``. A
     start costs seconds of both cores of the CI machine, and an idle node ~4% of a core: the first
@@ -210,7 +201,7 @@ class SharedLocalCluster:
             env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH_"))}
             env["RAYFT_LOCAL_CLUSTER_DIR"] = str(state)
             self.state, self.env = state, env
-            cmd = [sys.executable, "-m", "rayft.cli", "cluster", "local", "up", "--workers", "2", "--cpus-per-worker", "1"]
+            cmd = [sys.executable, "-m", "rayft.cli", "cluster", "local", "up", "--workers", "1", "--cpus-per-worker", "1"]
             r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
             assert r.returncode == 0, r.stdout + r.stderr
         c = local.load_state(self.state)
