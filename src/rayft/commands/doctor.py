@@ -226,7 +226,7 @@ def _fetched(job: str | None, run: str | None, address: str | None, token_file: 
         console.print(f"[yellow]note[/]: {escape(n)}", highlight=False)
     workers = sum(len(a.workers) for a in logs.attempts)
     console.print(
-        f"read the logs of {workers} Ray Train workers of Ray job {logs.job_id}"
+        f"read the logs of {workers} Ray Train worker{'s' if workers != 1 else ''} of Ray job {logs.job_id}"
         + (f" ({logs.submission_id})" if logs.submission_id else ""),
         highlight=False,
     )
