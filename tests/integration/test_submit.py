@@ -1,9 +1,9 @@
 """`rayft submit` against a real local multi-node Ray cluster with token auth (`rayft cluster local up`).
 
-The cluster: a head with 0 CPUs / 0 GPUs and 2 worker nodes of 1 CPU each, every node its own
+The cluster: a head with 0 CPUs / 0 GPUs and a worker node of 1 CPU, each node its own
 `ray start`, all on 127.0.0.1, started and stopped through the CLI (the same code path as a user's
 `rayft cluster local up|down`). The quickstart runs 2 steps with 2 workers × 0.5 CPU, so the two
-Ray Train workers land on the worker nodes (the head offers no CPU).
+Ray Train workers land on the worker node (the head offers no CPU).
 """
 
 import json
@@ -182,7 +182,7 @@ def test_cli_has_one_cluster_group_with_local():
 
 @pytest.fixture(scope="module")
 def cluster(local_cluster):
-    """The shared `rayft cluster local up --workers 2 --cpus-per-worker 1` (tests/conftest.py), with the
+    """The shared `rayft cluster local up --workers 1 --cpus-per-worker 1` (tests/conftest.py), with the
     environment that names its state directory (RAYFT_LOCAL_CLUSTER_DIR)."""
     return local_cluster
 
@@ -192,9 +192,9 @@ def test_up_is_idempotent_and_secured(cluster):
     c, env = cluster
     assert c.dashboard_url.startswith("http://127.0.0.1:")
     assert oct(os.stat(c.token_file).st_mode & 0o777) == "0o600"
-    assert [n["name"] for n in c.nodes] == ["head", "worker-1", "worker-2"]
-    assert local.alive_nodes(c) == 3
-    r = rayft(env, "cluster", "local", "up", "--workers", "2", timeout=60)
+    assert [n["name"] for n in c.nodes] == ["head", "worker-1"]
+    assert local.alive_nodes(c) == 2
+    r = rayft(env, "cluster", "local", "up", "--workers", "1", timeout=60)
     assert r.returncode == 0, r.stderr
     assert "already running" in r.stderr
     assert f"export RAY_ADDRESS={c.dashboard_url}" in r.stdout
@@ -285,11 +285,11 @@ def test_submit_with_token_streams_the_job_to_its_end(cluster, submitted):
     assert info.entrypoint.startswith("python -m rayft.cli train job.yaml --set train.max_steps=2"), info.entrypoint
     logs = client.get_job_logs(job_id)
     assert "rayft run summary" in logs and "2 × cpu" in logs
-    # the two Ray Train workers ran on the worker nodes: the head offers no CPU
+    # the two Ray Train workers ran on the worker node: the head offers no CPU
     status, body = http_status(f"{c.dashboard_url}/api/v0/nodes?limit=100", token=c.token)
     nodes = json.loads(body)["data"]["result"]["result"]
     head = [n for n in nodes if n.get("is_head_node")]
-    assert len(nodes) == 3 and len(head) == 1
+    assert len(nodes) == 2 and len(head) == 1
     assert head[0]["resources_total"].get("CPU", 0) == 0
 
 
@@ -313,7 +313,7 @@ def test_submit_uploads_exactly_the_listed_files_and_no_secret(cluster, submitte
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert f"working_dir {proj.resolve()}: 5 files" in r.stderr
     assert "rayft run summary" in r.stdout
-    # what Ray unpacked for this job, node by node (the head runs the driver, the worker nodes the Ray Train workers)
+    # what Ray unpacked for this job, node by node (the head runs the driver, the worker node the Ray Train workers)
     unpacked = {}
     for node in c.nodes:
         for d in Path(node["temp_dir"]).glob("session_*/runtime_resources/working_dir_files/*"):
