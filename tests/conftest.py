@@ -56,8 +56,8 @@ def qwen_tokenizer():
 
 
 #: The integration modules in two lanes, one per xdist process (:func:`pytest_xdist_make_scheduler`);
-#: the unit tests then go to whichever process is free, so both end together (2026-12-03, 2 cores:
-#: lane 0's modules ~480 s, lane 1's ~380 s, the whole suite 560 s); :data:`ORDER`: the order they
+#: the unit tests then go to whichever process is free, so both end together (2026-12-03 evening, 2 cores:
+#: lane 0's modules ~550 s, lane 1's ~470 s, the whole suite 665 s); :data:`ORDER`: the order they
 #: are collected in (a module not listed runs after them, a unit of its own).
 LANES = (
     # the fault-tolerance module (three runs at once on one Ray) with the single-run modules
