@@ -62,7 +62,7 @@ def losses(workdir, name):
 
 @pytest.fixture(scope="module")
 def baseline(ray_local, workdir, cli_runs):
-    # cli_runs: the two `rayft train` processes of the SIGTERM tests run meanwhile (see cli_runs)
+    # cli_runs: the two `rayft train` processes of the SIGKILL and SIGTERM tests run meanwhile (see cli_runs)
     summary = run_training(config(workdir, "base"))
     # async saves (the default): every checkpoint is finalised, in order, each with its timings
     assert [c["step"] for c in summary["checkpoints"]] == [2, 4, 6, 8]
@@ -239,7 +239,7 @@ class CliRun:
         self.returncode = self.error = None
         self.thread = None
         self.killed: list[int] = []  # the pid of the worker SIGKILLed (kill_a_worker_when)
-        self.killer = None
+        self.killer = self.kill_error = None
 
     def kill_a_worker_when(self, predicate, timeout: float, what: str) -> None:
         def run():
@@ -247,11 +247,11 @@ class CliRun:
                 wait_for(predicate, timeout, what)
                 time.sleep(0.3)  # into the next step (a step takes ~0.5 s here)
                 workers = run_workers(self.name)  # this run's only: the module's other runs share the Ray
-                if workers:
-                    os.kill(workers[-1].pid, signal.SIGKILL)
-                    self.killed.append(workers[-1].pid)
-            except BaseException as e:  # noqa: BLE001 -- reported by the test (no worker killed)
-                self.error = e
+                assert workers, "no Ray Train worker process of the run was found to kill"
+                os.kill(workers[-1].pid, signal.SIGKILL)
+                self.killed.append(workers[-1].pid)
+            except BaseException as e:  # noqa: BLE001 -- reported by the test
+                self.kill_error = e
 
         self.killer = threading.Thread(target=run, daemon=True)
         self.killer.start()
@@ -293,8 +293,9 @@ def cli_runs(ray_local, workdir):
     uninterrupted run so that they run while the in-process runs do, on the same Ray (the suite's
     embedded Ray of 2 logical CPUs: each worker asks for 0.3, train.cpus_per_worker, so the three
     runs' five workers fit; each run mostly waits on process starts: together they take less wall
-    time on 2 cores, and no Ray of another size is started for this module). ``stopped``: a second run of the same checkpoint.name is refused while it holds the
-    lock (``refused``: (the error, its seconds)); one of its two workers is SIGKILLed in the step after
+    time on 2 cores, and no Ray of another size is started for this module). ``stopped``: a second
+    run of the same checkpoint.name is refused while it holds the lock (``refused``: (the error,
+    its seconds)); one of its two workers is SIGKILLed in the step after
     its checkpoint of step 2, and the process is signalled once a step after the worker group's
     restart is in its log: one run for both tests (a Ray Train run costs ~40 CPU-s of CI on 2 cores).
     ``early`` (one worker): signalled once its workers start. The waits are deadlines, not sleeps:
@@ -315,7 +316,10 @@ def cli_runs(ray_local, workdir):
             refused = (e, time.monotonic() - t0)
     finally:
         stopped.kill_a_worker_when(lambda: (run / "checkpoint_0000002" / "rayft_state.json").exists(), 480, "checkpoint 2")
-        stopped.signal_when(lambda: stepped_after_a_restart(stopped.log_path), 720, "a step after the restart")
+        # or once the process ended by itself (no kill, or no restart): the tests then say what happened
+        stopped.signal_when(
+            lambda: stepped_after_a_restart(stopped.log_path) or stopped.proc.poll() is not None, 720, "a step after the restart"
+        )
     early = CliRun(workdir, "early", ["train.num_workers=1", "train.grad_accum_steps=4"])
     early.signal_when(lambda: " worker(s), backend gloo; " in early.log_path.read_text(), 480, "the workers' start")
     yield {"stopped": stopped, "refused": refused, "early": early}
@@ -329,8 +333,10 @@ def test_sigkill_of_a_worker_costs_at_most_one_checkpoint_interval(baseline, wor
     Train restarts the worker group, which goes on from checkpoint 2 (or 4, had the kill come late),
     and the steps it runs again give the uninterrupted run's losses."""
     stopped = cli_runs["stopped"]
-    assert stopped.result() == 143  # then signalled (the SIGTERM test below)
-    assert stopped.killed, f"no Ray Train worker process was found to kill ({stopped.error})"
+    stopped.killer.join(timeout=600)
+    assert stopped.killed, f"no worker was killed: {stopped.kill_error!r}; log: {stopped.log_path.read_text()[-2000:]}"
+    assert stopped.result() == 143, stopped.log_path.read_text()[-2000:]  # then signalled (the SIGTERM test below)
+    # runs before the SIGTERM test (file order), whose resume rewrites this run's summary and metrics
     summary = json.loads((stopped.run / "rayft_summary.json").read_text())
     [restart] = summary["resumes"]
     assert restart["step"] in (2, 4) and (restart["from_world_size"], restart["world_size"]) == (2, 2)
@@ -343,8 +349,9 @@ def test_sigkill_of_a_worker_costs_at_most_one_checkpoint_interval(baseline, wor
 
 def test_sigterm_checkpoints_the_step_and_resumes_exactly_and_a_second_run_is_refused(baseline, workdir, cli_runs, capfd):
     """The ``stopped`` run (see ``cli_runs``), signalled after its worker group's restart: it
-    checkpoints the last finished step, exits 143 and says how to resume; the resume (at one worker
-    instead of two: the same global batch, 4 micro-batches) ends with the uninterrupted run's losses."""
+    checkpoints the last finished step, exits 143 and says how to resume; the resume (at the same
+    world size, the common case: the corrupt-checkpoint test resumes at another) ends with the
+    uninterrupted run's losses."""
     stopped = cli_runs["stopped"]
     run = stopped.run
     error, took = cli_runs["refused"]  # run_training(config(workdir, "stopped")) while it held the lock
@@ -367,18 +374,18 @@ def test_sigterm_checkpoints_the_step_and_resumes_exactly_and_a_second_run_is_re
     assert all(f"step {n}/8 ({100 * n / 8:.0f}%)  loss " in out for n in range(1, stop["steps_done"] + 1)), out[-2000:]
 
     capfd.readouterr()
-    summary = run_training(config(workdir, "stopped", "train.num_workers=1", "train.grad_accum_steps=4"), resume=str(run))
+    summary = run_training(config(workdir, "stopped"), resume=str(run))
     resumed_out = capfd.readouterr()
     assert (run / "checkpoint_manager_snapshot.json").exists()  # Ray Train's bookkeeping, no checkpoint: no warning about it
     assert "checkpoint_manager_snapshot" not in resumed_out.out + resumed_out.err
     resumed = summary["resumes"][0]
-    assert (resumed["step"], resumed["from_world_size"], resumed["world_size"]) == (stop["checkpoint_step"], 2, 1)
+    assert (resumed["step"], resumed["from_world_size"], resumed["world_size"]) == (stop["checkpoint_step"], 2, 2)
     got = losses(workdir, "stopped")
     assert sorted(got) == list(range(1, 9))
     lines = (run / "rayft_metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == list(range(1, 9))  # the stopped run's steps kept, each once
     for step in range(1, 9):
-        assert got[step] == pytest.approx(baseline[step], abs=1e-4), step  # 1e-4: one worker sums in another order
+        assert got[step] == pytest.approx(baseline[step], abs=1e-5), step
 
 
 def test_sigterm_while_the_workers_start_exits_143_with_nothing_to_resume(workdir, cli_runs):
@@ -406,7 +413,7 @@ def test_rayft_stop_asks_the_runs_of_the_cluster_to_stop(ray_local, cli_runs):
     for r in (
         cli_runs["stopped"],
         cli_runs["early"],
-    ):  # the SIGTERM tests' `rayft train` processes on this Ray end, even after a failed test
+    ):  # the SIGKILL/SIGTERM tests' `rayft train` processes on this Ray end, even after a failed test
         r.proc.kill()
         r.proc.wait(timeout=60)
     wait_for(lambda: running_stop_flags() == [], 60, "the stop flags of ended runs to go")

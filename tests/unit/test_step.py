@@ -65,12 +65,16 @@ def module_level_imports(path: Path) -> set[str]:
         for node in body:
             if isinstance(node, ast.Import):
                 found.update(a.name for a in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            elif isinstance(node, ast.ImportFrom):
+                assert node.level == 0 and node.module, f"{path}:{node.lineno}: a relative import (not followed here)"
                 found.add(node.module)
                 found.update(f"{node.module}.{a.name}" for a in node.names)
-            elif isinstance(node, ast.If) and not (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"):
-                visit(node.body)
+            elif isinstance(node, ast.If):
+                if not (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"):
+                    visit(node.body)
                 visit(node.orelse)
+            elif isinstance(node, (ast.With, ast.For, ast.While)):
+                visit(node.body)
             elif isinstance(node, ast.Try):
                 visit(node.body)
                 visit(node.orelse)
