@@ -40,6 +40,12 @@ os.environ.setdefault("RAYFT_HASH_MEMO", os.path.join(__import__("tempfile").get
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
 
+def env_without_ray_address() -> dict[str, str]:
+    """This process's environment without RAY_ADDRESS or RAY_AUTH_*: for a `rayft` process that must
+    start or find its own Ray, not join one this environment names."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH_"))}
+
+
 def shared_path(*parts: str) -> Path:
     """A path under ../shared, or skip the test with a clear message when shared/ is absent."""
     p = SHARED.joinpath(*parts)
@@ -198,7 +204,7 @@ class SharedLocalCluster:
 
         if self.state is None:
             state = Path(tempfile.mkdtemp(prefix="rlc-", dir="/tmp"))  # short: Ray's socket paths must stay < 108 bytes
-            env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH_"))}
+            env = env_without_ray_address()
             env["RAYFT_LOCAL_CLUSTER_DIR"] = str(state)
             self.state, self.env = state, env
             cmd = [sys.executable, "-m", "rayft.cli", "cluster", "local", "up", "--workers", "1", "--cpus-per-worker", "1"]

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import env_without_ray_address
 
 ROOT = Path(__file__).resolve().parents[2]
 USES_LOCAL_CLUSTER = True  # the shared `rayft cluster local` (tests/conftest.py)
@@ -101,7 +102,7 @@ def checked_train(tmp_path_factory):
     ``job`` so that the two run at the same time (both mostly wait on process starts): (its folder,
     the process, its environment). Its stdout and stderr go to files there."""
     tmp = tmp_path_factory.mktemp("checked")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH_"))} | {"PYTHONPATH": str(ROOT / "src")}
+    env = env_without_ray_address() | {"PYTHONPATH": str(ROOT / "src")}
     sets = [*CHECKED_SETS, f"checkpoint.storage_path={tmp / 'runs'}"]
     cmd = [sys.executable, "-m", "rayft.cli", "train", "examples/quickstart.yaml", *(a for s in sets for a in ("--set", s))]
     with open(tmp / "stdout.txt", "w") as out, open(tmp / "stderr.txt", "w") as err:

@@ -11,7 +11,6 @@ there. Every request goes to 127.0.0.1; nothing is sent to any other address.
 
 import ipaddress
 import json
-import os
 import re
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import down_local_cluster
+from conftest import down_local_cluster, env_without_ray_address
 
 from rayft.cluster import local
 
@@ -283,7 +282,7 @@ def missing_roles(table, setup, seen, held_at_start=frozenset()) -> set:
 
 
 def clean_env() -> dict:
-    return {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH_", "RAY_ENABLE_WINDOWS"))}
+    return {k: v for k, v in env_without_ray_address().items() if not k.startswith("RAY_ENABLE_WINDOWS")}
 
 
 def test_embedded_ray_listens_on_loopback_only(tmp_path):

@@ -16,6 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import env_without_ray_address
 
 from rayft.cluster import local
 from rayft.cluster import submit as sub
@@ -117,7 +118,7 @@ def test_the_repository_submission_packs_the_repository_without_its_outputs():
     """`rayft submit examples/quickstart.yaml` from this repository (pyproject.toml: the repository is
     the working_dir; the module's real job submits another folder): --dry-run lists the config and the
     data it reads, no run output, venv or git data, and nothing over Ray's upload limit."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH_"))}
+    env = env_without_ray_address()
     dry = rayft(env, "submit", "examples/quickstart.yaml", "--dry-run")
     assert dry.returncode == 0, dry.stderr
     listed = dry.stdout.splitlines()

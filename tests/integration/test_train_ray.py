@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from reference_loss import single_process_loss
 
 from rayft.config import load_config
@@ -40,7 +39,6 @@ def reference_first_step_loss(cfg):
     same initial weights: what the 2-worker FSDP2 run must report for step 1."""
     from transformers import AutoModelForCausalLM
 
-    from rayft.data.packing import IGNORE_INDEX, collate
     from rayft.train.loop import make_plan
     from rayft.train.model import load_full_state_dict, load_model_config
 
@@ -49,14 +47,7 @@ def reference_first_step_loss(cfg):
     model = AutoModelForCausalLM.from_config(conf)
     model.load_state_dict(load_full_state_dict(cfg.model, conf, cfg.train.seed))
     rows = make_plan(cfg, ds, 2).step_rows(0)
-    total, count = 0.0, 0
-    with torch.no_grad():
-        for row in rows:
-            b = collate(ds, [row], cfg.data.seq_len, 0, fixed_len=False)  # one row, no padding: the pad id is unused
-            logits = model(input_ids=b["input_ids"], position_ids=b["position_ids"]).logits
-            total += F.cross_entropy(logits.flatten(0, 1), b["labels"].flatten(), ignore_index=IGNORE_INDEX, reduction="sum").item()
-            count += int(b["num_trainable"])
-    return total / count, len(rows)
+    return single_process_loss(model, ds, cfg.data.seq_len, rows)[0], len(rows)
 
 
 @pytest.fixture(scope="module")
