@@ -61,6 +61,43 @@ def test_loss_method_torch_and_hf_paths_give_the_same_sum():
     assert got["hf"] == pytest.approx(float(ref), rel=1e-6)
 
 
+def test_the_head_over_the_trained_positions_only_gives_the_same_loss_and_gradients():
+    """trained_positions (collate's flat indices of the targets ≠ −100): the LM head runs over those
+    rows only; the sum and every parameter's gradient equal the all-positions loss's. A micro-batch
+    with no trained target (an empty rank's all-pad row) gives 0 and zero gradients."""
+    model, ids, pos, labels = _tiny_model_and_batch(16)
+    labels[1, :9] = -100
+    loss = TokenLoss.create("torch")
+
+    def loss_and_grads(lab, trained):
+        model.zero_grad(set_to_none=True)
+        out = loss.compute(model, ids, pos, lab, trained)
+        out.backward()
+        return float(out), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    trained = torch.nonzero(labels.flatten() != -100).flatten()
+    assert trained.numel() == 15 + 6
+    full, full_grads = loss_and_grads(labels, None)
+    sub, sub_grads = loss_and_grads(labels, trained)
+    assert sub == pytest.approx(full, rel=1e-6) and full > 0
+    for name, g in full_grads.items():
+        torch.testing.assert_close(sub_grads[name], g, rtol=1e-5, atol=1e-7, msg=name)
+    none = torch.full_like(labels, -100)
+    empty, empty_grads = loss_and_grads(none, torch.zeros(0, dtype=torch.long))
+    assert empty == 0.0 and all(float(g.abs().max()) == 0.0 for g in empty_grads.values())
+    assert model.get_output_embeddings().weight.grad is not None  # still in the graph: FSDP2's hooks fire
+    # and the head's work is what shrank: its matmul's FLOPs scale with the rows it runs over
+    from torch.utils.flop_counter import FlopCounterMode
+
+    def head_flops(trained):
+        with FlopCounterMode(display=False) as counter:
+            loss.compute(model, ids, pos, labels, trained)
+        return counter.get_total_flops()
+
+    hidden, vocab = model.config.hidden_size, model.config.vocab_size
+    assert head_flops(None) - head_flops(trained) == 2 * hidden * vocab * (32 - 21)
+
+
 def test_varlen_gets_boundaries_only_for_rows_holding_several_documents(monkeypatch):
     """One document per row (random full rows, or a long example with a padding tail): plain causal
     attention, no boundaries; two documents in a row: the boundaries go to the attention."""
@@ -76,8 +113,8 @@ def test_varlen_gets_boundaries_only_for_rows_holding_several_documents(monkeypa
             self.attn_implementation = impl
             self.kwargs = None
 
-        def token_loss_sum(self, ids, pos, labels, **kw):
-            self.kwargs = kw
+        def token_loss_sum(self, ids, pos, labels, trained_positions, **kw):
+            self.kwargs, self.trained = kw, trained_positions
             return torch.zeros(())
 
     lengths = [16, 10, 6]
@@ -90,6 +127,7 @@ def test_varlen_gets_boundaries_only_for_rows_holding_several_documents(monkeypa
     m = Fake(VARLEN)
     micro_batch_loss(m, one_per_row)
     assert m.kwargs == {} and marked == []
+    assert m.trained.tolist() == [*range(15), *range(16, 25)]  # each document's last token predicts nothing
     micro_batch_loss(m, two_in_a_row)
     assert m.kwargs["cu_seq_lens"].tolist() == [0, 16, 26, 32]
     assert len(marked) == 1 and marked[0][0] is two_in_a_row["cu_seq_lens"] and marked[0][1] == 0  # the document count: dynamic

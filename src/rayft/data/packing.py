@@ -399,7 +399,9 @@ def collate(
     Returns:
         ``input_ids``, ``position_ids``, ``labels``: int64 [B, L]; ``labels[b, t]`` is the token
         that position ``t`` must predict (already shifted; −100 where not trained).
-        ``num_tokens`` / ``num_trainable``: int64 scalars (non-pad tokens, trained targets);
+        ``trained_positions``: int64 [T], the flat indices into ``B·L`` of the targets ≠ −100,
+        ascending (the loss runs the LM head over those only: :meth:`rayft.train.loss.TokenLoss.compute`).
+        ``num_tokens`` / ``num_trainable``: int64 scalars (non-pad tokens, trained targets = ``T``);
         ``attn_tokens_sq``: float64 scalar, Σ document length² (for the attention FLOPs term).
         ``cu_seq_lens``: int32 [n_docs + 1], document boundaries over the flattened ``B·L`` tokens
         (a row's padding tail belongs to its last document, as its position ids do), for
@@ -440,12 +442,14 @@ def collate(
     flat = pos.flatten()
     starts = torch.nonzero(flat == 0).flatten()
     cu = torch.cat([starts, torch.tensor([flat.numel()])]).to(torch.int32)
+    trained = torch.nonzero(labels.flatten() != IGNORE_INDEX).flatten()
     return {
         "input_ids": ids,
         "position_ids": pos,
         "cu_seq_lens": cu,
         "labels": labels,
+        "trained_positions": trained,
         "num_tokens": torch.tensor(n_tok),
-        "num_trainable": (labels != IGNORE_INDEX).sum(),
+        "num_trainable": torch.tensor(trained.numel()),
         "attn_tokens_sq": torch.tensor(sq, dtype=torch.float64),
     }

@@ -111,20 +111,29 @@ class TokenLoss:
         """liger's ``chunk_mem_const`` as passed (None: not the fused loss, or a liger without it)."""
         return self.fused_options.get("chunk_mem_const")
 
-    def compute(self, model: torch.nn.Module, input_ids, position_ids, labels, **attn_kwargs) -> torch.Tensor:
+    def compute(self, model: torch.nn.Module, input_ids, position_ids, labels, trained_positions=None, **attn_kwargs) -> torch.Tensor:
         """The fp32 sum of cross-entropies over targets ≠ −100 (a 0-d tensor) of the causal LM
         ``model`` (an unsharded one, or called through :func:`enable_sharded_token_loss`'s method).
 
         Shapes: ``input_ids``, ``position_ids``, ``labels`` int64 [B, L], labels already shifted;
-        ``attn_kwargs`` (e.g. ``cu_seq_lens``) reach the attention layers.
+        ``trained_positions`` (optional) int64 [T]: the flat indices into ``B·L`` of the targets
+        ≠ −100, ascending (:func:`rayft.data.packing.collate` builds them on the host, so their count
+        is known without a device sync); ``attn_kwargs`` (e.g. ``cu_seq_lens``) reach the attention layers.
+
+        With ``trained_positions``, the ``fused`` and ``torch`` losses run the LM head over those
+        ``T`` positions only: prompt and padding positions, whose targets are −100, add nothing to the
+        sum and cost the head's ``2·H·V`` FLOPs (×3 with backward) each; the sum is the same.
         """
         target = labels.flatten()
         if self.impl == "hf":  # the model's forward applies its own logit transform
             logits = model.forward(input_ids=input_ids, position_ids=position_ids, **attn_kwargs).logits
             return F.cross_entropy(logits.flatten(0, 1).float(), target, ignore_index=IGNORE_INDEX, reduction="sum")
         hidden = model.model(input_ids=input_ids, position_ids=position_ids, **attn_kwargs).last_hidden_state.flatten(0, 1)
+        if trained_positions is not None and trained_positions.numel() < target.numel():
+            hidden, target = hidden.index_select(0, trained_positions), target.index_select(0, trained_positions)
         weight = model.get_output_embeddings().weight
-        if self.impl == "fused" and torch.is_grad_enabled():  # (under no_grad liger would still build gradients)
+        # (under no_grad liger would still build gradients; with no row it would divide by zero)
+        if self.impl == "fused" and torch.is_grad_enabled() and target.numel():
             from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
 
             return liger_fused_linear_cross_entropy(
@@ -137,12 +146,12 @@ class TokenLoss:
 SHARDED_LOSS_METHOD = "token_loss_sum"
 
 
-def _token_loss_sum(self, loss: TokenLoss, input_ids, position_ids, labels, **attn_kwargs):
-    return loss.compute(self, input_ids, position_ids, labels, **attn_kwargs)
+def _token_loss_sum(self, loss: TokenLoss, input_ids, position_ids, labels, trained_positions=None, **attn_kwargs):
+    return loss.compute(self, input_ids, position_ids, labels, trained_positions, **attn_kwargs)
 
 
 def enable_sharded_token_loss(model: torch.nn.Module) -> None:
-    """Make ``model.token_loss_sum(loss, input_ids, position_ids, labels, **kw)`` run ``loss`` on the
+    """Make ``model.token_loss_sum(loss, input_ids, position_ids, labels, trained_positions, **kw)`` run ``loss`` on the
     FSDP2 root ``model`` with its parameters gathered.
 
     Why a method on the module: FSDP2 gathers the root's parameters (embedding, final norm, LM head)

@@ -209,10 +209,11 @@ class ShardedModel:
         """The transformers attention implementation that runs (e.g. ``rayft_varlen``, ``sdpa``)."""
         return self.module.config._attn_implementation
 
-    def token_loss_sum(self, input_ids, position_ids, labels, **attn_kwargs) -> torch.Tensor:
+    def token_loss_sum(self, input_ids, position_ids, labels, trained_positions=None, **attn_kwargs) -> torch.Tensor:
         """Sum of token cross-entropies (fp32, 0-d) over ``labels`` ≠ −100, the root's parameters
-        gathered by FSDP2 around it. Shapes: int64 [B, L] each; ``attn_kwargs`` reach attention."""
-        return getattr(self.module, SHARDED_LOSS_METHOD)(self.loss, input_ids, position_ids, labels, **attn_kwargs)
+        gathered by FSDP2 around it. Shapes: int64 [B, L] each; ``trained_positions`` int64 [T] or None
+        (:meth:`rayft.train.loss.TokenLoss.compute`); ``attn_kwargs`` reach attention."""
+        return getattr(self.module, SHARDED_LOSS_METHOD)(self.loss, input_ids, position_ids, labels, trained_positions, **attn_kwargs)
 
     def after_optimizer_step(self) -> None:
         """Work due after each ``optimizer.step()``: with float8 weights all-gathered by FSDP2,

@@ -25,7 +25,8 @@ from rayft.train.model import ShardedModel
 def micro_batch_loss(model: ShardedModel, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Sum of token cross-entropies (fp32, 0-d) over the micro-batch's trainable targets.
 
-    ``batch``: :func:`rayft.data.packing.collate`'s tensors on the model's device.
+    ``batch``: :func:`rayft.data.packing.collate`'s tensors on the model's device (without
+    ``trained_positions``, e.g. a benchmark's hand-made rows, the LM head runs over every position).
     Variable-length attention gets the document boundaries only when some row holds more than one
     document (more boundaries than rows); rows of one document each (random full-length rows, or a
     row per long example) need no boundaries and run plain causal attention.
@@ -37,7 +38,7 @@ def micro_batch_loss(model: ShardedModel, batch: dict[str, torch.Tensor]) -> tor
         # first call instead of recompiling when the second micro-batch brings another count
         torch._dynamo.maybe_mark_dynamic(batch["cu_seq_lens"], 0)
         extra = {"cu_seq_lens": batch["cu_seq_lens"]}
-    return model.token_loss_sum(batch["input_ids"], batch["position_ids"], batch["labels"], **extra)
+    return model.token_loss_sum(batch["input_ids"], batch["position_ids"], batch["labels"], batch.get("trained_positions"), **extra)
 
 
 @dataclass(frozen=True)
