@@ -234,22 +234,3 @@ def test_liger_kernels_with_cpu_workers_is_a_config_error():
     ):
         load_config(quickstart, ["train.liger_kernels=true"])
     assert load_config(quickstart, ["train.liger_kernels=true", "train.use_gpu=auto"]).train.liger_kernels is True
-
-
-def test_the_fused_loss_keeps_its_chunks_at_the_whole_micro_batchs_size():
-    """liger's chunk_mem_const is a budget relative to the rows it is given: over the trained rows only
-    it would cut them into more, smaller chunks (a pass over the fp32 V × H weight gradient each). The
-    options passed keep the chunk that train.fused_loss_chunk_mem gives the whole micro-batch (what
-    the memory plan counts), never a larger one."""
-    from rayft.train.memory_plan import liger_chunk_tokens
-
-    hidden, vocab, positions = 1536, 151_936, 32_768  # Qwen2.5-1.5B, 16 × 2048
-    loss = TokenLoss("fused", {"chunk_mem_const": 8})
-    budget = liger_chunk_tokens(positions, hidden, vocab, 8)
-    assert budget == 4096 and liger_chunk_tokens(24_100, hidden, vocab, 8) == 2048  # as given: 12 chunks, not 6
-    for rows in (32_767, 24_100, 16_385, 11_000, 4_096, 2_000, 1):
-        chunk_mem = loss.fused_options_for(rows, positions, hidden, vocab)["chunk_mem_const"]
-        assert liger_chunk_tokens(rows, hidden, vocab, chunk_mem) == min(rows, budget), rows
-        assert liger_chunk_tokens(rows, hidden, vocab, chunk_mem + 1) > budget or chunk_mem == -(-vocab // hidden), rows
-    assert loss.fused_options_for(positions, positions, hidden, vocab) == {"chunk_mem_const": 8}
-    assert TokenLoss("fused", {}).fused_options_for(100, positions, hidden, vocab) == {}  # a liger without chunk_mem_const

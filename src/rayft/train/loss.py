@@ -111,25 +111,6 @@ class TokenLoss:
         """liger's ``chunk_mem_const`` as passed (None: not the fused loss, or a liger without it)."""
         return self.fused_options.get("chunk_mem_const")
 
-    def fused_options_for(self, rows: int, positions: int, hidden: int, vocab: int) -> dict:
-        """liger's options for the head over ``rows`` trained positions of a micro-batch of
-        ``positions``: ``train.fused_loss_chunk_mem`` is a memory budget relative to the whole
-        micro-batch (liger's chunks hold ≈ chunk_mem × positions × hidden logits; the memory plan
-        counts them so), and liger applies it to the rows it is given. Fewer rows would mean more,
-        smaller chunks, each one more pass over the fp32 ``V × H`` weight gradient; so the largest
-        ``chunk_mem_const`` whose chunk (:func:`rayft.train.memory_plan.liger_chunk_tokens`) is no
-        larger than the whole micro-batch's chunk at the setting is passed instead."""
-        if self.chunk_mem is None or rows >= positions:
-            return self.fused_options
-        from rayft.train.memory_plan import liger_chunk_tokens
-
-        budget = liger_chunk_tokens(positions, hidden, vocab, self.chunk_mem)
-        lo, hi = self.chunk_mem, max(self.chunk_mem, -(-vocab // hidden))  # at hi: one chunk of every row
-        while lo < hi:  # the chunk grows with chunk_mem_const: the largest within the budget
-            mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if liger_chunk_tokens(rows, hidden, vocab, mid) <= budget else (lo, mid - 1)
-        return {**self.fused_options, "chunk_mem_const": lo}
-
     def compute(self, model: torch.nn.Module, input_ids, position_ids, labels, trained_positions=None, **attn_kwargs) -> torch.Tensor:
         """The fp32 sum of cross-entropies over targets ≠ −100 (a 0-d tensor) of the causal LM
         ``model`` (an unsharded one, or called through :func:`enable_sharded_token_loss`'s method).
@@ -148,17 +129,15 @@ class TokenLoss:
             logits = model.forward(input_ids=input_ids, position_ids=position_ids, **attn_kwargs).logits
             return F.cross_entropy(logits.flatten(0, 1).float(), target, ignore_index=IGNORE_INDEX, reduction="sum")
         hidden = model.model(input_ids=input_ids, position_ids=position_ids, **attn_kwargs).last_hidden_state.flatten(0, 1)
-        positions = target.numel()
-        if trained_positions is not None and trained_positions.numel() < positions:
+        if trained_positions is not None and trained_positions.numel() < target.numel():
             hidden, target = hidden.index_select(0, trained_positions), target.index_select(0, trained_positions)
         weight = model.get_output_embeddings().weight
         # (under no_grad liger would still build gradients; with no row it would divide by zero)
         if self.impl == "fused" and torch.is_grad_enabled() and target.numel():
             from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
 
-            options = self.fused_options_for(target.numel(), positions, weight.shape[1], weight.shape[0])
             return liger_fused_linear_cross_entropy(
-                hidden, weight, target, ignore_index=IGNORE_INDEX, reduction="sum", accum_dtype=torch.float32, **options
+                hidden, weight, target, ignore_index=IGNORE_INDEX, reduction="sum", accum_dtype=torch.float32, **self.fused_options
             ).float()
         logits = F.linear(hidden, weight).float()
         return F.cross_entropy(logits, target, ignore_index=IGNORE_INDEX, reduction="sum")
