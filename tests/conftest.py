@@ -7,8 +7,8 @@ only), 2 logical CPUs. Starting one costs seconds of CI on 2 cores, so every mod
 for it uses the same one, started by the first such module; the unit modules stop it first
 (release_shared_rays: a unit test must not find Ray up); a module that needs another Ray in this
 process (a multi-node ``Cluster``) stops it too with ``embedded_ray.stop()``. ``local_cluster``: one
-`rayft cluster local` (a head and one worker node, token auth) shared the same way by the modules that
-submit jobs (:class:`SharedLocalCluster`).
+`rayft cluster local` (a head and one worker node, token auth) shared the same way by the loopback
+module and the modules that submit jobs (:class:`SharedLocalCluster`).
 
 The integration modules are collected first, in :data:`ORDER`, then the unit tests. ``make test``
 runs pytest-xdist with 2 processes and the schedule of :func:`pytest_xdist_make_scheduler`: each
@@ -75,12 +75,13 @@ LANES = (
         "test_ray_start_retry.py",
         "test_token_store_s3.py",
     ),
-    # the two modules whose jobs run on the shared `rayft cluster local` (local_cluster: a multi-process Ray), then
+    # the modules of the shared `rayft cluster local` (local_cluster: a multi-process Ray): the loopback module
+    # first (it checks the fresh cluster's listeners, before any job), then the two whose jobs run on it; then
     # the modules with a Ray of their own, then those of the embedded one (ray_local: started once for the two)
     (
+        "test_loopback.py",
         "test_submit.py",
         "test_doctor_job.py",
-        "test_loopback.py",
         "test_shared_storage.py",
         "test_bench_train_ray.py",
         "test_bench_collectives.py",
@@ -182,13 +183,13 @@ def ray_local(embedded_ray):
 class SharedLocalCluster:
     """One `rayft cluster local up --workers 1 --cpus-per-worker 1` (a head with no CPU and one
     1-CPU worker node, token auth, through the CLI as a user starts it) for the modules of one
-    pytest process that need a multi-node cluster with jobs (``local_cluster``): the submit and
+    pytest process that need a multi-node cluster (``local_cluster``): the loopback, submit and
     doctor-job modules, one after the other in one lane, each with ``USES_LOCAL_CLUSTER = True``. A
     start costs seconds of both cores of the CI machine, and an idle node ~4% of a core: the first
-    module without the flag stops it (``release_shared_rays``). The loopback module starts its own:
-    it checks a fresh cluster's listeners against docs/network.md, and on this one, after the other
-    modules' jobs, a dashboard agent also listened on a port the table does not name (127.0.0.1,
-    2026-12-03; not investigated further)."""
+    module without the flag stops it (``release_shared_rays``). The loopback module uses it first
+    (:data:`LANES`): it checks the fresh cluster's listeners against docs/network.md, which must be
+    before any job (after the other modules' jobs a dashboard agent also listened on a port the
+    table does not name: 127.0.0.1, 2026-12-03; not investigated further)."""
 
     def __init__(self):
         self.state: Path | None = None

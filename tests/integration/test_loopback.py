@@ -1,6 +1,7 @@
 """Ray on 127.0.0.1 only, for both Rays rayft starts: the embedded Ray of `rayft train` (through
 connect_ray, in a child process) and `rayft cluster local up --workers 1` (through the CLI: a head
-and one worker node, the smallest shape with both kinds of `ray start`).
+and one worker node, the smallest shape with both kinds of `ray start`; the lane's shared one, before
+any job has run on it).
 
 Each test lists every TCP socket the started processes listen on (psutil), and checks it against
 the table of docs/network.md, which it reads: every listener's role (by process and port) is a row
@@ -14,7 +15,6 @@ import json
 import re
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import down_local_cluster, env_without_ray_address
+from conftest import env_without_ray_address
 
 from rayft.cluster import local
 
@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "network.md"
 
 pytestmark = pytest.mark.integration
+USES_LOCAL_CLUSTER = True  # the shared `rayft cluster local` (tests/conftest.py), checked fresh before the job modules use it
 
 
 # --------------------------------------------------------------------------- the table
@@ -331,10 +332,6 @@ def test_embedded_ray_listens_on_loopback_only(tmp_path):
 # --------------------------------------------------------------------------- rayft cluster local
 
 
-def rayft(env, *args, timeout=240):
-    return subprocess.run([sys.executable, "-m", "rayft.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-
-
 LOCAL_PORTS = {  # state.json's nodes[].ports -> role
     "dashboard_agent_listen": "agent-http",
     "dashboard_agent_grpc": "agent-grpc",
@@ -346,16 +343,16 @@ LOCAL_PORTS = {  # state.json's nodes[].ports -> role
 }
 
 
-def test_local_cluster_listens_on_loopback_only(tmp_path):
+def test_local_cluster_listens_on_loopback_only(local_cluster, tmp_path):
+    """On the lane's shared `rayft cluster local up --workers 1 --cpus-per-worker 1` (tests/conftest.py),
+    fresh: this module runs before the modules that submit jobs to it (conftest.LANES), and no driver
+    has joined it before this test's own."""
     table = documented()
-    state = Path(tempfile.mkdtemp(prefix="rlb-", dir="/tmp"))  # short: Ray's socket paths must stay < 108 bytes
-    env = {**clean_env(), "RAYFT_LOCAL_CLUSTER_DIR": str(state)}
-    c = proc = None
+    c, shared_env = local_cluster
+    env = {k: v for k, v in shared_env.items() if not k.startswith("RAY_ENABLE_WINDOWS")}
+    proc = None
     try:
-        r = rayft(env, "cluster", "local", "up", "--workers", "1", timeout=180)
-        assert r.returncode == 0, r.stdout + r.stderr
-        c = local.load_state(state)
-        assert c is not None and local.alive_nodes(c) == 2
+        assert local.alive_nodes(c) == 2
 
         # nothing of the cluster listens off loopback (checked before any driver joins)
         kinds = {"gcs_server", "raylet", "dashboard-agent", "runtime-env-agent", "dashboard", "monitor", "ray-client-server"}
@@ -403,7 +400,6 @@ def test_local_cluster_listens_on_loopback_only(tmp_path):
     finally:
         if proc is not None:
             stop_tree(proc)
-        down_local_cluster(state, env)
 
 
 # --------------------------------------------------------------------------- a training run's own listener

@@ -13,7 +13,7 @@ import torch
 from typer.testing import CliRunner
 
 from rayft.benchmarks import train as bt
-from rayft.benchmarks.recipes import batch_token_stats, padded_batch, step_rows
+from rayft.benchmarks.recipes import batch_token_stats, padded_batch, rank_rows, step_rows
 from rayft.cli import app
 from rayft.config import ConfigError, load_config
 from rayft.data.synthetic import random_dataset
@@ -45,6 +45,9 @@ def test_padded_batch_counts_exact_non_padding_tokens():
     assert b["input_ids"].shape == (3, 8) and int(b["attention_mask"].sum()) == 15
     assert (b["labels"][0, 3:] == -100).all() and b["labels"][1, :7].tolist() == list(range(1, 8))
     assert step_rows(5, 2, 4) == [3, 4, 0, 1]  # step 2 of 4 rows over 5 examples wraps around
+    # the sample recipe's ranks: each its micro-batch of the step's rows, dealt out in turn, none twice
+    assert [rank_rows(5, 2, 2, r, 2) for r in (0, 1)] == [[3, 0], [4, 1]]
+    assert rank_rows(5, 2, 4, 0, 1) == step_rows(5, 2, 4)
     # the random workload's rows fill seq_len exactly: every row of a step counts whole, no padding
     rnd = random_dataset(12, 64, 32768, seed=0)
     b = padded_batch(rnd, step_rows(len(rnd), 2, 4), 64, pad_id=0)

@@ -62,6 +62,12 @@ def step_rows(n_examples: int, step: int, rows_per_step: int) -> list[int]:
     return [(step * rows_per_step + j) % n_examples for j in range(rows_per_step)]
 
 
+def rank_rows(n_examples: int, step: int, micro_batch: int, rank: int, world: int) -> list[int]:
+    """Rank ``rank``'s example indices of global step ``step`` (0-based) in the sample recipe: the
+    step's ``world × micro_batch`` consecutive examples (:func:`step_rows`), dealt out in turn."""
+    return step_rows(n_examples, step, world * micro_batch)[rank::world]
+
+
 def padded_batch(ds: TokenizedDataset, idx: list[int], seq_len: int, pad_id: int) -> dict[str, Any]:
     """One example per row, right-padded to ``seq_len`` (the sample recipe's batch).
 
@@ -164,7 +170,7 @@ def sample_train_func(spec: dict[str, Any]) -> None:
     log = StepLog(spec["out_dir"], rank)
     t_last = time.perf_counter()
     for step in range(spec["steps"]):
-        rows = step_rows(len(ds), step, world * mb)[rank::world]
+        rows = rank_rows(len(ds), step, mb, rank, world)
         b = padded_batch(ds, rows, seq_len, pad_id)
         optimizer.zero_grad()
         loss = model(input_ids=b["input_ids"].to(device), attention_mask=b["attention_mask"].to(device), labels=b["labels"].to(device)).loss
