@@ -84,3 +84,38 @@ def test_varlen_and_fused_match_the_reference_path(pg):
     assert l_new == pytest.approx(l_ref, rel=1e-2)
     cos = torch.nn.functional.cosine_similarity(g_ref.flatten(), g_new.flatten(), dim=0)
     assert float(cos) > 0.99
+
+
+def test_the_fused_loss_over_the_trained_rows_equals_it_over_every_row(pg):
+    """liger's fused loss given only the trained rows (collate's trained_positions) against the same
+    loss given every row: the same sum and the same gradients, to bf16 rounding and the change of
+    summation order (the rows' losses are independent; an ignored row adds nothing). A micro-batch with no trained target
+    (an empty rank's all-pad row) gives 0 through the plain path liger cannot take (no rows), and
+    zero gradients that still reach the LM head."""
+    from rayft.data.packing import collate
+    from rayft.train.step import micro_batch_loss
+
+    ds, dev = _dataset(), torch.device("cuda:0")
+    batch = {k: v.to(dev) for k, v in collate(ds, [[0, 1], [2, 3]], 2048, 0).items()}
+    n_rows, n_trained = batch["labels"].numel(), int(batch["num_trainable"])
+    assert batch["trained_positions"].numel() == n_trained < 0.75 * n_rows  # prompts (30%) and padding left out
+    model = _model("varlen", "fused")
+    params = dict(model.module.named_parameters())
+    results = {}
+    for name, b in (("all rows", {k: v for k, v in batch.items() if k != "trained_positions"}), ("trained rows", batch)):
+        loss = micro_batch_loss(model, b)
+        loss.backward()
+        results[name] = (float(loss), {p: t.grad.full_tensor().float().clone() for p, t in params.items()})
+        model.module.zero_grad(set_to_none=True)
+    (l_all, g_all), (l_sub, g_sub) = results["all rows"], results["trained rows"]
+    # bf16 logits: cuBLAS may round a row differently at another row count, so bf16 tolerances
+    assert l_sub == pytest.approx(l_all, rel=1e-3) and l_all > 0
+    for p in ("model.embed_tokens.weight", "model.layers.0.mlp.down_proj.weight", "model.norm.weight"):
+        rel = float((g_sub[p] - g_all[p]).norm() / g_all[p].norm())
+        assert rel < 1e-2 and float(g_all[p].abs().max()) > 0, (p, rel)
+
+    empty = {**batch, "labels": torch.full_like(batch["labels"], -100), "trained_positions": batch["trained_positions"][:0]}
+    loss = micro_batch_loss(model, empty)
+    loss.backward()
+    head = model.module.get_output_embeddings().weight.grad
+    assert float(loss) == 0.0 and head is not None and float(head.full_tensor().abs().max()) == 0.0
