@@ -3,8 +3,8 @@
 # The LM head over the trained positions on a GPU, end to end: the GPU tests (varlen attention and the
 # fused loss against the plain one), then a 30-step `rayft train` of the qwen2.5-1.5b preset on alpaca
 # EN+ZH with float8 (decoder linears; the LM head stays bf16), a held-out 2% evaluated every 10 steps
-# (the no-grad path of the loss), a checkpoint at step 30 and the checked export (its probe runs the
-# loss too). Writes under $OUT: gpu-tests.log, train.log, the run's rayft_summary.json and
+# (the no-grad path of the loss), a checkpoint at step 30 and the checked export (its probe compares
+# the model's own logits, not the loss). Writes under $OUT: gpu-tests.log, train.log, the run's rayft_summary.json and
 # rayft_metrics.jsonl, its export check.
 set -uo pipefail
 source .gpu/setup.sh

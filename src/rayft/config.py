@@ -268,7 +268,8 @@ class TrainConfig(_Section):
         default=8,
         ge=1,
         description="fused loss only: liger-kernel's chunk_mem_const. Each chunk of the LM head's logits holds about this "
-        "many × (micro-batch tokens × hidden size) values: larger chunks, fewer passes over the fp32 weight gradient. "
+        "many × (the micro-batch's trained tokens × hidden size) values (the loss runs over the trained positions "
+        "only): larger chunks, fewer passes over the fp32 weight gradient. "
         "1 is liger's default and the least memory; 8 was the fastest of 1, 4 and 8 in the step on H200 (bench/NOTES.md §8).",
     )
     liger_kernels: bool = Field(

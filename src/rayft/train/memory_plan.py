@@ -26,7 +26,9 @@ marks, from the model's config alone (parameter counts come from the model built
 * **loss**: liger's fused loss holds a chunk of logits (``C × V`` bf16, C = liger's chunk of the
   micro-batch's tokens × ``train.fused_loss_chunk_mem``), the fp32 gradient of its input (4H per token)
   and of the LM head (4 × V × H); the plain loss holds the whole logits: 10 bytes × tokens × V
-  (bf16 logits, the fp32 log-softmax and its gradient).
+  (bf16 logits, the fp32 log-softmax and its gradient). Counted over every token of the
+  micro-batch: the loss runs over its trained positions only (:mod:`rayft.train.loss`), so these
+  bound it.
 
 The peak is the largest of three moments: the end of the forward pass (all activations and the
 loss), the backward pass of the last layer (activations, one layer recomputed with checkpointing,
