@@ -349,7 +349,7 @@ def test_local_cluster_listens_on_loopback_only(local_cluster, tmp_path):
     has joined it before this test's own."""
     table = documented()
     c, shared_env = local_cluster
-    env = {k: v for k, v in shared_env.items() if not k.startswith("RAY_ENABLE_WINDOWS")}
+    env = {**clean_env(), "RAYFT_LOCAL_CLUSTER_DIR": shared_env["RAYFT_LOCAL_CLUSTER_DIR"]}
     proc = None
     try:
         assert local.alive_nodes(c) == 2
