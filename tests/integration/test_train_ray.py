@@ -81,6 +81,10 @@ def test_two_worker_fsdp2_run_loss_export_and_tied_weights(fsdp2_run, qwen_token
     assert losses[0] == pytest.approx(ref_loss, rel=1e-5)
     assert losses[-1] < losses[0] - 1.0  # falls by more than one nat in 6 steps
     assert all(h["trainable_tokens"] > 0 and h["grad_norm"] > 0 for h in hist)
+    # each step is one whole epoch of the 5 examples, one a row (no packing): its tokens, and Σ length² for MFU's attention term
+    lengths = [int(n) for n in load_run_data(cfg, __import__("rich.console").console.Console(quiet=True)).train.lengths()]
+    assert len(lengths) == 5 and max(lengths) <= cfg.data.seq_len
+    assert all((h["tokens"], h["attn_tokens_sq"]) == (sum(lengths), sum(n * n for n in lengths)) for h in hist), hist[0]
     # tracking.tensorboard: the driver's event files hold the same per-step losses (float32) and learning rates
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
