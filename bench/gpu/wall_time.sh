@@ -13,6 +13,8 @@
 # PRECOMPILE (default 1): write the bundle's bytecode first (not part of any run's wall time): the
 # bundle unpacks into /tmp/site as sources only, where an image's pip install leaves bytecode beside
 # them (the host's own packages still import without: it sets PYTHONDONTWRITEBYTECODE, NOTES §22).
+# DISK_PROBE (default 1): after the runs, /tmp's write rate for 4 GiB, through the page cache to an
+# fdatasync and with O_DIRECT ($OUT/disk-probe.txt): the floor under the end's checkpoint and export writes.
 # IMPORT_TIMES=1 (default 0: ~100 s of the call on that host): before and after, the seconds a fresh
 # process takes to import the workers' module, and (after) its -X importtime profile ($OUT/importtime.txt).
 set -uo pipefail
@@ -76,6 +78,9 @@ for run in ("cold", "warm"):
 print(write_result(f"{out}/wall-time-{ng}xgpu.json", "bash bench/gpu/wall_time.sh", rows))
 print(json.dumps({k: {"overhead_s": v["overhead_s"], "wall_s": v["wall_s"]} for k, v in rows.items()}, indent=1))
 EOF2
+if [ "${DISK_PROBE:-1}" = 1 ]; then
+  for flag in conv=fdatasync oflag=direct conv=fdatasync oflag=direct; do echo -n "$flag: "; dd if=/dev/zero of=/tmp/disk-probe bs=64M count=64 $flag 2>&1 | tail -1; rm -f /tmp/disk-probe; done | tee "$OUT/disk-probe.txt"
+fi
 left=$(( END - $(date +%s) ))
 if [ "$STAGING_S" -gt 0 ] && [ "$left" -ge "$STAGING_S" ]; then
   timeout -k 10 $(( left - 5 )) python3 bench/gpu/staging_alloc.py --preset qwen2.5-1.5b --out "$OUT/staging-alloc-${NG}xgpu.json"

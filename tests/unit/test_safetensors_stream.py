@@ -91,3 +91,56 @@ def test_wrong_order_shape_dtype_or_early_close_is_refused_and_leaves_no_file(tm
         with pytest.raises(ValueError, match=r"got tensor 'a', expected 'nothing more'"):
             s.write("a", a)
     assert set(load_file(str(path))) == {"a", "b"}
+
+
+FULL_DISK = r"""
+import resource, signal, sys, threading, torch
+from rayft.train.safetensors_stream import SafetensorsStream
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit a write then fails with EFBIG instead of killing the process
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))  # files of 1 MiB at most: a disk that fills up
+path, parts = sys.argv[1], [torch.full((64, 1024), float(i)) for i in range(8)]  # 256 KiB each, 2 MiB in all
+try:
+    with SafetensorsStream(path, {f"t{i}": (p.dtype, tuple(p.shape)) for i, p in enumerate(parts)}) as s:
+        for i, p in enumerate(parts):
+            s.write(f"t{i}", p)
+except OSError as e:
+    print("RAISED", type(e).__name__, e.errno)
+print("THREADS", sorted(t.name for t in threading.enumerate() if t.name.startswith("safetensors-writer")))
+"""
+
+
+def test_a_failed_write_in_the_writer_thread_reaches_the_caller_and_leaves_no_file(tmp_path):
+    """The writer thread's own failure (here a real EFBIG from a file-size limit, as a full disk
+    gives ENOSPC) is raised to the caller by a later write or close, the partial file is deleted
+    and the thread is gone."""
+    import errno
+    import subprocess
+    import sys
+
+    path = tmp_path / "big.safetensors"
+    out = subprocess.run([sys.executable, "-c", FULL_DISK, str(path)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"RAISED OSError {errno.EFBIG}" in out.stdout, out.stdout + out.stderr[-2000:]
+    assert "THREADS []" in out.stdout
+    assert not path.exists()
+
+
+def test_many_large_tensors_through_the_writer_thread_land_in_order_bit_for_bit(tmp_path):
+    """Tensors queued faster than one is written (each one's writeback started as it lands) read
+    back bit for bit at their header's offsets; no writer thread outlives close."""
+    import json
+    import threading
+
+    want = {f"w{i}": torch.randn(256, 1024, generator=torch.Generator().manual_seed(i)) for i in range(6)}  # 1 MiB each
+    path = tmp_path / "model.safetensors"
+    with SafetensorsStream(path, {k: (v.dtype, tuple(v.shape)) for k, v in want.items()}) as s:
+        for k, v in want.items():
+            s.write(k, v)
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + n])
+    assert [header[k]["data_offsets"][0] for k in want] == [i * (1 << 20) for i in range(6)]
+    for k, v in want.items():
+        begin, end = header[k]["data_offsets"]
+        assert torch.equal(torch.frombuffer(bytearray(raw[8 + n + begin : 8 + n + end]), dtype=torch.float32).reshape(256, 1024), v), k
+    assert not [t for t in threading.enumerate() if t.name.startswith("safetensors-writer")]

@@ -27,6 +27,8 @@ from pathlib import Path
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.filesystem import FileSystem
 
+from rayft.train.writeback import WritebackTracker
+
 ALGORITHM = "blake2b-128"
 _READ_CHUNK = 8 << 20  # bytes per read when hashing a file on disk
 
@@ -83,12 +85,15 @@ def compare(directory: str | os.PathLike, expected: dict[str, str], threads: int
 
 class _HashingStream:
     """A binary output stream that feeds every byte written to it to a hash (``write``, ``tell``,
-    ``flush``, ``fileno`` and ``close`` are what DCP's file writer calls). ``error``: the ``OSError``
-    a write raised (``torch.save`` replaces it with a RuntimeError that does not say why)."""
+    ``flush``, ``fileno`` and ``close`` are what DCP's file writer calls), and asks for their
+    writeback every few tens of MB (:class:`rayft.train.writeback.WritebackTracker`). ``error``:
+    the ``OSError`` a write raised (``torch.save`` replaces it with a RuntimeError that does not say why)."""
 
     def __init__(self, raw, h):
         self._raw, self._h = raw, h
         self.error: OSError | None = None
+        self._writeback = WritebackTracker(raw.fileno(), raw.tell())
+        self._position = raw.tell()
 
     def write(self, b) -> int:
         mv = memoryview(b).cast("B")
@@ -97,8 +102,11 @@ class _HashingStream:
         except OSError as e:
             self.error = e
             raise
-        self._h.update(mv if n is None or n == len(mv) else mv[:n])
-        return len(mv) if n is None else n
+        n = len(mv) if n is None else n
+        self._h.update(mv if n == len(mv) else mv[:n])
+        self._position += n
+        self._writeback.wrote(self._position)  # the disk starts on it while DCP serializes the next tensor
+        return n
 
     def tell(self) -> int:
         return self._raw.tell()

@@ -10,6 +10,11 @@ name: {"dtype", "shape", "data_offsets": [begin, end]}, ...}``, padded with spac
 bytes), then the tensors' bytes back to back in header order, row-major, little-endian. Readers
 are safetensors' own (``safe_open``, ``load_file``, transformers); the export reads every file back
 through them before it is published.
+
+The disk works while the tensors arrive: a writer thread appends each tensor while the caller
+gathers and copies the next one to the host, and asks the kernel to start writing each tensor's
+bytes out as soon as they are in the page cache (:mod:`rayft.train.writeback`), so that the
+``fsync`` at :meth:`SafetensorsStream.close` waits for the last tensor only.
 """
 
 from __future__ import annotations
@@ -17,11 +22,15 @@ from __future__ import annotations
 import json
 import math
 import os
+import queue
 import struct
 import sys
+import threading
 from pathlib import Path
 
 import torch
+
+from rayft.train.writeback import start_writeback
 
 #: torch dtype → safetensors dtype name (the ones a model's state dict holds)
 DTYPE_NAMES = {
@@ -45,9 +54,14 @@ class SafetensorsStream:
     order; :meth:`write` each tensor in turn, then :meth:`close` (which fsyncs). Use as a context
     manager, or call :meth:`abort` on a failure: either deletes the partial file.
 
+    A writer thread appends the tensors: :meth:`write` returns once its tensor is on the host and
+    queued, so the host holds at most two of them (one being written, one waiting).
+
     Raises:
         ValueError: a dtype safetensors has no name for; a tensor written out of order, or whose
             dtype or shape differs from its entry; :meth:`close` before every tensor was written.
+        OSError: the writer thread's failure (a full disk, say), raised by the next :meth:`write`
+            or by :meth:`close`.
     """
 
     def __init__(
@@ -72,33 +86,66 @@ class SafetensorsStream:
         self._file = open(self.path, "wb")  # noqa: SIM115 -- closed by close()/__exit__
         self._file.write(struct.pack("<Q", len(text)) + text)
         self._next = 0
+        self._queue: queue.Queue[torch.Tensor | None] = queue.Queue(maxsize=1)
+        self._error: BaseException | None = None
+        self._writer = threading.Thread(target=self._write_queued, name=f"safetensors-writer:{self.path.name}", daemon=True)
+        self._writer.start()
+
+    def _write_queued(self) -> None:
+        """The writer thread: append each queued host tensor, start its writeback; None ends it.
+        After a failure it keeps taking tensors (so that :meth:`write` never blocks) and drops them."""
+        fd = self._file.fileno()
+        while (host := self._queue.get()) is not None:
+            if self._error is not None:
+                continue
+            try:
+                start = self._file.tell()
+                self._file.write(memoryview(host.reshape(-1).view(torch.uint8).numpy()))
+                self._file.flush()  # into the page cache, where the kernel can start writing it out
+                start_writeback(fd, start, self._file.tell() - start)
+            except BaseException as e:  # noqa: BLE001 -- raised in the caller's thread by write()/close()
+                self._error = e
+
+    def _raise_writer_error(self) -> None:
+        if self._error is not None:
+            raise self._error
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
-        """Append ``tensor`` (any device; copied to the host here) as the next entry, ``name``."""
+        """Append ``tensor`` as the next entry, ``name``: a device tensor is copied to the host here,
+        a host tensor is written as it is, so it must not change until :meth:`close`."""
         if self._next >= len(self.entries) or self.entries[self._next][0] != name:
             expected = self.entries[self._next][0] if self._next < len(self.entries) else "nothing more"
             raise ValueError(f"{self.path}: got tensor {name!r}, expected {expected!r}")
         dtype, shape = self.entries[self._next][1]
         if tensor.dtype != dtype or tuple(tensor.shape) != tuple(shape):
             raise ValueError(f"{self.path}: tensor {name!r} is {tensor.dtype} {tuple(tensor.shape)}, its entry says {dtype} {tuple(shape)}")
+        self._raise_writer_error()
         host = tensor.detach().to("cpu").contiguous()
         if host.numel():
-            self._file.write(memoryview(host.reshape(-1).view(torch.uint8).numpy()))
+            self._queue.put(host)  # waits while the writer still holds the tensor before this one
         self._next += 1
 
+    def _stop_writer(self) -> None:
+        if self._writer.is_alive():
+            self._queue.put(None)
+            self._writer.join()
+
     def close(self) -> None:
-        """Flush and fsync the file (every entry must have been written)."""
+        """Wait for the writer, then flush and fsync the file (every entry must have been written)."""
         if self._next != len(self.entries):
             missing = [n for n, _ in self.entries[self._next :]]
             raise ValueError(f"{self.path}: closed with {len(missing)} tensor(s) not written, first {missing[0]!r}")
+        self._stop_writer()
+        self._raise_writer_error()
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
 
     def abort(self) -> None:
-        """Close and delete the partial file (a failure to flush what is buffered is ignored: the
-        file is going anyway)."""
+        """Stop the writer, close and delete the partial file (a failure to flush what is buffered
+        is ignored: the file is going anyway)."""
         try:
+            self._stop_writer()
             self._file.close()
         except OSError:
             pass
