@@ -286,8 +286,8 @@ def write_sharded_hf_weights(module: torch.nn.Module, out_dir: str | os.PathLike
     tensor in file order every rank sends its rows to the file's rank (:func:`gathered_on`), which
     streams the tensor to disk (:class:`rayft.train.safetensors_stream.SafetensorsStream`), so each
     file is written once and no rank holds more than its shards and one full tensor on its device
-    (two on the host while writing: one being written, the next waiting). ``file_bytes``: the largest file wanted, bytes. Returns tensor
-    name → file number.
+    (two on the host while writing: one being written, the next waiting). ``file_bytes``: the
+    largest file wanted, bytes. Returns tensor name → file number.
 
     Raises:
         ValueError: a tensor of a dtype safetensors cannot store (on every rank, before any write).
