@@ -139,7 +139,9 @@ def test_two_worker_fsdp2_run_loss_export_and_tied_weights(fsdp2_run, qwen_token
     assert check["export_tensors"] == 26  # the LM head is the embedding: stored once
     # rank 0's time per export phase, each measured
     timings = check["export_timings_s"]
-    assert set(timings) == {"probe", "write", "read_back", "config_files", "logit_check"} and all(v > 0 for v in timings.values())
+    assert set(timings) == {"probe", "config_inputs", "write", "read_back", "config_files", "logit_check"} and all(
+        v > 0 for v in timings.values()
+    )
     assert sorted(p.name for p in (run / "hf").glob("*.safetensors")) == ["model.safetensors"]  # 39 MB: one file
     hf = AutoModelForCausalLM.from_pretrained(run / "hf")
     assert hf.lm_head.weight is hf.model.embed_tokens.weight

@@ -144,3 +144,76 @@ def test_many_large_tensors_through_the_writer_thread_land_in_order_bit_for_bit(
         begin, end = header[k]["data_offsets"]
         assert torch.equal(torch.frombuffer(bytearray(raw[8 + n + begin : 8 + n + end]), dtype=torch.float32).reshape(256, 1024), v), k
     assert not [t for t in threading.enumerate() if t.name.startswith("safetensors-writer")]
+
+
+LAST_TENSOR_FAILS = r"""
+import resource, signal, sys, threading, torch
+from rayft.train.safetensors_stream import SafetensorsStream
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (900 << 10, 900 << 10))  # room for 3 of the 4 tensors of 256 KiB
+path, parts = sys.argv[1], [torch.full((64, 1024), float(i)) for i in range(4)]
+try:
+    with SafetensorsStream(path, {f"t{i}": (p.dtype, tuple(p.shape)) for i, p in enumerate(parts)}) as s:
+        for i, p in enumerate(parts):
+            s.write(f"t{i}", p)
+except OSError as e:
+    print("RAISED", type(e).__name__, e.errno)
+print("THREADS", sorted(t.name for t in threading.enumerate() if t.name.startswith("safetensors-writer")))
+try:
+    s.write("t0", parts[0])
+except ValueError as e:
+    print("AFTER", e)
+"""
+
+
+def test_a_failure_of_the_last_tensor_surfaces_at_close_and_the_with_block_deletes_the_file(tmp_path):
+    """The writer thread's failure on the last tensor is raised by close() at the with block's end,
+    which then deletes the partial file; a write after that is refused instead of waiting forever."""
+    import errno
+    import subprocess
+    import sys
+
+    path = tmp_path / "last.safetensors"
+    out = subprocess.run([sys.executable, "-c", LAST_TENSOR_FAILS, str(path)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"RAISED OSError {errno.EFBIG}" in out.stdout and "THREADS []" in out.stdout, out.stdout + out.stderr[-2000:]
+    assert "write after the stream was closed or aborted" in out.stdout
+    assert not path.exists()
+
+
+def test_the_host_holds_at_most_two_copies_while_the_writer_is_slow(tmp_path, monkeypatch):
+    """With the disk slower than the copies, a third write waits until the first tensor is written:
+    never more than two host copies queued or being written."""
+    import threading
+    import time
+
+    from rayft.train import safetensors_stream
+
+    alive, peak, lock = [0], [0], threading.Lock()
+
+    real_to = torch.Tensor.to
+
+    def counting_to(self, *a, **k):
+        out = real_to(self, *a, **k).clone()  # a fresh host copy, as a device tensor's would be
+        with lock:
+            alive[0] += 1
+            peak[0] = max(peak[0], alive[0])
+        import weakref
+
+        weakref.finalize(out, lambda: alive.__setitem__(0, alive[0] - 1))
+        return out
+
+    slow = safetensors_stream.start_writeback
+
+    def slow_writeback(fd, offset, nbytes):
+        time.sleep(0.05)  # a disk slower than the copies
+        return slow(fd, offset, nbytes)
+
+    monkeypatch.setattr(torch.Tensor, "to", counting_to)
+    monkeypatch.setattr(safetensors_stream, "start_writeback", slow_writeback)
+    want = {f"w{i}": torch.full((256, 256), float(i)) for i in range(8)}
+    with SafetensorsStream(tmp_path / "m.safetensors", {k: (v.dtype, tuple(v.shape)) for k, v in want.items()}) as s:
+        for k, v in want.items():
+            s.write(k, v)
+    assert peak[0] == 2
+    assert torch.equal(load_file(str(tmp_path / "m.safetensors"))["w7"], want["w7"])

@@ -7,6 +7,10 @@ of the export's files, the tensors of each gathered to its rank one at a time
 the trained model's on a fixed batch, when the model fits next to what training holds (GPU memory
 for GPU workers, host memory for CPU workers); beyond that the check is skipped with a note.
 
+Two calls: :func:`prepare_export` makes what needs no file of the export (the trained model's
+logits on the probe row; rank 0's tokenizer and base generation config) while the last checkpoint
+is still being written; :func:`export_and_verify` writes and checks the files once it is complete.
+
 A run directory on object storage (``s3://``) is exported by gathering the weights on rank 0 and
 uploading its files: its ranks share no file system to assemble the files on. So is a model whose
 checkpoint's tensor names transformers converted while loading (its ``save_pretrained`` converts
@@ -21,7 +25,9 @@ import os
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -39,17 +45,36 @@ from rayft.train.worker_args import WorkerArgs
 LOGIT_CHECK_MARGIN = 1.25
 
 
-def export_and_verify(
-    model: ShardedModel, model_conf, ds, cfg: RayftConfig, args: WorkerArgs, device: torch.device, progress: ProgressChannel
-) -> None:
-    """Collective: write the HF export into ``RUN/hf``, check it, and (rank 0) write the check to
-    ``rayft_export_check.json`` and send an :class:`ExportEvent`.
+@dataclass
+class ExportInputs:
+    """What the export needs that none of its files does (:func:`prepare_export`).
 
-    The check: ``export_max_abs_weight_diff`` (every tensor against the trained fp32 shards) and
-    ``export_max_abs_logit_diff`` (the exported model's logits against the trained model's on the
-    first packed row of ``ds``; None with ``export_logit_check_skipped`` saying why), and
-    ``export_timings_s``: rank 0's wall seconds per phase (``probe``, ``write``, ``read_back``,
-    ``config_files`` of a sharded export, ``gather_write`` of a gathered one, ``logit_check``)."""
+    ``probe``: the first packed row of the run's data (``input_ids``, ``position_ids``: int64
+    ``[1, n]``); ``ref_logits``: the trained model's logits on it (fp32, CPU, ``[1, n, vocab]``);
+    ``tokenizer`` and ``base_generation``: rank 0's, for the config files (None elsewhere;
+    ``base_generation`` also None when the base model has no generation config); ``timings``:
+    ``probe`` and ``config_inputs``, wall seconds."""
+
+    probe: dict[str, torch.Tensor]
+    ref_logits: torch.Tensor
+    tokenizer: Any | None
+    base_generation: Any | None
+    timings: dict[str, float]
+
+
+def prepare_export(model: ShardedModel, ds, cfg: RayftConfig, args: WorkerArgs, device: torch.device) -> ExportInputs:
+    """Collective: the trained model's logits on the probe row and, on rank 0, the tokenizer and the
+    base model's generation config. None of it reads or writes the export's files, so the loop runs
+    it while the last checkpoint is still being written (``rayft.train.loop.train_func``), where it
+    ran after that write before: the probe took 1.0 s of a 1.5B model's end on one H200 and the
+    config files, mostly the tokenizer's load, 1.9 s (bench/NOTES.md §27).
+
+    Raises:
+        ExportError: on every rank, when rank 0 could not load the tokenizer (rank 0: its own error).
+    """
+    from rayft.data.tokenizer import load_tokenizer
+    from rayft.train.generation import base_generation_config
+
     t0 = time.perf_counter()
     module = model.module
     probe = collate(ds, [[0]], cfg.data.seq_len, args.pad_id, fixed_len=False)
@@ -61,16 +86,44 @@ def export_and_verify(
     stance = "default" if model.attn_implementation == "flex_attention" else "force_eager"
     with torch.no_grad(), torch.compiler.set_stance(stance):
         ref = module(input_ids=probe["input_ids"].to(device), position_ids=probe["position_ids"].to(device)).logits.float().cpu()
-    timings = {"probe": time.perf_counter() - t0}
+    t1 = time.perf_counter()
+    tokenizer = base = None
+    with every_rank_or_none("loading the tokenizer and the base model's generation config for the export", device):
+        if dist.get_rank() == 0:
+            tokenizer = load_tokenizer(args.tokenizer)
+            base = base_generation_config(cfg.model.name_or_path, cfg.model.revision, say=_say)
+    return ExportInputs(probe, ref, tokenizer, base, {"probe": t1 - t0, "config_inputs": time.perf_counter() - t1})
+
+
+def export_and_verify(
+    model: ShardedModel,
+    model_conf,
+    cfg: RayftConfig,
+    args: WorkerArgs,
+    device: torch.device,
+    progress: ProgressChannel,
+    inputs: ExportInputs,
+) -> None:
+    """Collective: write the HF export into ``RUN/hf``, check it, and (rank 0) write the check to
+    ``rayft_export_check.json`` and send an :class:`ExportEvent`. ``inputs``: :func:`prepare_export`'s.
+
+    The check: ``export_max_abs_weight_diff`` (every tensor against the trained fp32 shards) and
+    ``export_max_abs_logit_diff`` (the exported model's logits against the trained model's on the
+    probe row; None with ``export_logit_check_skipped`` saying why), and ``export_timings_s``: rank
+    0's wall seconds per phase (``probe`` and ``config_inputs``, made before the last checkpoint was
+    complete; ``write``, ``read_back``, ``config_files`` of a sharded export, ``gather_write`` of a
+    gathered one, ``logit_check``)."""
+    module = model.module
+    timings = dict(inputs.timings)
     if "://" in args.run_dir or model.export_gathered:
         t1 = time.perf_counter()
-        info = _export_gathered(model, model_conf, cfg, args)
+        info = _export_gathered(model, model_conf, inputs, args)
         timings["gather_write"] = time.perf_counter() - t1
     else:
-        info = _export_sharded(model, model_conf, cfg, args, device, timings)
+        info = _export_sharded(model, model_conf, inputs, args, device, timings)
     if dist.get_rank() == 0:
         t1 = time.perf_counter()
-        info.update(_logit_check(info["export_dir_local"], probe, ref, cfg, device))
+        info.update(_logit_check(info["export_dir_local"], inputs.probe, inputs.ref_logits, cfg, device))
         timings["logit_check"] = time.perf_counter() - t1
         info["export_timings_s"] = timings
         info["export_tied"] = exported_tied(info["export_dir_local"], module)
@@ -90,7 +143,7 @@ def export_and_verify(
 
 
 def _export_sharded(
-    model: ShardedModel, model_conf, cfg: RayftConfig, args: WorkerArgs, device: torch.device, timings: dict[str, float]
+    model: ShardedModel, model_conf, inputs: ExportInputs, args: WorkerArgs, device: torch.device, timings: dict[str, float]
 ) -> dict:
     """Collective: every rank writes its part of ``RUN/hf`` (through ``RUN/hf.tmp``, renamed when
     whole) and compares it with its shards; ``timings`` gets each phase's wall seconds."""
@@ -111,7 +164,7 @@ def _export_sharded(
     timings["read_back"], t = time.perf_counter() - t, time.perf_counter()
     with every_rank_or_none(f"writing config, generation config and tokenizer to {tmp}, then renaming it to {out}", device):
         if rank0:
-            write_hf_config_files(model_conf, cfg, args, tmp)
+            ckpt_lib.write_hf_config_files(model_conf, inputs.tokenizer, tmp, base_generation=inputs.base_generation, say=_say)
             # rename, not delete-then-rename: on NFS an open file (rayft chat on the old export) cannot be deleted
             shutil.rmtree(old, ignore_errors=True)
             if out.exists():
@@ -162,29 +215,19 @@ def exported_tied(export_dir: str, module: torch.nn.Module) -> bool:
     return tied_embeddings(module) and bool(getattr(conf, "tie_word_embeddings", False)) and output_embedding_key(module) not in stored
 
 
-def _export_gathered(model: ShardedModel, model_conf, cfg: RayftConfig, args: WorkerArgs) -> dict:
-    """Collective: the weights gathered on rank 0's CPU, written to a local temporary directory
-    there, to be uploaded to ``RUN/hf`` on object storage."""
-    from rayft.data.tokenizer import load_tokenizer
-    from rayft.train.generation import base_generation_config
-
+def _export_gathered(model: ShardedModel, model_conf, inputs: ExportInputs, args: WorkerArgs) -> dict:
+    """Collective: the weights gathered on rank 0's CPU and written by it: into ``RUN/hf`` on a file
+    system (through ``RUN/hf.tmp``), or into a local temporary directory to be uploaded to
+    ``RUN/hf`` on object storage."""
     sd = ckpt_lib.full_model_state_dict(model.module)
     if dist.get_rank() != 0:
         return {}
-    out = os.path.join(tempfile.mkdtemp(prefix="rayft-hf-"), "hf")
-    base = base_generation_config(cfg.model.name_or_path, cfg.model.revision, say=_say)
-    ckpt_lib.write_hf_model(sd, model_conf, load_tokenizer(args.tokenizer), out, base_generation=base)
-    remote = f"{args.run_dir.rstrip('/')}/hf"
-    return {"export_dir": remote, "export_dir_local": out, "upload_to": remote, "export_written_by": "rank 0 (gathered)"}
-
-
-def write_hf_config_files(model_conf, cfg: RayftConfig, args: WorkerArgs, out: Path) -> None:
-    """The export's config, generation config and tokenizer (:func:`rayft.train.checkpoint.write_hf_config_files`)."""
-    from rayft.data.tokenizer import load_tokenizer
-    from rayft.train.generation import base_generation_config
-
-    base = base_generation_config(cfg.model.name_or_path, cfg.model.revision, say=_say)
-    ckpt_lib.write_hf_config_files(model_conf, load_tokenizer(args.tokenizer), out, base_generation=base, say=_say)
+    dest = f"{args.run_dir.rstrip('/')}/hf"
+    remote = "://" in args.run_dir
+    out = os.path.join(tempfile.mkdtemp(prefix="rayft-hf-"), "hf") if remote else dest
+    ckpt_lib.write_hf_model(sd, model_conf, inputs.tokenizer, out, base_generation=inputs.base_generation)
+    info = {"export_dir": dest, "export_dir_local": out, "export_written_by": "rank 0 (gathered)"}
+    return info | ({"upload_to": dest} if remote else {})
 
 
 def _logit_check(export_dir: str, probe: dict, ref: torch.Tensor, cfg: RayftConfig, device: torch.device) -> dict:

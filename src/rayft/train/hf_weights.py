@@ -318,16 +318,21 @@ def write_sharded_hf_weights(module: torch.nn.Module, out_dir: str | os.PathLike
                 stream = SafetensorsStream(out_dir / export_file_name(i, n), entries, {"format": "pt"})
             except Exception as e:  # noqa: BLE001 -- told to every rank below
                 error = e
-        for name in names:
-            full = gathered_on(sd[name], owner)  # collective: every rank, every tensor
+        try:
+            for name in names:
+                full = gathered_on(sd[name], owner)  # collective: every rank, every tensor
+                if stream is not None:
+                    try:
+                        stream.write(name, full)
+                    except Exception as e:  # noqa: BLE001 -- told to every rank below
+                        error = e
+                        stream.abort()
+                        stream = None
+                del full
+        except BaseException:  # a failed transfer, an interrupt: the partial file and its writer thread go
             if stream is not None:
-                try:
-                    stream.write(name, full)
-                except Exception as e:  # noqa: BLE001 -- told to every rank below
-                    error = e
-                    stream.abort()
-                    stream = None
-            del full
+                stream.abort()
+            raise
         if stream is not None:
             try:
                 stream.close()

@@ -24,7 +24,7 @@ from rayft.train import checkpoint as ckpt_lib
 from rayft.train.device import cap_gpu_memory
 from rayft.train.evaluate import Evaluator
 from rayft.train.events import CheckpointEvent, ProgressChannel, ResumedEvent, StepEvent, StoppedEvent
-from rayft.train.export import export_and_verify
+from rayft.train.export import export_and_verify, prepare_export
 from rayft.train.metrics import flops_per_token, gpu_peak_flops, mfu
 from rayft.train.model import ShardedModel, build_sharded_model, load_model_config, matmul_params, use_compile_cache_dir
 from rayft.train.optim import build_optimizer, lr_at, set_lr
@@ -175,9 +175,14 @@ def train_func(loop_config: dict[str, Any]) -> None:
             report_checkpoints(w.saver.save(w.model.module, w.optimizer, w.checkpoint_state(step, result.loss), metrics), w.progress)
             w.saved_step = step + 1
             clock.skip()  # checkpoint time is not step time
-    report_checkpoints(w.saver.wait(), w.progress)  # the last save must be complete before the run ends
-    if w.cfg.checkpoint.export_hf:
-        export_and_verify(w.model, w.model_conf, w.data, w.cfg, w.args, w.device, w.progress)
+    export_inputs = None
+    try:  # while the last checkpoint is written: what the export needs that is none of its files
+        if w.cfg.checkpoint.export_hf:
+            export_inputs = prepare_export(w.model, w.data, w.cfg, w.args, w.device)
+    finally:
+        report_checkpoints(w.saver.wait(), w.progress)  # the last save must be complete before the run ends or the export starts
+    if export_inputs is not None:
+        export_and_verify(w.model, w.model_conf, w.cfg, w.args, w.device, w.progress, export_inputs)
 
 
 def setup_worker(args: WorkerArgs) -> Worker:

@@ -55,7 +55,8 @@ class SafetensorsStream:
     manager, or call :meth:`abort` on a failure: either deletes the partial file.
 
     A writer thread appends the tensors: :meth:`write` returns once its tensor is on the host and
-    queued, so the host holds at most two of them (one being written, one waiting).
+    queued; the host holds at most two of them (one being written, one waiting), a third
+    :meth:`write` waits for the first to be written before it copies.
 
     Raises:
         ValueError: a dtype safetensors has no name for; a tensor written out of order, or whose
@@ -86,8 +87,10 @@ class SafetensorsStream:
         self._file = open(self.path, "wb")  # noqa: SIM115 -- closed by close()/__exit__
         self._file.write(struct.pack("<Q", len(text)) + text)
         self._next = 0
-        self._queue: queue.Queue[torch.Tensor | None] = queue.Queue(maxsize=1)
+        self._queue: queue.Queue[torch.Tensor | None] = queue.Queue()
+        self._host_slots = threading.Semaphore(2)  # host copies alive at once: the one being written, the next
         self._error: BaseException | None = None
+        self._closed = False
         self._writer = threading.Thread(target=self._write_queued, name=f"safetensors-writer:{self.path.name}", daemon=True)
         self._writer.start()
 
@@ -96,15 +99,17 @@ class SafetensorsStream:
         After a failure it keeps taking tensors (so that :meth:`write` never blocks) and drops them."""
         fd = self._file.fileno()
         while (host := self._queue.get()) is not None:
-            if self._error is not None:
-                continue
             try:
-                start = self._file.tell()
-                self._file.write(memoryview(host.reshape(-1).view(torch.uint8).numpy()))
-                self._file.flush()  # into the page cache, where the kernel can start writing it out
-                start_writeback(fd, start, self._file.tell() - start)
+                if self._error is None:
+                    start = self._file.tell()
+                    self._file.write(memoryview(host.reshape(-1).view(torch.uint8).numpy()))
+                    self._file.flush()  # into the page cache, where the kernel can start writing it out
+                    start_writeback(fd, start, self._file.tell() - start)
             except BaseException as e:  # noqa: BLE001 -- raised in the caller's thread by write()/close()
                 self._error = e
+            finally:
+                del host
+                self._host_slots.release()
 
     def _raise_writer_error(self) -> None:
         if self._error is not None:
@@ -113,6 +118,8 @@ class SafetensorsStream:
     def write(self, name: str, tensor: torch.Tensor) -> None:
         """Append ``tensor`` as the next entry, ``name``: a device tensor is copied to the host here,
         a host tensor is written as it is, so it must not change until :meth:`close`."""
+        if self._closed:
+            raise ValueError(f"{self.path}: write after the stream was closed or aborted")
         if self._next >= len(self.entries) or self.entries[self._next][0] != name:
             expected = self.entries[self._next][0] if self._next < len(self.entries) else "nothing more"
             raise ValueError(f"{self.path}: got tensor {name!r}, expected {expected!r}")
@@ -120,12 +127,18 @@ class SafetensorsStream:
         if tensor.dtype != dtype or tuple(tensor.shape) != tuple(shape):
             raise ValueError(f"{self.path}: tensor {name!r} is {tensor.dtype} {tuple(tensor.shape)}, its entry says {dtype} {tuple(shape)}")
         self._raise_writer_error()
-        host = tensor.detach().to("cpu").contiguous()
-        if host.numel():
-            self._queue.put(host)  # waits while the writer still holds the tensor before this one
+        if tensor.numel():
+            self._host_slots.acquire()  # waits while the writer holds two: this copy would be the third
+            try:
+                host = tensor.detach().to("cpu").contiguous()
+            except BaseException:
+                self._host_slots.release()
+                raise
+            self._queue.put(host)
         self._next += 1
 
     def _stop_writer(self) -> None:
+        self._closed = True
         if self._writer.is_alive():
             self._queue.put(None)
             self._writer.join()
@@ -156,7 +169,11 @@ class SafetensorsStream:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close()
-        else:
+        if exc_type is not None:
             self.abort()
+            return
+        try:
+            self.close()
+        except BaseException:
+            self.abort()
+            raise
