@@ -93,12 +93,13 @@ def test_wrong_order_shape_dtype_or_early_close_is_refused_and_leaves_no_file(tm
     assert set(load_file(str(path))) == {"a", "b"}
 
 
-FULL_DISK = r"""
+FILE_SIZE_LIMITED = r"""
 import resource, signal, sys, threading, torch
 from rayft.train.safetensors_stream import SafetensorsStream
+path, limit, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit a write then fails with EFBIG instead of killing the process
-resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))  # files of 1 MiB at most: a disk that fills up
-path, parts = sys.argv[1], [torch.full((64, 1024), float(i)) for i in range(8)]  # 256 KiB each, 2 MiB in all
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))  # files of `limit` bytes at most: a disk that fills up
+parts = [torch.full((64, 1024), float(i)) for i in range(n)]  # 256 KiB each
 try:
     with SafetensorsStream(path, {f"t{i}": (p.dtype, tuple(p.shape)) for i, p in enumerate(parts)}) as s:
         for i, p in enumerate(parts):
@@ -106,22 +107,46 @@ try:
 except OSError as e:
     print("RAISED", type(e).__name__, e.errno)
 print("THREADS", sorted(t.name for t in threading.enumerate() if t.name.startswith("safetensors-writer")))
+try:
+    s.write("t0", parts[0])
+except ValueError as e:
+    print("AFTER", e)
 """
 
 
-def test_a_failed_write_in_the_writer_thread_reaches_the_caller_and_leaves_no_file(tmp_path):
-    """The writer thread's own failure (here a real EFBIG from a file-size limit, as a full disk
-    gives ENOSPC) is raised to the caller by a later write or close, the partial file is deleted
-    and the thread is gone."""
-    import errno
+def write_file_size_limited(path, limit: int, n: int) -> str:
+    """Stream ``n`` tensors of 256 KiB into ``path`` in a process whose files may hold ``limit``
+    bytes (RLIMIT_FSIZE: the kernel's own EFBIG, as a full disk gives ENOSPC); its output."""
     import subprocess
     import sys
 
-    path = tmp_path / "big.safetensors"
-    out = subprocess.run([sys.executable, "-c", FULL_DISK, str(path)], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", FILE_SIZE_LIMITED, str(path), str(limit), str(n)], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr[-2000:]
-    assert f"RAISED OSError {errno.EFBIG}" in out.stdout, out.stdout + out.stderr[-2000:]
-    assert "THREADS []" in out.stdout
+    return out.stdout + out.stderr[-2000:]
+
+
+def test_a_failed_write_in_the_writer_thread_reaches_the_caller_and_leaves_no_file(tmp_path):
+    """The writer thread's own failure is raised to the caller by a later write, the partial file
+    is deleted, the thread is gone, and a write after that is refused instead of waiting forever."""
+    import errno
+
+    path = tmp_path / "big.safetensors"
+    out = write_file_size_limited(path, 1 << 20, 8)  # the fifth tensor fails, three more follow
+    assert f"RAISED OSError {errno.EFBIG}" in out and "THREADS []" in out, out
+    assert "write after the stream was closed or aborted" in out
+    assert not path.exists()
+
+
+def test_a_failure_of_the_last_tensor_surfaces_at_close_and_the_with_block_deletes_the_file(tmp_path):
+    """The writer thread's failure on the last tensor is raised by close() at the with block's end,
+    which then deletes the partial file."""
+    import errno
+
+    path = tmp_path / "last.safetensors"
+    out = write_file_size_limited(path, 900 << 10, 4)  # room for 3 of the 4 tensors
+    assert f"RAISED OSError {errno.EFBIG}" in out and "THREADS []" in out, out
     assert not path.exists()
 
 
@@ -144,41 +169,6 @@ def test_many_large_tensors_through_the_writer_thread_land_in_order_bit_for_bit(
         begin, end = header[k]["data_offsets"]
         assert torch.equal(torch.frombuffer(bytearray(raw[8 + n + begin : 8 + n + end]), dtype=torch.float32).reshape(256, 1024), v), k
     assert not [t for t in threading.enumerate() if t.name.startswith("safetensors-writer")]
-
-
-LAST_TENSOR_FAILS = r"""
-import resource, signal, sys, threading, torch
-from rayft.train.safetensors_stream import SafetensorsStream
-signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-resource.setrlimit(resource.RLIMIT_FSIZE, (900 << 10, 900 << 10))  # room for 3 of the 4 tensors of 256 KiB
-path, parts = sys.argv[1], [torch.full((64, 1024), float(i)) for i in range(4)]
-try:
-    with SafetensorsStream(path, {f"t{i}": (p.dtype, tuple(p.shape)) for i, p in enumerate(parts)}) as s:
-        for i, p in enumerate(parts):
-            s.write(f"t{i}", p)
-except OSError as e:
-    print("RAISED", type(e).__name__, e.errno)
-print("THREADS", sorted(t.name for t in threading.enumerate() if t.name.startswith("safetensors-writer")))
-try:
-    s.write("t0", parts[0])
-except ValueError as e:
-    print("AFTER", e)
-"""
-
-
-def test_a_failure_of_the_last_tensor_surfaces_at_close_and_the_with_block_deletes_the_file(tmp_path):
-    """The writer thread's failure on the last tensor is raised by close() at the with block's end,
-    which then deletes the partial file; a write after that is refused instead of waiting forever."""
-    import errno
-    import subprocess
-    import sys
-
-    path = tmp_path / "last.safetensors"
-    out = subprocess.run([sys.executable, "-c", LAST_TENSOR_FAILS, str(path)], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert f"RAISED OSError {errno.EFBIG}" in out.stdout and "THREADS []" in out.stdout, out.stdout + out.stderr[-2000:]
-    assert "write after the stream was closed or aborted" in out.stdout
-    assert not path.exists()
 
 
 def test_the_host_holds_at_most_two_copies_while_the_writer_is_slow(tmp_path, monkeypatch):
