@@ -326,7 +326,7 @@ class TrainConfig(_Section):
 
 
 class ParallelConfig(_Section):
-    """FSDP2 (``fully_shard``) settings.
+    """FSDP2 (``fully_shard``) settings, and how one worker holds its weights (``single_worker``).
 
     Parameters are kept in fp32 (master weights) and cast to ``param_dtype`` for compute;
     gradients are reduced in ``reduce_dtype``. On CPU workers compute stays fp32.
@@ -336,12 +336,33 @@ class ParallelConfig(_Section):
     reduce_dtype: Literal["bfloat16", "float32"] = "float32"
     reshard_after_forward: bool = True
     backend: Literal["auto", "nccl", "gloo"] = "auto"
+    single_worker: Literal["auto", "fsdp2", "compute_copy"] = Field(
+        default="auto",
+        description="How a run of one worker holds its weights. fsdp2: FSDP2 over the one rank, as with more workers "
+        "(it shards nothing but copies and casts each layer's weights in and out of its buffers every step). compute_copy: "
+        "no FSDP2; the fp32 master weights and one param_dtype copy of them for compute, cast again after each optimizer "
+        "step (rayft.train.compute_copy; same values, 2 bytes per parameter more memory). auto: compute_copy on a GPU "
+        "without cpu_offload, else fsdp2.",
+    )
     cpu_offload: bool = Field(
         default=False,
         description="FSDP2's CPU offload: sharded parameters, gradients and optimizer states live in host memory and the "
         "optimizer step runs on the CPU; each layer's parameters are copied to the GPU for its forward and backward. "
         "GPU memory drops by about 16 bytes per parameter ÷ GPUs, at the cost of host memory and speed.",
     )
+
+    def uses_fsdp2(self, world_size: int, device_type: str) -> bool:
+        """Whether FSDP2 shards the model: with more than one worker and with ``cpu_offload``
+        always; with one worker as ``single_worker`` says (auto: on a CPU, not on a GPU)."""
+        if world_size > 1 or self.cpu_offload or self.single_worker == "fsdp2":
+            return True
+        return self.single_worker == "auto" and device_type != "cuda"
+
+    @model_validator(mode="after")
+    def _offload_needs_fsdp2(self) -> "ParallelConfig":
+        if self.single_worker == "compute_copy" and self.cpu_offload:
+            raise ValueError("single_worker: compute_copy keeps every weight on the GPU; cpu_offload needs fsdp2 (or auto)")
+        return self
 
 
 class CheckpointConfig(_Section):

@@ -833,7 +833,7 @@ SAMPLE_SETTINGS = {
 
 def recipe_settings(recipe: str, run_dir: Path, cmd: list[str], config: Path) -> dict[str, Any]:
     """The effective settings of one run: attention, padding_free, liger, gradient_checkpointing, fsdp
-    (version), cross_entropy; rayft also compile, float8, micro_batch_size, fused_loss_chunk_mem and
+    (version; None without FSDP), cross_entropy; rayft also compile, float8, micro_batch_size, fused_loss_chunk_mem and
     gpu_memory_limit_gib. Before the run: what is planned; after it, what the run reported
     (TRL: its ``settings.json``; rayft: the first line of ``rayft_metrics.jsonl``)."""
     if recipe == "sample-recipe":
@@ -847,7 +847,9 @@ def recipe_settings(recipe: str, run_dir: Path, cmd: list[str], config: Path) ->
             "padding_free": c.data.packing,
             "liger": c.train.liger_kernels,
             "gradient_checkpointing": c.train.activation_checkpointing,
-            "fsdp": 2,
+            # one GPU without FSDP2 by default (parallel.single_worker): the weights' compute copies
+            # (num_workers auto: known once the run reports it below)
+            "fsdp": 2 if c.train.num_workers == "auto" or c.parallel.uses_fsdp2(c.train.num_workers, "cuda") else None,
             "cross_entropy": c.train.cross_entropy,
             "compile": c.train.compile,
             "float8": c.train.float8,
@@ -861,6 +863,8 @@ def recipe_settings(recipe: str, run_dir: Path, cmd: list[str], config: Path) ->
             out["attention"], out["cross_entropy"] = first["attn_implementation"], first["cross_entropy"]
             if "fused_loss_chunk_mem" in first:  # what the loss got (None: not applied)
                 out["fused_loss_chunk_mem"] = first["fused_loss_chunk_mem"]
+            if "weights" in first:  # fsdp2 or compute_copy, as the run resolved it
+                out["fsdp"] = 2 if first["weights"] == "fsdp2" else None
         except (OSError, IndexError, KeyError, ValueError):
             pass
         return out

@@ -84,7 +84,7 @@ def prepare_export(model: ShardedModel, ds, cfg: RayftConfig, args: WorkerArgs, 
     # eager: 2026-12-03-wall-time-end-order-1xh200.json). Not with flex attention: its eager
     # fallback builds the whole score matrix, heads × seq_len², where the compiled kernel does not.
     stance = "default" if model.attn_implementation == "flex_attention" else "force_eager"
-    with torch.no_grad(), torch.compiler.set_stance(stance):
+    with torch.no_grad(), torch.compiler.set_stance(stance), model.computing():
         ref = module(input_ids=probe["input_ids"].to(device), position_ids=probe["position_ids"].to(device)).logits.float().cpu()
     t1 = time.perf_counter()
     tokenizer = base = None

@@ -14,7 +14,8 @@ marks, from the model's config alone (parameter counts come from the model built
   the plain copy an async checkpoint save stages, 12 bytes × P ÷ GPUs; not measured yet).
 * **weights for compute**: bf16 copies FSDP2 all-gathers: the root's (embedding, LM head, final norm)
   for the whole step, and two decoder layers (the one computing and the one prefetched); every
-  layer's with ``parallel.reshard_after_forward: false``.
+  layer's with ``parallel.reshard_after_forward: false``; on one GPU without FSDP2
+  (``parallel.single_worker``) a compute copy of every weight, kept (:mod:`rayft.train.compute_copy`).
 * **activations** kept for the backward pass, bytes per token per decoder layer, counted tensor by
   tensor for a Llama-style layer (bf16; flash/varlen attention saves q, k, v and its output):
   ``n_norms × 4H + 4Q + 4KV + 6I`` with ``torch.compile`` or liger kernels (each norm keeps its input
@@ -102,6 +103,8 @@ class TrainShape:
     async_save_copy: bool = False
     #: train.grad_accum_steps: above 1, every layer's whole fp32 gradient is held between micro-batches
     grad_accum_steps: int = 1
+    #: one GPU without FSDP2 (parallel.single_worker): a compute-dtype copy of every weight stays allocated
+    compute_copies: bool = False
 
     @property
     def tokens(self) -> int:
@@ -186,10 +189,13 @@ def plan_memory(m: ModelDims, s: TrainShape) -> MemoryPlan:
         # micro-batches before the last run without gradient sync: FSDP2 keeps each layer's whole
         # gradient in fp32 (the reduce dtype) on the GPU, added to by the next, until the last reduces
         parts_common["unsharded fp32 gradients accumulated between micro-batches"] = 4 * m.params
-    gathered = m.params if not s.reshard_after_forward else m.params_root + 2 * m.params_layer
-    parts_common["bf16 weights gathered for compute" if s.compute_bytes == 2 else "fp32 weights gathered for compute"] = (
-        s.compute_bytes * gathered
-    )
+    if s.compute_copies:
+        parts_common["compute copies of every weight (rayft.train.compute_copy)"] = s.compute_bytes * m.params
+    else:
+        gathered = m.params if not s.reshard_after_forward else m.params_root + 2 * m.params_layer
+        parts_common["bf16 weights gathered for compute" if s.compute_bytes == 2 else "fp32 weights gathered for compute"] = (
+            s.compute_bytes * gathered
+        )
     a = activation_bytes_per_token_layer(m, s)
     n_ckpt = checkpointed_layer_count(m.layers, s.activation_checkpointing)
     saved = t * ((m.layers - n_ckpt) * a + n_ckpt * 2 * m.hidden)
@@ -217,7 +223,14 @@ def plan_memory(m: ModelDims, s: TrainShape) -> MemoryPlan:
     # every other unit's gradient shard already there; on one GPU the reduced output is a copy made
     # while that input lives, and the compute-dtype gradients are freed first
     rest = m.params - m.params_root
-    if n == 1:
+    if s.compute_copies:
+        # each copy's gradient is handed to its fp32 master as autograd makes it: the largest, the
+        # LM head's (the embedding's, tied), is the last one alive in the compute dtype
+        root = {
+            "compute copies of every weight (rayft.train.compute_copy)": s.compute_bytes * m.params,
+            "the root's fp32 gradients and the LM head's in the compute dtype": 4 * m.params_root + s.compute_bytes * m.vocab * m.hidden,
+        }
+    elif n == 1:
         root = {"the root's fp32 reduce-scatter input and its reduced copy": 8 * m.params_root}
     else:
         root = {"the root's gradients (compute dtype) and their fp32 reduce-scatter input": (s.compute_bytes + 4) * m.params_root}
@@ -403,6 +416,7 @@ def train_shape(cfg, gpus: int, model_conf) -> TrainShape:
         compute_bytes=2 if cfg.parallel.param_dtype == "bfloat16" else 4,
         async_save_copy=cfg.parallel.cpu_offload and cfg.checkpoint.async_save,
         grad_accum_steps=tc.grad_accum_steps,
+        compute_copies=not cfg.parallel.uses_fsdp2(gpus, "cuda"),
     )
 
 

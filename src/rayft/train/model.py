@@ -10,10 +10,13 @@ one decoder layer at a time (:mod:`rayft.train.preset_init`) with a fixed seed w
 weights at any world size on the CPU, and on the same GPU model on a GPU (random kernels differ
 between devices). Every rank builds the model on the meta device,
 applies ``fully_shard`` per decoder layer and at the root, then allocates its shards and fills them.
+One worker on a GPU skips FSDP2 by default (``parallel.single_worker``): its plain module keeps the
+fp32 weights and computes with a bf16 copy of them (:mod:`rayft.train.compute_copy`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 
@@ -21,10 +24,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 from rayft.config import ModelConfig, ParallelConfig
+from rayft.train.compute_copy import ComputeCopies
 from rayft.train.hf_weights import agree_on_source, load_sharded_weights, sharded_io_available
 from rayft.train.loss import SHARDED_LOSS_METHOD, TokenLoss, enable_sharded_token_loss
 from rayft.train.preset_init import fill_sharded_preset, largest_unit_params, preset_states
@@ -189,13 +193,17 @@ def _reset_rotary_buffers(model: torch.nn.Module, device: torch.device) -> None:
 
 @dataclass
 class ShardedModel:
-    """The FSDP2-sharded causal LM and the features it was built with.
+    """The causal LM as trained (FSDP2-sharded, or one worker's with compute copies) and the
+    features it was built with.
 
-    ``module``: the FSDP2 root (a transformers causal LM; its state dict keys are the model's own).
-    ``loss``: the training loss (:class:`~rayft.train.loss.TokenLoss`); ``float8``: the decoder
-    layers' linear layers train in float8 (:func:`apply_float8`); ``float8_all_gather``: FSDP2
-    all-gathers those weights in float8 (with more than one rank); ``export_gathered``: the export
-    goes through transformers (the checkpoint's tensor names were converted while loading).
+    ``module``: the FSDP2 root, or without FSDP2 the plain module (a transformers causal LM; its
+    state dict keys are the model's own; its registered parameters are the fp32 master weights
+    either way). ``loss``: the training loss (:class:`~rayft.train.loss.TokenLoss`); ``float8``:
+    the decoder layers' linear layers train in float8 (:func:`apply_float8`); ``float8_all_gather``:
+    FSDP2 all-gathers those weights in float8 (with more than one rank); ``export_gathered``: the
+    export goes through transformers (the checkpoint's tensor names were converted while loading);
+    ``compute_copies``: one worker without FSDP2 computing in bf16 (:mod:`rayft.train.compute_copy`;
+    None with FSDP2, or when compute is fp32).
     """
 
     module: torch.nn.Module
@@ -203,6 +211,24 @@ class ShardedModel:
     float8: bool = False
     float8_all_gather: bool = False
     export_gathered: bool = False
+    compute_copies: ComputeCopies | None = None
+
+    @property
+    def fsdp(self) -> bool:
+        """The module is sharded by FSDP2 (else: one worker's plain module)."""
+        return isinstance(self.module, FSDPModule)
+
+    def computing(self) -> contextlib.AbstractContextManager:
+        """The block in which the module computes (every forward, and a backward): with compute
+        copies, their parameters stand in the module's slots (:meth:`ComputeCopies.computing`);
+        else nothing changes (FSDP2 gathers around each forward itself)."""
+        return self.compute_copies.computing() if self.compute_copies is not None else contextlib.nullcontext()
+
+    def set_gradient_sync(self, sync: bool) -> None:
+        """FSDP2: reduce the gradients after this backward (the last micro-batch) or keep
+        accumulating them unsharded; without FSDP2 there is nothing to reduce."""
+        if self.fsdp:
+            self.module.set_requires_gradient_sync(sync)
 
     @property
     def attn_implementation(self) -> str:
@@ -213,12 +239,16 @@ class ShardedModel:
         """Sum of token cross-entropies (fp32, 0-d) over ``labels`` ≠ −100, the root's parameters
         gathered by FSDP2 around it. Shapes: int64 [B, L] each; ``trained_positions`` int64 [T] or None
         (:meth:`rayft.train.loss.TokenLoss.compute`); ``attn_kwargs`` reach attention."""
-        return getattr(self.module, SHARDED_LOSS_METHOD)(self.loss, input_ids, position_ids, labels, trained_positions, **attn_kwargs)
+        with self.computing():
+            return getattr(self.module, SHARDED_LOSS_METHOD)(self.loss, input_ids, position_ids, labels, trained_positions, **attn_kwargs)
 
     def after_optimizer_step(self) -> None:
-        """Work due after each ``optimizer.step()``: with float8 weights all-gathered by FSDP2,
-        compute every weight's float8 scale for the next step in one all-reduce (torchao's
-        ``precompute_float8_dynamic_scale_for_fsdp``) instead of one per weight at all-gather time."""
+        """Work due after each ``optimizer.step()``: with compute copies, cast them again before the
+        next forward; with float8 weights all-gathered by FSDP2, compute every weight's float8 scale
+        for the next step in one all-reduce (torchao's ``precompute_float8_dynamic_scale_for_fsdp``)
+        instead of one per weight at all-gather time."""
+        if self.compute_copies is not None:
+            self.compute_copies.mark_stale()
         if self.float8_all_gather:
             from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
 
@@ -238,10 +268,12 @@ def build_sharded_model(
     float8: bool = False,
     fused_loss_chunk_mem: int = 8,
 ) -> ShardedModel:
-    """The FSDP2-sharded causal LM with fp32 master weights, ready to train, with its features.
+    """The FSDP2-sharded causal LM with fp32 master weights, ready to train, with its features
+    (one worker: as ``par.single_worker`` says, :meth:`rayft.config.ParallelConfig.uses_fsdp2`;
+    without FSDP2 the plain module, with compute copies when compute is not fp32).
 
     Compute runs in ``par.param_dtype`` on GPU and fp32 on CPU; gradients reduce in
-    ``par.reduce_dtype``. Call on every rank of an initialised process group. The loss
+    ``par.reduce_dtype`` (without FSDP2 they accumulate in fp32). Call on every rank of an initialised process group. The loss
     (:class:`~rayft.train.loss.TokenLoss`; ``cross_entropy``: auto|fused|torch;
     ``fused_loss_chunk_mem``: the fused loss's chunk size, liger's ``chunk_mem_const``) runs through
     :meth:`ShardedModel.token_loss_sum`;
@@ -292,22 +324,16 @@ def build_sharded_model(
         checkpoint_layers(model, every=int(activation_checkpointing))
     on_gpu = device.type == "cuda"
     dtypes = {"bfloat16": torch.bfloat16, "float32": torch.float32}
-    mp = MixedPrecisionPolicy(
-        param_dtype=dtypes[par.param_dtype] if on_gpu else torch.float32,
-        reduce_dtype=dtypes[par.reduce_dtype] if on_gpu else torch.float32,
-    )
-    # The mesh is named for the device we train on: FSDP2's default takes the host's accelerator,
-    # so CPU workers (use_gpu: false) on a GPU host would get CUDA gradients on CPU parameters.
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    # CPU offload: the shards live in host memory (pinned when the copies go to a GPU), FSDP2 copies
-    # each layer's to the device for its all-gather and the optimizer steps on the CPU
-    offload = CPUOffloadPolicy(pin_memory=on_gpu) if par.cpu_offload else OffloadPolicy()
-    shard = {"mesh": mesh, "mp_policy": mp, "reshard_after_forward": par.reshard_after_forward, "offload_policy": offload}
+    compute_dtype = dtypes[par.param_dtype] if on_gpu else torch.float32
+    fsdp = par.uses_fsdp2(dist.get_world_size(), device.type)
+    shard = _fsdp2_options(par, device, compute_dtype) if fsdp else None
     for layer in decoder_layers(model):
         if compile_layers:
             layer.compile()
-        fully_shard(layer, **shard)
-    fully_shard(model, **shard)
+        if shard:
+            fully_shard(layer, **shard)
+    if shard:
+        fully_shard(model, **shard)
     model.to_empty(device="cpu" if par.cpu_offload else device)
     if tied and not tied_embeddings(model):
         model.tie_weights()
@@ -335,7 +361,22 @@ def build_sharded_model(
         float8=float8,
         float8_all_gather=float8_all_gather,
         export_gathered=renamed,
+        compute_copies=ComputeCopies(model, compute_dtype) if not fsdp and compute_dtype != torch.float32 else None,
     )
+
+
+def _fsdp2_options(par: ParallelConfig, device: torch.device, compute_dtype: torch.dtype) -> dict:
+    """``fully_shard``'s keyword arguments: the mesh over every rank, mixed precision
+    (``compute_dtype`` for compute, ``par.reduce_dtype`` for the reduction on a GPU), CPU offload."""
+    reduce_dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[par.reduce_dtype] if device.type == "cuda" else torch.float32
+    mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=reduce_dtype)
+    # The mesh is named for the device we train on: FSDP2's default takes the host's accelerator,
+    # so CPU workers (use_gpu: false) on a GPU host would get CUDA gradients on CPU parameters.
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    # CPU offload: the shards live in host memory (pinned when the copies go to a GPU), FSDP2 copies
+    # each layer's to the device for its all-gather and the optimizer steps on the CPU
+    offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if par.cpu_offload else OffloadPolicy()
+    return {"mesh": mesh, "mp_policy": mp, "reshard_after_forward": par.reshard_after_forward, "offload_policy": offload}
 
 
 def _apply_liger(model: torch.nn.Module, device: torch.device, checkpointed_compiled: bool = False) -> None:

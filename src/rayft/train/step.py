@@ -3,7 +3,8 @@
 The loss is the mean cross-entropy over every trainable token of the *global* batch (all ranks,
 all accumulation micro-batches): each micro-batch contributes ``sum(token losses) / N_global``
 where ``N_global`` (:func:`global_counts`) is all-reduced before the first backward. FSDP2 averages
-gradients over ranks, so the backward loss is multiplied by the world size to undo that average.
+gradients over ranks, so the backward loss is multiplied by the world size to undo that average
+(one worker without FSDP2: a world size of 1, nothing to undo).
 Uneven shards (a rank with fewer rows at the end of an epoch) are therefore weighted correctly.
 
 The training loop (:mod:`rayft.train.loop`) and every benchmark under ``bench/gpu/`` call
@@ -90,9 +91,10 @@ def forward_backward(model: ShardedModel, batches: list[dict[str, torch.Tensor]]
     """
     loss_sum = torch.zeros((), device=batches[0]["input_ids"].device, dtype=torch.float64)
     for i, batch in enumerate(batches):
-        model.module.set_requires_gradient_sync(i == len(batches) - 1)
-        ce = micro_batch_loss(model, batch)
-        (ce * (world / n_trainable)).backward()
+        model.set_gradient_sync(i == len(batches) - 1)
+        with model.computing():  # the backward too: activation checkpointing runs the forward again in it
+            ce = micro_batch_loss(model, batch)
+            (ce * (world / n_trainable)).backward()
         loss_sum += ce.detach().double()
     return loss_sum
 

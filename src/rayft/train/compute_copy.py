@@ -1,0 +1,96 @@
+"""One worker without FSDP2: the fp32 master weights, and one low-precision copy of them to compute with.
+
+FSDP2 over a single rank shards nothing, yet each step it still runs its all-gather and
+reduce-scatter per decoder layer: the forward (and the resharded backward) casts the layer's fp32
+weights into a bf16 buffer and copies them out, the backward copies the gradients into a reduce
+buffer and back. On the 1.7B model on one H200 that was 21.3 ms of copies and casts in a 348.7 ms
+step and 1.67× torchtitan's CUDA calls (bench/NOTES.md §24); torchtitan applies no FSDP on one GPU.
+
+:class:`ComputeCopies` keeps the module's parameters as they are, fp32 and registered: the
+optimizer, gradient clipping, checkpoints and the export see them, as they see FSDP2's shards
+otherwise. Inside :meth:`ComputeCopies.computing` the module's parameter slots hold instead one
+persistent copy of each in the compute dtype (bf16), whose gradient is added into its master's fp32
+``.grad`` as soon as autograd has accumulated it (a post-accumulate-grad hook), then freed: the
+same values and the same fp32 accumulation over micro-batches as FSDP2 on one rank with
+``reduce_dtype`` fp32. The copies are cast again from the masters before a forward when a master
+changed since the last cast as its version counter shows (a checkpoint's load, a weight load), or
+after :meth:`ComputeCopies.mark_stale`: the fused AdamW step leaves the version counters as they
+were, so :meth:`rayft.train.model.ShardedModel.after_optimizer_step` calls it.
+
+Memory: the copies stay allocated, 2 bytes per parameter for bf16, where FSDP2 gathers two
+decoder layers' at a time; the fp32 gradients are the same 4 bytes per parameter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+
+class ComputeCopies:
+    """Compute-dtype copies of ``module``'s parameters, swapped into its slots by :meth:`computing`.
+
+    ``dtype``: the compute dtype (``torch.bfloat16``). Parameters shared by several modules (tied
+    embeddings) get one copy, in every slot they hold. Not thread-safe; one per module.
+    """
+
+    def __init__(self, module: torch.nn.Module, dtype: torch.dtype):
+        self.module, self.dtype = module, dtype
+        self.copy_of: dict[int, tuple[torch.nn.Parameter, torch.nn.Parameter]] = {}  # id(master) → (master, copy)
+        self.synced: tuple[tuple[int, int], ...] | None = None  # (id, version) of each master at the last cast
+        self.swapped: list[tuple[torch.nn.Module, str, torch.nn.Parameter]] = []  # (module, slot, master) while computing
+
+    def mark_stale(self) -> None:
+        """Cast the copies again before the next forward (after any change to the masters that
+        their version counters might not show)."""
+        self.synced = None
+
+    @contextlib.contextmanager
+    def computing(self) -> Iterator[None]:
+        """The module computes with the copies inside this block (forward, and backward, whose
+        activation checkpointing runs the forward again); re-entrant: an inner block changes nothing.
+        On leaving, the slots hold the masters again, with the block's gradients in their ``.grad``."""
+        if self.swapped:
+            yield
+            return
+        slots = [(mod, name, p) for mod in self.module.modules() for name, p in mod._parameters.items() if p is not None]
+        masters = list({id(p): p for _m, _n, p in slots}.values())
+        self._refresh(masters)
+        try:
+            for mod, name, p in slots:
+                mod._parameters[name] = self.copy_of[id(p)][1]
+            self.swapped = slots
+            yield
+        finally:
+            for mod, name, p in slots:
+                mod._parameters[name] = p
+            self.swapped = []
+
+    def _refresh(self, masters: list[torch.nn.Parameter]) -> None:
+        """Make a copy for each new master and cast every copy again when any master changed."""
+        signature = tuple((id(p), p._version) for p in masters)
+        if signature == self.synced:
+            return
+        self.copy_of = {id(p): self.copy_of.get(id(p)) or (p, self._new_copy(p)) for p in masters}
+        copies = [self.copy_of[id(p)][1] for p in masters]
+        with torch.no_grad():
+            torch._foreach_copy_(copies, [p.detach() for p in masters])
+        self.synced = signature
+
+    def _new_copy(self, master: torch.nn.Parameter) -> torch.nn.Parameter:
+        """An uninitialised compute-dtype parameter shaped as ``master``, which hands each gradient
+        autograd accumulates in it to ``master.grad`` (fp32), then drops it."""
+        copy = torch.nn.Parameter(torch.empty_like(master, dtype=self.dtype), requires_grad=master.requires_grad)
+        if master.requires_grad:
+
+            def to_master(c: torch.Tensor, master: torch.nn.Parameter = master) -> None:
+                if master.grad is None:
+                    master.grad = c.grad.to(master.dtype)
+                else:
+                    master.grad.add_(c.grad)
+                c.grad = None
+
+            copy.register_post_accumulate_grad_hook(to_master)
+        return copy

@@ -1,0 +1,147 @@
+"""One worker without FSDP2 (``parallel.single_worker: compute_copy``, rayft.train.compute_copy):
+the same training as FSDP2 on one rank, step for step, with bf16 compute on the CPU; the masters
+stay fp32 and registered; a load into the masters reaches the copies; checkpoints move between the
+two modes (one CPU rank, gloo)."""
+
+import numpy as np
+import pytest
+import torch
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from rayft.config import ModelConfig, ParallelConfig, TrainConfig
+from rayft.data.packing import collate
+from rayft.data.tokenize import TokenizedDataset
+from rayft.train import checkpoint as ckpt_lib
+from rayft.train.compute_copy import ComputeCopies
+from rayft.train.digests import HashingFileSystemWriter
+from rayft.train.loss import TokenLoss, enable_sharded_token_loss
+from rayft.train.model import ShardedModel, build_sharded_model, checkpoint_layers, decoder_layers
+from rayft.train.optim import build_optimizer
+from rayft.train.step import micro_batch_loss, train_step
+
+CPU = torch.device("cpu")
+
+
+def batches(seed: int):
+    rng = np.random.default_rng(seed)
+    lengths = [20, 12, 30, 9]
+    tokens = rng.integers(0, 150000, sum(lengths)).astype(np.int32)
+    trainable = rng.random(sum(lengths)) > 0.4
+    ds = TokenizedDataset(tokens, trainable, np.cumsum([0] + lengths))
+    return [collate(ds, [[0, 1]], 32, 0), collate(ds, [[2], [3]], 32, 0)]  # two micro-batches: accumulation
+
+
+def plain(seed: int = 7) -> ShardedModel:
+    """qwen2-tiny (tied embeddings) without FSDP2, fp32 on the CPU."""
+    pc = ParallelConfig(single_worker="compute_copy")
+    return build_sharded_model(ModelConfig(name_or_path="qwen2-tiny"), pc, device=CPU, activation_checkpointing=False,
+                               compile_layers=False, seed=seed)  # fmt: skip
+
+
+def with_bf16_copies(model: ShardedModel) -> ShardedModel:
+    """The plain model computing in bf16 through compute copies (on a GPU build_sharded_model does
+    this itself; the CPU computes in fp32 there)."""
+    model.compute_copies = ComputeCopies(model.module, torch.bfloat16)
+    return model
+
+
+def fsdp2_bf16_like(model: ShardedModel) -> ShardedModel:
+    """A copy of ``model``'s weights under FSDP2 on one rank, bf16 compute, fp32 reduction: what a
+    one-GPU run did before compute copies."""
+    import copy
+
+    module = copy.deepcopy(model.module)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (1,))
+    for layer in decoder_layers(module):
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    fully_shard(module, mesh=mesh, mp_policy=mp)
+    enable_sharded_token_loss(module)
+    return ShardedModel(module, TokenLoss.create("torch"))
+
+
+def weights(model: ShardedModel) -> dict[str, torch.Tensor]:
+    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone() for k, v in model.module.state_dict().items()}
+
+
+@pytest.mark.parametrize("checkpointed", [False, True], ids=["plain", "activation-checkpointing"])
+def test_compute_copies_train_as_fsdp2_on_one_rank(one_rank_group, checkpointed):
+    copies = with_bf16_copies(plain())
+    fsdp = fsdp2_bf16_like(copies)
+    assert isinstance(fsdp.module, FSDPModule) and not isinstance(copies.module, FSDPModule) and not copies.fsdp
+    if checkpointed:  # the backward runs each layer's forward again: the copies must still be in place
+        for m in (copies, fsdp):
+            checkpoint_layers(m.module)
+    # fused AdamW, as on a GPU: its step leaves the parameters' version counters as they were, so
+    # only ShardedModel.after_optimizer_step tells the copies to cast again
+    opts = [torch.optim.AdamW(m.module.parameters(), lr=1e-3, weight_decay=0.1, fused=True) for m in (copies, fsdp)]
+    for step in range(3):
+        bs = batches(step)
+        n = float(sum(int(b["num_trainable"]) for b in bs))
+        got = [train_step(m, o, bs, n, max_grad_norm=1.0) for m, o in ((copies, opts[0]), (fsdp, opts[1]))]
+        assert got[0].loss == got[1].loss and got[0].grad_norm == got[1].grad_norm, (step, got)
+    a, b = weights(copies), weights(fsdp)
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
+    # outside a forward the module holds its fp32 masters, and the optimizer steps them
+    params = list(copies.module.parameters())
+    assert {p.dtype for p in params} == {torch.float32}
+    assert {id(p) for g in opts[0].param_groups for p in g["params"]} == {id(p) for p in params}
+    assert copies.module.get_output_embeddings().weight is copies.module.get_input_embeddings().weight  # still tied
+
+
+def test_the_copies_compute_in_bf16_and_follow_a_load(one_rank_group):
+    model = with_bf16_copies(plain())
+    seen = []
+    hook = model.module.model.layers[0].mlp.up_proj.register_forward_pre_hook(lambda mod, args: seen.append(mod.weight.dtype))
+    b = batches(0)[0]
+    with torch.no_grad():
+        before = float(micro_batch_loss(model, b))
+    hook.remove()
+    assert seen == [torch.bfloat16]
+    # a load into the masters (a checkpoint's, in place) bumps their versions: the next forward casts again
+    other = plain(seed=8).module.state_dict()
+    with torch.no_grad():
+        model.module.load_state_dict(other)
+        after = float(micro_batch_loss(model, b))
+    fresh = with_bf16_copies(plain(seed=8))
+    with torch.no_grad():
+        assert after == float(micro_batch_loss(fresh, b)) and after != before
+
+
+def test_a_backward_outside_the_block_has_no_gradient_left_in_the_copies(one_rank_group):
+    model = with_bf16_copies(plain())
+    b = batches(1)[0]
+    with model.computing():
+        micro_batch_loss(model, b).backward()
+        inner = list(model.module.parameters())
+    assert {p.dtype for p in inner} == {torch.bfloat16}
+    assert all(p.grad is None for p in inner)  # each handed to its master as autograd produced it
+    masters = list(model.module.parameters())
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in masters)
+
+
+def test_checkpoints_move_between_fsdp2_and_compute_copies(one_rank_group, tmp_path):
+    """A one-worker run resumed under the other mode (e.g. a run begun before compute copies, or a
+    GPU run resumed on CPU workers): DCP reshards DTensor shards to plain tensors and back."""
+    src = plain(seed=3)
+    fsdp = fsdp2_bf16_like(src)
+    opt = build_optimizer(fsdp.module, TrainConfig(lr=1e-3), CPU)
+    bs = batches(2)
+    train_step(fsdp, opt, bs, float(sum(int(b["num_trainable"]) for b in bs)), max_grad_norm=1.0)
+    path = str(tmp_path / "ckpt")
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    msd, osd = get_state_dict(fsdp.module, opt)
+    ckpt_lib.save_shards({"model": msd, "optim": osd}, path, HashingFileSystemWriter(path))
+    ckpt_lib.write_state(path, {"step": 1, "world_size": 1}, fsdp.module.config)
+    dst = with_bf16_copies(plain(seed=4))
+    dst_opt = build_optimizer(dst.module, TrainConfig(lr=1e-3), CPU)
+    ckpt_lib.load_sharded(dst.module, dst_opt, path)
+    assert all(torch.equal(weights(dst)[k], v) for k, v in weights(fsdp).items())
+    moments = [dst_opt.state[p]["exp_avg"] for p in dst.module.parameters()]
+    assert len(moments) == len(list(dst.module.parameters())) and all(m.abs().sum() > 0 for m in moments)
+    with torch.no_grad():  # and the copies compute with the loaded weights
+        assert float(micro_batch_loss(dst, bs[0])) == float(micro_batch_loss(fsdp, bs[0]))
