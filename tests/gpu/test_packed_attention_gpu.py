@@ -20,6 +20,12 @@ def pg():
     dist.destroy_process_group()
 
 
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    """A parameter's or gradient's whole value: FSDP2's DTensor gathered, a plain tensor (one GPU
+    without FSDP2: parallel.single_worker) as it is."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
 def _model(attn: str, ce: str):
     from rayft.config import ModelConfig, ParallelConfig
     from rayft.train.model import build_sharded_model
@@ -77,7 +83,7 @@ def test_varlen_and_fused_match_the_reference_path(pg):
         model = _model(attn, ce)
         loss = micro_batch_loss(model, batch)
         loss.backward()
-        grad = model.module.model.layers[0].mlp.down_proj.weight.grad.full_tensor().float()
+        grad = _whole(model.module.model.layers[0].mlp.down_proj.weight.grad).float()
         losses[attn] = (float(loss), grad)
         del model
     (l_ref, g_ref), (l_new, g_new) = losses["sdpa"], losses["varlen"]
@@ -105,7 +111,7 @@ def test_the_fused_loss_over_the_trained_rows_equals_it_over_every_row(pg):
     for name, b in (("all rows", {k: v for k, v in batch.items() if k != "trained_positions"}), ("trained rows", batch)):
         loss = micro_batch_loss(model, b)
         loss.backward()
-        results[name] = (float(loss), {p: t.grad.full_tensor().float().clone() for p, t in params.items()})
+        results[name] = (float(loss), {p: _whole(t.grad).float().clone() for p, t in params.items()})
         model.module.zero_grad(set_to_none=True)
     (l_all, g_all), (l_sub, g_sub) = results["all rows"], results["trained rows"]
     # bf16 logits: cuBLAS may round a row differently at another row count, so bf16 tolerances
@@ -118,4 +124,4 @@ def test_the_fused_loss_over_the_trained_rows_equals_it_over_every_row(pg):
     loss = micro_batch_loss(model, empty)
     loss.backward()
     head = model.module.get_output_embeddings().weight.grad
-    assert float(loss) == 0.0 and head is not None and float(head.full_tensor().abs().max()) == 0.0
+    assert float(loss) == 0.0 and head is not None and float(_whole(head).abs().max()) == 0.0
