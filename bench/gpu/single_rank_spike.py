@@ -6,8 +6,8 @@
 On one rank FSDP2's all-gather copy-in/copy-out, fp32 -> bf16 casts and reduce-scatter copies took
 ~21 ms of a ~349 ms step (bench/NOTES.md §24). This measures the step without them. Variants:
 
-- ``fsdp``: rayft as it is (``ParallelConfig()``, reshard_after_forward True).
-- ``fsdp-noreshard``: ``ParallelConfig(reshard_after_forward=False)``.
+- ``fsdp``: rayft as it was (FSDP2 over the one rank: ``single_worker="fsdp2"``, reshard_after_forward True).
+- ``fsdp-noreshard``: the same with ``reshard_after_forward=False``.
 - ``nofsdp-autocast``: ``rayft.train.model.fully_shard`` patched to a no-op, so the model stays a
   plain module with fp32 parameters; the forward and the loss (``rayft.train.step.micro_batch_loss``)
   run under ``torch.autocast(bfloat16)``, the backward outside it (as torchtitan does on one GPU and
@@ -81,7 +81,10 @@ def child(a: argparse.Namespace) -> None:
 
         rstep.micro_batch_loss = autocast_loss  # forward_backward looks it up in rayft.train.step at each call
 
-    par = ParallelConfig(reshard_after_forward=False) if v == "fsdp-noreshard" else ParallelConfig()
+    # FSDP2 over the one rank in every variant (the spike predates parallel.single_worker, whose
+    # one-GPU default skips FSDP2 the shippable way: rayft.train.compute_copy); the nofsdp variants
+    # patch fully_shard out themselves
+    par = ParallelConfig(reshard_after_forward=v != "fsdp-noreshard", single_worker="fsdp2")
     overrides = {"num_hidden_layers": a.layers} if a.layers else {}
     t_build = time.perf_counter()
     model = build_sharded_model(

@@ -145,3 +145,15 @@ def test_checkpoints_move_between_fsdp2_and_compute_copies(one_rank_group, tmp_p
     assert len(moments) == len(list(dst.module.parameters())) and all(m.abs().sum() > 0 for m in moments)
     with torch.no_grad():  # and the copies compute with the loaded weights
         assert float(micro_batch_loss(dst, bs[0])) == float(micro_batch_loss(fsdp, bs[0]))
+
+
+def test_compute_copies_with_cpu_offload_is_refused_naming_the_file_and_field(tmp_path):
+    from rayft.config import ConfigError, load_config
+
+    f = tmp_path / "job.yaml"
+    f.write_text("data: {synthetic: {rows: 4}}\nparallel:\n  single_worker: compute_copy\n  cpu_offload: true\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(f)
+    assert str(f) in str(e.value) and "parallel" in str(e.value) and "cpu_offload needs fsdp2" in str(e.value), str(e.value)
+    assert ParallelConfig(single_worker="fsdp2", cpu_offload=True).uses_fsdp2(1, "cuda")
+    assert not ParallelConfig().uses_fsdp2(1, "cuda") and ParallelConfig().uses_fsdp2(1, "cpu") and ParallelConfig().uses_fsdp2(2, "cuda")

@@ -2,7 +2,8 @@
 logits and rank 0's tokenizer, then export_and_verify through both writers (the sharded one of a
 run directory on a file system; the gathered one of object storage and converted checkpoints): the
 files reload with transformers and give the trained model's logits, the check and its timings are
-recorded, the driver's channel gets the export event; a tokenizer that cannot load fails prepare."""
+recorded, the driver's channel gets the export event; a tokenizer that cannot load fails prepare.
+Each with FSDP2 over the one rank and with one worker's plain module (parallel.single_worker)."""
 
 from __future__ import annotations
 
@@ -39,15 +40,18 @@ class ListMailbox:
         return out
 
 
-@pytest.fixture(scope="module")
-def trained(one_rank_group):
+@pytest.fixture(scope="module", params=["fsdp2", "compute_copy"])
+def trained(one_rank_group, request):
+    """The model under FSDP2 over the one rank, and without it (parallel.single_worker: the plain
+    module a one-GPU run trains; fp32 on the CPU, so no compute copies)."""
     cfg = RayftConfig.model_validate({"model": {"name_or_path": PRESET}, "data": {"train_files": ["x.jsonl"], "seq_len": 64},
-                                      "train": {"use_gpu": False}})  # fmt: skip
+                                      "train": {"use_gpu": False}, "parallel": {"single_worker": request.param}})  # fmt: skip
     tok = load_tokenizer(TOKENIZER)
     recs = [{"instruction": "Add 2 and 3.", "input": "", "output": "5"}, {"instruction": "Name a colour.", "input": "", "output": "Blue"}]
     ds = tokenize_dataset(tok, [to_conversation(r, f"r{i}", "alpaca") for i, r in enumerate(recs)], seq_len=64)
     model = build_sharded_model(cfg.model, cfg.parallel, device=torch.device("cpu"), activation_checkpointing=False,
                                 compile_layers=False, seed=7)  # fmt: skip
+    assert model.fsdp is (request.param == "fsdp2")
     return cfg, ds, model, load_model_config(cfg.model), tok.pad_token_id
 
 
