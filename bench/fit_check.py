@@ -63,7 +63,7 @@ def main() -> None:
             reshard_after_forward=p["reshard_after_forward"],
             float8=p["float8"],
             cpu_offload=p.get("cpu_offload", False),
-            compute_copies=p.get("compute_copies", False),  # one GPU without FSDP2 (parallel.single_worker)
+            without_fsdp2=p.get("without_fsdp2", False),  # one GPU without FSDP2 (parallel.single_worker)
         )
         predicted = plan_memory(dims[p["model"]], shape).peak / 2**30
         rows.append({**p, "predicted_gib": round(predicted, 3), "error": round(predicted / p["measured_gib"] - 1, 4)})

@@ -341,8 +341,9 @@ class ParallelConfig(_Section):
         description="How a run of one worker holds its weights. fsdp2: FSDP2 over the one rank, as with more workers "
         "(it shards nothing but copies and casts each layer's weights in and out of its buffers every step). compute_copy: "
         "no FSDP2; the fp32 master weights and one param_dtype copy of them for compute, cast again after each optimizer "
-        "step (rayft.train.compute_copy; same values, 2 bytes per parameter more memory). auto: compute_copy on a GPU "
-        "without cpu_offload, else fsdp2.",
+        "step (rayft.train.compute_copy; same values, 2 bytes per parameter more memory; gradients accumulate in fp32 "
+        "whatever reduce_dtype says). auto: compute_copy on a GPU without cpu_offload, else fsdp2. More than one worker "
+        "always shards with FSDP2.",
     )
     cpu_offload: bool = Field(
         default=False,

@@ -353,8 +353,8 @@ def test_sigterm_checkpoints_the_step_and_resumes_exactly_and_a_second_run_is_re
     """The ``stopped`` run (see ``cli_runs``), signalled after its worker group's restart: it
     checkpoints the last finished step, exits 143 and says how to resume; the resume, at another world
     size (1 worker, 4 micro-batches: the same global batch) and without FSDP2 (parallel.single_worker
-    compute_copy: DCP loads the FSDP2 shards into the plain module; its own checkpoints and export
-    are written from plain tensors), ends with the uninterrupted run's losses."""
+    compute_copy: DCP loads the FSDP2 shards into the plain module, fp32 on the CPU; its own
+    checkpoints are written from plain tensors), ends with the uninterrupted run's losses."""
     stopped = cli_runs["stopped"]
     run = stopped.run
     error, took = cli_runs["refused"]  # run_training(config(workdir, "stopped")) while it held the lock
@@ -389,7 +389,7 @@ def test_sigterm_checkpoints_the_step_and_resumes_exactly_and_a_second_run_is_re
     assert sorted(got) == list(range(1, 9))
     lines = (run / "rayft_metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == list(range(1, 9))  # the stopped run's steps kept, each once
-    assert [json.loads(x)["weights"] for x in lines][-1] == "compute_copy" and json.loads(lines[0])["weights"] == "fsdp2"
+    assert json.loads(lines[-1])["weights"] == "plain" and json.loads(lines[0])["weights"] == "fsdp2"  # fp32 on the CPU: no copies
     for step in range(1, 9):  # after the resume: another world size, so another order of the sums (1e-4, not 1e-5)
         assert got[step] == pytest.approx(baseline[step], abs=1e-5 if step <= stop["checkpoint_step"] else 1e-4), step
     # the resumed run wrote its checkpoints afresh: every one is intact

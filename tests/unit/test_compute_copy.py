@@ -111,16 +111,40 @@ def test_the_copies_compute_in_bf16_and_follow_a_load(one_rank_group):
         assert after == float(micro_batch_loss(fresh, b)) and after != before
 
 
-def test_a_backward_outside_the_block_has_no_gradient_left_in_the_copies(one_rank_group):
+def test_every_gradient_reaches_the_fp32_masters_inside_the_block_or_after_it(one_rank_group):
+    """Inside ``computing()`` (the step's way) and with the backward after the forward's block closed
+    (a caller of micro_batch_loss without activation checkpointing): the same fp32 gradients on the
+    masters, none left on the copies."""
+    grads = []
+    for inside in (True, False):
+        model = with_bf16_copies(plain())
+        b = batches(1)[0]
+        if inside:
+            with model.computing():
+                micro_batch_loss(model, b).backward()
+                copies = list(model.module.parameters())
+            assert {p.dtype for p in copies} == {torch.bfloat16} and all(p.grad is None for p in copies)
+        else:
+            micro_batch_loss(model, b).backward()
+        masters = dict(model.module.named_parameters())
+        assert all(p.dtype == torch.float32 and p.grad is not None and p.grad.dtype == torch.float32 for p in masters.values())
+        grads.append({k: p.grad for k, p in masters.items()})
+    assert all(torch.equal(grads[0][k], grads[1][k]) for k in grads[0])
+
+
+def test_a_frozen_master_gets_no_gradient_and_released_copies_come_back(one_rank_group):
     model = with_bf16_copies(plain())
     b = batches(1)[0]
-    with model.computing():
-        micro_batch_loss(model, b).backward()
-        inner = list(model.module.parameters())
-    assert {p.dtype for p in inner} == {torch.bfloat16}
-    assert all(p.grad is None for p in inner)  # each handed to its master as autograd produced it
-    masters = list(model.module.parameters())
-    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in masters)
+    with torch.no_grad():
+        before = float(micro_batch_loss(model, b))  # the copies exist from here
+    norm = model.module.model.norm.weight
+    norm.requires_grad_(False)
+    micro_batch_loss(model, b).backward()
+    assert norm.grad is None and model.module.model.layers[0].mlp.up_proj.weight.grad is not None
+    model.release_compute_copies()
+    assert model.compute_copies.copy_of == {}
+    with torch.no_grad():
+        assert float(micro_batch_loss(model, b)) == before  # made again, from the same masters
 
 
 def test_checkpoints_move_between_fsdp2_and_compute_copies(one_rank_group, tmp_path):

@@ -94,6 +94,29 @@ def test_the_sharded_gradients_count_where_they_exist(qwen15):
     assert end.needed() > 22.4 * 2**30  # with the allocator's slack and the runtime: does not fit an L4, as measured
 
 
+def test_one_gpu_without_fsdp2_counts_its_compute_copies_only_where_they_exist(qwen15):
+    """parallel.single_worker on one GPU: a bf16 copy of every weight, kept (measured 89.7 GiB against
+    FSDP2's 87.2 for this model at 16 × 2,048: bench/NOTES.md §29); none with fp32 compute (the module
+    computes with its masters); and CPU offload always runs under FSDP2, so its plan (and the advice
+    that tries it) counts FSDP2's gathered layers, not copies."""
+    p, root, head = qwen15.params, 151936 * 1536 + 1536, 151936 * 1536
+    shape = TrainShape(gpus=1, micro_batch_size=16, seq_len=2048, compiled=True)
+    fsdp2, copies = plan_memory(qwen15, shape), plan_memory(qwen15, replace(shape, without_fsdp2=True))
+    gathered = fsdp2.parts["bf16 weights gathered for compute"]
+    assert copies.parts["compute copies of every weight (rayft.train.compute_copy)"] == 2 * p
+    assert copies.peak - fsdp2.peak == 2 * p - gathered
+    fp32 = plan_memory(qwen15, replace(shape, without_fsdp2=True, compute_bytes=4))
+    assert not {"compute copies of every weight (rayft.train.compute_copy)", "fp32 weights gathered for compute"} & set(fp32.parts)
+    assert fp32.peak < plan_memory(qwen15, replace(shape, compute_bytes=4)).peak  # the masters compute: nothing gathered
+    small = replace(shape, micro_batch_size=1, activation_checkpointing=True, without_fsdp2=True)
+    end = plan_memory(qwen15, small)
+    assert end.phase.startswith("end of the backward pass") and end.parts[
+        "the root's fp32 gradients and the LM head's in the compute dtype"
+    ] == (4 * root + 2 * head)
+    offload = replace(shape, cpu_offload=True)
+    assert plan_memory(qwen15, replace(offload, without_fsdp2=True)).parts == plan_memory(qwen15, offload).parts
+
+
 def test_checkpointing_keeps_layer_inputs_and_recomputes_one_layer(qwen15):
     full = plan_memory(qwen15, TrainShape(gpus=8, micro_batch_size=8, seq_len=2048, compiled=True))
     ac = plan_memory(qwen15, TrainShape(gpus=8, micro_batch_size=8, seq_len=2048, compiled=True, activation_checkpointing=True))

@@ -863,7 +863,7 @@ def recipe_settings(recipe: str, run_dir: Path, cmd: list[str], config: Path) ->
             out["attention"], out["cross_entropy"] = first["attn_implementation"], first["cross_entropy"]
             if "fused_loss_chunk_mem" in first:  # what the loss got (None: not applied)
                 out["fused_loss_chunk_mem"] = first["fused_loss_chunk_mem"]
-            if "weights" in first:  # fsdp2 or compute_copy, as the run resolved it
+            if "weights" in first:  # fsdp2, compute_copy or plain, as the run resolved it
                 out["fsdp"] = 2 if first["weights"] == "fsdp2" else None
         except (OSError, IndexError, KeyError, ValueError):
             pass

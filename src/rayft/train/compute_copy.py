@@ -39,13 +39,18 @@ class ComputeCopies:
     def __init__(self, module: torch.nn.Module, dtype: torch.dtype):
         self.module, self.dtype = module, dtype
         self.copy_of: dict[int, tuple[torch.nn.Parameter, torch.nn.Parameter]] = {}  # id(master) → (master, copy)
-        self.synced: tuple[tuple[int, int], ...] | None = None  # (id, version) of each master at the last cast
+        self.synced: tuple[tuple[int, int, bool], ...] | None = None  # (id, version, requires_grad) of each master at the last cast
         self.swapped: list[tuple[torch.nn.Module, str, torch.nn.Parameter]] = []  # (module, slot, master) while computing
 
     def mark_stale(self) -> None:
         """Cast the copies again before the next forward (after any change to the masters that
         their version counters might not show)."""
         self.synced = None
+
+    def release(self) -> None:
+        """Free the copies (2 bytes per parameter for bf16), e.g. before the export's logit check
+        needs the room; a later :meth:`computing` makes them again."""
+        self.copy_of, self.synced = {}, None
 
     @contextlib.contextmanager
     def computing(self) -> Iterator[None]:
@@ -69,11 +74,16 @@ class ComputeCopies:
             self.swapped = []
 
     def _refresh(self, masters: list[torch.nn.Parameter]) -> None:
-        """Make a copy for each new master and cast every copy again when any master changed."""
-        signature = tuple((id(p), p._version) for p in masters)
+        """Make a copy for each new master (or one whose ``requires_grad`` changed: its copy's hook
+        and flag follow it) and cast every copy again when any master changed."""
+        signature = tuple((id(p), p._version, p.requires_grad) for p in masters)
         if signature == self.synced:
             return
-        self.copy_of = {id(p): self.copy_of.get(id(p)) or (p, self._new_copy(p)) for p in masters}
+        old = self.copy_of
+        self.copy_of = {}
+        for p in masters:
+            kept = old.get(id(p))
+            self.copy_of[id(p)] = kept if kept is not None and kept[1].requires_grad == p.requires_grad else (p, self._new_copy(p))
         copies = [self.copy_of[id(p)][1] for p in masters]
         with torch.no_grad():
             torch._foreach_copy_(copies, [p.detach() for p in masters])

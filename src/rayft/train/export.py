@@ -114,6 +114,7 @@ def export_and_verify(
     complete; ``write``, ``read_back``, ``config_files`` of a sharded export, ``gather_write`` of a
     gathered one, ``logit_check``)."""
     module = model.module
+    model.release_compute_copies()  # training is over: their memory goes to the logit check's load
     timings = dict(inputs.timings)
     if "://" in args.run_dir or model.export_gathered:
         t1 = time.perf_counter()

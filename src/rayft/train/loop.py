@@ -315,7 +315,7 @@ def step_record(
         "attn_implementation": w.model.attn_implementation,
         "cross_entropy": w.model.loss.impl,
         "float8": w.model.float8,
-        "weights": "fsdp2" if w.model.fsdp else "compute_copy",  # parallel.single_worker as resolved
+        "weights": w.model.weights_mode,  # fsdp2, compute_copy or plain: parallel.single_worker as resolved
         "peak_mem_gib": torch.cuda.max_memory_allocated(w.device) / 2**30 if w.device.type == "cuda" else None,
         "gpu_memory_limit_gib": tc.gpu_memory_limit_gib,
         "fused_loss_chunk_mem": w.model.loss.chunk_mem,  # liger's chunk_mem_const as passed (None: not the fused loss)

@@ -103,8 +103,14 @@ class TrainShape:
     async_save_copy: bool = False
     #: train.grad_accum_steps: above 1, every layer's whole fp32 gradient is held between micro-batches
     grad_accum_steps: int = 1
-    #: one GPU without FSDP2 (parallel.single_worker): a compute-dtype copy of every weight stays allocated
-    compute_copies: bool = False
+    #: one GPU without FSDP2 (parallel.single_worker; never with cpu_offload): the module computes with
+    #: a bf16 copy of every weight, kept allocated (with fp32 compute, with the fp32 weights themselves)
+    without_fsdp2: bool = False
+
+    @property
+    def copy_bytes(self) -> int:
+        """Bytes per parameter of the compute copies one GPU without FSDP2 keeps (0: none)."""
+        return self.compute_bytes if self.without_fsdp2 and not self.cpu_offload and self.compute_bytes < 4 else 0
 
     @property
     def tokens(self) -> int:
@@ -189,8 +195,9 @@ def plan_memory(m: ModelDims, s: TrainShape) -> MemoryPlan:
         # micro-batches before the last run without gradient sync: FSDP2 keeps each layer's whole
         # gradient in fp32 (the reduce dtype) on the GPU, added to by the next, until the last reduces
         parts_common["unsharded fp32 gradients accumulated between micro-batches"] = 4 * m.params
-    if s.compute_copies:
-        parts_common["compute copies of every weight (rayft.train.compute_copy)"] = s.compute_bytes * m.params
+    plain = s.without_fsdp2 and not s.cpu_offload  # CPU offload always runs under FSDP2
+    if plain:
+        parts_common["compute copies of every weight (rayft.train.compute_copy)"] = s.copy_bytes * m.params
     else:
         gathered = m.params if not s.reshard_after_forward else m.params_root + 2 * m.params_layer
         parts_common["bf16 weights gathered for compute" if s.compute_bytes == 2 else "fp32 weights gathered for compute"] = (
@@ -223,12 +230,12 @@ def plan_memory(m: ModelDims, s: TrainShape) -> MemoryPlan:
     # every other unit's gradient shard already there; on one GPU the reduced output is a copy made
     # while that input lives, and the compute-dtype gradients are freed first
     rest = m.params - m.params_root
-    if s.compute_copies:
+    if plain:
         # each copy's gradient is handed to its fp32 master as autograd makes it: the largest, the
         # LM head's (the embedding's, tied), is the last one alive in the compute dtype
         root = {
-            "compute copies of every weight (rayft.train.compute_copy)": s.compute_bytes * m.params,
-            "the root's fp32 gradients and the LM head's in the compute dtype": 4 * m.params_root + s.compute_bytes * m.vocab * m.hidden,
+            "compute copies of every weight (rayft.train.compute_copy)": s.copy_bytes * m.params,
+            "the root's fp32 gradients and the LM head's in the compute dtype": 4 * m.params_root + s.copy_bytes * m.vocab * m.hidden,
         }
     elif n == 1:
         root = {"the root's fp32 reduce-scatter input and its reduced copy": 8 * m.params_root}
@@ -416,7 +423,7 @@ def train_shape(cfg, gpus: int, model_conf) -> TrainShape:
         compute_bytes=2 if cfg.parallel.param_dtype == "bfloat16" else 4,
         async_save_copy=cfg.parallel.cpu_offload and cfg.checkpoint.async_save,
         grad_accum_steps=tc.grad_accum_steps,
-        compute_copies=not cfg.parallel.uses_fsdp2(gpus, "cuda"),
+        without_fsdp2=not cfg.parallel.uses_fsdp2(gpus, "cuda"),
     )
 
 

@@ -203,7 +203,10 @@ class ShardedModel:
     FSDP2 all-gathers those weights in float8 (with more than one rank); ``export_gathered``: the
     export goes through transformers (the checkpoint's tensor names were converted while loading);
     ``compute_copies``: one worker without FSDP2 computing in bf16 (:mod:`rayft.train.compute_copy`;
-    None with FSDP2, or when compute is fp32).
+    None with FSDP2, or when compute is fp32). Every forward and backward runs inside
+    :meth:`computing` (:meth:`token_loss_sum` opens it for its forward; a backward outside it is right
+    only without activation checkpointing, whose recompute would read the fp32 masters and fail
+    torch's checkpoint check): calling ``module`` directly outside it computes in fp32.
     """
 
     module: torch.nn.Module
@@ -223,6 +226,18 @@ class ShardedModel:
         copies, their parameters stand in the module's slots (:meth:`ComputeCopies.computing`);
         else nothing changes (FSDP2 gathers around each forward itself)."""
         return self.compute_copies.computing() if self.compute_copies is not None else contextlib.nullcontext()
+
+    @property
+    def weights_mode(self) -> str:
+        """How the weights are held: ``fsdp2``; ``compute_copy`` (one worker, bf16 copies of fp32
+        masters); ``plain`` (one worker computing with its fp32 weights: no FSDP2, no copies)."""
+        return "fsdp2" if self.fsdp else "compute_copy" if self.compute_copies is not None else "plain"
+
+    def release_compute_copies(self) -> None:
+        """Free the compute copies when training is over (the export's logit check wants the room);
+        nothing to do without them."""
+        if self.compute_copies is not None:
+            self.compute_copies.release()
 
     def set_gradient_sync(self, sync: bool) -> None:
         """FSDP2: reduce the gradients after this backward (the last micro-batch) or keep
@@ -326,6 +341,8 @@ def build_sharded_model(
     dtypes = {"bfloat16": torch.bfloat16, "float32": torch.float32}
     compute_dtype = dtypes[par.param_dtype] if on_gpu else torch.float32
     fsdp = par.uses_fsdp2(dist.get_world_size(), device.type)
+    if par.single_worker == "compute_copy" and dist.get_world_size() > 1 and rank == 0:
+        print(f"[rayft] parallel.single_worker: compute_copy applies to one worker; {dist.get_world_size()} shard with FSDP2", flush=True)
     shard = _fsdp2_options(par, device, compute_dtype) if fsdp else None
     for layer in decoder_layers(model):
         if compile_layers:
