@@ -3,9 +3,12 @@ the same training as FSDP2 on one rank, step for step, with bf16 compute on the 
 stay fp32 and registered; a load into the masters reaches the copies; checkpoints move between the
 two modes (one CPU rank, gloo)."""
 
+import copy
+
 import numpy as np
 import pytest
 import torch
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from rayft.config import ModelConfig, ParallelConfig, TrainConfig
@@ -52,12 +55,8 @@ def with_bf16_copies(model: ShardedModel) -> ShardedModel:
 def fsdp2_bf16_like(model: ShardedModel) -> ShardedModel:
     """A copy of ``model``'s weights under FSDP2 on one rank, bf16 compute, fp32 reduction: what a
     one-GPU run did before compute copies."""
-    import copy
-
     module = copy.deepcopy(model.module)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    from torch.distributed.device_mesh import init_device_mesh
-
     mesh = init_device_mesh("cpu", (1,))
     for layer in decoder_layers(module):
         fully_shard(layer, mesh=mesh, mp_policy=mp)

@@ -340,10 +340,11 @@ def build_sharded_model(
     on_gpu = device.type == "cuda"
     dtypes = {"bfloat16": torch.bfloat16, "float32": torch.float32}
     compute_dtype = dtypes[par.param_dtype] if on_gpu else torch.float32
+    reduce_dtype = dtypes[par.reduce_dtype] if on_gpu else torch.float32
     fsdp = par.uses_fsdp2(dist.get_world_size(), device.type)
     if par.single_worker == "compute_copy" and dist.get_world_size() > 1 and rank == 0:
         print(f"[rayft] parallel.single_worker: compute_copy applies to one worker; {dist.get_world_size()} shard with FSDP2", flush=True)
-    shard = _fsdp2_options(par, device, compute_dtype) if fsdp else None
+    shard = _fsdp2_options(par, device, compute_dtype, reduce_dtype) if fsdp else None
     for layer in decoder_layers(model):
         if compile_layers:
             layer.compile()
@@ -382,10 +383,9 @@ def build_sharded_model(
     )
 
 
-def _fsdp2_options(par: ParallelConfig, device: torch.device, compute_dtype: torch.dtype) -> dict:
-    """``fully_shard``'s keyword arguments: the mesh over every rank, mixed precision
-    (``compute_dtype`` for compute, ``par.reduce_dtype`` for the reduction on a GPU), CPU offload."""
-    reduce_dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[par.reduce_dtype] if device.type == "cuda" else torch.float32
+def _fsdp2_options(par: ParallelConfig, device: torch.device, compute_dtype: torch.dtype, reduce_dtype: torch.dtype) -> dict:
+    """``fully_shard``'s keyword arguments: the mesh over every rank, mixed precision (``compute_dtype``
+    for compute, ``reduce_dtype`` for the gradients' reduction), CPU offload."""
     mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=reduce_dtype)
     # The mesh is named for the device we train on: FSDP2's default takes the host's accelerator,
     # so CPU workers (use_gpu: false) on a GPU host would get CUDA gradients on CPU parameters.
