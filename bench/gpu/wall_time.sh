@@ -13,6 +13,11 @@
 # PRECOMPILE (default 1): write the bundle's bytecode first (not part of any run's wall time): the
 # bundle unpacks into /tmp/site as sources only, where an image's pip install leaves bytecode beside
 # them (the host's own packages still import without: it sets PYTHONDONTWRITEBYTECODE, NOTES §22).
+# PRECOMPILE=image: every module's bytecode, as a pip-installed image has it (pip compiles what it
+# installs): the standard library, the host's site-packages, the bundle and src, compiled into
+# PYTHONPYCACHEPREFIX=/tmp/pycache (exported for the runs; the host's packages are read-only to it).
+# Each run's process wall time (the CLI's start and exit included, which the summary's wall_s
+# leaves out) is measured here: process_s in the pair's file, and overhead_process_s = process_s - steps.
 # DISK_PROBE (default 1): after the runs, /tmp's write rate for 4 GiB, through the page cache to an
 # fdatasync and with O_DIRECT ($OUT/disk-probe.txt): the floor under the end's checkpoint and export writes.
 # IMPORT_TIMES=1 (default 0: ~100 s of the call on that host): before and after, the seconds a fresh
@@ -29,7 +34,14 @@ import_times() {  # $1: label
   for i in 1 2; do echo -n "import rayft.train.loop, $1 ($i): "; { time python3 -c "import rayft.train.loop" >/dev/null 2>&1; } 2>&1; done
 }
 import_times "as unpacked"
-if [ "${PRECOMPILE:-1}" = 1 ]; then
+if [ "${PRECOMPILE:-1}" = image ]; then
+  export PYTHONPYCACHEPREFIX=/tmp/pycache
+  dirs=$(python3 -c "import site, sysconfig; p = sysconfig.get_paths(); print(' '.join(sorted({p['stdlib'], p['platstdlib'], p['purelib'], p['platlib'], *site.getsitepackages()})))")
+  echo -n "compileall into $PYTHONPYCACHEPREFIX ($dirs /tmp/site src): "
+  { time python3 -m compileall -q -j 0 $dirs /tmp/site src >/dev/null 2>&1; } 2>&1
+  echo "bytecode files in $PYTHONPYCACHEPREFIX: $(find $PYTHONPYCACHEPREFIX -name '*.pyc' | wc -l)"
+  import_times "every module compiled"
+elif [ "${PRECOMPILE:-1}" = 1 ]; then
   echo -n "compileall /tmp/site src: "; { time python3 -m compileall -q -j 0 /tmp/site src >/dev/null 2>&1; } 2>&1
   echo "bytecode files in /tmp/site: $(find /tmp/site -name '*.pyc' | wc -l)"
   import_times "compiled"
@@ -51,8 +63,10 @@ for run in $RUNS; do
   echo "=== $run: $CMD"
   left=$(( END - STAGING_S - $(date +%s) )); t=$(( left / (NRUNS - n) - 10 )); n=$((n + 1))
   [ "$t" -lt 60 ] && { echo "$run: not started: ${t}s left"; continue; }
+  t0=$(date +%s.%N)
   timeout -k 30 "$t" python3 -m rayft.cli ${CMD#rayft } > "$OUT/train-$run.log" 2>&1
-  echo "exit $?"; grep -E "wall time|HF export" -A3 "$OUT/train-$run.log" | head -12
+  rc=$?; python3 -c "import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 2))" "$t0" "$(date +%s.%N)" > "$OUT/process-s-$run.txt"
+  echo "exit $rc; process wall $(cat "$OUT/process-s-$run.txt") s"; grep -E "wall time|HF export" -A3 "$OUT/train-$run.log" | head -12
   for f in /tmp/ray/session_latest/logs/train/ray-train-sys-controller-*.log; do
     [ -f "$f" ] && python3 -c "import json,sys; [print(d['asctime'], d['message'].splitlines()[0][:200]) for d in map(json.loads, open(sys.argv[1]))]" "$f" > "$OUT/ray-train-controller-$run.log"
   done
@@ -72,11 +86,13 @@ for run in ("cold", "warm"):
     except FileNotFoundError:
         continue
     w = s["wall_s"]
+    process = float(open(f"{out}/process-s-{run}.txt").read())
     rows[run] = {"wall_s": w, "overhead_s": w["total"] - w["steps"], "steps": s.get("steps"),
+                 "process_s": process, "overhead_process_s": process - w["steps"],
                  "export_timings_s": (s.get("export") or {}).get("export_timings_s"),
                  "checkpoints": s.get("checkpoints", [])}
 print(write_result(f"{out}/wall-time-{ng}xgpu.json", "bash bench/gpu/wall_time.sh", rows))
-print(json.dumps({k: {"overhead_s": v["overhead_s"], "wall_s": v["wall_s"]} for k, v in rows.items()}, indent=1))
+print(json.dumps({k: {"overhead_s": v["overhead_s"], "overhead_process_s": v["overhead_process_s"], "wall_s": v["wall_s"]} for k, v in rows.items()}, indent=1))
 EOF2
 if [ "${DISK_PROBE:-1}" = 1 ]; then
   for flag in conv=fdatasync oflag=direct conv=fdatasync oflag=direct; do echo -n "$flag: "; dd if=/dev/zero of=/tmp/disk-probe bs=64M count=64 $flag 2>&1 | tail -1; rm -f /tmp/disk-probe; done | tee "$OUT/disk-probe.txt"

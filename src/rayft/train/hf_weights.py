@@ -467,57 +467,53 @@ def shard_rows(n: int, rank: int, world: int) -> tuple[int, int]:
 
 def compare_export(module: torch.nn.Module, out_dir: str | os.PathLike, device: torch.device) -> dict[str, float | int]:
     """Collective: compare every exported tensor with this rank's shards, reading back only this
-    rank's rows, one file mapped at a time. ``device``: the process group's, for the all-reduce.
-    Returns ``{"tensors": n, "max_abs_diff": d}``, ``d`` the largest gap over every rank (0.0 for an
-    exact export; ``inf`` where a value is NaN on one side only).
+    rank's rows, a chunk at a time, and comparing them where the shards live
+    (:class:`rayft.train.safetensors_rows.RowComparer`). ``device``: the process group's, for the
+    all-reduce. Returns ``{"tensors": n, "max_abs_diff": d}``, ``d`` the largest gap over every rank
+    (0.0 for an exact export; ``inf`` where a value is NaN on one side only).
 
     Raises:
-        WeightsError: a tensor missing from the export, or a parameter not sharded as FSDP2 does
-            (``Shard(0)`` over a 1-D mesh).
+        WeightsError: a tensor missing from the export or stored with another dtype or shape, a file
+            shorter than its header says, or a parameter not sharded as FSDP2 does (``Shard(0)``
+            over a 1-D mesh).
     """
-    from safetensors import safe_open
     from torch.distributed.tensor import DTensor, Shard
 
+    from rayft.train.safetensors_rows import LayoutError, RowComparer, read_layout
+
     out_dir = Path(out_dir)
-    index_path = out_dir / INDEX_FILE
-    if index_path.exists():
-        weight_map = json.loads(index_path.read_text())["weight_map"]
-    else:
-        with safe_open(str(out_dir / SINGLE_FILE), framework="pt") as f:
-            weight_map = dict.fromkeys(f.keys(), SINGLE_FILE)
-    worst = 0.0
     sd = export_state_dict(module)
-    missing = sorted(set(sd) - set(weight_map))
-    if missing:
-        raise WeightsError(f"{out_dir}: the export lacks {missing[:3]}")
-    by_file: dict[str, list[str]] = {}
-    for name in sd:
-        by_file.setdefault(weight_map[name], []).append(name)
-    for file, names in by_file.items():  # one file mapped at a time: the pages read are let go with it
-        with safe_open(str(out_dir / file), framework="pt") as f:
+    try:
+        index_path = out_dir / INDEX_FILE
+        if index_path.exists():
+            weight_map = json.loads(index_path.read_text())["weight_map"]
+        else:
+            weight_map = dict.fromkeys(read_layout(out_dir / SINGLE_FILE)[1], SINGLE_FILE)
+        missing = sorted(set(sd) - set(weight_map))
+        if missing:
+            raise WeightsError(f"{out_dir}: the export lacks {missing[:3]}")
+        by_file: dict[str, list[str]] = {}
+        for name in sd:
+            by_file.setdefault(weight_map[name], []).append(name)
+        worst, comparer = 0.0, None
+        for file, names in by_file.items():
+            path = out_dir / file
+            data_start, entries = read_layout(path)
             for name in names:
-                t, sl = sd[name], f.get_slice(name)
+                t = sd[name]
                 if isinstance(t, DTensor):
                     if tuple(t.placements) != (Shard(0),) or t.device_mesh.ndim != 1:
                         raise WeightsError(f"{name}: placements {t.placements} on a {t.device_mesh.ndim}-D mesh, expected FSDP2's Shard(0)")
-                    start, stop = shard_rows(t.shape[0], t.device_mesh.get_local_rank(), t.device_mesh.size())
-                    mine, got = t.to_local(), (sl[start:stop] if stop > start else None)
+                    rows, mine = shard_rows(t.shape[0], t.device_mesh.get_local_rank(), t.device_mesh.size()), t.to_local()
                 else:
-                    mine, got = t, sl[:]
-                if got is not None and mine.numel():
-                    worst = max(worst, tensor_gap(got, mine.detach().cpu()))
+                    rows, mine = (0, t.shape[0] if t.dim() else 1), (t if t.dim() else t.reshape(1))
+                if name not in entries:
+                    raise WeightsError(f"{path}: the index places {name} in this file, which does not hold it")
+                if mine.numel():
+                    comparer = comparer or RowComparer(mine.device)
+                    worst = max(worst, comparer.gap(path, data_start, entries[name], name, rows, mine.contiguous()))
+    except LayoutError as e:
+        raise WeightsError(str(e)) from None
     stats = torch.tensor([worst], dtype=torch.float64, device=device)
     dist.all_reduce(stats, op=dist.ReduceOp.MAX)
     return {"tensors": len(sd), "max_abs_diff": stats.item()}
-
-
-def tensor_gap(a: torch.Tensor, b: torch.Tensor) -> float:
-    """The largest absolute difference of two same-shape tensors: 0.0 when equal (NaNs in the same
-    places count as equal), ``inf`` when a NaN stands against a number."""
-    if a.dtype == b.dtype and torch.equal(a, b):
-        return 0.0
-    a, b = a.to(torch.float64), b.to(torch.float64)
-    if not torch.equal(a.isnan(), b.isnan()):
-        return math.inf
-    both = ~a.isnan()
-    return (a[both] - b[both]).abs().max().item() if both.any() else 0.0
