@@ -22,7 +22,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from rayft.benchmarks.record import write_result
-from rayft.train.digests import HashingFileSystemWriter, compare, file_digest
+from rayft.train.digests import compare, file_digest
+from rayft.train.hashing_writer import HashingFileSystemWriter
 
 
 def timed(fn) -> tuple[float, float]:

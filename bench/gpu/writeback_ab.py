@@ -22,7 +22,7 @@ import torch.distributed.checkpoint as dcp
 
 from rayft.benchmarks.record import write_result
 from rayft.config import ModelConfig, ParallelConfig
-from rayft.train import digests, hf_weights, safetensors_stream, writeback
+from rayft.train import hashing_writer, hf_weights, safetensors_stream, writeback
 from rayft.train.model import build_sharded_model
 
 ON = writeback.start_writeback
@@ -76,7 +76,7 @@ def main() -> None:
             c = "/tmp/wb-ckpt"
             shutil.rmtree(c, ignore_errors=True)
             t = time.perf_counter()
-            dcp.save(state, storage_writer=digests.HashingFileSystemWriter(c, thread_count=8), no_dist=True)
+            dcp.save(state, storage_writer=hashing_writer.HashingFileSystemWriter(c, thread_count=8), no_dist=True)
             ckpt_s = time.perf_counter() - t
             shutil.rmtree(c)
             row = {"rep": rep, "writeback": on, "export_s": round(export_s, 2), "export_gb_per_s": round(gb["export"] / export_s, 2),

@@ -83,7 +83,7 @@ def test_rayft_recipe_on_synthetic_rows(tmp_path):
     itself is not started: its loop is the main job's, whose per-step token counts the main run checks
     (tests/integration/test_train_ray.py), and a Ray Train run costs ~45 CPU-s of CI on 2 cores."""
     from rayft.train.driver import load_run_data
-    from rayft.train.loop import make_plan
+    from rayft.train.step_plan import make_plan
 
     cfg, plan, shared = inputs(tmp_path, ["random"], recipes=("rayft",))
     cmd = bt.recipe_command("rayft", "random", plan, cfg, 1, False, shared, tmp_path / "run")

@@ -39,8 +39,8 @@ def reference_first_step_loss(cfg):
     same initial weights: what the 2-worker FSDP2 run must report for step 1."""
     from transformers import AutoModelForCausalLM
 
-    from rayft.train.loop import make_plan
     from rayft.train.model import load_full_state_dict, load_model_config
+    from rayft.train.step_plan import make_plan
 
     ds = load_run_data(cfg, __import__("rich.console").console.Console(quiet=True)).train
     conf = load_model_config(cfg.model)

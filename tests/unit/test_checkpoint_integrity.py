@@ -39,8 +39,8 @@ from rayft.train.checkpoint_files import (
     newest_intact,
     verify_checkpoint,
 )
-from rayft.train.digests import HashingFileSystemWriter
 from rayft.train.errors import TrainError
+from rayft.train.hashing_writer import HashingFileSystemWriter
 from rayft.train.run_dir import prepare_run_dir
 
 

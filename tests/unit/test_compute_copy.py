@@ -16,7 +16,7 @@ from rayft.data.packing import collate
 from rayft.data.tokenize import TokenizedDataset
 from rayft.train import checkpoint as ckpt_lib
 from rayft.train.compute_copy import ComputeCopies
-from rayft.train.digests import HashingFileSystemWriter
+from rayft.train.hashing_writer import HashingFileSystemWriter
 from rayft.train.loss import TokenLoss, enable_sharded_token_loss
 from rayft.train.model import ShardedModel, build_sharded_model, checkpoint_layers, decoder_layers
 from rayft.train.optim import build_optimizer

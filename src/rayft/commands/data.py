@@ -236,7 +236,7 @@ def prepare(config: ConfigArg, set_: SetOpt = None) -> None:
     from rayft.data.examples import DataError
     from rayft.data.prepare import open_tokenizer, prepare_data
     from rayft.train.errors import TrainError
-    from rayft.train.model import default_tokenizer
+    from rayft.train.model_config import default_tokenizer
     from rayft.train.ray_cluster import connect_ray, nodes_missing_storage
 
     def locate(root: str) -> str:  # on a multi-node cluster the store must be where every node (and the next run) reads it
@@ -297,7 +297,7 @@ def show(
     from rayft.data.examples import DataError
     from rayft.data.prepare import open_tokenizer, prepare_data
     from rayft.train.errors import TrainError
-    from rayft.train.model import default_tokenizer
+    from rayft.train.model_config import default_tokenizer
 
     name = default_tokenizer(cfg.model)
     try:
@@ -313,7 +313,7 @@ def show(
         shown.append((i, view.spans(data.tokenizer, tokens, trainable), int(len(tokens)), int(trainable.sum())))
     hist = view.length_histogram(lengths)
     try:
-        from rayft.train.loop import make_plan
+        from rayft.train.step_plan import make_plan
 
         plan = make_plan(cfg, ds, cfg.train.num_workers if isinstance(cfg.train.num_workers, int) else 1)
         efficiency: float | None = view.first_epoch_efficiency(plan, lengths, cfg.data.seq_len)

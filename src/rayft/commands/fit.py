@@ -24,7 +24,7 @@ def fit(
     and say whether it fits; exit 1 when it does not."""
     cfg = load_config_or_exit(config, set_)
     from rayft.train.memory_plan import capped, cluster_gpus, judge, model_dims, parse_gpus, train_shape
-    from rayft.train.model import load_model_config
+    from rayft.train.model_config import load_model_config
 
     try:
         target = parse_gpus(gpus) if gpus else cluster_gpus(cfg)

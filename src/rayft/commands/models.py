@@ -42,7 +42,7 @@ def preset_rows() -> list[dict]:
 
     from rayft.config import ModelConfig
     from rayft.train.families import family_of
-    from rayft.train.model import load_model_config
+    from rayft.train.model_config import load_model_config
     from rayft.train.presets import PRESETS
 
     rows = []

@@ -49,7 +49,8 @@ from rayft.train.checkpoint_files import (
     step_of_dir,
     verify_checkpoint,
 )
-from rayft.train.digests import ALGORITHM, HashingFileSystemWriter, file_digest, merge
+from rayft.train.digests import ALGORITHM, file_digest, merge
+from rayft.train.hashing_writer import HashingFileSystemWriter
 from rayft.train.staging_buffers import BackgroundStaging
 
 
@@ -77,7 +78,7 @@ def write_state(path: str, state: dict, model_config, digests: dict[str, str] | 
     """The model's ``config.json``, then the state file, atomically (last: it marks the checkpoint complete).
 
     ``digests``: the hex digest of every DCP file of the checkpoint by name (every rank's shards and
-    ``.metadata``, see :class:`~rayft.train.digests.HashingFileSystemWriter`); when given, the state
+    ``.metadata``, see :class:`~rayft.train.hashing_writer.HashingFileSystemWriter`); when given, the state
     file records them with ``config.json``'s (read back here: a few KB) under ``"digests"``, and
     the algorithm under ``"digest_algorithm"``.
     """
@@ -320,7 +321,7 @@ class CheckpointWriter:
     before the next save starts, or at :meth:`wait`. Until then it is incomplete and never resumed.
 
     Digests: each rank's writer threads hash the bytes of the file each of them writes as it writes
-    them (:class:`~rayft.train.digests.HashingFileSystemWriter`: BLAKE2b-128; a save costs 1.5 CPU
+    them (:class:`~rayft.train.hashing_writer.HashingFileSystemWriter`: BLAKE2b-128; a save costs 1.5 CPU
     seconds per GB more on this project's CPU test machine, spread over the writer threads where
     cores are idle; no file is read back), so with ``async_save`` the hashing runs in the background
     write, off the step loop; in sync mode it adds to the save's time. At finalisation the ranks'

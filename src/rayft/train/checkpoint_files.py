@@ -16,8 +16,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch.distributed.checkpoint as dcp
-
 from rayft.train.digests import ALGORITHM, Mismatch, compare
 
 STATE_FILE = "rayft_state.json"
@@ -31,6 +29,8 @@ def why_incomplete(path: str | os.PathLike) -> str | None:
         return f"no {STATE_FILE} (interrupted save?)"
     if not (path / ".metadata").is_file():
         return "no .metadata"
+    import torch.distributed.checkpoint as dcp  # here: the driver imports this module before any checkpoint exists
+
     try:
         meta = dcp.FileSystemReader(str(path)).read_metadata()
     except Exception as e:
@@ -143,6 +143,8 @@ def verify_checkpoint(path: str | os.PathLike) -> CheckpointCheck:
 
 def dcp_files(path: str | os.PathLike) -> list[str]:
     """Every file DCP reads to load the checkpoint at ``path``: ``.metadata`` and the shard files it names."""
+    import torch.distributed.checkpoint as dcp
+
     meta = dcp.FileSystemReader(str(path)).read_metadata()
     return sorted({".metadata", *(info.relative_path for info in (meta.storage_data or {}).values())})
 

@@ -65,7 +65,7 @@ def load_run_data(
     Raises:
         TrainError: the data layer's :class:`DataError`, with its message.
     """
-    from rayft.train.model import default_tokenizer, load_model_config
+    from rayft.train.model_config import default_tokenizer, load_model_config
 
     name = default_tokenizer(cfg.model)
     try:
@@ -142,8 +142,9 @@ def train_run(
     from ray.train.torch import TorchConfig, TorchTrainer
 
     from rayft.train.events import ProgressChannel
-    from rayft.train.loop import make_plan, train_func
+    from rayft.train.step_plan import make_plan
     from rayft.train.worker_args import WorkerArgs
+    from rayft.train.worker_entry import train_func
 
     marks = {"start": time.time()}  # wall clock (unix s) of the run's phases, for the summary's wall_s
     reached: list[str] = []

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from rayft.config import RayftConfig
-from rayft.data.packing import StepPlan, collate, packing_rule, plan_steps, rank_micro_batches
+from rayft.data.packing import StepPlan, collate, packing_rule, rank_micro_batches
 from rayft.train import checkpoint as ckpt_lib
 from rayft.train.device import cap_gpu_memory
 from rayft.train.evaluate import Evaluator
@@ -32,28 +32,6 @@ from rayft.train.profiling import StepProfiler
 from rayft.train.step import GlobalCounts, StepClock, StepResult, global_counts, micro_batch_loss, train_step
 from rayft.train.stop import StopPoll
 from rayft.train.worker_args import WorkerArgs
-
-
-def make_plan(cfg: RayftConfig, ds, world_size: int) -> StepPlan:
-    """The run's step plan for ``world_size`` workers: the one place a config becomes a plan.
-
-    The driver calls it once per run (the workers receive the result, see :func:`setup_worker`);
-    ``ds``: the training data (``len``, ``lengths()``). A pure function of the example lengths,
-    ``data.seed``/``packing``/``shuffle``/``seq_len``, the batch settings and ``world_size``.
-
-    Raises:
-        ValueError: no example; with packing, an example longer than ``data.seq_len``.
-    """
-    return plan_steps(
-        ds,
-        rows_per_step=world_size * cfg.train.micro_batch_size * cfg.train.grad_accum_steps,
-        row_len=cfg.data.seq_len,
-        packing=cfg.data.packing,
-        shuffle=cfg.data.shuffle,
-        seed=cfg.data.seed,
-        epochs=cfg.train.epochs,
-        max_steps=cfg.train.max_steps,
-    )
 
 
 @dataclass

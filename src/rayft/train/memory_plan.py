@@ -287,7 +287,7 @@ def model_dims(conf) -> ModelDims:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rayft.train.model import decoder_layers
+    from rayft.train.model_config import decoder_layers
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(conf, dtype=torch.float32)
@@ -486,7 +486,7 @@ def fit_problem(cfg, target: GpuTarget) -> tuple[str, str] | None:
     the allocated peak alone exceeds a GPU's memory (the planner's largest error on measured peaks
     is 14%, over), or ``("warn", why)`` when only the margins do, or when the count is an upper bound
     (float8, padding mode)."""
-    from rayft.train.model import load_model_config
+    from rayft.train.model_config import load_model_config
 
     try:
         conf = load_model_config(cfg.model)
