@@ -1,0 +1,32 @@
+"""The `rayft` console script's entry (rayft.cli.run)."""
+
+from __future__ import annotations
+
+import gc
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from rayft import __version__, cli
+
+
+def test_console_script_is_run():
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    assert project["project"]["scripts"]["rayft"] == "rayft.cli:run"
+
+
+@pytest.mark.parametrize("argv,code", [(["--version"], 0), (["no-such-verb"], 2)])
+def test_run_exits_with_the_apps_code_and_freezes_what_is_alive(monkeypatch, capsys, argv, code):
+    monkeypatch.setattr(sys, "argv", ["rayft", *argv])
+    gc.unfreeze()
+    try:
+        with pytest.raises(SystemExit) as e:
+            cli.run()
+        assert e.value.code == code
+        assert gc.get_freeze_count() > 0  # the exit's collection skips them
+    finally:
+        gc.unfreeze()  # this test process goes on collecting as before
+    if code == 0:
+        assert __version__ in capsys.readouterr().out
