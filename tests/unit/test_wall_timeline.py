@@ -9,6 +9,7 @@ def test_wall_timeline_splits_a_run_at_its_marks():
     assert wall_timeline(marks, history) == {
         "data": 3.0,
         "ray": 7.0,
+        "checks": 1.0,
         "workers_start": 29.0,
         "worker_setup": 6.0,
         "first_step": 12.0,
@@ -17,6 +18,7 @@ def test_wall_timeline_splits_a_run_at_its_marks():
         "end": 20.0,
         "total": 100.0,
     }
+    assert sum(v for k, v in wall_timeline(marks, history).items() if k != "total") == 100.0  # no gap between the phases
     assert wall_timeline(marks, [{"unix_time": 1.0}]) is None  # metrics of an older rayft: no breakdown
 
 

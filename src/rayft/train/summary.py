@@ -15,7 +15,9 @@ def wall_timeline(marks: dict[str, float], history: list[dict]) -> dict[str, flo
     last step's metrics (``worker_entry_unix``, ``time_setup_s``, ``step_time_s``, ``unix_time``).
 
     Returns:
-        ``data`` (read + tokenize, or the cache), ``ray`` (connect / start Ray), ``workers_start``
+        ``data`` (read + tokenize, or the cache), ``ray`` (connect / start Ray), ``checks`` (Ray
+        ready → fit called: the GPU memory check, the step plan, the run directory, the run's actor,
+        the trackers), ``workers_start``
         (fit called → rank 0 enters the training function: the Ray Train controller, worker
         processes, process group), ``worker_setup`` (model build, weight load, optimizer, resume),
         ``first_step`` (with compilation), ``checkpoint_buffers`` (after the first step: the loop's
@@ -31,6 +33,7 @@ def wall_timeline(marks: dict[str, float], history: list[dict]) -> dict[str, flo
     return {
         "data": marks["data_ready"] - marks["start"],
         "ray": marks["ray_ready"] - marks["data_ready"],
+        "checks": marks["fit_called"] - marks["ray_ready"],
         "workers_start": first["worker_entry_unix"] - marks["fit_called"],
         "worker_setup": first["time_setup_s"],
         "first_step": first["step_time_s"],
