@@ -81,6 +81,7 @@ def main() -> None:
             t = time.perf_counter()
             gap = before(model.module, out) if arm == "before" else hf_weights.compare_export(model.module, out, dev)["max_abs_diff"]
             s = time.perf_counter() - t
+            assert gap == 0.0, f"{arm}: the export is not exact ({gap})"
             row = {"rep": rep, "arm": arm, "read_back_s": round(s, 3), "gb_per_s": round(gb / s, 2), "max_abs_diff": gap}
             print(row, flush=True)
             rows.append(row)

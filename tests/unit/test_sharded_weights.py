@@ -105,6 +105,29 @@ if spec.get("fail"):  # rank 1 cannot create its file (a directory holds the nam
     except OSError as e:
         report["full_disk"] = f"{type(e).__name__}: {e}"
     stream_mod.SafetensorsStream.write = plain_write
+    # the read back: a file cut short fails on every rank, whichever rows it reads; a failure on one
+    # rank only (rank 1's reads) fails every rank after their one all-reduce, instead of a mismatch
+    import shutil
+    from rayft.train import safetensors_rows
+    from rayft.train.hf_weights import WeightsError
+    cut = spec["out"] + "/cut"
+    if rank == 0:
+        shutil.copytree(out, cut)
+        last = sorted(p for p in os.listdir(cut) if p.endswith(".safetensors"))[-1]
+        os.truncate(f"{cut}/{last}", os.path.getsize(f"{cut}/{last}") - 4)
+    dist.barrier()
+    for key, where in (("cut", cut), ("one_rank", out)):
+        plain_gap = safetensors_rows.RowComparer.gap
+        def rank1_fails(self, path, *args):
+            if rank == 1 and key == "one_rank":
+                raise safetensors_rows.LayoutError(f"{path}: made to fail on rank 1")
+            return plain_gap(self, path, *args)
+        safetensors_rows.RowComparer.gap = rank1_fails
+        try:
+            report[key] = compare_export(model.module, where, cpu)
+        except WeightsError as e:
+            report[key] = f"WeightsError: {e}"
+        safetensors_rows.RowComparer.gap = plain_gap
 if spec.get("offload"):
     losses = {}
     for off in (False, True):
@@ -193,6 +216,10 @@ def test_sharded_load_and_export_on_gloo_ranks(world, tmp_path):
         assert not (out / "failing" / "model.safetensors.index.json").exists()
         assert reports[0]["full_disk"] == "OSError: [Errno 28] No space left on device"
         assert reports[1]["full_disk"] == "OSError: writing the export failed on rank 0: OSError: [Errno 28] No space left on device"
+        for r in reports:
+            assert r["cut"].startswith("WeightsError: ") and "/cut/model-" in r["cut"] and "bytes, its header describes" in r["cut"]
+        assert reports[1]["one_rank"].startswith("WeightsError: ") and reports[1]["one_rank"].endswith(": made to fail on rank 1")
+        assert reports[0]["one_rank"].startswith("WeightsError: ") and "another rank found the export wrong" in reports[0]["one_rank"]
         assert reports[0]["full_disk_file"].startswith("model-0000")
         assert not (out / "full" / reports[0]["full_disk_file"]).exists()  # the partial file was removed
         assert not (out / "full" / "model.safetensors.index.json").exists()

@@ -473,15 +473,37 @@ def compare_export(module: torch.nn.Module, out_dir: str | os.PathLike, device: 
     (0.0 for an exact export; ``inf`` where a value is NaN on one side only).
 
     Raises:
-        WeightsError: a tensor missing from the export or stored with another dtype or shape, a file
-            shorter than its header says, or a parameter not sharded as FSDP2 does (``Shard(0)``
-            over a 1-D mesh).
+        WeightsError: on every rank when any rank found a tensor missing from the export or stored
+            with another dtype or shape, a file of another size than its header says, or a
+            parameter not sharded as FSDP2 does (``Shard(0)`` over a 1-D mesh): that rank raises its
+            own error, the others one that says so, after the one all-reduce every rank joins.
+    """
+    error: WeightsError | None = None
+    worst = 0.0
+    try:
+        worst = compare_own_rows(module, Path(out_dir))
+    except WeightsError as e:
+        error = e
+    stats = torch.tensor([worst, float(error is not None)], dtype=torch.float64, device=device)
+    dist.all_reduce(stats, op=dist.ReduceOp.MAX)
+    if error is not None:
+        raise error
+    if stats[1].item() > 0:
+        raise WeightsError(f"{out_dir}: another rank found the export wrong while reading it back (its error is in its log)")
+    return {"tensors": len(export_state_dict(module)), "max_abs_diff": stats[0].item()}
+
+
+def compare_own_rows(module: torch.nn.Module, out_dir: Path) -> float:
+    """:func:`compare_export`'s part on one rank, without collectives: the largest gap between this
+    rank's rows of the export in ``out_dir`` and its shards.
+
+    Raises:
+        WeightsError: as :func:`compare_export` says, for this rank.
     """
     from torch.distributed.tensor import DTensor, Shard
 
     from rayft.train.safetensors_rows import LayoutError, RowComparer, read_layout
 
-    out_dir = Path(out_dir)
     sd = export_state_dict(module)
     try:
         index_path = out_dir / INDEX_FILE
@@ -489,31 +511,35 @@ def compare_export(module: torch.nn.Module, out_dir: str | os.PathLike, device: 
             weight_map = json.loads(index_path.read_text())["weight_map"]
         else:
             weight_map = dict.fromkeys(read_layout(out_dir / SINGLE_FILE)[1], SINGLE_FILE)
-        missing = sorted(set(sd) - set(weight_map))
-        if missing:
-            raise WeightsError(f"{out_dir}: the export lacks {missing[:3]}")
-        by_file: dict[str, list[str]] = {}
-        for name in sd:
-            by_file.setdefault(weight_map[name], []).append(name)
-        worst, comparer = 0.0, None
+    except (LayoutError, KeyError, ValueError) as e:  # ValueError: an index that is not JSON
+        raise WeightsError(f"{out_dir}: the export's index or file cannot be read ({e})") from None
+    missing = sorted(set(sd) - set(weight_map))
+    if missing:
+        raise WeightsError(f"{out_dir}: the export lacks {missing[:3]}")
+    by_file: dict[str, list[str]] = {}
+    for name in sd:
+        by_file.setdefault(weight_map[name], []).append(name)
+    worst, comparer = 0.0, RowComparer()
+    try:
         for file, names in by_file.items():
             path = out_dir / file
             data_start, entries = read_layout(path)
             for name in names:
                 t = sd[name]
+                if name not in entries:
+                    raise WeightsError(f"{path}: the index places {name} in this file, which does not hold it")
+                if entries[name].get("shape") != list(t.shape):
+                    raise WeightsError(
+                        f"{path}: {name} is stored with shape {entries[name].get('shape')}, the trained tensor has {list(t.shape)}"
+                    )
                 if isinstance(t, DTensor):
                     if tuple(t.placements) != (Shard(0),) or t.device_mesh.ndim != 1:
                         raise WeightsError(f"{name}: placements {t.placements} on a {t.device_mesh.ndim}-D mesh, expected FSDP2's Shard(0)")
                     rows, mine = shard_rows(t.shape[0], t.device_mesh.get_local_rank(), t.device_mesh.size()), t.to_local()
                 else:
                     rows, mine = (0, t.shape[0] if t.dim() else 1), (t if t.dim() else t.reshape(1))
-                if name not in entries:
-                    raise WeightsError(f"{path}: the index places {name} in this file, which does not hold it")
                 if mine.numel():
-                    comparer = comparer or RowComparer(mine.device)
                     worst = max(worst, comparer.gap(path, data_start, entries[name], name, rows, mine.contiguous()))
     except LayoutError as e:
         raise WeightsError(str(e)) from None
-    stats = torch.tensor([worst], dtype=torch.float64, device=device)
-    dist.all_reduce(stats, op=dist.ReduceOp.MAX)
-    return {"tensors": len(sd), "max_abs_diff": stats.item()}
+    return worst

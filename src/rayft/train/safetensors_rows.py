@@ -22,6 +22,7 @@ import math
 import mmap
 import os
 import struct
+import warnings
 from pathlib import Path
 
 import torch
@@ -64,21 +65,40 @@ def read_layout(path: str | os.PathLike) -> tuple[int, dict[str, dict]]:
     if not isinstance(entries, dict):
         raise LayoutError(f"{path}: the header is not a JSON object")
     entries.pop("__metadata__", None)
+    end = 0
+    for name, entry in entries.items():
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(type(x) is int for x in offsets)  # noqa: E721 -- bool is an int too
+            and 0 <= offsets[0] <= offsets[1]
+        ):
+            raise LayoutError(f"{path}: {name} has data_offsets {offsets!r}, not [begin, end]")
+        end = max(end, offsets[1])
+    size = os.path.getsize(path)
+    if size != 8 + n + end:  # every rank sees this, whichever rows it reads
+        raise LayoutError(f"{path}: {size:,} bytes, its header describes {8 + n + end:,}")
     return 8 + n, entries
 
 
 class RowComparer:
-    """Compare rows of tensors stored in safetensors files with tensors in memory: a GPU tensor
-    through one pinned host buffer of :data:`READ_CHUNK` bytes (its copies to the device run at the
-    link's rate), a host tensor against a mapping of the file (:func:`mapped_gap`). ``device``:
-    where the compared tensors live; ``through_buffer``: read through the buffer whatever the device
-    (default: on a GPU only)."""
+    """Compare rows of tensors stored in safetensors files with tensors in memory: a tensor on an
+    accelerator through one host buffer of :data:`READ_CHUNK` bytes (pinned for a GPU, so that its
+    copies to the device run at the link's rate), a host tensor against a mapping of the file
+    (:func:`mapped_gap`). ``through_buffer``: read every tensor through the buffer (default: those
+    not on the host)."""
 
-    def __init__(self, device: torch.device, through_buffer: bool | None = None) -> None:
-        cuda = device.type == "cuda"
-        self.through_buffer = cuda if through_buffer is None else through_buffer
-        self.buffer = torch.empty(READ_CHUNK if self.through_buffer else 0, dtype=torch.uint8, pin_memory=cuda and self.through_buffer)
-        self.view = memoryview(self.buffer.numpy())
+    def __init__(self, through_buffer: bool | None = None) -> None:
+        self.through_buffer = through_buffer
+        self.buffer: torch.Tensor | None = None
+        self.view: memoryview | None = None
+
+    def _buffer_for(self, device: torch.device) -> memoryview:
+        if self.buffer is None:
+            self.buffer = torch.empty(READ_CHUNK, dtype=torch.uint8, pin_memory=device.type == "cuda")
+            self.view = memoryview(self.buffer.numpy())
+        return self.view
 
     def gap(self, path: str | os.PathLike, data_start: int, entry: dict, name: str, rows: tuple[int, int], mine: torch.Tensor) -> float:
         """The largest absolute difference between rows ``[start, stop)`` of tensor ``name`` as
@@ -101,23 +121,22 @@ class RowComparer:
             raise LayoutError(f"{path}: {name} is stored with shape {stored}; rows {start}:{stop} of shape {list(mine.shape)} compared")
         if stop - start != mine.shape[0]:
             raise LayoutError(f"{path}: {name}: rows {start}:{stop} compared with a tensor of {mine.shape[0]} rows")
-        offsets, item = entry.get("data_offsets"), mine.element_size()
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(x, int) for x in offsets)):
-            raise LayoutError(f"{path}: {name} has data_offsets {offsets!r}, not [begin, end]")
-        begin, end = offsets
+        item = mine.element_size()
+        begin, end = entry["data_offsets"]  # checked by read_layout
         if end - begin != math.prod(shape) * item:
             raise LayoutError(f"{path}: {name} spans bytes {begin}:{end}, its shape {stored} needs {math.prod(shape) * item}")
         flat = mine.reshape(-1)
         offset = data_start + begin + start * math.prod(shape[1:]) * item
-        if not self.through_buffer:
+        if not (self.through_buffer if self.through_buffer is not None else mine.device.type != "cpu"):
             return mapped_gap(path, offset, flat)
+        view = self._buffer_for(mine.device)
         per_chunk = READ_CHUNK // item
         worst = 0.0
         with open(path, "rb", buffering=0) as f:
             for first in range(0, flat.numel(), per_chunk):
                 part = flat[first : first + per_chunk]
                 nbytes = part.numel() * item
-                read_exactly(f, self.view[:nbytes], offset + first * item, path)
+                read_exactly(f, view[:nbytes], offset + first * item, path)
                 got = self.buffer[:nbytes].view(mine.dtype).to(mine.device, non_blocking=False)
                 if not torch.equal(got, part):
                     worst = max(worst, tensor_gap(got, part))
@@ -126,21 +145,23 @@ class RowComparer:
 
 def mapped_gap(path: str | os.PathLike, offset: int, flat: torch.Tensor) -> float:
     """:func:`tensor_gap` of 1-D host tensor ``flat`` and the same number of values stored from byte
-    ``offset`` of ``path``, read through a mapping of the file (no copy: on the host, a copy into a
-    buffer first took 1.8× as long, bench/gpu/readback_ab.py run on the CPU).
+    ``offset`` of ``path``, read through a read-only mapping of that range (no copy: on the host, a
+    copy into a buffer first took 1.8× as long, bench/gpu/readback_ab.py run on the CPU). The
+    mapping is never closed here: the tensor over it holds it, and it goes when they both do.
 
     Raises:
         LayoutError: the file ends first.
     """
     nbytes = flat.numel() * flat.element_size()
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) as mm:  # copy-on-write: torch wants a writable buffer
-        if offset + nbytes > len(mm):
-            raise LayoutError(f"{Path(path)}: ends at byte {len(mm):,}, inside a tensor its header lists")
-        got = torch.frombuffer(mm, dtype=flat.dtype, count=flat.numel(), offset=offset)
-        try:
-            return tensor_gap(got, flat)
-        finally:
-            del got  # the mapping closes only once no tensor views it
+    start = offset - offset % mmap.ALLOCATIONGRANULARITY
+    with open(path, "rb") as f:
+        if offset + nbytes > os.fstat(f.fileno()).st_size:
+            raise LayoutError(f"{Path(path)}: ends before byte {offset + nbytes:,}, inside a tensor its header lists")
+        mapped = mmap.mmap(f.fileno(), offset + nbytes - start, offset=start, access=mmap.ACCESS_READ)
+    with warnings.catch_warnings():  # read-only on purpose: torch warns that it cannot write into it
+        warnings.simplefilter("ignore", UserWarning)
+        got = torch.frombuffer(mapped, dtype=flat.dtype, count=flat.numel(), offset=offset - start)
+    return tensor_gap(got, flat)
 
 
 def read_exactly(f, view: memoryview, offset: int, path: str | os.PathLike) -> None:
@@ -159,12 +180,13 @@ def read_exactly(f, view: memoryview, offset: int, path: str | os.PathLike) -> N
 
 
 def tensor_gap(a: torch.Tensor, b: torch.Tensor) -> float:
-    """The largest absolute difference of two same-shape tensors: 0.0 when equal (NaNs in the same
-    places count as equal), ``inf`` when a NaN stands against a number."""
+    """The largest absolute difference of two same-shape tensors, over the positions where they
+    differ: 0.0 when equal (NaNs in the same places count as equal, as do equal infinities),
+    ``inf`` when a NaN stands against a number or an infinity against anything else. Never NaN."""
     if a.dtype == b.dtype and torch.equal(a, b):
         return 0.0
     a, b = a.to(torch.float64), b.to(torch.float64)
     if not torch.equal(a.isnan(), b.isnan()):
         return math.inf
-    both = ~a.isnan()
-    return (a[both] - b[both]).abs().max().item() if both.any() else 0.0
+    differ = (a != b) & ~a.isnan()
+    return (a[differ] - b[differ]).abs().max().item() if differ.any() else 0.0

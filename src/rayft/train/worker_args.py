@@ -26,7 +26,7 @@ class WorkerArgs:
             (``data.synthetic``: a :class:`~rayft.data.tokenize.TokenizedDataset`).
         validation: ``ray.ObjectRef`` of the validation view, or None.
         plan: ``ray.ObjectRef`` of the run's :class:`~rayft.data.packing.StepPlan`, made once by
-            the driver (:func:`rayft.train.loop.make_plan`) for this worker group's size.
+            the driver (:func:`rayft.train.step_plan.make_plan`) for this worker group's size.
         pad_id: the tokenizer's padding token id.
         data_fingerprint: the training selection's fingerprint
             (:func:`rayft.data.prepare.selection_fingerprint`; a resume refuses a checkpoint of other data).
