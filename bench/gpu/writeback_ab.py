@@ -12,18 +12,16 @@ fsync; the files go to /tmp (the runs' disk) and are deleted after each write.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import time
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from one_rank import one_rank_preset  # bench/gpu/one_rank.py, beside this script
 
 from rayft.benchmarks.record import write_result
-from rayft.config import ModelConfig, ParallelConfig
 from rayft.train import hashing_writer, hf_weights, safetensors_stream, writeback
-from rayft.train.model import build_sharded_model
 
 ON = writeback.start_writeback
 
@@ -40,17 +38,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--preset", default="qwen2.5-1.5b")
     a = ap.parse_args()
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29533")
-    if torch.cuda.is_available():
-        dev = torch.device("cuda", 0)
-        torch.cuda.set_device(dev)
-        dist.init_process_group("nccl", rank=0, world_size=1, device_id=dev)
-    else:  # a smoke run of the script on a CPU machine
-        dev = torch.device("cpu")
-        dist.init_process_group("gloo", rank=0, world_size=1)
-    model = build_sharded_model(ModelConfig(name_or_path=a.preset), ParallelConfig(), device=dev, activation_checkpointing=False,
-                                compile_layers=False, seed=1)  # fmt: skip
+    dev, model = one_rank_preset(a.preset, port=29533)
     sd = {
         k: v.full_tensor().detach().cpu() if hasattr(v, "full_tensor") else v.detach().cpu() for k, v in model.module.state_dict().items()
     }
