@@ -478,10 +478,11 @@ def compare_export(module: torch.nn.Module, out_dir: str | os.PathLike, device: 
             parameter not sharded as FSDP2 does (``Shard(0)`` over a 1-D mesh): that rank raises its
             own error, the others one that says so, after the one all-reduce every rank joins.
     """
+    sd = export_state_dict(module)
     error: WeightsError | None = None
     worst = 0.0
     try:
-        worst = compare_own_rows(module, Path(out_dir))
+        worst = compare_own_rows(sd, Path(out_dir))
     except WeightsError as e:
         error = e
     stats = torch.tensor([worst, float(error is not None)], dtype=torch.float64, device=device)
@@ -490,12 +491,12 @@ def compare_export(module: torch.nn.Module, out_dir: str | os.PathLike, device: 
         raise error
     if stats[1].item() > 0:
         raise WeightsError(f"{out_dir}: another rank found the export wrong while reading it back (its error is in its log)")
-    return {"tensors": len(export_state_dict(module)), "max_abs_diff": stats[0].item()}
+    return {"tensors": len(sd), "max_abs_diff": stats[0].item()}
 
 
-def compare_own_rows(module: torch.nn.Module, out_dir: Path) -> float:
+def compare_own_rows(sd: dict[str, torch.Tensor], out_dir: Path) -> float:
     """:func:`compare_export`'s part on one rank, without collectives: the largest gap between this
-    rank's rows of the export in ``out_dir`` and its shards.
+    rank's rows of the export in ``out_dir`` and its shards (``sd``: :func:`export_state_dict`'s).
 
     Raises:
         WeightsError: as :func:`compare_export` says, for this rank.
@@ -504,7 +505,6 @@ def compare_own_rows(module: torch.nn.Module, out_dir: Path) -> float:
 
     from rayft.train.safetensors_rows import LayoutError, RowComparer, read_layout
 
-    sd = export_state_dict(module)
     try:
         index_path = out_dir / INDEX_FILE
         if index_path.exists():

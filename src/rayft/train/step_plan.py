@@ -10,7 +10,7 @@ from rayft.data.packing import StepPlan, plan_steps
 def make_plan(cfg: RayftConfig, ds, world_size: int) -> StepPlan:
     """The run's step plan for ``world_size`` workers: the one place a config becomes a plan.
 
-    The driver calls it once per run (the workers receive the result, see :func:`setup_worker`);
+    The driver calls it once per run (the workers receive the result, see :func:`rayft.train.loop.setup_worker`);
     ``ds``: the training data (``len``, ``lengths()``). A pure function of the example lengths,
     ``data.seed``/``packing``/``shuffle``/``seq_len``, the batch settings and ``world_size``.
 
