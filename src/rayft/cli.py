@@ -77,8 +77,8 @@ app.add_typer(data.data_app, name="data")  # check, prepare
 def run() -> None:
     """The ``rayft`` command (the console script): the app, then an exit without the interpreter's
     last pass over every live object. At exit CPython collects garbage once more before it tears
-    the modules down; with torch, transformers and Ray loaded that pass took 1.6–1.8 s on the
-    2-core development machine, 0.3–0.4 s after ``gc.freeze()`` (bench/NOTES.md §30). Nothing is
+    the modules down; with torch, transformers and Ray loaded the end took 1.35 s on the 2-core
+    development machine, 0.28 s after ``gc.freeze()`` (bench/results/2026-12-04-driver-start-exit-2cpu.json). Nothing is
     skipped that a command relies on: the commands close what they open, and the ``atexit``
     handlers (Ray's shutdown among them) still run."""
     try:
