@@ -4,10 +4,11 @@ The export's check (:func:`rayft.train.hf_weights.compare_export`) reads back wh
 and compares it with that rank's trained shards. Through ``safe_open`` that meant, per tensor, a
 copy of the shard from the GPU to pageable host memory, page faults over the file's mapping, and a
 comparison on the CPU: 5.2 s for the 1.5B model's 6.2 GB on one H200
-(bench/results/2026-12-04-wall-time-compute-copy-1xh200.json, ``read_back``). Here the rows'
-bytes are read with plain reads into one host buffer (pinned when the tensor is on a GPU), copied
-to the tensor's device and compared there, a chunk at a time: the host holds one chunk, never a
-tensor.
+(bench/results/2026-12-04-wall-time-compute-copy-1xh200.json, ``read_back``). Here the rows of a
+tensor on a GPU are read with plain reads into one pinned host buffer, copied to the device and
+compared there, a chunk at a time (the host holds one chunk, never a tensor): 4.28 → 1.30 s
+(bench/results/2026-12-04-readback-ab-1xh200.json). A host tensor is compared against a read-only
+mapping of its rows.
 
 The layout is safetensors' documented one (https://huggingface.co/docs/safetensors, "Format"): an
 8-byte little-endian header length ``n``, ``n`` bytes of JSON (name → ``dtype``, ``shape``,
@@ -46,7 +47,9 @@ def read_layout(path: str | os.PathLike) -> tuple[int, dict[str, dict]]:
     ``data_start``), ``__metadata__`` left out.
 
     Raises:
-        LayoutError: the file is shorter than its header, or the header is not a JSON object.
+        LayoutError: the file is shorter than its header or of another size than the header's data
+            need; the header is not a JSON object, or an entry's ``data_offsets`` are not
+            ``[begin, end]`` with 0 ≤ begin ≤ end.
     """
     with open(path, "rb") as f:
         head = f.read(8)
@@ -71,7 +74,7 @@ def read_layout(path: str | os.PathLike) -> tuple[int, dict[str, dict]]:
         if not (
             isinstance(offsets, list)
             and len(offsets) == 2
-            and all(type(x) is int for x in offsets)  # noqa: E721 -- bool is an int too
+            and all(type(x) is int for x in offsets)  # not isinstance: a bool is an int too
             and 0 <= offsets[0] <= offsets[1]
         ):
             raise LayoutError(f"{path}: {name} has data_offsets {offsets!r}, not [begin, end]")
