@@ -390,6 +390,11 @@ class CheckpointConfig(_Section):
         default=True,
         description="Checkpoint at the last step; off only for benchmarks (the run can then be neither resumed nor exported later).",
     )
+    final_model_only: bool = Field(
+        default=False,
+        description="The last step's checkpoint holds the model's weights only, not the optimizer's state (a third of "
+        "the bytes with AdamW): it can be exported and verified, but no run can resume training from it.",
+    )
     export_hf: bool = True
     on_signal: bool = Field(
         default=True,

@@ -55,9 +55,17 @@ def fsdp2_run(ray_local, tmp_path_factory):
     """The module's main 2-worker run (qwen2-tiny, 6 steps; each step one whole epoch of the 5
     examples), shared by the tests that read it: a Ray Train run costs ~30 CPU-s of CI on 2 cores.
     Its features at once: TensorBoard, a profiled window, and an evaluation on the training set
-    before training and after every step. ``(folder, config, its summary, step 1's reference loss)``."""
+    before training and after every step, and a last checkpoint of the model only. ``(folder, config,
+    its summary, step 1's reference loss)``."""
     tmp = tmp_path_factory.mktemp("fsdp2")
-    cfg = job(tmp, "tracking.tensorboard=true", "train.profile_steps=[2,3]", "data.validation_files=[chat.jsonl]", "train.eval_every=1")
+    cfg = job(
+        tmp,
+        "tracking.tensorboard=true",
+        "train.profile_steps=[2,3]",
+        "data.validation_files=[chat.jsonl]",
+        "train.eval_every=1",
+        "checkpoint.final_model_only=true",
+    )
     ref_loss, n_rows = reference_first_step_loss(cfg)
     assert n_rows == 5  # 5 rows over 2 ranks × 2 micro-batches × 2: uneven, one micro-batch empty
     return tmp, cfg, run_training(cfg), ref_loss
@@ -152,6 +160,18 @@ def test_two_worker_fsdp2_run_loss_export_and_tied_weights(fsdp2_run, qwen_token
 
     # the DCP checkpoints are complete; exporting the last one gives the same weights, still tied
     assert [s for s, _ in find_checkpoints(run)] == [3, 6]
+    # checkpoint.final_model_only: step 6 holds the weights only, without AdamW's two moments; half of step 3's
+    # bytes here, not a third, as the tied embedding (99% of this model) is stored under both of its names
+    import torch.distributed.checkpoint as dcp
+
+    from rayft.train.checkpoint_files import directory_bytes, read_state
+
+    ckpt3, ckpt6 = run / "checkpoint_0000003", run / "checkpoint_0000006"
+    assert (read_state(ckpt3)["contents"], read_state(ckpt6)["contents"]) == ("model+optimizer", "model")
+    keys3, keys6 = (set(dcp.FileSystemReader(str(c)).read_metadata().state_dict_metadata) for c in (ckpt3, ckpt6))
+    assert keys6 == {k for k in keys3 if k.startswith("model.")} and any(k.startswith("optim.") for k in keys3)
+    assert 0.45 < directory_bytes(ckpt6) / directory_bytes(ckpt3) < 0.55
+    assert [c["contents"] for c in summary["checkpoints"]] == ["model+optimizer", "model"]
     # each rank writes checkpoint.write_threads (default 8) files in parallel
     shards = sorted(p.name for p in (run / "checkpoint_0000006").glob("*.distcp"))
     assert shards == [f"__{r}_{i}.distcp" for r in (0, 1) for i in range(8)]
@@ -205,6 +225,24 @@ def test_eval_every_step_on_the_training_set(fsdp2_run):
     ref, count = single_process_loss(hf, ds, cfg.data.seq_len)
     assert count == n_targets
     assert hist[-1]["eval_loss"] == pytest.approx(ref, rel=1e-5, abs=0)
+
+
+def test_a_model_only_last_checkpoint_is_not_resumed(fsdp2_run, tmp_path):
+    """--resume of a run whose last checkpoint holds the model only is refused before any worker
+    starts: with steps left (no optimizer state to go on with) and without (nothing to train)."""
+    import shutil
+
+    src, _, _, _ = fsdp2_run
+    run = tmp_path / "runs" / "t"
+    run.mkdir(parents=True)
+    shutil.copytree(src / "runs" / "t" / "checkpoint_0000006", run / "checkpoint_0000006")
+    here = f"checkpoint.storage_path={tmp_path / 'runs'}"  # the fixture's data file (its path is part of the fingerprint)
+    t0 = time.perf_counter()
+    with pytest.raises(TrainError, match=r"holds the model's weights only \(checkpoint.final_model_only\).* from its step 6 to 8"):
+        run_training(job(src, "data.validation_files=[chat.jsonl]", "train.epochs=8", here), resume=str(run))
+    with pytest.raises(TrainError, match=r"already holds step 6 of this run's 6: nothing to train"):
+        run_training(job(src, "data.validation_files=[chat.jsonl]", here), resume=str(run))
+    assert time.perf_counter() - t0 < 30 and sorted(p.name for p in run.iterdir()) == ["checkpoint_0000006"]
 
 
 def test_float8_run_trains_checkpoints_and_exports_plain_weights(ray_local, tmp_path):

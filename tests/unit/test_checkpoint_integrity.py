@@ -184,6 +184,39 @@ def test_a_checkpoint_without_digests_is_accepted_as_unverifiable(one_rank_group
     )
 
 
+def test_a_model_only_checkpoint_loads_the_weights_and_refuses_to_continue_training(one_rank_group, tmp_path):
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    from rayft.train.run_dir import check_resume_steps
+
+    run = tmp_path / "run"
+    full = write_checkpoint(run, 4, seed=4)
+    path = run / "checkpoint_0000006"
+    trained, _ = model_and_optimizer(seed=6)
+    writer = HashingFileSystemWriter(str(path), thread_count=2)
+    save_shards({"model": get_model_state_dict(trained)}, str(path), writer)
+    write_state(str(path), {"step": 6, "world_size": 1, "contents": "model"}, PretrainedConfig(), writer.digests)
+    # the weights without AdamW's two moments: about a third of the full checkpoint's bytes
+    assert 0.30 < directory_bytes(path) / directory_bytes(full) < 0.36
+    assert verify_checkpoint(path).status == "intact"
+    # loading takes the weights and leaves the optimizer's state as it was
+    model, opt = model_and_optimizer(seed=99)
+    moments = {k: v.clone() for k, v in opt.state_dict()["state"][0].items()}
+    state = load_sharded(model, opt, str(path))
+    assert state["step"] == 6 and state["contents"] == "model"
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), trained.state_dict().values()))
+    assert all(torch.equal(opt.state_dict()["state"][0][k], v) for k, v in moments.items())
+    # --resume picks it (the newest intact one); the driver refuses it with steps left, and any checkpoint without
+    assert prepare_run_dir(str(run), str(run), None, Console(file=io.StringIO())) == str(path)
+    with pytest.raises(TrainError, match=r"holds the model's weights only .* cannot continue from its step 6 to 8"):
+        check_resume_steps(str(path), 8)
+    with pytest.raises(TrainError, match=r"checkpoint_0000006 already holds step 6 of this run's 6: nothing to train"):
+        check_resume_steps(str(path), 6)
+    with pytest.raises(TrainError, match=r"checkpoint_0000004 already holds step 4 of this run's 3: nothing to train"):
+        check_resume_steps(str(full), 3)
+    check_resume_steps(str(full), 8)  # a full checkpoint (no contents: as an earlier rayft wrote it) continues
+
+
 def test_verify_lists_every_checkpoint_and_fails_on_an_incomplete_one(one_rank_group, tmp_path):
     write_checkpoint(tmp_path, 2)
     partial = write_checkpoint(tmp_path, 4)

@@ -1,8 +1,9 @@
 """Sharded checkpoints (torch.distributed.checkpoint) and the Hugging Face export.
 
-A checkpoint directory holds every rank's DCP shards of ``{"model", "optim"}`` plus
-``rayft_state.json`` (step, epoch, world size, loss, and the digest of every other file) and the
-model's ``config.json``, written by rank 0 *last*: a directory without ``rayft_state.json`` is
+A checkpoint directory holds every rank's DCP shards of ``{"model", "optim"}`` (the last step's
+only ``{"model"}`` with ``checkpoint.final_model_only``) plus ``rayft_state.json`` (step, epoch,
+world size, loss, ``contents``, and the digest of every other file) and the model's
+``config.json``, written by rank 0 *last*: a directory without ``rayft_state.json`` is
 incomplete and is never resumed or exported. Ray Train collects the directory of every rank into
 one checkpoint on the run's storage.
 
@@ -32,16 +33,20 @@ from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
     get_state_dict,
+    set_model_state_dict,
     set_state_dict,
 )
 
 from rayft.train.checkpoint_files import (
+    MODEL_AND_OPTIMIZER,
+    MODEL_ONLY,
     STATE_FILE,
     CheckpointCheck,
     checkpoint_dirs,
     directory_bytes,
     find_checkpoints,
     free_space_warning,
+    holds_optimizer,
     is_complete,
     last_checkpoint_bytes,
     newest_intact,
@@ -152,18 +157,26 @@ def async_save_shards(state_dict: dict, path: str, writer: dcp.FileSystemWriter,
 
 def load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str) -> dict:
     """Collective: load model and optimizer shards from ``path`` (any saved world size) and return
-    its state dict (``step``, ``world_size``, ...).
+    its state file's fields (``step``, ``world_size``, ...). A model-only checkpoint
+    (:func:`~rayft.train.checkpoint_files.holds_optimizer` false) loads the weights and leaves
+    ``optimizer`` as it is: the caller decides whether that may go on (only with no step left).
 
     Raises:
         CheckpointError: an incomplete checkpoint directory.
     """
     if not is_complete(path):
         raise CheckpointError(f"{path}: incomplete checkpoint (no {STATE_FILE} or .metadata)")
+    fields = read_state(path)
+    if not holds_optimizer(fields):
+        msd = get_model_state_dict(model)
+        dcp.load({"model": msd}, checkpoint_id=path)
+        set_model_state_dict(model, msd)
+        return fields
     msd, osd = get_state_dict(model, optimizer)
     state = {"model": msd, "optim": osd}
     dcp.load(state, checkpoint_id=path)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    return read_state(path)
+    return fields
 
 
 def full_model_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -407,11 +420,14 @@ class CheckpointWriter:
         """This rank's background write has finished (or none is in flight)."""
         return self._pending is None or self._pending["future"].done()
 
-    def save(self, model, optimizer, state: dict, metrics: dict) -> list[dict]:
+    def save(self, model, optimizer, state: dict, metrics: dict, model_only: bool = False) -> list[dict]:
         """Collective: checkpoint now. Returns the timings (seconds) of every checkpoint this call
         finished: in sync mode this one (``save_s`` DCP write, ``report_s`` hand-off/upload,
         ``blocked_s`` both); in async mode the previous one if it was still in flight (see
-        :meth:`_finalize`), while this one's timings come from a later call."""
+        :meth:`_finalize`), while this one's timings come from a later call. ``model_only``: the
+        model's weights without the optimizer's state (the state file's ``contents`` says which);
+        such a save stages into plain host memory, not the reused pinned buffers, which mirror the
+        full state."""
         import pyarrow.fs
         import ray.train
 
@@ -436,14 +452,24 @@ class CheckpointWriter:
             self._warn_if_no_room(path, local, state["step"])
         if local:
             dist.barrier()
-        msd, osd = get_state_dict(model, optimizer)
+        state = {**state, "contents": MODEL_ONLY if model_only else MODEL_AND_OPTIMIZER}
+        if model_only:
+            shards = {"model": get_model_state_dict(model)}
+        else:
+            msd, osd = get_state_dict(model, optimizer)
+            shards = {"model": msd, "optim": osd}
         if self.async_save:
-            if self._writer is None:
-                # periodic saves on a GPU: reusable pinned buffers (fast copies from the second save on); else plain copies
-                self._writer = self._new_writer(path, cache=self.reuses_pinned_buffers(model))
-            future = async_save_shards({"model": msd, "optim": osd}, path, self._writer, self._pg)
+            if model_only:
+                writer = self._new_writer(path, cache=False)
+            else:
+                if self._writer is None:
+                    # periodic saves on a GPU: reusable pinned buffers (fast copies from the second save on); else plain copies
+                    self._writer = self._new_writer(path, cache=self.reuses_pinned_buffers(model))
+                writer = self._writer
+            future = async_save_shards(shards, path, writer, self._pg)
             self._pending = {
                 "future": future,
+                "writer": writer,
                 "path": path,
                 "local": local,
                 "name": name,
@@ -459,7 +485,7 @@ class CheckpointWriter:
             return done
         writer = self._new_writer(path, cache=False)
         try:
-            save_shards({"model": msd, "optim": osd}, path, writer)
+            save_shards(shards, path, writer)
             t1 = time.perf_counter()
             self._finish(path, local, name, state, metrics, writer.digests)
         finally:
@@ -467,7 +493,8 @@ class CheckpointWriter:
                 shutil.rmtree(path, ignore_errors=True)
         self.last_save = time.monotonic()
         t2 = time.perf_counter()
-        return done + [{"step": state["step"], "mode": "sync", "save_s": t1 - t0, "report_s": t2 - t1, "blocked_s": t2 - t0}]
+        timing = {"step": state["step"], "mode": "sync", "save_s": t1 - t0, "report_s": t2 - t1, "blocked_s": t2 - t0}
+        return done + [{**timing, "contents": state["contents"]}]
 
     def finalize_if_done(self, all_ranks_done: bool) -> list[dict]:
         """Collective: finalise the in-flight checkpoint when every rank's write has finished
@@ -491,13 +518,13 @@ class CheckpointWriter:
         bound: measured when the loop looked), ``finalize_wait_s`` (the loop blocked waiting for the
         write; 0 when it had finished), ``finalize_s`` (that wait + state file + Ray report) and
         ``blocked_s`` = ``buffers_wait_s`` + ``stage_s`` + ``finalize_s``, all the step loop lost to
-        this checkpoint."""
+        this checkpoint; ``contents`` as in the state file."""
         p, self._pending = self._pending, None
         t_wait = time.perf_counter()
         try:
             p["future"].result()  # raises the background write's error, if any (its directory is gone then)
             written = time.perf_counter()
-            self._finish(p["path"], p["local"], p["name"], p["state"], p["metrics"], self._writer.digests)
+            self._finish(p["path"], p["local"], p["name"], p["state"], p["metrics"], p["writer"].digests)
         finally:
             if not p["local"]:
                 shutil.rmtree(p["path"], ignore_errors=True)
@@ -512,6 +539,7 @@ class CheckpointWriter:
             "finalize_wait_s": written - t_wait,
             "finalize_s": done - t_wait,
             "blocked_s": p["buffers_wait_s"] + p["stage_s"] + done - t_wait,
+            "contents": p["state"]["contents"],
         }
 
     def _warn_if_no_room(self, path: str, local: bool, step: int) -> None:

@@ -57,6 +57,27 @@ def read_state(path: str | os.PathLike) -> dict:
         return json.load(f)
 
 
+#: the state file's ``contents`` of a checkpoint without the optimizer's state (``checkpoint.final_model_only``)
+MODEL_ONLY = "model"
+#: ... and of a full one (a state file without ``contents``, from an earlier rayft, is full too)
+MODEL_AND_OPTIMIZER = "model+optimizer"
+
+
+def holds_optimizer(state: dict) -> bool:
+    """Whether a checkpoint whose state file holds ``state`` has the optimizer's state (a run can
+    resume training from it), not only the model's weights."""
+    return state.get("contents", MODEL_AND_OPTIMIZER) != MODEL_ONLY
+
+
+def model_only_refusal(path: str | os.PathLike, step: int, total_steps: int) -> str:
+    """Why no run of ``total_steps`` steps can continue from the model-only checkpoint ``path`` of ``step``."""
+    return (
+        f"{path} holds the model's weights only (checkpoint.final_model_only): it has no optimizer state, so training "
+        f"cannot continue from its step {step} to {total_steps}; start a new run from its export instead "
+        "(model.name_or_path: the run's hf/ directory, or `rayft export` of this checkpoint)"
+    )
+
+
 def step_of_dir(path: str | os.PathLike) -> int:
     """The step in a checkpoint directory's name (``checkpoint_0000040`` → 40), -1 for another name."""
     tail = Path(path).name.rpartition("_")[2]

@@ -39,6 +39,7 @@ from rayft.train.run_actor import ActorMailbox, create_run_actor
 from rayft.train.run_dir import (
     MetricsLog,
     check_resume_data,
+    check_resume_steps,
     copy_skipped_records,
     newest_checkpoint_step,
     prepare_run_dir,
@@ -183,6 +184,7 @@ def train_run(
         copy_skipped_records(data.skipped_file, run_dir)
     if resume_from is not None:
         check_resume_data(resume_from, data_fingerprint)
+        check_resume_steps(resume_from, total)
     backend = cfg.parallel.backend if cfg.parallel.backend != "auto" else ("nccl" if use_gpu else "gloo")
     if backend == "nccl" and cfg.parallel.cpu_offload:
         # offloaded shards are CPU tensors: their collectives (the gradient norm's all-reduce) go through gloo

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from rayft.config import RayftConfig
 from rayft.data.packing import StepPlan, collate, packing_rule, rank_micro_batches
 from rayft.train import checkpoint as ckpt_lib
+from rayft.train.checkpoint_files import holds_optimizer, model_only_refusal, read_state
 from rayft.train.device import cap_gpu_memory
 from rayft.train.evaluate import Evaluator
 from rayft.train.events import CheckpointEvent, ProgressChannel, ResumedEvent, StepEvent, StoppedEvent
@@ -150,7 +151,9 @@ def train_func(loop_config: dict[str, Any]) -> None:
             w.progress.send(StepEvent(metrics), wait=step + 1 == w.total_steps)
         last = (step, result.loss, metrics)
         if w.checkpoint_is_due(step + 1, counts.time_vote):
-            report_checkpoints(w.saver.save(w.model.module, w.optimizer, w.checkpoint_state(step, result.loss), metrics), w.progress)
+            model_only = step + 1 == w.total_steps and w.cfg.checkpoint.final_model_only
+            saved = w.saver.save(w.model.module, w.optimizer, w.checkpoint_state(step, result.loss), metrics, model_only=model_only)
+            report_checkpoints(saved, w.progress)
             w.saved_step = step + 1
             clock.skip()  # checkpoint time is not step time
     export_inputs = None
@@ -209,7 +212,7 @@ def setup_worker(args: WorkerArgs) -> Worker:
     model_conf = load_model_config(cfg.model)
     optimizer = build_optimizer(model.module, tc, device)
     progress = args.progress.for_rank(rank)
-    start_step = resume(model, optimizer, args, rows_per_step, packing_rule(cfg.data.packing), progress)
+    start_step = resume(model, optimizer, args, rows_per_step, packing_rule(cfg.data.packing), progress, len(plan))
 
     saver = ckpt_lib.CheckpointWriter(cfg.checkpoint, model_conf)
     validation = ray.get(args.validation) if args.validation is not None else None
@@ -307,9 +310,13 @@ def report_checkpoints(timings: list[dict], progress: ProgressChannel) -> None:
         progress.send(CheckpointEvent(timing), wait=True)
 
 
-def resume(model: ShardedModel, optimizer, args: WorkerArgs, rows_per_step: int, rule: str, progress: ProgressChannel) -> int:
+def resume(
+    model: ShardedModel, optimizer, args: WorkerArgs, rows_per_step: int, rule: str, progress: ProgressChannel, total_steps: int
+) -> int:
     """Collective: load the checkpoint to continue from, if any, and return its step (else 0).
     Rank 0 prints the resume, with :func:`resume_note`'s warnings (``rule``: this run's packing rule).
+    A model-only checkpoint (``checkpoint.final_model_only``) is taken only when no step is left
+    (``total_steps``: a restart after the last step, which then exports).
 
     That is Ray Train's latest checkpoint after a worker-group restart, else the one ``--resume``
     chose (see :func:`checkpoint.resolve_resume_dir` for incomplete, corrupt and unregistered ones:
@@ -317,11 +324,14 @@ def resume(model: ShardedModel, optimizer, args: WorkerArgs, rows_per_step: int,
 
     Raises:
         CheckpointError: the checkpoint was made from other training data, or no intact checkpoint
-            is left to resume from.
+            is left to resume from, or it holds the model only and steps are left.
     """
     path = ckpt_lib.resolve_resume_dir(ray.train.get_checkpoint(), args.resume_from, args.run_dir)
     if path is None:
         return 0
+    saved = read_state(path)
+    if not holds_optimizer(saved) and saved["step"] < total_steps:
+        raise ckpt_lib.CheckpointError(model_only_refusal(path, saved["step"], total_steps))
     t0 = time.perf_counter()
     state = ckpt_lib.load_sharded(model.module, optimizer, path)
     load_s = time.perf_counter() - t0

@@ -115,6 +115,26 @@ def check_resume_data(checkpoint: str, data_fingerprint: str) -> None:
         raise TrainError(str(e)) from None
 
 
+def check_resume_steps(checkpoint: str, total_steps: int) -> None:
+    """Refuse, before any worker starts, a ``--resume`` with nothing to train: a checkpoint that
+    already holds all ``total_steps`` steps of the run; and one that holds the model only
+    (``checkpoint.final_model_only``), which has no optimizer state to continue with.
+
+    Raises:
+        TrainError: either, naming the checkpoint and what to do instead.
+    """
+    from rayft.train.checkpoint_files import holds_optimizer, model_only_refusal, read_state
+
+    state = read_state(checkpoint)
+    if state["step"] >= total_steps:
+        raise TrainError(
+            f"--resume: {checkpoint} already holds step {state['step']} of this run's {total_steps}: nothing to train "
+            "(raise train.max_steps or train.epochs to train further; `rayft export RUN_DIR` writes its model)"
+        )
+    if not holds_optimizer(state):
+        raise TrainError(model_only_refusal(checkpoint, state["step"], total_steps))
+
+
 class MetricsLog:
     """``rayft_metrics.jsonl`` written as steps arrive (one JSON line each, flushed), so that any
     stop keeps them; :func:`write_run_records` rewrites it at the end without re-run steps. A new
