@@ -18,6 +18,7 @@
 # PYTHONPYCACHEPREFIX=/tmp/pycache (exported for the runs; the host's packages are read-only to it).
 # Each run's process wall time (the CLI's start and exit included, which the summary's wall_s
 # leaves out) is measured here: process_s in the pair's file, and overhead_process_s = process_s - steps.
+# EXTRA: more `--set key=value` options for both runs (e.g. EXTRA="--set checkpoint.final_model_only=true").
 # DISK_PROBE (default 1): after the runs, /tmp's write rate for 4 GiB, through the page cache to an
 # fdatasync and with O_DIRECT ($OUT/disk-probe.txt): the floor under the end's checkpoint and export writes.
 # IMPORT_TIMES=1 (default 0: ~100 s of the call on that host): before and after, the seconds a fresh
@@ -59,7 +60,7 @@ n=0
 RUNS=${RUNS:-cold warm}
 NRUNS=$(echo $RUNS | wc -w)
 for run in $RUNS; do
-  CMD="rayft train examples/qwen2.5-1.5b.yaml --set model.name_or_path=qwen2.5-1.5b --set train.num_workers=$NG --set train.micro_batch_size=16 --set train.max_steps=$STEPS --set train.epochs=20 --set train.activation_checkpointing=false --set data.train_files=[$D/alpaca_en_demo.json,$D/alpaca_zh_demo.json] --set train.log_every=10 --set checkpoint.storage_path=/tmp/runs --set checkpoint.name=wall-$run"
+  CMD="rayft train examples/qwen2.5-1.5b.yaml --set model.name_or_path=qwen2.5-1.5b --set train.num_workers=$NG --set train.micro_batch_size=16 --set train.max_steps=$STEPS --set train.epochs=20 --set train.activation_checkpointing=false --set data.train_files=[$D/alpaca_en_demo.json,$D/alpaca_zh_demo.json] --set train.log_every=10 --set checkpoint.storage_path=/tmp/runs --set checkpoint.name=wall-$run${EXTRA:+ $EXTRA}"
   echo "=== $run: $CMD"
   left=$(( END - STAGING_S - $(date +%s) )); t=$(( left / (NRUNS - n) - 10 )); n=$((n + 1))
   [ "$t" -lt 60 ] && { echo "$run: not started: ${t}s left"; continue; }
