@@ -1,7 +1,7 @@
 """How long Ray Train takes to notice that the workers' train function returned (issue 23; bench/NOTES.md §31):
   python bench/train_end_poll.py --reps 4 --out bench/results/DATE-train-end-poll-2cpu.json
-Ray Train's controller polls its workers every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (Ray's default 2 s;
-rayft's connect_ray sets 0.5 unless the user set it), so a run's end waits for the next poll. Here: one
+Ray Train's controller polls its workers every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (Ray's default 2 s),
+so a run's end might wait up to that long for the next poll: is 0.5 s worth setting? Here: one
 embedded local Ray, then TorchTrainer runs of one CPU worker whose train function records the wall
 clock as it returns; the figure is the seconds from that return to `fit()` returning in the driver
 (the poll's wait, then the worker group's shutdown). Alternating the interval between runs (the
@@ -49,7 +49,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--reps", type=int, default=4)
-    ap.add_argument("--intervals", nargs=2, default=["2.0", "0.5"], help="The two intervals (s): Ray's default, rayft's.")
+    ap.add_argument("--intervals", nargs=2, default=["2.0", "0.5"], help="The two intervals (s) to alternate.")
     a = ap.parse_args()
     import ray
 

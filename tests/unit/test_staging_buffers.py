@@ -116,3 +116,41 @@ def test_a_run_that_ends_before_its_first_save_only_warns_of_failed_buffers(one_
     assert saver.prestage(model, opt) is not None
     assert saver.wait() == []
     assert "staging buffers could not be allocated" in capfd.readouterr().err
+
+
+def test_a_model_only_save_stages_into_the_periodic_saves_buffers(one_rank_group, monkeypatch, tmp_path):
+    """checkpoint.final_model_only after periodic async saves: the last save's writer copies the
+    weights into the model part of the pinned buffers the periodic saves reuse (the same memory),
+    and what it writes loads back as those weights. Unpinned here (a CPU machine made to look like a
+    GPU run); without the buffers (no periodic save) it stages into plain memory."""
+    from functools import partial
+    from types import SimpleNamespace
+
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    from rayft.train import checkpoint
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
+    fully_shard(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(3, 8)).sum().backward()
+    opt.step()
+    monkeypatch.setattr(checkpoint, "on_gpu", lambda m: True)
+    monkeypatch.setattr(checkpoint, "BackgroundStaging", partial(BackgroundStaging, pin=False))
+    ccfg = SimpleNamespace(every_steps=10, every_minutes=None, async_save=True, periodic_async=True, write_threads=1)
+    saver = checkpoint.CheckpointWriter(ccfg, model_config=None)
+    assert checkpoint.CheckpointWriter(ccfg, model_config=None).model_only_writer(str(tmp_path)).cache_staged_state_dict is False
+    saver.prestage(model, opt)
+    assert saver.wait() == []  # takes the buffers (no save in flight)
+    writer = saver.model_only_writer(str(tmp_path / "final"))
+    weights = {"model": get_model_state_dict(model)}
+    staged = writer.stage(weights)
+    full = saver.model_only_writer(str(tmp_path)).state_dict_cache["model"]
+    for key, want in weights["model"].items():
+        got = staged["model"][key].to_local()
+        assert got.data_ptr() == full[key].to_local().data_ptr() and torch.equal(got, want.to_local()), key
+    dcp.save(staged, storage_writer=writer)
+    loaded = {"model": {k: torch.zeros_like(v) for k, v in weights["model"].items()}}
+    dcp.load(loaded, checkpoint_id=str(tmp_path / "final"))
+    assert all(torch.equal(loaded["model"][k].to_local(), v.to_local()) for k, v in weights["model"].items())
