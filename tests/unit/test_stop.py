@@ -54,3 +54,33 @@ def test_the_stop_flag_is_set_once_and_the_poll_without_a_flag_never_stops():
     poll = StopPoll(None)  # ranks other than 0
     assert poll.check_now() is False and poll.requested() is False
     assert stop_actor_name("run-1-abc") == "rayft-stop-run-1-abc"
+
+
+def test_a_stop_forced_as_the_run_ended_points_to_export_not_resume(tmp_path, monkeypatch):
+    """A stop forced after the last step's checkpoint was written: that checkpoint holds every step,
+    which --resume refuses, so the CLI says how to export it instead of how to resume."""
+    from typer.testing import CliRunner
+
+    from rayft.cli import app
+    from rayft.train import driver
+    from rayft.train.errors import TrainStopped
+
+    done = TrainStopped("SIGTERM", 143, "runs/x", 200, forced=False, steps_done=200, total_steps=200)
+    assert (
+        done.finished
+        and str(done) == "stopped by SIGTERM after 200 step(s); checkpoint of step 200 in runs/x, its last: nothing is left to resume"
+    )
+    midway = TrainStopped("SIGTERM", 143, "runs/x", 150, steps_done=170, total_steps=200)
+    assert not midway.finished and str(midway).endswith("; checkpoint of step 150 in runs/x")
+    (tmp_path / "chat.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}\n')
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text("model: {name_or_path: qwen2-tiny}\ndata: {train_files: [chat.jsonl]}\ntrain: {use_gpu: false}\n")
+    for stopped, hint in ((done, "export with: rayft export runs/x"), (midway, "--resume runs/x")):
+
+        def stop_now(*args, _stopped=stopped, **kwargs):
+            raise _stopped
+
+        monkeypatch.setattr(driver, "run_training", stop_now)
+        res = CliRunner().invoke(app, ["train", str(cfg)])
+        assert res.exit_code == 143 and hint in res.output, res.output
+        assert ("resume with" in res.output) is (stopped is midway)

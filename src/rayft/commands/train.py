@@ -42,7 +42,9 @@ def train(
         raise typer.Exit(1) from None
     except TrainStopped as e:
         console.print(str(e), highlight=False, markup=False)
-        if e.checkpoint_step is not None:
+        if e.finished:
+            console.print(f"export with: {shlex.join(['rayft', 'export', e.run_dir])}", highlight=False, markup=False)
+        elif e.checkpoint_step is not None:
             again = ["rayft", "train", str(config), *(a for kv in set_ or [] for a in ("--set", kv)), "--resume", e.run_dir]
             console.print(f"resume with: {shlex.join(again)}", highlight=False, markup=False)
         if e.forced:  # the workers may still be running: do not wait for Ray's shutdown at exit

@@ -74,7 +74,8 @@ def model_only_refusal(path: str | os.PathLike, step: int, total_steps: int) -> 
     return (
         f"{path} holds the model's weights only (checkpoint.final_model_only): it has no optimizer state, so training "
         f"cannot continue from its step {step} to {total_steps}; start a new run from its export instead "
-        "(model.name_or_path: the run's hf/ directory, or `rayft export` of this checkpoint)"
+        "(model.name_or_path: the run's hf/ directory, or `rayft export` of this checkpoint), or, to go on with the "
+        "optimizer's state, move this checkpoint out of the run directory so that --resume takes an earlier, full one"
     )
 
 

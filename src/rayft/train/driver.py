@@ -292,7 +292,9 @@ def train_run(
             write_run_records(run_dir, history, summary, resumed=bool(resume))
         trackers.log_summary(summary)
         code = signals.exit_code or EXIT_CODES[signal.SIGTERM]  # a stop from outside: as a pod's SIGTERM
-        raise TrainStopped(stop["signal"], code, run_dir, stop["checkpoint_step"], forced=forced, steps_done=stop["steps_done"])
+        raise TrainStopped(
+            stop["signal"], code, run_dir, stop["checkpoint_step"], forced=forced, steps_done=stop["steps_done"], total_steps=total
+        )
     summary = build_summary(history, reported.extra(), run_dir, total, console, wall)
     if local:
         write_run_records(run_dir, history, summary, resumed=bool(resume))
