@@ -13,16 +13,21 @@ from torch.distributed.tensor import DTensor
 from rayft.train.staging_buffers import BackgroundStaging, empty_host_like
 
 
-@pytest.fixture
-def sharded_state(one_rank_group):
-    """An FSDP2-sharded two-layer model after one AdamW step: DTensor weights and moments, a 0-dim step count."""
+def sharded_model_and_optimizer():
+    """An FSDP2-sharded two-layer model and its AdamW after one step (needs a process group)."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
     fully_shard(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model(torch.randn(3, 8)).sum().backward()
     opt.step()
-    msd, osd = get_state_dict(model, opt)
+    return model, opt
+
+
+@pytest.fixture
+def sharded_state(one_rank_group):
+    """An FSDP2-sharded two-layer model after one AdamW step: DTensor weights and moments, a 0-dim step count."""
+    msd, osd = get_state_dict(*sharded_model_and_optimizer())
     return {"model": msd, "optim": osd}
 
 
@@ -130,12 +135,7 @@ def test_a_model_only_save_stages_into_the_periodic_saves_buffers(one_rank_group
 
     from rayft.train import checkpoint
 
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
-    fully_shard(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    model(torch.randn(3, 8)).sum().backward()
-    opt.step()
+    model, opt = sharded_model_and_optimizer()
     monkeypatch.setattr(checkpoint, "on_gpu", lambda m: True)
     monkeypatch.setattr(checkpoint, "BackgroundStaging", partial(BackgroundStaging, pin=False))
     ccfg = SimpleNamespace(every_steps=10, every_minutes=None, async_save=True, periodic_async=True, write_threads=1)
