@@ -17,7 +17,8 @@
 # installs): the standard library, the host's site-packages, the bundle and src, compiled into
 # PYTHONPYCACHEPREFIX=/tmp/pycache (exported for the runs; the host's packages are read-only to it).
 # Each run's process wall time (the CLI's start and exit included, which the summary's wall_s
-# leaves out) is measured here: process_s in the pair's file, and overhead_process_s = process_s - steps.
+# leaves out) is measured here: process_s in the pair's file, and overhead_process_s = process_s - steps;
+# with the summary's timeline_unix, cli_start_s (the process's start to the timeline's) and exit_s (its end to the process's).
 # EXTRA: more `--set key=value` options for both runs (e.g. EXTRA="--set checkpoint.final_model_only=true").
 # DISK_PROBE (default 1): after the runs, /tmp's write rate for 4 GiB, through the page cache to an
 # fdatasync and with O_DIRECT ($OUT/disk-probe.txt): the floor under the end's checkpoint and export writes.
@@ -66,8 +67,8 @@ for run in $RUNS; do
   [ "$t" -lt 60 ] && { echo "$run: not started: ${t}s left"; continue; }
   t0=$(date +%s.%N)
   timeout -k 30 "$t" python3 -m rayft.cli ${CMD#rayft } > "$OUT/train-$run.log" 2>&1
-  rc=$?; python3 -c "import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 2))" "$t0" "$(date +%s.%N)" > "$OUT/process-s-$run.txt"
-  echo "exit $rc; process wall $(cat "$OUT/process-s-$run.txt") s"; grep -E "wall time|HF export" -A3 "$OUT/train-$run.log" | head -12
+  rc=$?; python3 -c "import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 2), *sys.argv[1:])" "$t0" "$(date +%s.%N)" > "$OUT/process-s-$run.txt"
+  echo "exit $rc; process wall, start, end (unix s): $(cat "$OUT/process-s-$run.txt")"; grep -E "wall time|HF export" -A3 "$OUT/train-$run.log" | head -12
   for f in /tmp/ray/session_latest/logs/train/ray-train-sys-controller-*.log; do
     [ -f "$f" ] && python3 -c "import json,sys; [print(d['asctime'], d['message'].splitlines()[0][:200]) for d in map(json.loads, open(sys.argv[1]))]" "$f" > "$OUT/ray-train-controller-$run.log"
   done
@@ -87,9 +88,13 @@ for run in ("cold", "warm"):
     except FileNotFoundError:
         continue
     w = s["wall_s"]
-    process = float(open(f"{out}/process-s-{run}.txt").read())
+    process, *ends = map(float, open(f"{out}/process-s-{run}.txt").read().split())
+    clock = s.get("timeline_unix") or {}
     rows[run] = {"wall_s": w, "overhead_s": w["total"] - w["steps"], "steps": s.get("steps"),
                  "process_s": process, "overhead_process_s": process - w["steps"],
+                 # the process around the timeline: the CLI's start (Python, its imports) and its exit (Ray's shutdown)
+                 "cli_start_s": clock["start"] - ends[0] if ends and clock else None,
+                 "exit_s": ends[1] - clock["end"] if ends and clock else None,
                  "export_timings_s": (s.get("export") or {}).get("export_timings_s"),
                  "checkpoints": s.get("checkpoints", [])}
 print(write_result(f"{out}/wall-time-{ng}xgpu.json", "bash bench/gpu/wall_time.sh", rows))

@@ -139,6 +139,9 @@ def test_two_worker_fsdp2_run_loss_export_and_tied_weights(fsdp2_run, qwen_token
     assert set(wall) == {*phases, "total"}
     parts = sum(v for k, v in wall.items() if k != "total")
     assert all(v >= 0 for v in wall.values()) and wall["total"] - 10 < parts <= wall["total"] + 0.5
+    # the timeline's wall clock, for a caller timing the whole process (bench/gpu/wall_time.sh)
+    clock = summary["timeline_unix"]
+    assert clock["end"] - clock["start"] == pytest.approx(wall["total"]) and clock["start"] > time.time() - 3600
 
     # the HF export loads, keeps the embeddings tied, and reproduces the trained model's logits
     check = json.loads((run / "hf" / "rayft_export_check.json").read_text())

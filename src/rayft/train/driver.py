@@ -282,12 +282,13 @@ def train_run(
     if lock.lost:
         raise TrainError(f"{lock.lost}; this run stopped after step {history[-1]['step'] if history else 0}")
     wall = wall_timeline(marks, history)
+    clock = {"start": marks["start"], "end": marks["fit_returned"]}
     # stopped: the workers said so (a signal here, or `rayft stop`: a pod's preStop hook), or did not finish in time.
     # A signal after the last step's stop vote lets the run complete: it then ends as a finished run.
     if reported.stopped is not None or forced:
         held = newest_checkpoint_step(run_dir) if local else max((c["step"] for c in reported.checkpoints), default=None)
         stop = stop_record(signals.name, reported.stopped, history, held, forced)
-        summary = build_summary(history, reported.extra(), run_dir, total, console, wall, stop)
+        summary = build_summary(history, reported.extra(), run_dir, total, console, wall, stop, clock)
         if local:
             write_run_records(run_dir, history, summary, resumed=bool(resume))
         trackers.log_summary(summary)
@@ -295,7 +296,7 @@ def train_run(
         raise TrainStopped(
             stop["signal"], code, run_dir, stop["checkpoint_step"], forced=forced, steps_done=stop["steps_done"], total_steps=total
         )
-    summary = build_summary(history, reported.extra(), run_dir, total, console, wall)
+    summary = build_summary(history, reported.extra(), run_dir, total, console, wall, clock=clock)
     if local:
         write_run_records(run_dir, history, summary, resumed=bool(resume))
     trackers.log_summary(summary)

@@ -45,13 +45,22 @@ def wall_timeline(marks: dict[str, float], history: list[dict]) -> dict[str, flo
 
 
 def build_summary(
-    history: list[dict], extra: dict, run_dir: str, total: int, console: Console, wall: dict | None = None, stop: dict | None = None
+    history: list[dict],
+    extra: dict,
+    run_dir: str,
+    total: int,
+    console: Console,
+    wall: dict | None = None,
+    stop: dict | None = None,
+    clock: dict | None = None,
 ) -> dict:
     """The run's summary (``rayft_summary.json``), printed as a table.
 
     ``history``: the reported steps' metrics; ``extra``: :meth:`RunProgress.extra`; ``wall``:
     :func:`wall_timeline`; ``stop``: the driver's ``stopped`` record when a signal stopped the run
-    (then a run that reported no step gets a summary too).
+    (then a run that reported no step gets a summary too); ``clock``: the wall clock (unix s) where
+    ``wall_s``'s timeline starts and ends (``start``, ``end``), which a caller timing the whole
+    process compares with its own start and end (the CLI's imports before, Ray's shutdown after).
 
     Raises:
         TrainError: the run ended without reporting a step (and was not stopped).
@@ -64,6 +73,7 @@ def build_summary(
             "checkpoints": extra["checkpoints"],
             "resumes": extra["resumes"],
             "wall_s": wall,
+            "timeline_unix": clock,
             "stopped": stop,
         }
         t = Table(title="rayft run summary", show_header=False)
@@ -97,6 +107,7 @@ def build_summary(
         "eval_loss": evals[-1]["eval_loss"] if evals else None,
         "eval_step": evals[-1]["step"] if evals else None,
         "wall_s": wall,
+        "timeline_unix": clock,
     }
     if stop is not None:
         summary["stopped"] = stop
