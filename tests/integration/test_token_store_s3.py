@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import pickle
+import time
 import urllib.request
 
 import numpy as np
@@ -132,3 +133,39 @@ def test_s3_inputs_by_ranges_and_row_groups(s3, tmp_path, qwen_tokenizer):
     assert res.accepted == len(ref) == 60 and res.skipped()["wrong_type"].where == "s3://data/in/a.jsonl:31"
     index = ts.PartIndex.read(st.location, res.shards)
     assert np.array_equal(index.record, np.arange(60))
+
+
+def test_a_resume_on_s3_is_checked_before_any_worker(s3, ray_local, tmp_path):
+    """--resume of a run on object storage: the driver reads the newest complete checkpoint's state
+    file there (what Ray Train hands the workers; a newer one without its state file is an
+    interrupted save) and refuses, before any worker starts, other training data and a model-only
+    checkpoint with steps left, as it does for a local run directory."""
+    from rayft.config import load_config
+    from rayft.train.driver import TrainError, run_training
+    from rayft.train.run_dir import newest_remote_state
+
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        "model: {name_or_path: qwen2-tiny}\n"
+        "data: {train_files: [a.jsonl], seq_len: 64, packing: false, cache_dir: null}\n"
+        "train: {num_workers: 1, use_gpu: false, micro_batch_size: 2, epochs: 1}\n"
+        "checkpoint: {storage_path: 's3://data/runs'}\n"
+    )
+    run = "s3://data/runs/t"
+    assert newest_remote_state(run) is None  # nothing there yet
+    s3.put_object(Bucket="data", Key="runs/t/checkpoint_0000004/rayft_state.json", Body=json.dumps({"step": 4}).encode())
+    s3.put_object(
+        Bucket="data", Key="runs/t/checkpoint_0000006/rayft_state.json", Body=json.dumps({"step": 6, "contents": "model"}).encode()
+    )
+    s3.put_object(Bucket="data", Key="runs/t/checkpoint_0000008/__0_0.distcp", Body=b"an interrupted save")
+    assert newest_remote_state(run) == ("s3://data/runs/t/checkpoint_0000006", {"step": 6, "contents": "model"})
+    t0 = time.perf_counter()
+    with pytest.raises(TrainError, match=r"s3://data/runs/t/checkpoint_0000006 holds the model's weights only .* from its step 6 to 15"):
+        run_training(load_config(job, []), resume=run)
+    s3.put_object(
+        Bucket="data", Key="runs/t/checkpoint_0000006/rayft_state.json", Body=json.dumps({"step": 6, "data_fingerprint": "0123"}).encode()
+    )
+    with pytest.raises(TrainError, match=r"checkpoint_0000006: the training data changed since this checkpoint \(fingerprint 0123 → "):
+        run_training(load_config(job, []), resume=run)
+    assert time.perf_counter() - t0 < 60

@@ -42,6 +42,7 @@ from rayft.train.run_dir import (
     check_resume_steps,
     copy_skipped_records,
     newest_checkpoint_step,
+    newest_remote_state,
     prepare_run_dir,
     resolve_run,
     write_metrics,
@@ -185,6 +186,10 @@ def train_run(
     if resume_from is not None:
         check_resume_data(resume_from, data_fingerprint)
         check_resume_steps(resume_from, total)
+    elif resume and not local and (remote := newest_remote_state(run_dir)) is not None:  # what Ray Train will hand the workers
+        where, state = remote
+        check_resume_data(where, data_fingerprint, state)
+        check_resume_steps(where, total, state)
     backend = cfg.parallel.backend if cfg.parallel.backend != "auto" else ("nccl" if use_gpu else "gloo")
     if backend == "nccl" and cfg.parallel.cpu_offload:
         # offloaded shards are CPU tensors: their collectives (the gradient norm's all-reduce) go through gloo

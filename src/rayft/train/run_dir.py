@@ -100,9 +100,40 @@ def copy_skipped_records(src: str, run_dir: str) -> None:
     pafs.copy_files(path, str(Path(run_dir) / "skipped_records.jsonl"), source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
 
 
-def check_resume_data(checkpoint: str, data_fingerprint: str) -> None:
+def newest_remote_state(run_dir: str) -> tuple[str, dict] | None:
+    """On object storage (``s3://``): the newest checkpoint directory of ``run_dir`` that has its
+    state file (written last: complete) and that file's fields, as ``(its URI, fields)``; None when
+    there is none. Ray Train resumes from its newest registered checkpoint, which is this one unless
+    the run died between writing a checkpoint and registering it.
+
+    Raises:
+        TrainError: the storage cannot be listed or read (the message names the run directory).
+    """
+    import pyarrow.fs as pafs
+
+    from rayft.data.sources import arrow_fs
+    from rayft.train.checkpoint_files import STATE_FILE, step_of_dir
+
+    scheme = run_dir.split("://", 1)[0] + "://"
+    try:
+        fs, root = arrow_fs(run_dir)
+        found = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+        dirs = sorted((i.path for i in found if i.type == pafs.FileType.Directory and step_of_dir(i.path) >= 0), key=step_of_dir)
+        for d in reversed(dirs):
+            state_file = f"{d}/{STATE_FILE}"
+            if fs.get_file_info(state_file).type != pafs.FileType.File:
+                continue  # an interrupted save
+            with fs.open_input_stream(state_file) as f:
+                return scheme + d, json.loads(f.read())
+    except OSError as e:
+        raise TrainError(f"--resume {run_dir}: cannot read its checkpoints ({e})") from None
+    return None
+
+
+def check_resume_data(checkpoint: str, data_fingerprint: str, state: dict | None = None) -> None:
     """Refuse, before any worker starts, to resume ``checkpoint`` with other training data (the
-    workers check it again after a restart).
+    workers check it again after a restart). ``state``: its state file's fields, when already read
+    (else read here, from a local or mounted directory).
 
     Raises:
         TrainError: the checkpoint's recorded data fingerprint differs from ``data_fingerprint``.
@@ -110,22 +141,23 @@ def check_resume_data(checkpoint: str, data_fingerprint: str) -> None:
     from rayft.train.checkpoint import CheckpointError, check_same_data, read_state
 
     try:
-        check_same_data(checkpoint, read_state(checkpoint).get("data_fingerprint"), data_fingerprint)
+        check_same_data(checkpoint, (state or read_state(checkpoint)).get("data_fingerprint"), data_fingerprint)
     except CheckpointError as e:
         raise TrainError(str(e)) from None
 
 
-def check_resume_steps(checkpoint: str, total_steps: int) -> None:
+def check_resume_steps(checkpoint: str, total_steps: int, state: dict | None = None) -> None:
     """Refuse, before any worker starts, a ``--resume`` with nothing to train: a checkpoint that
     already holds all ``total_steps`` steps of the run; and one that holds the model only
-    (``checkpoint.final_model_only``), which has no optimizer state to continue with.
+    (``checkpoint.final_model_only``), which has no optimizer state to continue with. ``state``: as
+    for :func:`check_resume_data`.
 
     Raises:
         TrainError: either, naming the checkpoint and what to do instead.
     """
     from rayft.train.checkpoint_files import holds_optimizer, model_only_refusal, read_state
 
-    state = read_state(checkpoint)
+    state = state or read_state(checkpoint)
     if state["step"] >= total_steps:
         raise TrainError(
             f"--resume: {checkpoint} already holds step {state['step']} of this run's {total_steps}: nothing to train "
