@@ -392,8 +392,9 @@ class CheckpointConfig(_Section):
     )
     final_model_only: bool = Field(
         default=False,
-        description="The last step's checkpoint holds the model's weights only, not the optimizer's state (a third of "
-        "the bytes with AdamW): it can be exported and verified, but no run can resume training from it.",
+        description="The last step's checkpoint holds the model's weights only, not the optimizer's state (with AdamW, "
+        "not its two moments: 8 of every 12 bytes per parameter): it can be exported and verified, but no run can "
+        "resume training from it.",
     )
     export_hf: bool = True
     on_signal: bool = Field(

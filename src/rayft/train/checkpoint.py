@@ -369,7 +369,7 @@ class CheckpointWriter:
     def model_only_writer(self, path: str) -> HashingFileSystemWriter:
         """The writer of a model-only async save into ``path``: when the periodic saves' reused
         pinned buffers exist, it stages into their model part: for the 1.5B preset on one H200,
-        0.18 s for its 6.2 GB of weights (bench/results/2026-12-04-wall-time-final-model-only-pinned-1xh200.json),
+        0.18 s for its fp32 weights (bench/results/2026-12-04-wall-time-final-model-only-pinned-1xh200.json),
         where a fresh copy into pageable memory took 4.7-4.8 s
         (bench/results/2026-12-04-wall-time-final-model-only-1xh200.json); else into plain host
         memory, as any one-off save does. Call after the buffers were taken (:meth:`save` does)."""
