@@ -168,4 +168,7 @@ def test_a_resume_on_s3_is_checked_before_any_worker(s3, ray_local, tmp_path):
     )
     with pytest.raises(TrainError, match=r"checkpoint_0000006: the training data changed since this checkpoint \(fingerprint 0123 → "):
         run_training(load_config(job, []), resume=run)
+    s3.put_object(Bucket="data", Key="runs/t/checkpoint_0000006/rayft_state.json", Body=b'{"step": 6,')  # cut short
+    with pytest.raises(TrainError, match=r"s3://data/runs/t/checkpoint_0000006/rayft_state.json is not a JSON state file"):
+        run_training(load_config(job, []), resume=run)
     assert time.perf_counter() - t0 < 60

@@ -215,6 +215,10 @@ def test_a_model_only_checkpoint_loads_the_weights_and_refuses_to_continue_train
     with pytest.raises(TrainError, match=r"checkpoint_0000004 already holds step 4 of this run's 3: nothing to train"):
         check_resume_steps(str(full), 3)
     check_resume_steps(str(full), 8)  # a full checkpoint (no contents: as an earlier rayft wrote it) continues
+    with pytest.raises(
+        TrainError, match=r"checkpoint_0000004/rayft_state.json: contents 'weights' is neither 'model' nor 'model\+optimizer'"
+    ):
+        check_resume_steps(str(full), 8, {"step": 4, "contents": "weights"})
 
 
 def test_verify_lists_every_checkpoint_and_fails_on_an_incomplete_one(one_rank_group, tmp_path):

@@ -107,7 +107,8 @@ def newest_remote_state(run_dir: str) -> tuple[str, dict] | None:
     the run died between writing a checkpoint and registering it.
 
     Raises:
-        TrainError: the storage cannot be listed or read (the message names the run directory).
+        TrainError: the storage cannot be listed or read (the message names the run directory), or
+            the state file is not JSON (the message names it).
     """
     import pyarrow.fs as pafs
 
@@ -124,7 +125,11 @@ def newest_remote_state(run_dir: str) -> tuple[str, dict] | None:
             if fs.get_file_info(state_file).type != pafs.FileType.File:
                 continue  # an interrupted save
             with fs.open_input_stream(state_file) as f:
-                return scheme + d, json.loads(f.read())
+                raw = f.read()
+            try:
+                return scheme + d, json.loads(raw)
+            except ValueError as e:
+                raise TrainError(f"--resume {run_dir}: {scheme}{state_file} is not a JSON state file ({e})") from None
     except OSError as e:
         raise TrainError(f"--resume {run_dir}: cannot read its checkpoints ({e})") from None
     return None
@@ -153,11 +158,16 @@ def check_resume_steps(checkpoint: str, total_steps: int, state: dict | None = N
     for :func:`check_resume_data`.
 
     Raises:
-        TrainError: either, naming the checkpoint and what to do instead.
+        TrainError: either, naming the checkpoint and what to do instead; or a state file whose
+            ``contents`` is neither rayft's model-only nor its full value.
     """
-    from rayft.train.checkpoint_files import holds_optimizer, model_only_refusal, read_state
+    from rayft.train.checkpoint_files import MODEL_AND_OPTIMIZER, MODEL_ONLY, STATE_FILE, holds_optimizer, model_only_refusal, read_state
 
     state = state or read_state(checkpoint)
+    if state.get("contents", MODEL_AND_OPTIMIZER) not in (MODEL_ONLY, MODEL_AND_OPTIMIZER):
+        raise TrainError(
+            f"--resume: {checkpoint}/{STATE_FILE}: contents {state['contents']!r} is neither {MODEL_ONLY!r} nor {MODEL_AND_OPTIMIZER!r}"
+        )
     if state["step"] >= total_steps:
         raise TrainError(
             f"--resume: {checkpoint} already holds step {state['step']} of this run's {total_steps}: nothing to train "
