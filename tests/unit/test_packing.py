@@ -243,6 +243,13 @@ def test_collate_shifts_labels_and_restarts_positions():
         assert float(full[k]) == float(b[k])  # nothing counted for the padding rows
 
 
+def test_collate_refuses_a_row_longer_than_the_micro_batch():
+    ds = TokenizedDataset(np.array([10, 11, 12, 20, 21], np.int32), np.ones(5, bool), np.array([0, 3, 5]))
+    assert collate(ds, [[0, 1]], row_len=5, pad_id=0)["input_ids"].tolist() == [[10, 11, 12, 20, 21]]  # exactly full
+    with pytest.raises(ValueError, match="row 1 holds 5 tokens, more than the micro-batch's length 4"):
+        collate(ds, [[0], [0, 1]], row_len=4, pad_id=0)
+
+
 def test_packing_efficiency_is_non_pad_over_row_tokens():
     ds = make_ds([6, 5, 4, 3, 2])  # 20 tokens; best fit into rows of 10 → [6,4] [5,3,2]: 2 full rows
     plan = plan_steps(ds, rows_per_step=2, row_len=10, packing=True, shuffle=False, seed=0, epochs=1, max_steps=None)

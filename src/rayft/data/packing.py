@@ -419,37 +419,42 @@ def collate(
     else:
         longest = max((sum(len(tok) for tok, _ in row) for row in fetched), default=1)
         L = min(row_len, -(-longest // pad_to_multiple) * pad_to_multiple)
-    ids = torch.full((B, L), pad_id, dtype=torch.long)
-    pos = torch.zeros((B, L), dtype=torch.long)
-    labels = torch.full((B, L), IGNORE_INDEX, dtype=torch.long)
+    ids = np.full((B, L), pad_id, dtype=np.int64)
+    pos = np.zeros((B, L), dtype=np.int64)
+    labels = np.full((B, L), IGNORE_INDEX, dtype=np.int64)
     n_tok, sq = 0, 0.0
     for b in range(B):
-        row = fetched[b] if b < len(rows) else []  # an all-pad row (empty micro-batch) is one document
+        row = [(tok, train) for tok, train in (fetched[b] if b < len(rows) else []) if len(tok)]  # an all-pad row is one document
         t = 0
-        for tok, train in row:
-            n = len(tok)
-            ids[b, t : t + n] = torch.from_numpy(tok.astype(np.int64))
-            pos[b, t : t + n] = torch.arange(n)
-            tgt = torch.from_numpy(tok[1:].astype(np.int64))
-            tgt[torch.from_numpy(~train[1:])] = IGNORE_INDEX  # ~ in numpy: a new, writable array (the dataset's may be read-only)
-            labels[b, t : t + n - 1] = tgt
-            t += n
-            n_tok += n
-            sq += float(n) * n
+        if row:
+            lens = np.array([len(tok) for tok, _ in row], dtype=np.int64)
+            t = int(lens.sum())
+            if t > L:
+                raise ValueError(f"row {b} holds {t} tokens, more than the micro-batch's length {L}")
+            tokens = np.concatenate([tok for tok, _ in row])
+            starts = np.cumsum(lens) - lens  # each document's first position in the row
+            ids[b, :t] = tokens
+            pos[b, :t] = np.arange(t) - np.repeat(starts, lens)
+            # position i predicts token i+1 of the same document, where that token is trained
+            predicts = np.zeros(t, dtype=bool)
+            predicts[:-1] = np.concatenate([train for _, train in row])[1:]
+            predicts[starts[1:] - 1] = False  # a document's last token predicts nothing
+            labels[b, : t - 1] = np.where(predicts[:-1], tokens[1:], IGNORE_INDEX)
+            n_tok += t
+            sq += float((lens.astype(np.float64) ** 2).sum())
         if t < L:  # padding tail continues the last document's positions (never attended by it)
             start = int(pos[b, t - 1]) + 1 if t else 0
-            pos[b, t:] = torch.arange(start, start + L - t)
-    flat = pos.flatten()
-    starts = torch.nonzero(flat == 0).flatten()
-    cu = torch.cat([starts, torch.tensor([flat.numel()])]).to(torch.int32)
-    trained = torch.nonzero(labels.flatten() != IGNORE_INDEX).flatten()
+            pos[b, t:] = np.arange(start, start + L - t)
+    flat = pos.reshape(-1)
+    cu = np.append(np.flatnonzero(flat == 0), flat.size).astype(np.int32)
+    trained = np.flatnonzero(labels.reshape(-1) != IGNORE_INDEX)
     return {
-        "input_ids": ids,
-        "position_ids": pos,
-        "cu_seq_lens": cu,
-        "labels": labels,
-        "trained_positions": trained,
+        "input_ids": torch.from_numpy(ids),
+        "position_ids": torch.from_numpy(pos),
+        "cu_seq_lens": torch.from_numpy(cu),
+        "labels": torch.from_numpy(labels),
+        "trained_positions": torch.from_numpy(trained.astype(np.int64)),
         "num_tokens": torch.tensor(n_tok),
-        "num_trainable": torch.tensor(trained.numel()),
+        "num_trainable": torch.tensor(trained.size),
         "attn_tokens_sq": torch.tensor(sq, dtype=torch.float64),
     }

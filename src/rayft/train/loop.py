@@ -1,7 +1,7 @@
 """What every Ray Train worker runs: set up, then step, report, evaluate and checkpoint.
 
 :func:`train_func` is the whole run on one screen; the step itself is
-:func:`rayft.train.step.train_step`, the set-up :func:`setup_worker`.
+:func:`rayft.train.step.launch_step`, the set-up :func:`setup_worker`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from rayft.train.metrics import flops_per_token, gpu_peak_flops, mfu
 from rayft.train.model import ShardedModel, build_sharded_model, load_model_config, matmul_params, use_compile_cache_dir
 from rayft.train.optim import build_optimizer, lr_at, set_lr
 from rayft.train.profiling import StepProfiler
-from rayft.train.step import GlobalCounts, StepClock, StepResult, global_counts, micro_batch_loss, train_step
+from rayft.train.step import GlobalCounts, StepClock, StepResult, global_counts, launch_step, micro_batch_loss
 from rayft.train.stop import StopPoll
 from rayft.train.worker_args import WorkerArgs
 
@@ -66,13 +66,15 @@ class Worker:
         return len(self.plan)
 
     def batches(self, step: int) -> list[dict[str, torch.Tensor]]:
-        """This rank's micro-batches of ``step``, on the device."""
+        """This rank's micro-batches of ``step``, on the device. On a GPU the host tensors are
+        pinned first, so the copies are queued behind the device's work instead of waiting for it."""
         tc, dc = self.cfg.train, self.cfg.data
         micro = rank_micro_batches(self.plan.step_rows(step), self.rank, self.world, tc.micro_batch_size, tc.grad_accum_steps)
         min_rows = tc.micro_batch_size if dc.packing else 1
+        pin = self.device.type == "cuda"
         return [
             {
-                k: v.to(self.device, non_blocking=True)
+                k: (v.pin_memory() if pin else v).to(self.device, non_blocking=True)
                 for k, v in collate(self.data, rows, dc.seq_len, self.args.pad_id, fixed_len=dc.packing, min_rows=min_rows).items()
             }
             for rows in micro
@@ -115,17 +117,20 @@ def train_func(loop_config: dict[str, Any]) -> None:
         )
     clock = StepClock()
     last: tuple[int, float, dict] | None = None  # the last finished step: (0-based index, loss, metrics), for a stop's checkpoint
+    batches = w.batches(w.start_step) if w.start_step < w.total_steps else []
     for step in range(w.start_step, w.total_steps):
         lr = lr_at(step, w.total_steps, w.cfg.train)
         set_lr(w.optimizer, lr)
-        batches = w.batches(step)
         counts = global_counts(batches, w.rank == 0 and w.saver.time_is_due(), w.saver.local_write_done(), w.device, w.stop.requested())
         report_checkpoints(w.saver.finalize_if_done(counts.writes_done == w.world), w.progress)  # a background save that finished
         if counts.stop_vote > 0:  # every rank agreed: abandon this step, keep the finished ones
             return stop_early(w, last)
         data_s = clock.since_mark()
         w.profiler.before(step + 1)
-        result = train_step(w.model, w.optimizer, batches, counts.trainable, w.cfg.train.max_grad_norm)
+        pending = launch_step(w.model, w.optimizer, batches, counts.trainable, w.cfg.train.max_grad_norm)
+        if step + 1 < w.total_steps:  # the next step's rows, made and copied while the device runs this one
+            batches = w.batches(step + 1)
+        result = pending.result()
         timings = {"data_s": data_s, "fwd_bwd_s": result.fwd_bwd_s, "optim_s": result.optim_s}
         step_time = clock.lap()
         if (traces := w.profiler.after(step + 1)) is not None:
@@ -267,8 +272,8 @@ def step_record(
 ) -> dict[str, Any]:
     """The step's line of ``rayft_metrics.jsonl`` (units: seconds, tokens, FLOP/s, GiB).
 
-    ``timings``: ``data_s`` (CPU wall seconds before compute: collate, copy, the counts'
-    all-reduce), ``fwd_bwd_s`` and ``optim_s`` (:class:`StepResult`), plus the one-off set-up
+    ``timings``: ``data_s`` (CPU wall seconds before compute: the counts' all-reduce; the rows were
+    made and copied under the previous step's device work, the first step's here), ``fwd_bwd_s`` and ``optim_s`` (:class:`StepResult`), plus the one-off set-up
     timings on the first step; they need not add up to ``step_time_s``.
     """
     conf, tc = w.model_conf, w.cfg.train

@@ -7,8 +7,9 @@ gradients over ranks, so the backward loss is multiplied by the world size to un
 (one worker without FSDP2: a world size of 1, nothing to undo).
 Uneven shards (a rank with fewer rows at the end of an epoch) are therefore weighted correctly.
 
-The training loop (:mod:`rayft.train.loop`) and every benchmark under ``bench/gpu/`` call
-:func:`train_step`; none keeps a copy of it.
+The training loop (:mod:`rayft.train.loop`) calls :func:`launch_step` and makes the next step's
+micro-batches before it waits for the result; the benchmarks under ``bench/gpu/`` call
+:func:`train_step` (the two at once); none keeps a copy of them.
 """
 
 from __future__ import annotations
@@ -114,24 +115,49 @@ def optimizer_step(model: ShardedModel, optimizer: torch.optim.Optimizer, max_gr
     return grad_norm
 
 
-def train_step(
+@dataclass
+class PendingStep:
+    """An optimizer step whose kernels are queued on the device and not yet waited for.
+
+    :meth:`result` is the step's one sync (the loss). Between :func:`launch_step` and it the host is
+    free while the device works: the training loop makes the next step's micro-batches there.
+    """
+
+    loss_sum: torch.Tensor  # float64, 0-d: the global sum of token losses (all-reduce queued)
+    grad_norm: torch.Tensor  # 0-d: the total gradient norm before clipping
+    n_trainable: float
+    events: list[torch.cuda.Event] | None  # start, after backward, after the optimizer (on a GPU)
+    host_times: tuple[float, float]  # fwd_bwd_s, optim_s as host wall seconds (the CPU's figures)
+
+    def result(self) -> StepResult:
+        """Wait for the step; its loss, gradient norm and phase times (see :class:`StepResult`)."""
+        loss = self.loss_sum.item() / self.n_trainable  # the step's sync point
+        if self.events:
+            start, backward_done, optimizer_done = self.events
+            fwd_bwd_s, optim_s = start.elapsed_time(backward_done) / 1e3, backward_done.elapsed_time(optimizer_done) / 1e3
+        else:
+            fwd_bwd_s, optim_s = self.host_times
+        return StepResult(loss, float(self.grad_norm), fwd_bwd_s, optim_s)
+
+
+def launch_step(
     model: ShardedModel,
     optimizer: torch.optim.Optimizer,
     batches: list[dict[str, torch.Tensor]],
     n_trainable: float,
     max_grad_norm: float | None,
-) -> StepResult:
-    """Collective: one optimizer step over this rank's ``batches``.
+) -> PendingStep:
+    """Collective: queue one optimizer step over this rank's ``batches``; nothing waits for the device.
 
     Args:
         batches: the rank's micro-batches (:func:`rayft.data.packing.collate`, on the device).
         n_trainable: the global batch's trainable targets (:func:`global_counts`), > 0.
         max_grad_norm: clip the total gradient norm to this (None or 0: no clipping).
 
-    The phase times come from CUDA events read after the step's one sync (the loss): nothing
-    synchronises between backward and the optimizer, so the CPU launches the clipping and
-    optimizer kernels while the backward still runs. A non-finite loss is returned as it is (the
-    caller decides: the training loop stops with an error).
+    Nothing synchronises between backward and the optimizer, so the CPU launches the clipping and
+    optimizer kernels while the backward still runs; the phase times come from CUDA events read in
+    :meth:`PendingStep.result`. A non-finite loss is returned as it is (the caller decides: the
+    training loop stops with an error).
     """
     world = dist.get_world_size()
     on_gpu = batches[0]["input_ids"].device.type == "cuda"
@@ -147,12 +173,18 @@ def train_step(
     if events:
         events[2].record()
     dist.all_reduce(loss_sum)
-    loss = loss_sum.item() / n_trainable  # the step's sync point
-    if events:
-        fwd_bwd_s, optim_s = events[0].elapsed_time(events[1]) / 1e3, events[1].elapsed_time(events[2]) / 1e3
-    else:
-        fwd_bwd_s, optim_s = t1 - t0, time.perf_counter() - t1
-    return StepResult(loss, float(grad_norm), fwd_bwd_s, optim_s)
+    return PendingStep(loss_sum, grad_norm, n_trainable, events, (t1 - t0, time.perf_counter() - t1))
+
+
+def train_step(
+    model: ShardedModel,
+    optimizer: torch.optim.Optimizer,
+    batches: list[dict[str, torch.Tensor]],
+    n_trainable: float,
+    max_grad_norm: float | None,
+) -> StepResult:
+    """Collective: one optimizer step, waited for (:func:`launch_step`, then its result)."""
+    return launch_step(model, optimizer, batches, n_trainable, max_grad_norm).result()
 
 
 class StepClock:
