@@ -5,8 +5,8 @@
 #   git archive <old-sha> src examples | gzip > .gpu/old-src.tar.gz
 #   RAYFT_GIT_COMMIT=<sha> bash bench/gpu/prefetch_ab.sh
 # `rayft bench train` on alpaca EN+ZH (the real workload), qwen2.5-1.5b, micro-batch 16, 1 GPU, 15
-# steps (median of 6-15), §29's flags. Invocations: old, new + trl-best (the card's sustained bf16
-# rate measured there), old again, new again (the last two while the call has time). "old" runs the
+# steps (median of 6-15), §29's flags. Invocations (ARMS below): old, new + trl-best (the card's
+# sustained bf16 rate measured there), old again, new again. "old" runs the
 # whole bench from the archived src (PYTHONPATH first: the driver, its Ray workers and the recipes'
 # subprocesses inherit it). Per invocation it prints the steps' median `time_data_s` (the host's
 # time before each step's compute, the GPU idle) from the run's rayft_metrics.jsonl.
@@ -43,12 +43,17 @@ for f in sorted(pathlib.Path(sys.argv[1]).rglob("rayft_metrics.jsonl")):
 PY
   rm -f "$OUT/$1.png" "$OUT/$1.md"
 }
-bench old-1 old rayft 170 0
-bench new-1 new rayft,trl-best 300 15
-left=$(( LIMIT - 15 - ($(date +%s) - START) ))
-if [ "$left" -gt 120 ]; then bench old-2 old rayft $(( left - 25 )) 0; else echo "no time for old-2 ($left s left)"; fi
-left=$(( LIMIT - 15 - ($(date +%s) - START) ))
-if [ "$left" -gt 120 ]; then bench new-2 new rayft $(( left - 25 )) 0; else echo "no time for new-2 ($left s left)"; fi
-left=$(( 590 - ($(date +%s) - START) ))
+# ARMS: NAME:TREE:RECIPES:CEILING_S ... (default: old, new + trl-best, old again, new again); each
+# arm after the first runs while the call has 120 s left.
+ARMS=${ARMS:-"old-1:old:rayft:0 new-1:new:rayft,trl-best:15 old-2:old:rayft:0 new-2:new:rayft:0"}
+first=1
+for arm in $ARMS; do
+  IFS=: read -r name tree recipes ceiling <<< "$arm"
+  left=$(( LIMIT - 15 - ($(date +%s) - START) ))
+  if [ "$first" = 1 ]; then first=0; bench "$name" "$tree" "$recipes" $(( left < 300 ? left - 25 : 300 )) "$ceiling"
+  elif [ "$left" -gt 120 ]; then bench "$name" "$tree" "$recipes" $(( left - 25 )) "$ceiling"
+  else echo "no time for $name ($left s left)"; fi
+done
+left=$(( LIMIT + 15 - ($(date +%s) - START) ))
 [ "$left" -gt 30 ] && timeout "$left" python3 -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tail -5 | tee "$OUT/gpu-tests.log"
 ls -la "$OUT"
