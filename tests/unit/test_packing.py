@@ -246,7 +246,7 @@ def test_collate_shifts_labels_and_restarts_positions():
 def test_collate_refuses_a_row_longer_than_the_micro_batch():
     ds = TokenizedDataset(np.array([10, 11, 12, 20, 21], np.int32), np.ones(5, bool), np.array([0, 3, 5]))
     assert collate(ds, [[0, 1]], row_len=5, pad_id=0)["input_ids"].tolist() == [[10, 11, 12, 20, 21]]  # exactly full
-    with pytest.raises(ValueError, match="row 1 holds 5 tokens, more than the micro-batch's length 4"):
+    with pytest.raises(ValueError, match=r"row 1 of the micro-batch \(examples \[0, 1\]\) holds 5 tokens, more than its length 4"):
         collate(ds, [[0], [0, 1]], row_len=4, pad_id=0)
 
 

@@ -410,7 +410,10 @@ def collate(
         ``pad_to_multiple`` (padding mode). ``B`` is ``len(rows)``, at least ``min_rows``: missing
         rows are all-pad rows (no token counted or trained), so that with packing every step of a
         run has the same shape, the epoch's shorter last step too (a compiled model would
-        otherwise recompile for it).
+        otherwise recompile for it). Examples of no token add nothing.
+
+    Raises:
+        ValueError: a row's examples hold more than ``L`` tokens (the packer never makes one).
     """
     B = max(len(rows), min_rows, 1)
     fetched = [[ds.example(ex) for ex in row] for row in rows]  # (tokens, trainable) per example, per row
@@ -430,8 +433,8 @@ def collate(
             lens = np.array([len(tok) for tok, _ in row], dtype=np.int64)
             t = int(lens.sum())
             if t > L:
-                raise ValueError(f"row {b} holds {t} tokens, more than the micro-batch's length {L}")
-            tokens = np.concatenate([tok for tok, _ in row])
+                raise ValueError(f"row {b} of the micro-batch (examples {rows[b]}) holds {t} tokens, more than its length {L}")
+            tokens = np.concatenate([tok for tok, _ in row]).astype(np.int64, copy=False)  # -100 must fit: never unsigned
             starts = np.cumsum(lens) - lens  # each document's first position in the row
             ids[b, :t] = tokens
             pos[b, :t] = np.arange(t) - np.repeat(starts, lens)

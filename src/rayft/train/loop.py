@@ -117,10 +117,12 @@ def train_func(loop_config: dict[str, Any]) -> None:
         )
     clock = StepClock()
     last: tuple[int, float, dict] | None = None  # the last finished step: (0-based index, loss, metrics), for a stop's checkpoint
-    batches = w.batches(w.start_step) if w.start_step < w.total_steps else []
+    batches: list[dict[str, torch.Tensor]] | None = w.batches(w.start_step) if w.start_step < w.total_steps else []
     for step in range(w.start_step, w.total_steps):
         lr = lr_at(step, w.total_steps, w.cfg.train)
         set_lr(w.optimizer, lr)
+        if batches is None:  # making them during the previous step failed: again here, where an error stops the run
+            batches = w.batches(step)
         counts = global_counts(batches, w.rank == 0 and w.saver.time_is_due(), w.saver.local_write_done(), w.device, w.stop.requested())
         report_checkpoints(w.saver.finalize_if_done(counts.writes_done == w.world), w.progress)  # a background save that finished
         if counts.stop_vote > 0:  # every rank agreed: abandon this step, keep the finished ones
@@ -129,7 +131,10 @@ def train_func(loop_config: dict[str, Any]) -> None:
         w.profiler.before(step + 1)
         pending = launch_step(w.model, w.optimizer, batches, counts.trainable, w.cfg.train.max_grad_norm)
         if step + 1 < w.total_steps:  # the next step's rows, made and copied while the device runs this one
-            batches = w.batches(step + 1)
+            try:
+                batches = w.batches(step + 1)
+            except Exception:  # made again at the next step's start: this step is still recorded and saved first
+                batches = None
         result = pending.result()
         timings = {"data_s": data_s, "fwd_bwd_s": result.fwd_bwd_s, "optim_s": result.optim_s}
         step_time = clock.lap()

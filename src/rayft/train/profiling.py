@@ -29,7 +29,9 @@ class StepProfiler:
     Call :meth:`before` with the 1-based step about to run and :meth:`after` once it finished;
     :meth:`after` of step LAST writes the files and returns their folder (else None). A run that
     starts inside the window (a resume) traces from its first step; :meth:`discard` drops an open
-    window (a stop before LAST: nothing is written).
+    window (a stop before LAST: nothing is written). The training loop makes the next step's rows
+    while a step runs, so each traced step holds the next one's collate and host-to-device copies
+    (and step FIRST's own were made before the window opened).
     """
 
     def __init__(self, window: tuple[int, int] | None, run_dir: str, rank: int, device: torch.device):

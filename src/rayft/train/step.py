@@ -156,7 +156,7 @@ def launch_step(
 
     Nothing synchronises between backward and the optimizer, so the CPU launches the clipping and
     optimizer kernels while the backward still runs; the phase times come from CUDA events read in
-    :meth:`PendingStep.result`. A non-finite loss is returned as it is (the caller decides: the
+    :meth:`PendingStep.result`, which returns a non-finite loss as it is (the caller decides: the
     training loop stops with an error).
     """
     world = dist.get_world_size()
