@@ -13,11 +13,7 @@
 # Then the GPU tests, if the call has 30 s left.
 # Writes under $OUT: old-1.json, new-1.json, old-2.json, new-2.json and each invocation's log.
 set -uo pipefail
-source .gpu/setup.sh
-export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
-export NCCL_NVLS_ENABLE=0
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-D="$PWD/.gpu/data"; ls "$D/alpaca_en_demo.json" "$D/alpaca_zh_demo.json" || exit 3
+source bench/gpu/host_prelude.sh
 rm -rf /tmp/old-src && mkdir -p /tmp/old-src && tar -xzf .gpu/old-src.tar.gz -C /tmp/old-src || exit 4
 nvidia-smi --query-gpu=name,memory.total,driver_version,power.limit --format=csv
 START=$(date +%s); LIMIT=${LIMIT:-575}

@@ -11,11 +11,7 @@
 # Stage as in bench/gpu/torchtitan_h2h.sh. Writes under $OUT: kernels-<TAG>.md (the comparison),
 # bench-<TAG>.log, train-bench-profile-<TAG>.json, traces-<TAG>.tar (the traces, gzip-compressed).
 set -uo pipefail
-source .gpu/setup.sh
-export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
-export NCCL_NVLS_ENABLE=0
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-D="$PWD/.gpu/data"; ls "$D/alpaca_en_demo.json" "$D/alpaca_zh_demo.json" || exit 3
+source bench/gpu/host_prelude.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version,power.limit --format=csv
 SEQ=${SEQ:-2048}; MB=${MB:-8}; FIRST=${FIRST:-10}; LAST=${LAST:-11}; STEPS=${STEPS:-12}
 TAG="s$SEQ-mb$MB"; WD=/tmp/bench-prof-$TAG; rm -rf "$WD"

@@ -18,11 +18,7 @@
 # bench-s<SEQ>-mb<MB>.log (the bench's whole output) and run-logs-s<SEQ>-mb<MB>.tar.gz (each run's log,
 # the torchtitan runs' settings.json, the table .md).
 set -uo pipefail
-source .gpu/setup.sh
-export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
-export NCCL_NVLS_ENABLE=0
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-D="$PWD/.gpu/data"; ls "$D/alpaca_en_demo.json" "$D/alpaca_zh_demo.json" || exit 3
+source bench/gpu/host_prelude.sh
 python3 -c "
 import torch, torchtitan, torchao, torch.utils.tensorboard
 from torchtitan.train import Trainer
