@@ -456,7 +456,7 @@ def collate(
         "position_ids": torch.from_numpy(pos),
         "cu_seq_lens": torch.from_numpy(cu),
         "labels": torch.from_numpy(labels),
-        "trained_positions": torch.from_numpy(trained.astype(np.int64)),
+        "trained_positions": torch.from_numpy(trained.astype(np.int64, copy=False)),
         "num_tokens": torch.tensor(n_tok),
         "num_trainable": torch.tensor(trained.size),
         "attn_tokens_sq": torch.tensor(sq, dtype=torch.float64),

@@ -183,9 +183,12 @@ def train_run(
     data_fingerprint = data.fingerprint  # of the selection (store key, part, example ids): no token read
     if local and data.skipped_file:
         copy_skipped_records(data.skipped_file, run_dir)
+    from rayft.train.checkpoint_files import read_state
+
+    resumed_state = read_state(resume_from) if resume_from is not None else None  # read once: checked here, its step below
     if resume_from is not None:
-        check_resume_data(resume_from, data_fingerprint)
-        check_resume_steps(resume_from, total)
+        check_resume_data(resume_from, data_fingerprint, resumed_state)
+        check_resume_steps(resume_from, total, resumed_state)
     elif resume and not local and (remote := newest_remote_state(run_dir)) is not None:  # what Ray Train will hand the workers
         where, state = remote
         check_resume_data(where, data_fingerprint, state)
@@ -251,9 +254,7 @@ def train_run(
         except Exception as e:  # surfaced on the driver below
             outcome["error"] = e
 
-    from rayft.train.checkpoint_files import read_state
-
-    resumed_step = int(read_state(resume_from)["step"]) if resume_from is not None else None
+    resumed_step = int(resumed_state["step"]) if resumed_state is not None else None
     metrics_log = MetricsLog(run_dir, resumed_step) if local else None  # lines appended as they arrive: they survive any stop
     # TensorBoard / MLflow / W&B (tracking:): fed from the driver only; closed with the run's outcome
     trackers = cleanup.enter_context(Trackers.open(cfg, run_dir, name, say=lambda s: console.print(s, highlight=False, markup=False)))

@@ -146,7 +146,7 @@ def check_resume_data(checkpoint: str, data_fingerprint: str, state: dict | None
     from rayft.train.checkpoint import CheckpointError, check_same_data, read_state
 
     try:
-        check_same_data(checkpoint, (state or read_state(checkpoint)).get("data_fingerprint"), data_fingerprint)
+        check_same_data(checkpoint, (state if state is not None else read_state(checkpoint)).get("data_fingerprint"), data_fingerprint)
     except CheckpointError as e:
         raise TrainError(str(e)) from None
 
@@ -163,7 +163,7 @@ def check_resume_steps(checkpoint: str, total_steps: int, state: dict | None = N
     """
     from rayft.train.checkpoint_files import MODEL_AND_OPTIMIZER, MODEL_ONLY, STATE_FILE, holds_optimizer, model_only_refusal, read_state
 
-    state = state or read_state(checkpoint)
+    state = state if state is not None else read_state(checkpoint)
     if state.get("contents", MODEL_AND_OPTIMIZER) not in (MODEL_ONLY, MODEL_AND_OPTIMIZER):
         raise TrainError(
             f"--resume: {checkpoint}/{STATE_FILE}: contents {state['contents']!r} is neither {MODEL_ONLY!r} nor {MODEL_AND_OPTIMIZER!r}"
