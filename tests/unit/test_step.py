@@ -1,14 +1,18 @@
 """The training step on its own (one CPU rank, gloo): the loss is the global mean over trainable
 targets, the gradient matches the reference model's, the step record has the metrics file's
-fields; and the library's modules import no CLI code (typer; Ray itself imports click)."""
+fields; the step's counts and votes summed over two gloo ranks; and the library's modules import no
+CLI code (typer; Ray itself imports click)."""
 
 import ast
+import json
+import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from gloo_ranks import run_ranks
 
 import rayft
 from rayft.config import ModelConfig, ParallelConfig, TrainConfig
@@ -53,6 +57,41 @@ def test_train_step_is_the_global_mean_and_steps_the_optimizer(gloo):
     assert result.grad_norm > 0 and result.fwd_bwd_s > 0 and result.optim_s > 0
     assert not torch.equal(model.module.model.layers[0].mlp.up_proj.weight.full_tensor(), before)
     assert all(p.grad is None for p in model.module.parameters())  # zeroed for the next step
+
+
+COUNTS_RANK = textwrap.dedent("""
+    import json, sys
+    import torch, torch.distributed as dist
+    from rayft.train.step import global_counts
+    rank, store, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    scalar = lambda v, dt=torch.int64: torch.tensor(v, dtype=dt)  # host tensors, as the training loop keeps them
+    batches = [  # rank 0: two micro-batches; rank 1: one
+        {"num_trainable": scalar(10 + rank), "num_tokens": scalar(50 + rank), "attn_tokens_sq": scalar(0.5 + rank, torch.float64)}
+        for _ in range(2 - rank)
+    ]
+    c = global_counts(batches, time_vote=rank == 0, write_done=True, device=torch.device("cpu"), stop_vote=rank == 1)
+    json.dump(c.__dict__, open(out, "w"))
+    dist.destroy_process_group()
+""")
+
+
+def test_global_counts_sums_every_count_and_vote_over_two_ranks(tmp_path):
+    script = tmp_path / "rank.py"
+    script.write_text(COUNTS_RANK)
+    argvs = [[str(r), str(tmp_path / "store"), str(tmp_path / f"counts-{r}.json")] for r in range(2)]
+    ranks = run_ranks(script, argvs, tmp_path / "ranks", timeout=120)
+    assert [rc for rc, _ in ranks] == [0, 0], "\n".join(o[-2000:] for _, o in ranks)
+    got = [json.loads((tmp_path / f"counts-{r}.json").read_text()) for r in range(2)]
+    expected = {
+        "trainable": 2 * 10 + 11,
+        "tokens": 2 * 50 + 51,
+        "attn_tokens_sq": 2 * 0.5 + 1.5,
+        "time_vote": 1.0,
+        "writes_done": 2.0,
+        "stop_vote": 1.0,
+    }
+    assert got == [expected, expected]
 
 
 def module_level_imports(path: Path) -> set[str]:

@@ -13,9 +13,13 @@ persistent copy of each in the compute dtype (bf16), whose gradient is added int
 ``.grad`` as soon as autograd has accumulated it (a post-accumulate-grad hook), then freed: the
 same values and the same fp32 accumulation over micro-batches as FSDP2 on one rank with
 ``reduce_dtype`` fp32. The copies are cast again from the masters before a forward when a master
-changed since the last cast as its version counter shows (a checkpoint's load, a weight load), or
-after :meth:`ComputeCopies.mark_stale`: the fused AdamW step leaves the version counters as they
-were, so :meth:`rayft.train.model.ShardedModel.after_optimizer_step` calls it.
+changed since the last cast as its version counter shows (a checkpoint's load, a weight load). The
+fused AdamW step leaves the version counters as they were, so
+:meth:`rayft.train.model.ShardedModel.after_optimizer_step` casts the copies at once
+(:meth:`ComputeCopies.refresh`), queued behind the optimizer's kernels: the host's share of the
+cast (a Python pass over every parameter) then runs while the device is busy, not at the next
+step's start with the device idle (a gap of 4.1-4.5 ms in a 355 ms step under the profiler,
+bench/NOTES.md §33).
 
 Memory: the copies stay allocated, 2 bytes per parameter for bf16, where FSDP2 gathers two
 decoder layers' at a time; the fp32 gradients are the same 4 bytes per parameter.
@@ -42,10 +46,11 @@ class ComputeCopies:
         self.synced: tuple[tuple[int, int, bool], ...] | None = None  # (id, version, requires_grad) of each master at the last cast
         self.swapped: list[tuple[torch.nn.Module, str, torch.nn.Parameter]] = []  # (module, slot, master) while computing
 
-    def mark_stale(self) -> None:
-        """Cast the copies again before the next forward (after any change to the masters that
-        their version counters might not show)."""
+    def refresh(self) -> None:
+        """Cast every copy from its master now (making any copy that is missing), whatever the
+        version counters say: after an optimizer step, before the host waits for the device."""
         self.synced = None
+        self._refresh(self._masters())
 
     def release(self) -> None:
         """Free the copies (2 bytes per parameter for bf16), e.g. before the export's logit check
@@ -60,9 +65,8 @@ class ComputeCopies:
         if self.swapped:
             yield
             return
-        slots = [(mod, name, p) for mod in self.module.modules() for name, p in mod._parameters.items() if p is not None]
-        masters = list({id(p): p for _m, _n, p in slots}.values())
-        self._refresh(masters)
+        slots = self._slots()
+        self._refresh(list({id(p): p for _m, _n, p in slots}.values()))
         try:
             for mod, name, p in slots:
                 mod._parameters[name] = self.copy_of[id(p)][1]
@@ -72,6 +76,14 @@ class ComputeCopies:
             for mod, name, p in slots:
                 mod._parameters[name] = p
             self.swapped = []
+
+    def _slots(self) -> list[tuple[torch.nn.Module, str, torch.nn.Parameter]]:
+        """Every (module, slot name, parameter) of the module, a shared parameter once per slot."""
+        return [(mod, name, p) for mod in self.module.modules() for name, p in mod._parameters.items() if p is not None]
+
+    def _masters(self) -> list[torch.nn.Parameter]:
+        """The distinct parameters in slot order (the order :meth:`computing` checks them in)."""
+        return list({id(p): p for _m, _n, p in self._slots()}.values())
 
     def _refresh(self, masters: list[torch.nn.Parameter]) -> None:
         """Make a copy for each new master (or one whose ``requires_grad`` changed: its copy's hook

@@ -30,7 +30,7 @@ from rayft.train.metrics import flops_per_token, gpu_peak_flops, mfu
 from rayft.train.model import ShardedModel, build_sharded_model, load_model_config, matmul_params, use_compile_cache_dir
 from rayft.train.optim import build_optimizer, lr_at, set_lr
 from rayft.train.profiling import StepProfiler
-from rayft.train.step import GlobalCounts, StepClock, StepResult, global_counts, launch_step, micro_batch_loss
+from rayft.train.step import COUNT_KEYS, GlobalCounts, StepClock, StepResult, global_counts, launch_step, micro_batch_loss
 from rayft.train.stop import StopPoll
 from rayft.train.worker_args import WorkerArgs
 
@@ -66,15 +66,17 @@ class Worker:
         return len(self.plan)
 
     def batches(self, step: int) -> list[dict[str, torch.Tensor]]:
-        """This rank's micro-batches of ``step``, on the device. On a GPU the host tensors are
-        pinned first, so the copies are queued behind the device's work instead of waiting for it."""
+        """This rank's micro-batches of ``step``, on the device but for the counts' scalars
+        (:data:`rayft.train.step.COUNT_KEYS`), which stay on the host for :func:`global_counts`. On a
+        GPU the host tensors are pinned first, so the copies are queued behind the device's work
+        instead of waiting for it."""
         tc, dc = self.cfg.train, self.cfg.data
         micro = rank_micro_batches(self.plan.step_rows(step), self.rank, self.world, tc.micro_batch_size, tc.grad_accum_steps)
         min_rows = tc.micro_batch_size if dc.packing else 1
         pin = self.device.type == "cuda"
         return [
             {
-                k: (v.pin_memory() if pin else v).to(self.device, non_blocking=True)
+                k: v if k in COUNT_KEYS else (v.pin_memory() if pin else v).to(self.device, non_blocking=True)
                 for k, v in collate(self.data, rows, dc.seq_len, self.args.pad_id, fixed_len=dc.packing, min_rows=min_rows).items()
             }
             for rows in micro

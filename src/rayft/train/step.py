@@ -59,16 +59,25 @@ class GlobalCounts:
     stop_vote: float = 0.0
 
 
+COUNT_KEYS = ("num_trainable", "num_tokens", "attn_tokens_sq")
+"""The micro-batch scalars :func:`global_counts` sums; the training loop keeps them in host memory."""
+
+
 def global_counts(
     batches: list[dict[str, torch.Tensor]], time_vote: bool, write_done: bool, device: torch.device, stop_vote: bool = False
 ) -> GlobalCounts:
     """Collective: the step's token counts, checkpoint and stop votes summed over ranks.
 
-    Reading the result synchronises with the device: the step's data phase ends here.
+    ``batches``: the rank's micro-batches; their :data:`COUNT_KEYS` scalars are read with ``float``,
+    so host tensors cost no device sync (the training loop leaves them on the host; a device tensor
+    works too, with a sync each). The rank's six values are summed on the host and, over several
+    ranks, all-reduced in one float64 collective on ``device``, whose result the host waits for;
+    one rank has nothing to reduce and touches no device.
     """
-    counts = [sum(b[k] for b in batches).to(torch.float64) for k in ("num_trainable", "num_tokens", "attn_tokens_sq")]
-    counts += [torch.tensor(float(v), dtype=torch.float64, device=device) for v in (time_vote, write_done, stop_vote)]
-    stacked = torch.stack(counts)
+    local = [sum(float(b[k]) for b in batches) for k in COUNT_KEYS] + [float(time_vote), float(write_done), float(stop_vote)]
+    if dist.get_world_size() == 1:
+        return GlobalCounts(*local)
+    stacked = torch.tensor(local, dtype=torch.float64).to(device)
     dist.all_reduce(stacked)
     return GlobalCounts(*stacked.tolist())
 
