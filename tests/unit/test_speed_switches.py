@@ -234,3 +234,33 @@ def test_liger_kernels_with_cpu_workers_is_a_config_error():
     ):
         load_config(quickstart, ["train.liger_kernels=true"])
     assert load_config(quickstart, ["train.liger_kernels=true", "train.use_gpu=auto"]).train.liger_kernels is True
+
+
+def test_varlen_forward_builds_no_mask_and_skips_the_packed_check(monkeypatch):
+    """The varlen implementation has no transformers mask function: a forward with position ids
+    (the training forward) builds no mask and never runs transformers' packed-document check, whose
+    ``all()`` waits for the device; on rows of one document it computes what ``sdpa`` computes."""
+    from transformers import AutoConfig, AutoModelForCausalLM, masking_utils
+
+    from rayft.train.attention import VARLEN, register_varlen
+    from rayft.train.presets import PRESETS
+
+    register_varlen()
+    preset = dict(PRESETS["qwen2-tiny"])
+    model_type = preset.pop("model_type")
+    conf = AutoConfig.for_model(model_type, **preset)  # one config per model: from_config sets its attention on it
+    torch.manual_seed(0)
+    sdpa = AutoModelForCausalLM.from_config(conf, dtype=torch.float32, attn_implementation="sdpa")
+    varlen = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **preset), dtype=torch.float32, attn_implementation=VARLEN)
+    varlen.load_state_dict(sdpa.state_dict())
+    checks = []
+    real_check = masking_utils.find_packed_sequence_indices
+    monkeypatch.setattr(masking_utils, "find_packed_sequence_indices", lambda pos: checks.append(pos) or real_check(pos))
+    ids = torch.randint(0, conf.vocab_size, (2, 16), generator=torch.Generator().manual_seed(1))
+    pos = torch.arange(16).repeat(2, 1)
+    with torch.no_grad():
+        got = varlen(input_ids=ids, position_ids=pos, use_cache=False).logits  # as in training: no cache
+        assert checks == []
+        want = sdpa(input_ids=ids, position_ids=pos, use_cache=False).logits
+    assert len(checks) == 1  # the check is live: sdpa's forward ran it
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -7,9 +7,11 @@ boundaries over the flattened ``B × L`` tokens, built by :func:`rayft.data.pack
 attention runs as one variable-length FlashAttention call
 (:func:`torch.nn.attention.varlen.varlen_attn`, PyTorch ≥ 2.10, CUDA only) over all documents.
 
-The implementation is registered with transformers under the name :data:`VARLEN`, with a mask
-function that builds no mask at all. ``model.attn_implementation: auto`` picks it on CUDA when
-PyTorch has it, else ``sdpa`` (which is exact on CPU too, only slower).
+The implementation is registered with transformers under the name :data:`VARLEN`
+(:func:`register_varlen`), and no mask function with it: transformers then builds no mask and skips
+its check of the position ids for packed documents, whose ``all()`` waited for the device in every
+forward (bench/NOTES.md §33). ``model.attn_implementation: auto`` picks it on CUDA when PyTorch has
+it, else ``sdpa`` (which is exact on CPU too, only slower).
 
 Attention-logit soft-capping (Gemma 2) is implemented by neither SDPA nor the varlen kernel:
 ``auto`` gives such a model transformers' ``flex_attention`` on CUDA (soft-capping and the sliding
@@ -100,21 +102,17 @@ def resolve_attn_implementation(name: str, device: torch.device, model_config=No
             f"model.attn_implementation=varlen needs a CUDA device and PyTorch >= 2.10 "
             f"(torch.nn.attention.varlen); this worker has {device.type} and torch {torch.__version__}"
         )
-    _register()
+    register_varlen()
     return VARLEN
 
 
-def _register() -> None:
+def register_varlen() -> None:
+    """Register :func:`varlen_attention_forward` with transformers as :data:`VARLEN` (idempotent).
+    Attention only: an implementation without a mask function gets no mask built for it
+    (transformers' ``masking_utils``), which is what document boundaries in ``cu_seq_lens`` want."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(VARLEN, varlen_attention_forward)
-    AttentionMaskInterface.register(VARLEN, _no_mask)
-
-
-def _no_mask(*args, **kwargs) -> None:
-    """Document boundaries come from ``cu_seq_lens``; no mask tensor is built."""
-    return None
 
 
 def _varlen_kwargs() -> dict:
