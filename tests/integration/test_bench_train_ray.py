@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from rayft.benchmarks import train as bt
+from rayft.benchmarks import train_recipes as brc
+from rayft.benchmarks import train_results as br
 from rayft.benchmarks.recipes import load_dataset, padded_batch, rank_rows, run_sample
 from rayft.config import load_config
 
@@ -34,9 +35,9 @@ def inputs(tmp_path, workloads, recipes=("sample-recipe",), seq_len=64):
         f"train: {{num_workers: 2, use_gpu: false, micro_batch_size: 2, lr: 1.0e-4}}\ncheckpoint: {{storage_path: {tmp_path}}}\n"
     )
     cfg = load_config(cfg_file)
-    plan = bt.Plan(cfg_file, [], list(recipes), list(workloads), 3, 1, tmp_path / "wd", None)
+    plan = brc.Plan(cfg_file, [], list(recipes), list(workloads), 3, 1, tmp_path / "wd", None)
     plan.work_dir.mkdir()
-    shared = bt._prepare_model_and_data(cfg, plan, 2, Console(quiet=True))
+    shared = brc.prepare_model_and_data(cfg, plan, 2, Console(quiet=True))
     from rayft.data.tokenizer import load_tokenizer
 
     shared["pad_id"] = load_tokenizer(shared["tokenizer_dir"]).pad_token_id  # as `rayft bench train` sets it
@@ -60,9 +61,9 @@ def test_sample_recipe_steps_and_token_counts(ray_local, tmp_path, workload=SAMP
     ~10 CPU-s of CI."""
     L = 64 if workload == "random" else 256  # real: alpaca rows shorter than 256 tokens get padding
     cfg, plan, shared = inputs(tmp_path, [workload], seq_len=L)
-    spec = spec_of(bt.recipe_command("sample-recipe", workload, plan, cfg, 1, False, shared, tmp_path / "run"))
+    spec = spec_of(brc.recipe_command("sample-recipe", workload, plan, cfg, 1, False, shared, tmp_path / "run"))
     run_sample(spec)
-    recs = bt.read_step_files(tmp_path / "run")
+    recs = br.read_step_files(tmp_path / "run")
     assert [r["step"] for r in recs] == [1, 2, 3]
     ds = load_dataset(spec["data"])
     for s, r in enumerate(recs):
@@ -86,7 +87,7 @@ def test_rayft_recipe_on_synthetic_rows(tmp_path):
     from rayft.train.step_plan import make_plan
 
     cfg, plan, shared = inputs(tmp_path, ["random"], recipes=("rayft",))
-    cmd = bt.recipe_command("rayft", "random", plan, cfg, 1, False, shared, tmp_path / "run")
+    cmd = brc.recipe_command("rayft", "random", plan, cfg, 1, False, shared, tmp_path / "run")
     assert cmd[1:4] == ["-m", "rayft.cli", "train"] and cmd[4] == str(plan.config)
     sets = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--set"]
     assert "data.synthetic={rows: 6, seed: 0}" in sets and "train.compile=true" in sets  # 3 steps × 1 worker × 2 rows
@@ -105,14 +106,14 @@ def test_rayft_recipe_on_synthetic_rows(tmp_path):
 def test_trl_default_under_torchrun(tmp_path):
     pytest.importorskip("trl", reason="trl is not installed (pip install 'rayft[bench]')")
     cfg, plan, shared = inputs(tmp_path, ["random"], recipes=("trl-default",))
-    cmd = bt.recipe_command("trl-default", "random", plan, cfg, 2, False, shared, tmp_path / "run")
+    cmd = brc.recipe_command("trl-default", "random", plan, cfg, 2, False, shared, tmp_path / "run")
     assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    recs = bt.read_step_files(tmp_path / "run")
+    recs = br.read_step_files(tmp_path / "run")
     assert [r["step"] for r in recs] == [1, 2, 3] and all(r["tokens"] == 4 * 64 for r in recs)
     used = json.loads((tmp_path / "run" / "settings.json").read_text())  # what the run reports it used
     assert used["label"] == "trl-default" and used["attention"] == "sdpa" and used["gradient_checkpointing"] is False
     assert used["padding_free"] is False and used["fsdp"] == 1
-    st = bt.recipe_settings("trl-default", tmp_path / "run", cmd, plan.config)
+    st = brc.recipe_settings("trl-default", tmp_path / "run", cmd, plan.config)
     assert st == used

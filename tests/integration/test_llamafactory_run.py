@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from rayft.benchmarks import train as bt
+from rayft.benchmarks import train_recipes as brc
+from rayft.benchmarks import train_results as br
 from rayft.benchmarks.llamafactory_recipe import pack_capacity
 from rayft.benchmarks.recipes import load_dataset
 from rayft.config import load_config
@@ -42,9 +43,9 @@ def inputs(tmp_path, workload):
         f"checkpoint: {{storage_path: {tmp_path}}}\n"
     )
     cfg = load_config(cfg_file)
-    plan = bt.Plan(cfg_file, [], ["llamafactory"], [workload], 3, 1, tmp_path / "wd", None)
+    plan = brc.Plan(cfg_file, [], ["llamafactory"], [workload], 3, 1, tmp_path / "wd", None)
     plan.work_dir.mkdir()
-    shared = bt._prepare_model_and_data(cfg, plan, 1, Console(quiet=True))
+    shared = brc.prepare_model_and_data(cfg, plan, 1, Console(quiet=True))
     from rayft.data.tokenizer import load_tokenizer
 
     shared["pad_id"] = load_tokenizer(shared["tokenizer_dir"]).pad_token_id  # as `rayft bench train` sets it
@@ -56,12 +57,12 @@ def test_llamafactory_recipe_runs_three_steps_on_cpu(tmp_path, workload):
     datasets = pytest.importorskip("datasets")
     cfg, plan, shared = inputs(tmp_path, workload)
     run_dir = tmp_path / "run"
-    cmd = bt.recipe_command("llamafactory", workload, plan, cfg, 1, False, shared, run_dir)
+    cmd = brc.recipe_command("llamafactory", workload, plan, cfg, 1, False, shared, run_dir)
     assert cmd[:3] == [sys.executable, "-m", "rayft.benchmarks.llamafactory_recipe"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
 
-    recs = bt.read_step_files(run_dir)
+    recs = br.read_step_files(run_dir)
     assert [r["step"] for r in recs] == [1, 2, 3]
     assert all(r["step_time_s"] > 0 and r["peak_mem_gib"] is None for r in recs)
     raw = [json.loads(x) for x in (run_dir / "steps.rank0.jsonl").read_text().splitlines()]
@@ -87,4 +88,4 @@ def test_llamafactory_recipe_runs_three_steps_on_cpu(tmp_path, workload):
     given = json.loads((run_dir / "llamafactory_args.json").read_text())  # what LLaMA-Factory was given
     assert given["versions"]["llamafactory"] == "0.9.5"
     assert given["args"]["neat_packing"] is True and given["args"]["cutoff_len"] == L and given["args"]["stage"] == "sft"
-    assert bt.recipe_settings("llamafactory", run_dir, cmd, plan.config) == used
+    assert brc.recipe_settings("llamafactory", run_dir, cmd, plan.config) == used

@@ -17,6 +17,8 @@ import pytest
 
 from rayft.benchmarks import ceiling as ce
 from rayft.benchmarks import train as bt
+from rayft.benchmarks import train_recipes as brc
+from rayft.benchmarks import train_results as br
 
 
 def test_smi_lines_as_nvidia_smi_prints_them():
@@ -211,7 +213,7 @@ def test_a_failed_measurement_is_recorded_and_the_recipes_still_run(tmp_path):
 
 def test_cpu_runs_and_ceiling_s_0_measure_nothing(tmp_path):
     calls = []
-    plan = bt.Plan(tmp_path / "job.yaml", [], ["rayft"], ["random"], 3, 1, tmp_path, None)
+    plan = brc.Plan(tmp_path / "job.yaml", [], ["rayft"], ["random"], 3, 1, tmp_path, None)
     console = __import__("rich.console").console.Console(quiet=True)
     assert bt.measure_ceiling(plan, True, 0, runner_with_ceiling(0, calls), console) == {
         "status": "not measured",
@@ -221,15 +223,15 @@ def test_cpu_runs_and_ceiling_s_0_measure_nothing(tmp_path):
         "status": "not measured",
         "reason": "CPU workers",
     }
-    tight = bt.Plan(tmp_path / "job.yaml", [], ["rayft"], ["random"], 3, 1, tmp_path, None, deadline_s=40)
+    tight = brc.Plan(tmp_path / "job.yaml", [], ["rayft"], ["random"], 3, 1, tmp_path, None, deadline_s=40)
     got = bt.measure_ceiling(tight, True, 15, runner_with_ceiling(0, calls), console, t0=bt._clock())
     # 40 s less the 10 s margin: under the 15 s + 30 s it needs
     assert got["status"] == "not measured" and re.fullmatch(r"(29|30) s left before --deadline-s 40", got["reason"]), got
     assert calls == []
     doc = {"figures": {"runs": [], "price": {}, "use_gpu": False, "ceiling": {"status": "not measured", "reason": "CPU workers"}}}
-    assert "matrix rate" not in bt.markdown_table(doc)  # a CPU run's table says nothing of it
+    assert "matrix rate" not in br.markdown_table(doc)  # a CPU run's table says nothing of it
     doc["figures"].update(use_gpu=True, ceiling={"status": "not measured", "reason": "--ceiling-s 0"})
-    assert "This GPU's matrix rate was not measured in this call: --ceiling-s 0." in bt.markdown_table(doc)
+    assert "This GPU's matrix rate was not measured in this call: --ceiling-s 0." in br.markdown_table(doc)
     with pytest.raises(bt.BenchTrainError, match=r"--ceiling-s 1: 0 \(not measured\) or 2 to 600 seconds"):
         bt.run_bench(
             gpu_config(tmp_path),

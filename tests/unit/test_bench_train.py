@@ -13,6 +13,8 @@ import torch
 from typer.testing import CliRunner
 
 from rayft.benchmarks import train as bt
+from rayft.benchmarks import train_recipes as brc
+from rayft.benchmarks import train_results as br
 from rayft.benchmarks.recipes import batch_token_stats, padded_batch, rank_rows, step_rows
 from rayft.cli import app
 from rayft.config import ConfigError, load_config
@@ -21,21 +23,21 @@ from rayft.data.tokenize import assemble
 
 
 def test_cost_per_million_tokens_from_the_catalog_price_of_l4():
-    p = bt.gpu_price("NVIDIA L4")
+    p = br.gpu_price("NVIDIA L4")
     assert p["instance"] == "g6.12xlarge" and p["gpus_per_instance"] == 4 and p["instance_usd_per_hour"] == 4.6016
     assert p["usd_per_gpu_hour"] == pytest.approx(1.1504, abs=1e-12)
     assert p["date"] == "2026-11-30" and "on-demand" in p["source"].lower()
     # 1.1504 USD per GPU-hour at 1,000 tokens/s/GPU: 3.6 M tokens per GPU-hour → 0.31955... USD per 1M tokens
-    assert bt.usd_per_million_tokens(p["usd_per_gpu_hour"], 1000.0) == pytest.approx(1.1504 / 3.6, rel=1e-12)
-    assert bt.usd_per_million_tokens(None, 1000.0) is None
+    assert br.usd_per_million_tokens(p["usd_per_gpu_hour"], 1000.0) == pytest.approx(1.1504 / 3.6, rel=1e-12)
+    assert br.usd_per_million_tokens(None, 1000.0) is None
 
 
 def test_h200_maps_to_p5en_whose_price_is_not_in_the_catalog():
-    p = bt.gpu_price("NVIDIA H200")
+    p = br.gpu_price("NVIDIA H200")
     assert p["instance"] == "p5en.48xlarge" and p["usd_per_gpu_hour"] is None and "--usd-per-gpu-hour" in p["note"]
-    given = bt.gpu_price("NVIDIA H200", usd_per_gpu_hour=5.0)
+    given = br.gpu_price("NVIDIA H200", usd_per_gpu_hour=5.0)
     assert given["usd_per_gpu_hour"] == 5.0 and "command line" in given["source"]
-    assert bt.gpu_price("Some GPU")["note"].startswith("no instance mapped")
+    assert br.gpu_price("Some GPU")["note"].startswith("no instance mapped")
 
 
 def test_padded_batch_counts_exact_non_padding_tokens():
@@ -68,9 +70,9 @@ def test_merge_ranks_and_summarize():
     r1 = [
         {"step": s, "step_time_s": 2.0 if s == 3 else 0.5, "tokens": 100, "attn_tokens_sq": 10000.0, "peak_mem_gib": 3.0} for s in (1, 2, 3)
     ]
-    merged = bt.merge_ranks([r0, r1])
+    merged = br.merge_ranks([r0, r1])
     assert [m["step_time_s"] for m in merged] == [1.0, 1.0, 2.0] and merged[0]["tokens"] == 200 and merged[0]["peak_mem_gib"] == 3.0
-    figs = bt.summarize(merged, 1, 2, lambda span: 1000.0 + span, 1e6)
+    figs = br.summarize(merged, 1, 2, lambda span: 1000.0 + span, 1e6)
     assert figs["steps_measured"] == 2
     assert figs["tokens_per_s_per_gpu"] == pytest.approx((100.0 + 50.0) / 2)  # median of 200/1/2 and 200/2/2
     assert figs["attn_span_tokens"] == 100.0 and figs["flops_per_token"] == 1100.0
@@ -79,22 +81,22 @@ def test_merge_ranks_and_summarize():
     assert figs["tokens_per_s_per_gpu_window"] == pytest.approx(400 / 3.0 / 2)  # steps 2 and 3: 400 tokens in 1 + 2 s
     run = {"recipe": "rayft", "workload": "real", "status": "ok", **figs, "steps": merged}
     doc = {"figures": {"runs": [run], "price": {}, "warmup_steps": 1, "world_size": 2}}
-    assert "slow steps count in full): rayft × real 67 tokens/s/GPU." in bt.markdown_table(doc)
+    assert "slow steps count in full): rayft × real 67 tokens/s/GPU." in br.markdown_table(doc)
     del run["tokens_per_s_per_gpu_window"]  # a results file from before the figure: computed from its steps
-    assert bt.run_window_rate(run, 1, 2) == pytest.approx(400 / 3.0 / 2) and bt.run_window_rate(run, 0, 2) == pytest.approx(600 / 4.0 / 2)
-    assert bt.run_window_rate({"steps": []}, 1, 2) is None
-    assert bt.run_window_rate(run, None, 2) is None and bt.run_window_rate(run, 1, None) is None  # the file does not say: no guess
+    assert br.run_window_rate(run, 1, 2) == pytest.approx(400 / 3.0 / 2) and br.run_window_rate(run, 0, 2) == pytest.approx(600 / 4.0 / 2)
+    assert br.run_window_rate({"steps": []}, 1, 2) is None
+    assert br.run_window_rate(run, None, 2) is None and br.run_window_rate(run, 1, None) is None  # the file does not say: no guess
     for bad in (0, -0.5, "x", None, True):
         broken = {"steps": [{**m, "step_time_s": bad} if m["step"] == 3 else m for m in merged]}
         with pytest.raises(ValueError, match=rf"step 3: step_time_s must be a positive number of seconds, got {bad!r}"):
-            bt.run_window_rate(broken, 1, 2)
+            br.run_window_rate(broken, 1, 2)
     for bad in (-1, float("nan"), float("inf"), None, True):
         broken = {"steps": [{**m, "tokens": bad} if m["step"] == 2 else m for m in merged]}
         with pytest.raises(ValueError, match=r"step 2: tokens must be a number >= 0"):
-            bt.run_window_rate(broken, 1, 2)
+            br.run_window_rate(broken, 1, 2)
     for bad in ("123", float("nan"), -5, 0, True):
         with pytest.raises(ValueError, match=r"tokens_per_s_per_gpu_window must be a positive number"):
-            bt.run_window_rate({**run, "tokens_per_s_per_gpu_window": bad}, 1, 2)
+            br.run_window_rate({**run, "tokens_per_s_per_gpu_window": bad}, 1, 2)
     bad_figures = (
         (-3, 2, "warmup_steps"),
         (4.5, 2, "warmup_steps"),
@@ -105,9 +107,9 @@ def test_merge_ranks_and_summarize():
     )
     for warm, world, what in bad_figures:
         with pytest.raises(ValueError, match=rf"figures.{what} must be an integer"):
-            bt.run_window_rate(run, warm, world)
+            br.run_window_rate(run, warm, world)
     with pytest.raises(bt.BenchTrainError, match="none after the 3 warm-up"):
-        bt.summarize(merged, 3, 2, None, None)
+        br.summarize(merged, 3, 2, None, None)
     assert "excluding_report" not in figs and "loss" not in merged[0]
 
 
@@ -120,12 +122,12 @@ def test_the_sample_recipes_report_time_is_measured_apart():
             for s, (t, r, l) in enumerate(zip(times, reports, losses))
         ]
 
-    merged = bt.merge_ranks(
+    merged = br.merge_ranks(
         [rank([2.0, 2.0, 2.0], [1.5, 1.5, 1.0], [4.0, 3.0, 2.0]), rank([1.9, 2.0, 2.5], [1.0, 1.6, 1.6], [2.0, 1.0, 1.0])]
     )
     assert [m["step_time_excl_report_s"] for m in merged] == pytest.approx([0.9, 0.5, 1.0])  # max over ranks of (step - report)
     assert [m["report_s"] for m in merged] == [1.5, 1.6, 1.6] and [m["loss"] for m in merged] == [3.0, 2.0, 1.5]
-    figs = bt.summarize(merged, 1, 2, lambda span: 1000.0, 1e6)
+    figs = br.summarize(merged, 1, 2, lambda span: 1000.0, 1e6)
     assert figs["tokens_per_s_per_gpu"] == pytest.approx(45.0)  # median of 200 / 2.0 / 2 and 200 / 2.5 / 2
     ex = figs["excluding_report"]
     assert ex["tokens_per_s_per_gpu"] == pytest.approx(150.0) and ex["report_s_median"] == pytest.approx(1.6)  # (200 + 100) / 2
@@ -133,7 +135,7 @@ def test_the_sample_recipes_report_time_is_measured_apart():
     doc = {"figures": {"runs": [{"recipe": "sample-recipe", "workload": "random", "status": "ok", **figs}], "price": {}}}
     assert (
         "sample-recipe × random without its per-step `ray.train.report` (median 1.60 s a call, part of every step above): 150 tokens/s/GPU, MFU 15.0%."
-        in bt.markdown_table(doc)
+        in br.markdown_table(doc)
     )
 
 
@@ -247,9 +249,9 @@ def test_rayft_random_workload_wins_over_a_user_train_files_override(tmp_path):
     )
     user = ["data.train_files=[x.json,y.json]", "train.lr=0.5"]
     cfg = load_config(cfg_file, user)
-    plan = bt.Plan(cfg_file, user, ["rayft"], ["random", "real"], 4, 1, tmp_path / "wd", None)
+    plan = brc.Plan(cfg_file, user, ["rayft"], ["random", "real"], 4, 1, tmp_path / "wd", None)
     for workload in ("random", "real"):
-        cmd = bt.recipe_command("rayft", workload, plan, cfg, 2, False, {}, tmp_path / "run")
+        cmd = brc.recipe_command("rayft", workload, plan, cfg, 2, False, {}, tmp_path / "run")
         sets = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--set"]
         got = load_config(cfg_file, sets)
         assert got.train.lr == 0.5 and got.train.max_steps == 4 and got.train.compile is True
@@ -266,7 +268,7 @@ def test_rayft_set_and_the_fp8_recipe_reach_only_the_rayft_runs(tmp_path):
         f"train: {{num_workers: 2, use_gpu: false, micro_batch_size: 3}}\ncheckpoint: {{storage_path: {tmp_path}}}\n"
     )
     cfg = load_config(cfg_file)
-    plan = bt.Plan(
+    plan = brc.Plan(
         cfg_file,
         [],
         ["rayft", "rayft-fp8"],
@@ -286,21 +288,21 @@ def test_rayft_set_and_the_fp8_recipe_reach_only_the_rayft_runs(tmp_path):
         "decoder_layer_cls": "Qwen2DecoderLayer",
     }
     for recipe, fp8 in (("rayft", False), ("rayft-fp8", True)):
-        cmd = bt.recipe_command(recipe, "random", plan, cfg, 2, False, shared, tmp_path / recipe)
+        cmd = brc.recipe_command(recipe, "random", plan, cfg, 2, False, shared, tmp_path / recipe)
         got = load_config(cfg_file, [cmd[i + 1] for i, a in enumerate(cmd) if a == "--set"])
         assert got.train.micro_batch_size == 5 and got.train.float8 is fp8
         assert got.data.synthetic.rows == 4 * 2 * 5  # sized by the rayft runs' own micro-batch
         assert got.model.name_or_path == "qwen2-tiny"  # no shared model directory written: rayft's own seeded init
-        settings = bt.recipe_settings(recipe, tmp_path / recipe, cmd, cfg_file)
+        settings = brc.recipe_settings(recipe, tmp_path / recipe, cmd, cfg_file)
         assert settings["micro_batch_size"] == 5 and settings["float8"] is fp8 and settings["fused_loss_chunk_mem"] == 2
     model_dir.mkdir(parents=True)  # a directory an earlier bench left: not this bench's, not used
-    cmd = bt.recipe_command("rayft", "random", plan, cfg, 2, False, shared, tmp_path / "r1")
+    cmd = brc.recipe_command("rayft", "random", plan, cfg, 2, False, shared, tmp_path / "r1")
     assert load_config(cfg_file, [cmd[i + 1] for i, a in enumerate(cmd) if a == "--set"]).model.name_or_path == "qwen2-tiny"
     shared["model_written"] = True
-    cmd = bt.recipe_command("rayft", "random", plan, cfg, 2, False, shared, tmp_path / "r2")
+    cmd = brc.recipe_command("rayft", "random", plan, cfg, 2, False, shared, tmp_path / "r2")
     got = load_config(cfg_file, [cmd[i + 1] for i, a in enumerate(cmd) if a == "--set"])
     assert got.model.name_or_path == str(model_dir) and got.model.tokenizer == str(tok_dir)  # the other recipes' weights
-    cmd = bt.recipe_command("sample-recipe", "random", plan, cfg, 2, False, shared, tmp_path / "s")
+    cmd = brc.recipe_command("sample-recipe", "random", plan, cfg, 2, False, shared, tmp_path / "s")
     assert json.loads(Path(cmd[-1]).read_text())["micro_batch_size"] == 3  # --rayft-set does not reach the others
 
 
@@ -326,7 +328,7 @@ def test_float8_check_compares_the_two_rayft_runs_step_by_step():
     assert (
         c["max_abs_diff"] == pytest.approx(0.3) and c["max_rel_diff"] == pytest.approx(0.05) and c["final_rel_diff"] == pytest.approx(0.05)
     )
-    md = bt.markdown_table({"figures": {"runs": [], "price": {}, "float8_check": chk}})
+    md = br.markdown_table({"figures": {"runs": [], "price": {}, "float8_check": chk}})
     assert (
         "Float8 check (real): rayft-fp8's loss vs rayft's over 3 steps: max relative difference 5.00%, at the last step 5.00% (6.0000 bf16, 6.3000 float8)."
         in md
@@ -445,7 +447,7 @@ def test_results_are_written_after_every_run_and_a_runner_exception_is_one_runs_
     bad, ok = figs["runs"]
     assert bad["status"] == "failed" and "runner error: OSError('cannot start torchrun')" in bad["error"]
     assert ok["status"] == "ok" and ok["tokens_per_s_per_gpu"] == 32.0 and figs["complete"] is True
-    assert ok["settings"] == bt.SAMPLE_SETTINGS and bad["settings"]["gradient_checkpointing"] is False
+    assert ok["settings"] == brc.SAMPLE_SETTINGS and bad["settings"]["gradient_checkpointing"] is False
     assert "| sample-recipe | random | 1 | 32 |" in path.with_suffix(".md").read_text()
 
 
@@ -613,7 +615,7 @@ def test_shared_model_is_rayfts_seeded_init_built_once(tmp_path, monkeypatch):
 
     cfg_file = tiny_job(tmp_path, "qwen2-tiny")  # tied embeddings: the LM head has no tensor of its own
     cfg = load_config(cfg_file)
-    plan = bt.Plan(cfg_file, [], ["sample-recipe"], ["random"], 3, 1, tmp_path / "wd", None)
+    plan = brc.Plan(cfg_file, [], ["sample-recipe"], ["random"], 3, 1, tmp_path / "wd", None)
     plan.work_dir.mkdir()
     from rayft.train import preset_init
 
@@ -622,7 +624,7 @@ def test_shared_model_is_rayfts_seeded_init_built_once(tmp_path, monkeypatch):
     monkeypatch.setattr(preset_init, "unit_state", lambda model, prefix, *a: built.append(prefix) or real(model, prefix, *a))
     from rich.console import Console
 
-    shared = bt._prepare_model_and_data(cfg, plan, 2, Console(quiet=True))
+    shared = brc.prepare_model_and_data(cfg, plan, 2, Console(quiet=True))
     # one init: each unit with tensors of its own built once (the tied LM head has none)
     with torch.device("meta"):
         meta = AutoModelForCausalLM.from_config(load_model_config(cfg.model, "sdpa"))
@@ -698,7 +700,7 @@ def test_table_errors_name_the_run(tmp_path, mutate, message):
     doc = json.loads(synthetic_results(tmp_path / "r.json").read_text())
     mutate(doc["figures"]["runs"])
     with pytest.raises(ValueError, match=message):
-        bt.markdown_table(doc)
+        br.markdown_table(doc)
 
 
 def test_table_command_writes_the_good_files_when_one_is_bad(tmp_path):
@@ -782,7 +784,7 @@ def test_markdown_table_whole_output():
             ],
         },
     }
-    assert bt.markdown_table(doc).split("\n") == [
+    assert br.markdown_table(doc).split("\n") == [
         "| recipe | workload | micro-batch | tokens/s/GPU | MFU | peak GiB | step s p10 / p50 / p90 | USD / 1M tokens | status |",
         "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | --- |",
         "| rayft (mb 16) | random | 16 | 53,009 | 55.3% | 76.8 | 0.370 / 0.380 / 0.400 | 0.0257 | ok |",
@@ -803,7 +805,7 @@ def test_markdown_table_whole_output():
 def test_table_cells_keep_their_column(tmp_path):
     doc = json.loads(synthetic_results(tmp_path / "r.json").read_text())
     doc["figures"]["runs"][0].update(recipe="ray|ft", workload="ran\ndom")
-    row = bt.markdown_table(doc).splitlines()[2]
+    row = br.markdown_table(doc).splitlines()[2]
     assert row.startswith("| ray\\|ft | ran dom | 16 | 43,272 |") and row.count(" | ") == 8
 
 

@@ -17,6 +17,8 @@ import torch
 
 from rayft.benchmarks import llamafactory_recipe as lf
 from rayft.benchmarks import train as bt
+from rayft.benchmarks import train_recipes as brc
+from rayft.benchmarks import train_results as br
 from rayft.config import load_config
 
 
@@ -182,7 +184,7 @@ def job(tmp_path, workers=1):
 
 
 def test_the_bench_lists_it_by_name_and_refuses_two_cpu_workers(tmp_path):
-    assert "llamafactory" in bt.RECIPES and "llamafactory" not in bt.DEFAULT_RECIPES
+    assert "llamafactory" in br.RECIPES and "llamafactory" not in br.DEFAULT_RECIPES
     with pytest.raises(bt.BenchTrainError, match=r"llamafactory recipe runs on CPU with one worker only"):
         bt.run_bench(job(tmp_path, 2), recipes=["llamafactory"], workloads=["random"], steps=3, warmup_steps=1, work_dir=tmp_path / "wd")
     assert not (tmp_path / "wd").exists()  # refused before anything was written
@@ -191,7 +193,7 @@ def test_the_bench_lists_it_by_name_and_refuses_two_cpu_workers(tmp_path):
 def test_the_recipe_command_and_its_planned_settings(tmp_path):
     cfg_file = job(tmp_path)
     cfg = load_config(cfg_file)
-    plan = bt.Plan(cfg_file, [], ["llamafactory"], ["random"], 4, 1, tmp_path / "wd", None)
+    plan = brc.Plan(cfg_file, [], ["llamafactory"], ["random"], 4, 1, tmp_path / "wd", None)
     shared = {
         "model_dir": "m",
         "tokenizer_dir": "t",
@@ -199,10 +201,10 @@ def test_the_recipe_command_and_its_planned_settings(tmp_path):
         "pad_id": 0,
         "decoder_layer_cls": "Qwen2DecoderLayer",
     }
-    cmd = bt.recipe_command("llamafactory", "random", plan, cfg, 1, False, shared, tmp_path / "run")
+    cmd = brc.recipe_command("llamafactory", "random", plan, cfg, 1, False, shared, tmp_path / "run")
     assert cmd == [sys.executable, "-m", "rayft.benchmarks.llamafactory_recipe", str(tmp_path / "run" / "spec.json")]
     got = json.loads(Path(cmd[-1]).read_text())
     assert (got["recipe"], got["micro_batch_size"], got["seq_len"], got["steps"], got["use_gpu"]) == ("llamafactory", 2, 16, 4, False)
-    settings = bt.recipe_settings("llamafactory", tmp_path / "run", cmd, cfg_file)  # before the run: what is planned
+    settings = brc.recipe_settings("llamafactory", tmp_path / "run", cmd, cfg_file)  # before the run: what is planned
     assert settings["launcher"] == "LLaMA-Factory in this process (CPU: no Ray)" and settings["liger"] is False
     assert settings["llamafactory"] == lf.LLAMAFACTORY_VERSION and settings["fsdp"] is None

@@ -13,6 +13,7 @@ import pytest
 
 from rayft.benchmarks import torchtitan_recipe as tt
 from rayft.benchmarks import train as bt
+from rayft.benchmarks import train_recipes as brc
 from rayft.benchmarks.recipes import padded_batch
 from rayft.config import ModelConfig, load_config
 from rayft.data.tokenize import assemble
@@ -135,7 +136,7 @@ def test_the_bench_refuses_torchtitan_on_cpu_and_for_a_model_without_flavour(tmp
 def test_the_recipe_command_is_torchrun_with_a_spec_of_the_preset(tmp_path):
     cfg_file = job(tmp_path)
     cfg = load_config(cfg_file)
-    plan = bt.Plan(cfg_file, [], ["torchtitan-fp8"], ["random"], 4, 1, tmp_path / "wd", None)
+    plan = brc.Plan(cfg_file, [], ["torchtitan-fp8"], ["random"], 4, 1, tmp_path / "wd", None)
     shared = {
         "model_dir": "m",
         "tokenizer_dir": "t",
@@ -143,10 +144,10 @@ def test_the_recipe_command_is_torchrun_with_a_spec_of_the_preset(tmp_path):
         "pad_id": 0,
         "decoder_layer_cls": "Qwen3DecoderLayer",
     }
-    cmd = bt.recipe_command("torchtitan-fp8", "random", plan, cfg, 2, True, shared, tmp_path / "run")
+    cmd = brc.recipe_command("torchtitan-fp8", "random", plan, cfg, 2, True, shared, tmp_path / "run")
     assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     assert cmd[5:7] == ["-m", "rayft.benchmarks.torchtitan_recipe"]
     got = json.loads(Path(cmd[-1]).read_text())
     assert (got["preset"], got["float8"], got["compile"], got["micro_batch_size"], got["seq_len"]) == ("qwen3-1.7b", True, True, 2, 16)
-    settings = bt.recipe_settings("torchtitan-fp8", tmp_path / "run", cmd, cfg_file)  # before the run: what is planned
+    settings = brc.recipe_settings("torchtitan-fp8", tmp_path / "run", cmd, cfg_file)  # before the run: what is planned
     assert settings["float8"] is True and settings["fsdp"] == 2 and settings["torchtitan"] == tt.TORCHTITAN_VERSION

@@ -13,6 +13,7 @@ from rich.text import Text
 from rayft.benchmarks import fabric as fabric_bench
 from rayft.benchmarks import readme as readme_table
 from rayft.benchmarks import train as train_bench
+from rayft.benchmarks import train_results
 
 bench_app = typer.Typer(help="Side-by-side benchmarks writing bench/results/.", no_args_is_help=True)
 
@@ -69,8 +70,8 @@ def bench_fabric(
 @bench_app.command("train")
 def bench_train(
     config: Annotated[Path, typer.Argument(help="The training job's YAML config (model, data, seq_len, micro-batch, workers).")],
-    recipes: Annotated[str, typer.Option(help=f"Comma-separated, from {','.join(train_bench.RECIPES)}.")] = ",".join(
-        train_bench.DEFAULT_RECIPES
+    recipes: Annotated[str, typer.Option(help=f"Comma-separated, from {','.join(train_results.RECIPES)}.")] = ",".join(
+        train_results.DEFAULT_RECIPES
     ),
     workload: Annotated[str, typer.Option(help="random, real or both.")] = "both",
     steps: Annotated[int, typer.Option(min=2, help="Optimizer steps per run.")] = train_bench.DEFAULT_STEPS,
@@ -113,7 +114,7 @@ def bench_train(
             config,
             set_,
             _comma_list([recipes]),
-            list(train_bench.WORKLOADS) if workload == "both" else [workload],
+            list(train_results.WORKLOADS) if workload == "both" else [workload],
             steps,
             warmup_steps,
             out,
@@ -129,7 +130,7 @@ def bench_train(
     except train_bench.BenchInterrupted as e:
         console.print(Text.assemble(("interrupted", "bold red"), ": ", str(e)), highlight=False)
         raise typer.Exit(130) from None
-    except train_bench.BenchTrainError as e:
+    except train_results.BenchTrainError as e:
         console.print(Text.assemble(("error", "bold red"), ": ", str(e)), highlight=False)
         raise typer.Exit(1) from None
     sys.stdout.write(path.with_suffix(".md").read_text())
@@ -146,7 +147,7 @@ def bench_table(results: Annotated[list[Path], typer.Argument(help="Results JSON
     failed = []
     for r in results:
         try:
-            md, png = train_bench.write_table_files(r, console)
+            md, png = train_results.write_table_files(r, console)
         except (OSError, KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError, RecursionError) as e:
             console.print(
                 Text.assemble(("error", "bold red"), f": {r}: not a `rayft bench train` results file ({type(e).__name__}: {str(e)[:300]})"),
