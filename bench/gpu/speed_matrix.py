@@ -46,7 +46,7 @@ def worker(rank: int, a) -> None:
     from rayft.data.packing import collate, plan_steps
     from rayft.train.metrics import flops_per_token, gpu_peak_flops, mfu
     from rayft.train.model import build_sharded_model, load_model_config, matmul_params
-    from rayft.train.step import global_counts, train_step
+    from rayft.train.step import COUNT_KEYS, global_counts, train_step
 
     mcfg = ModelConfig(name_or_path=a.model, attn_implementation=a.attn)
     model = build_sharded_model(
@@ -87,7 +87,7 @@ def worker(rank: int, a) -> None:
             }
         else:
             b = collate(ds, plan.step_rows(i % len(plan))[rank :: a.gpus], a.seq, 151643, fixed_len=packing)
-        return {k: v.to(dev, non_blocking=True) for k, v in b.items()}
+        return {k: v if k in COUNT_KEYS else v.to(dev, non_blocking=True) for k, v in b.items()}  # counts stay on the host, as in training
 
     times, toks, sqs = [], [], []
     for i in range(a.warmup + a.steps):

@@ -85,6 +85,9 @@ def test_compute_copies_train_as_fsdp2_on_one_rank(one_rank_group, checkpointed)
         n = float(sum(int(b["num_trainable"]) for b in bs))
         got = [train_step(m, o, bs, n, max_grad_norm=1.0) for m, o in ((copies, opts[0]), (fsdp, opts[1]))]
         assert got[0].loss == got[1].loss and got[0].grad_norm == got[1].grad_norm, (step, got)
+        # cast at the step's end (ComputeCopies.refresh, queued behind the optimizer), not at the next forward
+        pairs = copies.compute_copies.copy_of.values()
+        assert pairs and all(torch.equal(c, m.detach().to(torch.bfloat16)) for m, c in pairs), step
     a, b = weights(copies), weights(fsdp)
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
@@ -148,6 +151,14 @@ def test_a_frozen_master_gets_no_gradient_and_released_copies_come_back(one_rank
     assert model.compute_copies.copy_of == {}
     with torch.no_grad():
         assert float(micro_batch_loss(model, b)) == before  # made again, from the same masters
+
+
+def test_a_refresh_inside_the_block_is_refused(one_rank_group):
+    model = with_bf16_copies(plain())
+    with model.computing():
+        with pytest.raises(RuntimeError, match="inside a computing"):
+            model.compute_copies.refresh()
+    assert {p.dtype for p in model.module.parameters()} == {torch.float32}  # the masters are back in their slots
 
 
 def test_checkpoints_move_between_fsdp2_and_compute_copies(one_rank_group, tmp_path):

@@ -264,3 +264,15 @@ def test_varlen_forward_builds_no_mask_and_skips_the_packed_check(monkeypatch):
         want = sdpa(input_ids=ids, position_ids=pos, use_cache=False).logits
     assert len(checks) == 1  # the check is live: sdpa's forward ran it
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_varlen_refuses_queries_shorter_than_the_keys():
+    """A decoding step with a KV cache (1 query, 5 keys): causal SDPA would align its mask to the
+    first key, so the varlen implementation refuses it instead of attending to the wrong keys."""
+    from rayft.train.attention import varlen_attention_forward
+
+    q, kv = torch.zeros(1, 2, 1, 8), torch.zeros(1, 2, 5, 8)
+    with pytest.raises(ValueError, match="1 queries against 5 keys"):
+        varlen_attention_forward(torch.nn.Module(), q, kv, kv, None)
+    out, _ = varlen_attention_forward(torch.nn.Module(), kv, kv, kv, None)  # whole rows: plain causal attention
+    assert out.shape == (1, 5, 2, 8)

@@ -59,6 +59,22 @@ def test_train_step_is_the_global_mean_and_steps_the_optimizer(gloo):
     assert all(p.grad is None for p in model.module.parameters())  # zeroed for the next step
 
 
+def test_global_counts_of_one_rank_are_host_sums_with_no_collective(gloo, monkeypatch):
+    """One rank: the micro-batches' count scalars (host tensors, as the loop keeps them) summed on
+    the host; no collective and no device tensor (``meta`` would fail any device work)."""
+
+    def no_collective(*args, **kwargs):
+        raise AssertionError("an all-reduce on one rank")
+
+    monkeypatch.setattr(dist, "all_reduce", no_collective)
+    bs = batches()
+    counts = global_counts(bs, time_vote=True, write_done=False, device=torch.device("meta"))
+    n = sum(int(b["num_trainable"]) for b in bs)
+    sq = sum(float(b["attn_tokens_sq"]) for b in bs)
+    assert (counts.trainable, counts.tokens, counts.attn_tokens_sq) == (n, 71.0, sq) and sq == 20**2 + 12**2 + 30**2 + 9**2
+    assert (counts.time_vote, counts.writes_done, counts.stop_vote) == (1.0, 0.0, 0.0)
+
+
 COUNTS_RANK = textwrap.dedent("""
     import json, sys
     import torch, torch.distributed as dist

@@ -150,12 +150,18 @@ def varlen_attention_forward(
             used when ``cu_seq_lens`` is None.
     Returns:
         ``(out, None)`` with ``out`` [B, L, Hq, D].
+    Raises:
+        ValueError: attention dropout; or keys longer than the queries (decoding with a KV cache,
+            where causal SDPA would align its mask to the first key: this implementation is for
+            training forwards; generation runs with ``sdpa``).
     """
     from torch.nn.attention.varlen import varlen_attn
 
     if dropout:
         raise ValueError("varlen attention: attention dropout is not supported")
     B, Hq, L, D = query.shape
+    if key.shape[2] != L:
+        raise ValueError(f"varlen attention: {L} queries against {key.shape[2]} keys (a KV cache?): it attends within whole rows only")
     Hkv = key.shape[1]
     max_len = L
     if cu_seq_lens is None and cu_seq_lens_q is not None:

@@ -17,9 +17,10 @@ changed since the last cast as its version counter shows (a checkpoint's load, a
 fused AdamW step leaves the version counters as they were, so
 :meth:`rayft.train.model.ShardedModel.after_optimizer_step` casts the copies at once
 (:meth:`ComputeCopies.refresh`), queued behind the optimizer's kernels: the host's share of the
-cast (a Python pass over every parameter) then runs while the device is busy, not at the next
-step's start with the device idle (a gap of 4.1-4.5 ms in a 355 ms step under the profiler,
-bench/NOTES.md §33).
+cast (a Python pass over every parameter, and the walk over the module's slots, kept for the next
+forward) then runs while the device is busy, not at the next step's start with the device idle
+(a gap of 4.1-4.5 ms in a 355 ms step under the profiler, bench/NOTES.md §33). What is left at a
+block's start: the version counters' check and the swap of the slots.
 
 Memory: the copies stay allocated, 2 bytes per parameter for bf16, where FSDP2 gathers two
 decoder layers' at a time; the fp32 gradients are the same 4 bytes per parameter.
@@ -45,17 +46,27 @@ class ComputeCopies:
         self.copy_of: dict[int, tuple[torch.nn.Parameter, torch.nn.Parameter]] = {}  # id(master) → (master, copy)
         self.synced: tuple[tuple[int, int, bool], ...] | None = None  # (id, version, requires_grad) of each master at the last cast
         self.swapped: list[tuple[torch.nn.Module, str, torch.nn.Parameter]] = []  # (module, slot, master) while computing
+        self.next_slots: list[tuple[torch.nn.Module, str, torch.nn.Parameter]] | None = None  # refresh's walk, for the next block
 
     def refresh(self) -> None:
         """Cast every copy from its master now (making any copy that is missing), whatever the
-        version counters say: after an optimizer step, before the host waits for the device."""
+        version counters say: after an optimizer step, before the host waits for the device. The
+        walk over the module's slots is kept for the next :meth:`computing` block, whose start then
+        only checks the version counters.
+
+        Raises:
+            RuntimeError: called inside a :meth:`computing` block (the slots hold the copies).
+        """
+        if self.swapped:
+            raise RuntimeError("ComputeCopies.refresh inside a computing() block: the slots hold the copies, not the masters")
+        self.next_slots = self._slots()
         self.synced = None
-        self._refresh(self._masters())
+        self._refresh(self._distinct(self.next_slots))
 
     def release(self) -> None:
         """Free the copies (2 bytes per parameter for bf16), e.g. before the export's logit check
         needs the room; a later :meth:`computing` makes them again."""
-        self.copy_of, self.synced = {}, None
+        self.copy_of, self.synced, self.next_slots = {}, None, None
 
     @contextlib.contextmanager
     def computing(self) -> Iterator[None]:
@@ -65,8 +76,8 @@ class ComputeCopies:
         if self.swapped:
             yield
             return
-        slots = self._slots()
-        self._refresh(list({id(p): p for _m, _n, p in slots}.values()))
+        slots, self.next_slots = self.next_slots or self._slots(), None  # refresh's walk serves one block
+        self._refresh(self._distinct(slots))
         try:
             for mod, name, p in slots:
                 mod._parameters[name] = self.copy_of[id(p)][1]
@@ -81,9 +92,10 @@ class ComputeCopies:
         """Every (module, slot name, parameter) of the module, a shared parameter once per slot."""
         return [(mod, name, p) for mod in self.module.modules() for name, p in mod._parameters.items() if p is not None]
 
-    def _masters(self) -> list[torch.nn.Parameter]:
-        """The distinct parameters in slot order (the order :meth:`computing` checks them in)."""
-        return list({id(p): p for _m, _n, p in self._slots()}.values())
+    @staticmethod
+    def _distinct(slots: list[tuple[torch.nn.Module, str, torch.nn.Parameter]]) -> list[torch.nn.Parameter]:
+        """The distinct parameters of ``slots`` in slot order (a shared one once)."""
+        return list({id(p): p for _m, _n, p in slots}.values())
 
     def _refresh(self, masters: list[torch.nn.Parameter]) -> None:
         """Make a copy for each new master (or one whose ``requires_grad`` changed: its copy's hook

@@ -27,7 +27,7 @@ from rayft.train.model import ShardedModel
 def micro_batch_loss(model: ShardedModel, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Sum of token cross-entropies (fp32, 0-d) over the micro-batch's trainable targets.
 
-    ``batch``: :func:`rayft.data.packing.collate`'s tensors on the model's device (without
+    ``batch``: :func:`rayft.data.packing.collate`'s tensors, those the model reads on its device (without
     ``trained_positions``, e.g. a benchmark's hand-made rows, the LM head runs over every position).
     Variable-length attention gets the document boundaries only when some row holds more than one
     document (more boundaries than rows); rows of one document each (random full-length rows, or a
@@ -86,7 +86,9 @@ def global_counts(
 class StepResult:
     """What one optimizer step did: ``loss`` (mean nats per trainable token of the global batch),
     ``grad_norm`` (the total gradient norm before clipping), ``fwd_bwd_s`` and ``optim_s`` (GPU
-    seconds from CUDA events on a GPU, CPU wall seconds on the CPU)."""
+    seconds from CUDA events on a GPU, CPU wall seconds on the CPU; ``optim_s`` includes the work of
+    :meth:`rayft.train.model.ShardedModel.after_optimizer_step`, the compute copies' cast since
+    bench/NOTES.md §33, which was in the next step's ``fwd_bwd_s`` before)."""
 
     loss: float
     grad_norm: float
@@ -159,7 +161,8 @@ def launch_step(
     """Collective: queue one optimizer step over this rank's ``batches``; nothing waits for the device.
 
     Args:
-        batches: the rank's micro-batches (:func:`rayft.data.packing.collate`, on the device).
+        batches: the rank's micro-batches (:func:`rayft.data.packing.collate`; the tensors the model
+            reads on the device, the :data:`COUNT_KEYS` scalars may stay on the host).
         n_trainable: the global batch's trainable targets (:func:`global_counts`), > 0.
         max_grad_norm: clip the total gradient norm to this (None or 0: no clipping).
 
