@@ -324,20 +324,20 @@ def test_pinned_buffers_are_prestaged_only_for_periodic_saves(one_rank_group, mo
     the first step, nor for its one save (12 bytes per parameter: 87 GB for Mistral-7B, ~178 s of
     pinning on one H200)."""
     from rayft.config import CheckpointConfig
-    from rayft.train import checkpoint as ckpt_lib
+    from rayft.train import checkpoint_writer
 
     staged = []
-    monkeypatch.setattr(ckpt_lib, "on_gpu", lambda model: True)  # the decision, not the copy, is under test
-    monkeypatch.setattr(ckpt_lib.CheckpointWriter, "_new_writer", lambda self, path, cache: staged.append(cache) or _Stage())
+    monkeypatch.setattr(checkpoint_writer, "on_gpu", lambda model: True)  # the decision, not the copy, is under test
+    monkeypatch.setattr(checkpoint_writer.CheckpointWriter, "_new_writer", lambda self, path, cache: staged.append(cache) or _Stage())
     model = torch.nn.Linear(4, 4)
     opt = torch.optim.AdamW(model.parameters())
     for every_steps, every_minutes, want in ((None, None, None), (5, None, True), (None, 2.0, True)):
-        saver = ckpt_lib.CheckpointWriter(CheckpointConfig(every_steps=every_steps, every_minutes=every_minutes), None)
+        saver = checkpoint_writer.CheckpointWriter(CheckpointConfig(every_steps=every_steps, every_minutes=every_minutes), None)
         assert saver.reuses_pinned_buffers(model) == bool(want)  # what a later save() stages into
         got = saver.prestage(model, opt)
         assert (got is not None or None) == want, (every_steps, every_minutes, got)
     assert staged == [True, True]
-    assert ckpt_lib.CheckpointWriter(CheckpointConfig(every_steps=5, async_save=False), None).prestage(model, opt) is None
+    assert checkpoint_writer.CheckpointWriter(CheckpointConfig(every_steps=5, async_save=False), None).prestage(model, opt) is None
 
 
 class _Stage:

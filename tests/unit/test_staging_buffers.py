@@ -108,16 +108,16 @@ def test_a_run_that_ends_before_its_first_save_only_warns_of_failed_buffers(one_
     the loop never waits on it, and the run's end reports the failure as a warning, not an error."""
     from types import SimpleNamespace
 
-    from rayft.train import checkpoint
+    from rayft.train import checkpoint_writer
 
     model = torch.nn.Linear(4, 4)
     fully_shard(model)
     opt = torch.optim.AdamW(model.parameters())
     model(torch.randn(2, 4)).sum().backward()
     opt.step()
-    monkeypatch.setattr(checkpoint, "on_gpu", lambda m: True)
+    monkeypatch.setattr(checkpoint_writer, "on_gpu", lambda m: True)
     ccfg = SimpleNamespace(every_steps=10, every_minutes=None, async_save=True, periodic_async=True, write_threads=1)
-    saver = checkpoint.CheckpointWriter(ccfg, model_config=None)
+    saver = checkpoint_writer.CheckpointWriter(ccfg, model_config=None)
     assert saver.prestage(model, opt) is not None
     assert saver.wait() == []
     assert "staging buffers could not be allocated" in capfd.readouterr().err
@@ -133,14 +133,14 @@ def test_a_model_only_save_stages_into_the_periodic_saves_buffers(one_rank_group
 
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    from rayft.train import checkpoint
+    from rayft.train import checkpoint_writer
 
     model, opt = sharded_model_and_optimizer()
-    monkeypatch.setattr(checkpoint, "on_gpu", lambda m: True)
-    monkeypatch.setattr(checkpoint, "BackgroundStaging", partial(BackgroundStaging, pin=False))
+    monkeypatch.setattr(checkpoint_writer, "on_gpu", lambda m: True)
+    monkeypatch.setattr(checkpoint_writer, "BackgroundStaging", partial(BackgroundStaging, pin=False))
     ccfg = SimpleNamespace(every_steps=10, every_minutes=None, async_save=True, periodic_async=True, write_threads=1)
-    saver = checkpoint.CheckpointWriter(ccfg, model_config=None)
-    assert checkpoint.CheckpointWriter(ccfg, model_config=None).model_only_writer(str(tmp_path)).cache_staged_state_dict is False
+    saver = checkpoint_writer.CheckpointWriter(ccfg, model_config=None)
+    assert checkpoint_writer.CheckpointWriter(ccfg, model_config=None).model_only_writer(str(tmp_path)).cache_staged_state_dict is False
     saver.prestage(model, opt)
     assert saver.wait() == []  # takes the buffers (no save in flight)
     writer = saver.model_only_writer(str(tmp_path / "final"))

@@ -26,7 +26,7 @@ class StepEvent:
 @dataclass(frozen=True)
 class CheckpointEvent:
     """A checkpoint finished writing. ``timing``: its step, path and seconds
-    (:meth:`rayft.train.checkpoint.CheckpointWriter.save`)."""
+    (:meth:`rayft.train.checkpoint_writer.CheckpointWriter.save`)."""
 
     timing: dict[str, Any]
 

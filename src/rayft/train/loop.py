@@ -22,6 +22,7 @@ from rayft.config import RayftConfig
 from rayft.data.packing import StepPlan, collate, packing_rule, rank_micro_batches
 from rayft.train import checkpoint as ckpt_lib
 from rayft.train.checkpoint_files import holds_optimizer, model_only_refusal, read_state
+from rayft.train.checkpoint_writer import CheckpointWriter
 from rayft.train.device import cap_gpu_memory
 from rayft.train.evaluate import Evaluator
 from rayft.train.events import CheckpointEvent, ProgressChannel, ResumedEvent, StepEvent, StoppedEvent
@@ -49,7 +50,7 @@ class Worker:
     model: ShardedModel
     model_conf: Any  # transformers PretrainedConfig
     optimizer: torch.optim.Optimizer
-    saver: ckpt_lib.CheckpointWriter
+    saver: CheckpointWriter
     evaluator: Evaluator
     progress: ProgressChannel  # silent on every rank but 0
     start_step: int
@@ -226,7 +227,7 @@ def setup_worker(args: WorkerArgs) -> Worker:
     progress = args.progress.for_rank(rank)
     start_step = resume(model, optimizer, args, rows_per_step, packing_rule(cfg.data.packing), progress, len(plan))
 
-    saver = ckpt_lib.CheckpointWriter(cfg.checkpoint, model_conf)
+    saver = CheckpointWriter(cfg.checkpoint, model_conf)
     validation = ray.get(args.validation) if args.validation is not None else None
     evaluator = Evaluator(cfg, validation, args.pad_id, device, micro_batch_loss)
     evaluator.before_training(model, start_step, progress)
