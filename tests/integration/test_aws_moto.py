@@ -32,7 +32,7 @@ from botocore.stub import Stubber
 from typer.testing import CliRunner
 
 from rayft.cluster import capacity as cap
-from rayft.cluster import eks
+from rayft.cluster import eks, eks_down, eks_plan, eks_probes, eks_render
 from rayft.cluster.runner import Result
 from rayft.cluster.spec import ClusterConfig
 
@@ -278,7 +278,7 @@ class World:
         return self._ok(a)
 
     def _private_subnet(self, cluster, az):
-        return eks.cluster_private_subnets(self.eks, self.ec2, cluster)[az]
+        return eks_probes.cluster_private_subnets(self.eks, self.ec2, cluster)[az]
 
     def _make_nodegroup(self, cluster, ng):
         if "subnets" in ng:
@@ -286,7 +286,7 @@ class World:
         else:
             subnets = [
                 self._private_subnet(cluster, z)
-                for z in ng.get("availabilityZones") or sorted(eks.cluster_private_subnets(self.eks, self.ec2, cluster))
+                for z in ng.get("availabilityZones") or sorted(eks_probes.cluster_private_subnets(self.eks, self.ec2, cluster))
             ]
         az = self.ec2.describe_subnets(SubnetIds=subnets)["Subnets"][0]["AvailabilityZone"]
         stack = f"eksctl-{cluster}-nodegroup-{ng['name']}"
@@ -468,18 +468,18 @@ def test_capacity_cli_prints_the_quota_increase_for_a_zero_quota(aws, monkeypatc
 def test_state_probes(aws):
     c = _clients()
     e, cfn = c("eks", REGION), c("cloudformation", REGION)
-    assert eks.cluster_status(e, "nope") == eks.NOT_FOUND
-    assert eks.nodegroup_status(e, "nope", "ng") == eks.NOT_FOUND
-    assert eks.stack_status(cfn, "eksctl-nope-cluster") == eks.NOT_FOUND
+    assert eks_probes.cluster_status(e, "nope") == eks_probes.NOT_FOUND
+    assert eks_probes.nodegroup_status(e, "nope", "ng") == eks_probes.NOT_FOUND
+    assert eks_probes.stack_status(cfn, "eksctl-nope-cluster") == eks_probes.NOT_FOUND
     e.create_cluster(name="c1", roleArn=f"arn:aws:iam::{ACCOUNT}:role/r", resourcesVpcConfig={"subnetIds": []})
-    assert eks.cluster_status(e, "c1") == "ACTIVE"
+    assert eks_probes.cluster_status(e, "c1") == "ACTIVE"
     cfn.create_stack(StackName="eksctl-c1-nodegroup-gpu-workers", TemplateBody=TRIVIAL_TEMPLATE)
-    assert eks.stack_status(cfn, "eksctl-c1-nodegroup-gpu-workers") == "CREATE_COMPLETE"
+    assert eks_probes.stack_status(cfn, "eksctl-c1-nodegroup-gpu-workers") == "CREATE_COMPLETE"
     _set_stack("eksctl-c1-nodegroup-gpu-workers", "ROLLBACK_COMPLETE", "InsufficientInstanceCapacity in us-west-2a")
-    assert eks.stack_status(cfn, "eksctl-c1-nodegroup-gpu-workers") == "ROLLBACK_COMPLETE"
-    assert any("InsufficientInstanceCapacity" in r for r in eks.stack_failure_reasons(cfn, "eksctl-c1-nodegroup-gpu-workers"))
+    assert eks_probes.stack_status(cfn, "eksctl-c1-nodegroup-gpu-workers") == "ROLLBACK_COMPLETE"
+    assert any("InsufficientInstanceCapacity" in r for r in eks_probes.stack_failure_reasons(cfn, "eksctl-c1-nodegroup-gpu-workers"))
     cfn.delete_stack(StackName="eksctl-c1-nodegroup-gpu-workers")
-    assert eks.stack_status(cfn, "eksctl-c1-nodegroup-gpu-workers") == eks.NOT_FOUND
+    assert eks_probes.stack_status(cfn, "eksctl-c1-nodegroup-gpu-workers") == eks_probes.NOT_FOUND
 
 
 def test_creating_cluster_is_waited_for_then_reused(aws, tmp_path):
@@ -512,7 +512,7 @@ def test_deleting_cluster_is_waited_for_then_created(aws, tmp_path):
     eks.ensure_cluster(ctx, lambda: ["us-west-2a", "us-west-2b"], result)
     assert result.created[0] == "cluster"
     assert world.lines == [f"eksctl create cluster --config-file {tmp_path}/work/eksctl-cluster.yaml --install-nvidia-plugin=false"]
-    assert eks.cluster_status(c("eks", REGION), "rayft") == "ACTIVE"
+    assert eks_probes.cluster_status(c("eks", REGION), "rayft") == "ACTIVE"
 
 
 def test_wait_times_out_with_a_resume_hint(aws, tmp_path):
@@ -565,7 +565,7 @@ def test_up_from_nothing_runs_exactly_the_plan_and_a_second_up_is_a_no_op(aws, t
     assert result.created == ["cluster", "nodegroup/system", "nodegroup/gpu-workers"]
     assert result.gpu_az == "us-west-2a"
     # every command up ran that changes something is printed, verbatim, by plan
-    plan_text = eks.render_plan(eks.plan(cfg, work))
+    plan_text = eks_plan.render_plan(eks_plan.plan(cfg, work))
     assert world.mutating == [
         f"eksctl create cluster --config-file {work}/eksctl-cluster.yaml --install-nvidia-plugin=false",
         f"eksctl create nodegroup --config-file {work}/eksctl-gpu-nodegroup.yaml --include=gpu-workers --install-nvidia-plugin=false",
@@ -595,7 +595,7 @@ def test_up_from_nothing_runs_exactly_the_plan_and_a_second_up_is_a_no_op(aws, t
     # the GPU group was pinned to the cluster's private subnet in the chosen AZ
     gpu_doc = yaml.safe_load(world.rendered["eksctl-gpu-nodegroup.yaml"])["managedNodeGroups"][0]
     c = _clients()
-    private = eks.cluster_private_subnets(c("eks", REGION), c("ec2", REGION), "rayft")
+    private = eks_probes.cluster_private_subnets(c("eks", REGION), c("ec2", REGION), "rayft")
     assert gpu_doc["subnets"] == [private["us-west-2a"]] and "availabilityZones" not in gpu_doc
     assert gpu_doc["efaEnabled"] is True and gpu_doc["labels"]["nvidia.com/gpu.present"] == "true"
     assert gpu_doc["taints"] == [{"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}]
@@ -636,7 +636,7 @@ def test_no_capacity_anywhere_leaves_no_failed_stack(aws, tmp_path, tools_presen
     world = World(no_capacity_azs={"us-west-2a", "us-west-2b", "us-west-2c"})
     with pytest.raises(eks.LifecycleError, match="no capacity for 2 × g6.12xlarge in any candidate AZ"):
         eks.up(_ctx(_cfg(), world, tmp_path))
-    assert eks.stack_status(_clients()("cloudformation", REGION), "eksctl-rayft-nodegroup-gpu-workers") == eks.NOT_FOUND
+    assert eks_probes.stack_status(_clients()("cloudformation", REGION), "eksctl-rayft-nodegroup-gpu-workers") == eks_probes.NOT_FOUND
 
 
 def _cluster_only(tmp_path):
@@ -666,7 +666,7 @@ def test_rollback_complete_stack_kept_when_not_confirmed(aws, tmp_path, tools_pr
         eks.up(_ctx(_cfg(), world, tmp_path, confirm=lambda q: False))
     assert "aws cloudformation delete-stack --stack-name eksctl-rayft-nodegroup-gpu-workers --region us-west-2" in str(ei.value)
     assert world.mutating == []
-    assert eks.stack_status(_clients()("cloudformation", REGION), "eksctl-rayft-nodegroup-gpu-workers") == "ROLLBACK_COMPLETE"
+    assert eks_probes.stack_status(_clients()("cloudformation", REGION), "eksctl-rayft-nodegroup-gpu-workers") == "ROLLBACK_COMPLETE"
 
 
 def test_quota_of_zero_stops_up_before_anything_is_created(aws, tmp_path, tools_present):
@@ -677,7 +677,7 @@ def test_quota_of_zero_stops_up_before_anything_is_created(aws, tmp_path, tools_
         "aws service-quotas request-service-quota-increase --service-code ec2 --quota-code L-DB2E81BA --desired-value 96 --region us-west-2"
     ) in str(ei.value)
     assert world.calls == []
-    assert eks.cluster_status(_clients()("eks", REGION), "rayft") == eks.NOT_FOUND
+    assert eks_probes.cluster_status(_clients()("eks", REGION), "rayft") == eks_probes.NOT_FOUND
 
 
 def test_missing_tools_and_credentials_are_reported_before_anything_starts(aws, tmp_path, monkeypatch):
@@ -714,7 +714,7 @@ def test_down_reverses_up_and_reports_tagged_leftovers(aws, tmp_path, tools_pres
     cr_calls: list[dict] = []
     reservation = {"CapacityReservationId": "cr-0tagged", "InstanceType": "g6.12xlarge", "State": "active"}
     clients = _with_capacity_reservations(_quota_factory(192.0), [reservation], cr_calls)
-    left, errors = eks.down(_ctx(cfg, world, tmp_path, clients=clients))
+    left, errors = eks_down.down(_ctx(cfg, world, tmp_path, clients=clients))
     assert world.mutating == [
         "helm uninstall kuberay-operator --namespace kuberay-operator --wait",
         "helm uninstall nvidia-device-plugin --namespace kube-system --wait",
@@ -723,16 +723,16 @@ def test_down_reverses_up_and_reports_tagged_leftovers(aws, tmp_path, tools_pres
         "eksctl delete cluster --name rayft --region us-west-2 --wait",
     ]
     assert (
-        [t for k, t in eks.plan_down(cfg) if k == "run" and t.startswith(("helm uninstall", "eksctl delete"))]
+        [t for k, t in eks_plan.plan_down(cfg) if k == "run" and t.startswith(("helm uninstall", "eksctl delete"))]
         == [
             "helm uninstall kuberay-operator --namespace kuberay-operator --wait",
             "helm uninstall aws-efa-k8s-device-plugin --namespace kube-system --wait",  # only when Helm has it
             *world.mutating[1:],
         ]
     )
-    assert eks.cluster_status(c("eks", REGION), "rayft") == eks.NOT_FOUND
+    assert eks_probes.cluster_status(c("eks", REGION), "rayft") == eks_probes.NOT_FOUND
     for stack in ("eksctl-rayft-cluster", "eksctl-rayft-nodegroup-system", "eksctl-rayft-nodegroup-gpu-workers"):
-        assert eks.stack_status(c("cloudformation", REGION), stack) == eks.NOT_FOUND
+        assert eks_probes.stack_status(c("cloudformation", REGION), stack) == eks_probes.NOT_FOUND
     assert [(x.kind, x.id, x.detail) for x in left] == [
         ("instance", stray_id, "g6.12xlarge"),
         ("capacity-reservation", "cr-0tagged", "g6.12xlarge"),
@@ -754,7 +754,7 @@ def test_a_leftover_check_that_cannot_run_is_reported_not_skipped(aws, tmp_path,
 
     ec2.meta.events.register("before-call.ec2.DescribeCapacityReservations", refuse)
     base = _quota_factory(192.0)
-    left, errors = eks.leftovers(_ctx(_cfg(), World(), tmp_path, clients=lambda s, r: ec2 if s == "ec2" else base(s, r)))
+    left, errors = eks_down.leftovers(_ctx(_cfg(), World(), tmp_path, clients=lambda s, r: ec2 if s == "ec2" else base(s, r)))
     assert left == []
     assert errors == [
         "capacity-reservation: ClientError: An error occurred (UnauthorizedOperation) when calling "
@@ -789,10 +789,10 @@ def test_placement_group_created_once_and_deleted(tmp_path, monkeypatch):
     first, second = eks.UpResult(), eks.UpResult()
     eks.ensure_placement_group(ctx, first)
     eks.ensure_placement_group(ctx, second)
-    eks._delete_placement_group(ctx)
+    eks_down.delete_placement_group(ctx)
     stub.assert_no_pending_responses()
     assert first.created == ["placement-group/rayft-rayft-gpu-workers"] and second.reused == ["placement-group/rayft-rayft-gpu-workers"]
-    gpu = eks.render_gpu_nodegroup_config(
+    gpu = eks_render.render_gpu_nodegroup_config(
         cfg.model_copy(update={"aws": cfg.aws.model_copy(update={"capacity_reservation_id": "cr-0abc"})}), "us-west-2a", "subnet-1"
     )
     ng = gpu["managedNodeGroups"][0]
@@ -803,7 +803,7 @@ def test_placement_group_created_once_and_deleted(tmp_path, monkeypatch):
 
 def test_down_of_nothing_is_quiet(aws, tmp_path, tools_present):
     world, msgs = World(), []
-    left, _ = eks.down(_ctx(_cfg(), world, tmp_path, messages=msgs))
+    left, _ = eks_down.down(_ctx(_cfg(), world, tmp_path, messages=msgs))
     assert world.calls == [] and left == []
     assert "cluster rayft: not found" in msgs
 
@@ -884,9 +884,9 @@ def test_instance_type_without_efa_stops_up_in_preflight_before_anything_is_crea
     assert "cluster.efa: g6.4xlarge does not support EFA; set cluster.efa: false" in str(ei.value)
     assert world.calls == []  # no eksctl, no helm
     assert set(aws_calls) == {"sts:GetCallerIdentity", "ec2:DescribeInstanceTypes"}  # only the preflight's reads
-    assert eks.cluster_status(_clients()("eks", REGION), "rayft") == eks.NOT_FOUND
+    assert eks_probes.cluster_status(_clients()("eks", REGION), "rayft") == eks_probes.NOT_FOUND
     # and the plan shows that check in the preflight step
-    plan_text = eks.render_plan(eks.plan(cfg))
+    plan_text = eks_plan.render_plan(eks_plan.plan(cfg))
     assert plan_text.index("ec2:DescribeInstanceTypes(InstanceTypes=[g6.4xlarge])  # exists, has GPUs, supports EFA") < plan_text.index(
         "## 2."
     )
@@ -915,27 +915,27 @@ def test_down_refuses_a_cluster_rayft_did_not_create(aws, tmp_path, tools_presen
     _foreign_cluster()
     world = World()
     with pytest.raises(eks.LifecycleError) as ei:
-        eks.down(_ctx(_cfg(), world, tmp_path))
+        eks_down.down(_ctx(_cfg(), world, tmp_path))
     msg = str(ei.value)
     assert "cluster rayft in us-west-2 has no rayft.io/cluster tag" in msg and "--delete-untagged" in msg
     assert "Nothing was changed" in msg
     assert world.calls == []
-    assert eks.cluster_status(_clients()("eks", REGION), "rayft") == "ACTIVE"
+    assert eks_probes.cluster_status(_clients()("eks", REGION), "rayft") == "ACTIVE"
 
 
 def test_down_refuses_a_cluster_tagged_for_another_rayft_cluster(aws, tmp_path, tools_present):
     _foreign_cluster({"rayft.io/cluster": "someone-else"})
     with pytest.raises(eks.LifecycleError, match="has tag rayft.io/cluster=someone-else"):
-        eks.down(_ctx(_cfg(), World(), tmp_path))
+        eks_down.down(_ctx(_cfg(), World(), tmp_path))
 
 
 def test_down_deletes_an_untagged_cluster_only_when_told(aws, tmp_path, tools_present):
     _foreign_cluster()
     world, msgs = World(), []
-    eks.down(_ctx(_cfg(), world, tmp_path, messages=msgs), allow_untagged=True)
+    eks_down.down(_ctx(_cfg(), world, tmp_path, messages=msgs), allow_untagged=True)
     assert "warning: cluster rayft has no rayft.io/cluster tag; deleting it anyway (--delete-untagged)" in msgs
     assert "eksctl delete cluster --name rayft --region us-west-2 --wait" in world.mutating
-    assert eks.cluster_status(_clients()("eks", REGION), "rayft") == eks.NOT_FOUND
+    assert eks_probes.cluster_status(_clients()("eks", REGION), "rayft") == eks_probes.NOT_FOUND
 
 
 def test_down_cli_refuses_untagged_and_names_the_flag(aws, tmp_path, tools_present):
@@ -947,17 +947,17 @@ def test_down_cli_refuses_untagged_and_names_the_flag(aws, tmp_path, tools_prese
     res = CliRunner().invoke(app, ["cluster", "down", str(f), "--yes"])
     assert res.exit_code == 1
     assert "--delete-untagged" in " ".join(res.output.split())
-    assert eks.cluster_status(_clients()("eks", REGION), "rayft") == "ACTIVE"
+    assert eks_probes.cluster_status(_clients()("eks", REGION), "rayft") == "ACTIVE"
 
 
 def test_a_tagged_cluster_is_recognised_by_its_stack_tags_too(aws):
     c = _clients()
     c("eks", REGION).create_cluster(name="c2", roleArn=f"arn:aws:iam::{ACCOUNT}:role/r", resourcesVpcConfig={"subnetIds": []})
-    assert eks.cluster_owner(c("eks", REGION), c("cloudformation", REGION), "c2") is None
+    assert eks_probes.cluster_owner(c("eks", REGION), c("cloudformation", REGION), "c2") is None
     c("cloudformation", REGION).create_stack(
         StackName="eksctl-c2-cluster", TemplateBody=TRIVIAL_TEMPLATE, Tags=[{"Key": "rayft.io/cluster", "Value": "c2"}]
     )
-    assert eks.cluster_owner(c("eks", REGION), c("cloudformation", REGION), "c2") == "c2"
+    assert eks_probes.cluster_owner(c("eks", REGION), c("cloudformation", REGION), "c2") == "c2"
 
 
 def _ds(name, labels=None, pod_label=None, image="registry.example/other:1"):

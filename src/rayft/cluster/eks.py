@@ -1,4 +1,4 @@
-"""The EKS cluster lifecycle: plan, up, status, down — each step probes state before it acts.
+"""The EKS cluster lifecycle: preflight, up and status; each step of up probes state before it acts.
 
 ``up`` runs these steps; each asks AWS (boto3) what exists before doing anything, so running it
 twice is a no-op and running it after a failure resumes:
@@ -19,10 +19,12 @@ twice is a no-op and running it after a failure resumes:
    failed stack and moves to the next candidate AZ.
 6. **add-ons** — :mod:`rayft.cluster.addons`, then wait until the device plugins are ready.
 
-``down`` removes the same things in reverse order and reports billable leftovers by tag. It only
-deletes a cluster tagged ``rayft.io/cluster=<name>`` (what ``up`` creates); a cluster ``up`` merely
-reused is refused unless ``allow_untagged`` (``--delete-untagged``) says otherwise.
-``plan`` prints every AWS call, command and rendered file without touching anything.
+``down`` (:mod:`rayft.cluster.eks_down`) removes the same things in reverse order and reports
+billable leftovers by tag. It only deletes a cluster tagged ``rayft.io/cluster=<name>`` (what ``up``
+creates); a cluster ``up`` merely reused is refused unless ``allow_untagged`` (``--delete-untagged``)
+says otherwise. ``plan`` (:mod:`rayft.cluster.eks_plan`) prints every AWS call, command and rendered
+file without touching anything. The probes of what exists are :mod:`rayft.cluster.eks_probes`, the
+names, eksctl files and command lines :mod:`rayft.cluster.eks_render`.
 """
 
 from __future__ import annotations
@@ -34,28 +36,40 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
 from rayft.cluster import addons
-from rayft.cluster.capacity import TAG_CLUSTER, CapacityReport, ClientFactory, find_capacity, quota_family
+from rayft.cluster.capacity import CapacityReport, ClientFactory, find_capacity
+from rayft.cluster.eks_probes import (
+    FAILED_STACK_STATES,
+    NOT_FOUND,
+    STACK_BUSY_STATES,
+    cluster_private_subnets,
+    cluster_status,
+    error_code,
+    nodegroup_info,
+    nodegroup_status,
+    stack_failure_reasons,
+    stack_status,
+)
+from rayft.cluster.eks_render import (
+    cluster_stack,
+    cluster_tags,
+    create_cluster_argv,
+    create_nodegroup_argv,
+    delete_cluster_argv,
+    delete_nodegroup_argv,
+    nodegroup_stack,
+    placement_group_name,
+    render_cluster_config,
+    render_gpu_nodegroup_config,
+    to_yaml,
+    write_kubeconfig_argv,
+)
 from rayft.cluster.instances import Shape, UnknownInstanceTypeError, describe_shape, get_instance
 from rayft.cluster.runner import Runner, missing_tools
 from rayft.cluster.spec import ClusterConfig
 
-NOT_FOUND = "NOT_FOUND"
-#: CloudFormation states that hold no running resources and block a re-create with the same name.
-FAILED_STACK_STATES = {"ROLLBACK_COMPLETE", "ROLLBACK_FAILED", "CREATE_FAILED", "DELETE_FAILED", "UPDATE_ROLLBACK_FAILED"}
-STACK_BUSY_STATES = {
-    "CREATE_IN_PROGRESS",
-    "ROLLBACK_IN_PROGRESS",
-    "DELETE_IN_PROGRESS",
-    "UPDATE_IN_PROGRESS",
-    "UPDATE_COMPLETE_CLEANUP_IN_PROGRESS",
-    "UPDATE_ROLLBACK_IN_PROGRESS",
-    "UPDATE_ROLLBACK_COMPLETE_CLEANUP_IN_PROGRESS",
-    "REVIEW_IN_PROGRESS",
-}
 INSTALL_HINTS = {
     "eksctl": "https://eksctl.io/installation/",
     "helm": "https://helm.sh/docs/intro/install/",
@@ -66,251 +80,6 @@ CAPACITY_ERRORS = ("InsufficientInstanceCapacity", "insufficient capacity", "Ins
 
 class LifecycleError(RuntimeError):
     """A step that cannot go on; the message says why and how to recover by hand."""
-
-
-# --------------------------------------------------------------------------- names
-
-
-def cluster_stack(cfg: ClusterConfig) -> str:
-    """CloudFormation stack eksctl makes for the control plane: ``eksctl-<name>-cluster``."""
-    return f"eksctl-{cfg.name}-cluster"
-
-
-def nodegroup_stack(cfg: ClusterConfig, ng: str) -> str:
-    """CloudFormation stack eksctl makes for node group ``ng``: ``eksctl-<name>-nodegroup-<ng>``."""
-    return f"eksctl-{cfg.name}-nodegroup-{ng}"
-
-
-def placement_group_name(cfg: ClusterConfig) -> str:
-    """EC2 placement group of the GPU node group: ``rayft-<name>-<gpu group>``."""
-    return f"rayft-{cfg.name}-{cfg.aws.gpu_nodegroup}"
-
-
-def cluster_tags(cfg: ClusterConfig) -> dict[str, str]:
-    """Tags on everything ``up`` creates: ``cluster.aws.tags`` plus ``rayft.io/cluster=<name>`` (ownership)."""
-    return {**cfg.aws.tags, TAG_CLUSTER: cfg.name}
-
-
-# --------------------------------------------------------------------------- eksctl config
-
-
-def render_cluster_config(cfg: ClusterConfig, cluster_azs: list[str]) -> dict[str, Any]:
-    """eksctl ClusterConfig for the control plane, its VPC and the system node group."""
-    a = cfg.aws
-    n = a.system_nodes
-    return {
-        "apiVersion": "eksctl.io/v1alpha5",
-        "kind": "ClusterConfig",
-        "metadata": {"name": cfg.name, "region": a.region, "version": str(a.kubernetes_version), "tags": cluster_tags(cfg)},
-        "availabilityZones": list(cluster_azs),
-        "vpc": {"clusterEndpoints": {"privateAccess": True, "publicAccess": True}, "nat": {"gateway": "Single"}},
-        "iam": {"withOIDC": True},
-        "addons": [{"name": "vpc-cni"}, {"name": "coredns"}, {"name": "kube-proxy"}],
-        "managedNodeGroups": [
-            {
-                "name": a.system_nodegroup,
-                "instanceType": a.system_instance_type,
-                "desiredCapacity": n,
-                "minSize": n,
-                "maxSize": n,
-                "privateNetworking": True,
-                "amiFamily": a.ami_family,
-                "labels": {"role": addons.SYSTEM_ROLE},
-                "tags": cluster_tags(cfg),
-            }
-        ],
-    }
-
-
-def render_gpu_nodegroup_config(cfg: ClusterConfig, az: str, subnet_id: str | None) -> dict[str, Any]:
-    """eksctl ClusterConfig holding only the GPU managed node group, pinned to ``az``.
-
-    ``subnet_id``: the cluster's private subnet in ``az`` (an explicit id, so the group can never
-    drift to another subnet); None renders ``availabilityZones: [az]`` (what ``plan`` shows before
-    the cluster exists).
-    """
-    a = cfg.aws
-    n = cfg.num_nodes
-    ng: dict[str, Any] = {
-        "name": a.gpu_nodegroup,
-        "instanceType": cfg.instance_type,
-        "desiredCapacity": n,
-        "minSize": n,
-        "maxSize": n,
-    }
-    if subnet_id:
-        ng["subnets"] = [subnet_id]
-    else:
-        ng["availabilityZones"] = [az]
-    ng["privateNetworking"] = True
-    ng["efaEnabled"] = bool(cfg.efa)
-    ng["amiFamily"] = a.ami_family
-    ng["volumeSize"] = a.volume_size_gib
-    if a.capacity_type == "spot":
-        ng["spot"] = True
-    ng["labels"] = {
-        **a.gpu_labels,
-        "role": addons.GPU_ROLE,
-        # the NVIDIA device plugin chart's default node affinity requires this label
-        "nvidia.com/gpu.present": "true",
-        TAG_CLUSTER: cfg.name,
-    }
-    if a.gpu_taints:
-        ng["taints"] = [t.model_dump() for t in a.gpu_taints]
-    if a.placement_group:
-        ng["placement"] = {"groupName": placement_group_name(cfg)}
-    if a.capacity_reservation_id:
-        ng["capacityReservation"] = {"capacityReservationTarget": {"capacityReservationID": a.capacity_reservation_id}}
-    ng["tags"] = cluster_tags(cfg)
-    return {
-        "apiVersion": "eksctl.io/v1alpha5",
-        "kind": "ClusterConfig",
-        "metadata": {"name": cfg.name, "region": a.region, "tags": cluster_tags(cfg)},
-        "managedNodeGroups": [ng],
-    }
-
-
-def to_yaml(doc: dict[str, Any]) -> str:
-    """An eksctl config as YAML, keys in rendering order."""
-    return yaml.safe_dump(doc, sort_keys=False, allow_unicode=True)
-
-
-# --------------------------------------------------------------------------- command lines
-
-
-def create_cluster_argv(path: Path) -> list[str]:
-    """``eksctl create cluster`` from the rendered config at ``path`` (eksctl's NVIDIA plugin off: Helm installs it)."""
-    return ["eksctl", "create", "cluster", "--config-file", str(path), "--install-nvidia-plugin=false"]
-
-
-def create_nodegroup_argv(path: Path, ng: str) -> list[str]:
-    """``eksctl create nodegroup`` for node group ``ng`` only, from the rendered config at ``path``."""
-    return ["eksctl", "create", "nodegroup", "--config-file", str(path), f"--include={ng}", "--install-nvidia-plugin=false"]
-
-
-def write_kubeconfig_argv(cfg: ClusterConfig) -> list[str]:
-    """``eksctl utils write-kubeconfig`` so that helm/kubectl talk to this cluster."""
-    return ["eksctl", "utils", "write-kubeconfig", "--cluster", cfg.name, "--region", cfg.aws.region]
-
-
-def delete_nodegroup_argv(cfg: ClusterConfig, ng: str) -> list[str]:
-    """``eksctl delete nodegroup --wait`` for node group ``ng``."""
-    return ["eksctl", "delete", "nodegroup", "--cluster", cfg.name, "--region", cfg.aws.region, "--name", ng, "--wait"]
-
-
-def delete_cluster_argv(cfg: ClusterConfig) -> list[str]:
-    """``eksctl delete cluster --wait`` (its node groups, stacks and VPC go with it)."""
-    return ["eksctl", "delete", "cluster", "--name", cfg.name, "--region", cfg.aws.region, "--wait"]
-
-
-# --------------------------------------------------------------------------- probes
-
-
-def _code(e: ClientError) -> str:
-    return e.response.get("Error", {}).get("Code", "")
-
-
-def cluster_status(eks: Any, name: str) -> str:
-    """EKS status of cluster ``name`` (ACTIVE, CREATING, …) or :data:`NOT_FOUND`.
-
-    Raises:
-        botocore.exceptions.ClientError: any error other than ResourceNotFoundException.
-    """
-    try:
-        return eks.describe_cluster(name=name)["cluster"]["status"]
-    except ClientError as e:
-        if _code(e) == "ResourceNotFoundException":
-            return NOT_FOUND
-        raise
-
-
-def nodegroup_info(eks: Any, cluster: str, ng: str) -> dict[str, Any] | None:
-    """DescribeNodegroup's ``nodegroup`` for ``ng``, or None when it does not exist.
-
-    Raises:
-        botocore.exceptions.ClientError: any error other than ResourceNotFoundException.
-    """
-    try:
-        return eks.describe_nodegroup(clusterName=cluster, nodegroupName=ng)["nodegroup"]
-    except ClientError as e:
-        if _code(e) == "ResourceNotFoundException":
-            return None
-        raise
-
-
-def nodegroup_status(eks: Any, cluster: str, ng: str) -> str:
-    """EKS status of node group ``ng`` (ACTIVE, CREATE_FAILED, …) or :data:`NOT_FOUND`."""
-    info = nodegroup_info(eks, cluster, ng)
-    return NOT_FOUND if info is None else info["status"]
-
-
-def stack_status(cfn: Any, stack: str) -> str:
-    """CloudFormation status of ``stack``; :data:`NOT_FOUND` when absent or DELETE_COMPLETE.
-
-    Raises:
-        botocore.exceptions.ClientError: any error other than "does not exist".
-    """
-    try:
-        stacks = cfn.describe_stacks(StackName=stack)["Stacks"]
-    except ClientError as e:
-        if _code(e) == "ValidationError" and "does not exist" in str(e):
-            return NOT_FOUND
-        raise
-    status = stacks[0]["StackStatus"] if stacks else NOT_FOUND
-    return NOT_FOUND if status == "DELETE_COMPLETE" else status
-
-
-def stack_failure_reasons(cfn: Any, stack: str, limit: int = 5) -> list[str]:
-    """Up to ``limit`` "resource: reason" lines of the stack's FAILED events (empty when unreadable)."""
-    try:
-        events = cfn.describe_stack_events(StackName=stack)["StackEvents"]
-    except ClientError:
-        return []
-    out = []
-    for ev in events:
-        if ev.get("ResourceStatus", "").endswith("FAILED") and ev.get("ResourceStatusReason"):
-            out.append(f"{ev.get('LogicalResourceId', '?')}: {ev['ResourceStatusReason']}")
-    return out[:limit]
-
-
-def cluster_private_subnets(eks: Any, ec2: Any, name: str) -> dict[str, str]:
-    """AZ → the cluster's private subnet there (eksctl tags them kubernetes.io/role/internal-elb).
-
-    Raises:
-        botocore.exceptions.ClientError: the cluster or its subnets cannot be described.
-    """
-    ids = eks.describe_cluster(name=name)["cluster"].get("resourcesVpcConfig", {}).get("subnetIds", [])
-    if not ids:
-        return {}
-    out: dict[str, str] = {}
-    for s in sorted(ec2.describe_subnets(SubnetIds=ids)["Subnets"], key=lambda s: s["SubnetId"]):
-        tags = {t["Key"]: t["Value"] for t in s.get("Tags", [])}
-        private = "kubernetes.io/role/internal-elb" in tags or not s.get("MapPublicIpOnLaunch", False)
-        if private and "kubernetes.io/role/elb" not in tags:
-            out.setdefault(s["AvailabilityZone"], s["SubnetId"])
-    return out
-
-
-def cluster_owner(eks: Any, cfn: Any, name: str) -> str | None:
-    """The ``rayft.io/cluster`` tag of cluster ``name`` (EKS cluster tags, else its eksctl stack's tags).
-
-    None when neither carries it: rayft did not create that cluster (``up`` only reused it).
-
-    Raises:
-        botocore.exceptions.ClientError: DescribeCluster failed (the stack lookup never raises).
-    """
-    tags = eks.describe_cluster(name=name)["cluster"].get("tags") or {}
-    if TAG_CLUSTER in tags:
-        return tags[TAG_CLUSTER]
-    try:
-        stacks = cfn.describe_stacks(StackName=f"eksctl-{name}-cluster")["Stacks"]
-    except ClientError:
-        return None
-    for st in stacks:
-        for t in st.get("Tags") or []:
-            if t.get("Key") == TAG_CLUSTER:
-                return t.get("Value")
-    return None
 
 
 # --------------------------------------------------------------------------- the context
@@ -387,9 +156,9 @@ def _instance_problems(ctx: Context) -> tuple[Shape | None, list[str]]:
     except UnknownInstanceTypeError as e:
         return None, [f"cluster.instance_type: {e}"]
     except ClientError as e:
-        if _code(e) in ("InvalidInstanceType", "InvalidParameterValue"):
-            return None, [f"cluster.instance_type: EC2 does not know {itype!r} in {region} ({_code(e)})"]
-        return None, [f"could not describe instance type {itype} in {region} ({_code(e)}: {e})"]
+        if error_code(e) in ("InvalidInstanceType", "InvalidParameterValue"):
+            return None, [f"cluster.instance_type: EC2 does not know {itype!r} in {region} ({error_code(e)})"]
+        return None, [f"could not describe instance type {itype} in {region} ({error_code(e)}: {e})"]
     except BotoCoreError as e:
         return None, [f"could not describe instance type {itype} in {region} ({type(e).__name__}: {e})"]
     problems = []
@@ -440,7 +209,7 @@ def preflight(ctx: Context, tools: tuple[str, ...] = ("eksctl", "helm", "kubectl
 # --------------------------------------------------------------------------- steps
 
 
-def _clear_failed_stack(ctx: Context, stack: str, *, ours: bool = False) -> None:
+def clear_failed_stack(ctx: Context, stack: str, *, ours: bool = False) -> None:
     """A stack left in ROLLBACK_COMPLETE (or another failed state) blocks eksctl; explain, confirm, delete."""
     cfn = ctx.client("cloudformation")
     status = stack_status(cfn, stack)
@@ -509,7 +278,7 @@ def ensure_cluster(ctx: Context, cluster_azs: Callable[[], list[str]], result: U
         return
     if status != NOT_FOUND:
         raise LifecycleError(f"{what} is in state {status}; inspect it in the EKS console before re-running")
-    _clear_failed_stack(ctx, cluster_stack(cfg))
+    clear_failed_stack(ctx, cluster_stack(cfg))
     path = _write(ctx, "eksctl-cluster.yaml", render_cluster_config(cfg, cluster_azs()))
     ctx.say(f"creating {what} with its system node group (15-20 min)")
     res = ctx.runner.run(create_cluster_argv(path), check=False, stream=True)
@@ -567,7 +336,7 @@ def ensure_system_nodegroup(ctx: Context, result: UpResult) -> None:
         ctx.say(f"node group {ng}: ACTIVE, reused")
         result.reused.append(f"nodegroup/{ng}")
         return
-    _clear_failed_stack(ctx, nodegroup_stack(cfg, ng))
+    clear_failed_stack(ctx, nodegroup_stack(cfg, ng))
     azs = sorted(cluster_private_subnets(ctx.client("eks"), ctx.client("ec2"), cfg.name))
     path = _write(ctx, "eksctl-cluster.yaml", render_cluster_config(cfg, azs))
     res = ctx.runner.run(create_nodegroup_argv(path, ng), check=False, stream=True)
@@ -654,7 +423,7 @@ def ensure_gpu_nodegroup(ctx: Context, candidates: Callable[[], list[str]], resu
     stack = nodegroup_stack(cfg, ng)
     ours = False
     for az in azs:
-        _clear_failed_stack(ctx, stack, ours=ours)
+        clear_failed_stack(ctx, stack, ours=ours)
         if az not in subnets:
             result.skipped_azs[az] = "the cluster has no private subnet there"
             continue
@@ -678,7 +447,7 @@ def ensure_gpu_nodegroup(ctx: Context, candidates: Callable[[], list[str]], resu
             f"see the eksctl output above and `aws cloudformation describe-stack-events --stack-name {stack}`. "
             "Re-run `rayft cluster up` to resume."
         )
-    _clear_failed_stack(ctx, stack, ours=True)
+    clear_failed_stack(ctx, stack, ours=True)
     raise LifecycleError(
         f"no capacity for {cfg.num_nodes} × {cfg.instance_type} in any candidate AZ ({', '.join(azs)}); "
         "try later, another region (`rayft capacity`), or a capacity reservation (cluster.aws.capacity_reservation_id)"
@@ -783,152 +552,6 @@ def up(ctx: Context) -> UpResult:
 
 
 @dataclass
-class Leftover:
-    """One billable resource still tagged for the cluster: kind, id, and a short detail."""
-
-    kind: str
-    id: str
-    detail: str = ""
-
-
-def leftovers(ctx: Context) -> tuple[list[Leftover], list[str]]:
-    """Billable resources still tagged for this cluster, and the checks that could not run.
-
-    Never raises for a check that fails: it is listed in the second element instead.
-    """
-    cfg = ctx.cfg
-    ec2 = ctx.client("ec2")
-    name = cfg.name
-    found: list[Leftover] = []
-    errors: list[str] = []
-    tag_filters = [
-        [{"Name": f"tag:{TAG_CLUSTER}", "Values": [name]}],
-        [{"Name": "tag:alpha.eksctl.io/cluster-name", "Values": [name]}],
-        [{"Name": "tag:eks:cluster-name", "Values": [name]}],
-        [{"Name": "tag-key", "Values": [f"kubernetes.io/cluster/{name}"]}],
-    ]
-
-    def each(kind: str, call: Callable[[list[dict]], list[Leftover]]) -> None:
-        seen: set[str] = {x.id for x in found if x.kind == kind}
-        for filters in tag_filters:
-            try:
-                for item in call(filters):
-                    if item.id not in seen:
-                        seen.add(item.id)
-                        found.append(item)
-            except Exception as e:  # noqa: BLE001 - a check that cannot run is reported, not fatal
-                errors.append(f"{kind}: {type(e).__name__}: {e}")
-                return
-
-    def instances(f):
-        resp = ec2.describe_instances(
-            Filters=f + [{"Name": "instance-state-name", "Values": ["pending", "running", "stopping", "stopped"]}]
-        )
-        return [Leftover("instance", i["InstanceId"], i["InstanceType"]) for r in resp["Reservations"] for i in r["Instances"]]
-
-    def nats(f):
-        resp = ec2.describe_nat_gateways(Filter=f + [{"Name": "state", "Values": ["pending", "available"]}])
-        return [Leftover("nat-gateway", n["NatGatewayId"], n.get("State", "")) for n in resp["NatGateways"]]
-
-    def volumes(f):
-        resp = ec2.describe_volumes(Filters=f)
-        return [Leftover("volume", v["VolumeId"], f"{v['Size']} GiB {v['State']}") for v in resp["Volumes"]]
-
-    def reservations(f):
-        resp = ec2.describe_capacity_reservations(Filters=f + [{"Name": "state", "Values": ["active", "pending"]}])
-        return [Leftover("capacity-reservation", c["CapacityReservationId"], c["InstanceType"]) for c in resp["CapacityReservations"]]
-
-    each("instance", instances)
-    each("nat-gateway", nats)
-    each("volume", volumes)
-    each("capacity-reservation", reservations)
-    try:
-        elb = ctx.client("elbv2")
-        arns = [lb["LoadBalancerArn"] for lb in elb.describe_load_balancers().get("LoadBalancers", [])]
-        for i in range(0, len(arns), 20):
-            for d in elb.describe_tags(ResourceArns=arns[i : i + 20])["TagDescriptions"]:
-                tags = {t["Key"]: t["Value"] for t in d.get("Tags", [])}
-                if tags.get(TAG_CLUSTER) == name or f"kubernetes.io/cluster/{name}" in tags or tags.get("elbv2.k8s.aws/cluster") == name:
-                    found.append(Leftover("load-balancer", d["ResourceArn"]))
-    except Exception as e:  # noqa: BLE001
-        errors.append(f"load-balancer: {type(e).__name__}: {e}")
-    return found, errors
-
-
-def down(ctx: Context, *, allow_untagged: bool = False) -> tuple[list[Leftover], list[str]]:
-    """Remove what ``up`` created, in reverse order, then report billable leftovers by tag.
-
-    Only a cluster tagged ``rayft.io/cluster=<name>`` (on the EKS cluster or its eksctl stack) is
-    deleted: one that ``up`` found and reused was not rayft's to delete. ``allow_untagged``
-    (``rayft cluster down --delete-untagged``) overrides that.
-
-    Returns:
-        (billable leftovers found by tag, checks that could not run).
-
-    Raises:
-        LifecycleError: preflight failed; the cluster is not tagged as rayft's (nothing was
-            touched); or a wait timed out (re-run to resume).
-        rayft.cluster.runner.CommandError: helm or eksctl failed.
-        botocore.exceptions.ClientError, BotoCoreError: an AWS call failed.
-    """
-    cfg = ctx.cfg
-    preflight(ctx)
-    eks = ctx.client("eks")
-    status = cluster_status(eks, cfg.name)
-    if status not in (NOT_FOUND, "DELETING"):
-        owner = cluster_owner(eks, ctx.client("cloudformation"), cfg.name)
-        if owner != cfg.name:
-            found = "no rayft.io/cluster tag" if owner is None else f"tag rayft.io/cluster={owner}"
-            if not allow_untagged:
-                raise LifecycleError(
-                    f"cluster {cfg.name} in {cfg.aws.region} has {found}: rayft did not create it (`up` only "
-                    "reuses a cluster it finds), so `down` will not delete it. Nothing was changed. If it really "
-                    "should go, with everything in it, re-run with --delete-untagged "
-                    "(rayft cluster down CONFIG --delete-untagged)"
-                )
-            ctx.say(f"warning: cluster {cfg.name} has {found}; deleting it anyway (--delete-untagged)")
-    if status == "ACTIVE":
-        ctx.runner.run(write_kubeconfig_argv(cfg))
-        addons.uninstall_addons(ctx.runner, cfg, say=ctx.say)
-        for ng in (cfg.aws.gpu_nodegroup, cfg.aws.system_nodegroup):
-            st = nodegroup_status(eks, cfg.name, ng)
-            if st == "DELETING":
-                ctx.wait(f"node group {ng}", lambda ng=ng: nodegroup_status(eks, cfg.name, ng), until={NOT_FOUND})
-            elif st != NOT_FOUND:
-                ctx.runner.run(delete_nodegroup_argv(cfg, ng), stream=True)
-                ctx.wait(f"node group {ng}", lambda ng=ng: nodegroup_status(eks, cfg.name, ng), until={NOT_FOUND}, fail={"DELETE_FAILED"})
-            else:
-                ctx.say(f"node group {ng}: not found")
-            _clear_failed_stack(ctx, nodegroup_stack(cfg, ng), ours=True)
-            if ng == cfg.aws.gpu_nodegroup:
-                _delete_placement_group(ctx)
-    if status == "DELETING":
-        ctx.wait(f"cluster {cfg.name}", lambda: cluster_status(eks, cfg.name), until={NOT_FOUND})
-    elif status != NOT_FOUND:
-        ctx.runner.run(delete_cluster_argv(cfg), stream=True)
-        ctx.wait(f"cluster {cfg.name}", lambda: cluster_status(eks, cfg.name), until={NOT_FOUND}, fail={"FAILED"})
-    else:
-        ctx.say(f"cluster {cfg.name}: not found")
-    for ng in (cfg.aws.gpu_nodegroup, cfg.aws.system_nodegroup):
-        _clear_failed_stack(ctx, nodegroup_stack(cfg, ng), ours=True)
-    _clear_failed_stack(ctx, cluster_stack(cfg), ours=True)
-    _delete_placement_group(ctx)
-    return leftovers(ctx)
-
-
-def _delete_placement_group(ctx: Context) -> None:
-    if not ctx.cfg.aws.placement_group:
-        return
-    name = placement_group_name(ctx.cfg)
-    try:
-        ctx.client("ec2").delete_placement_group(GroupName=name)
-        ctx.say(f"deleted placement group {name}")
-    except ClientError as e:
-        if "NotFound" not in _code(e) and "InvalidPlacementGroup" not in _code(e):
-            raise
-
-
-@dataclass
 class Status:
     """What :func:`status` found; ``hourly_usd`` is the On-Demand cost of the priced nodes (None: none priced)."""
 
@@ -998,181 +621,3 @@ def status(ctx: Context) -> Status:
             }
         )
     return st
-
-
-# --------------------------------------------------------------------------- plan
-
-
-@dataclass
-class PlanStep:
-    """One step of :func:`plan`: its read-only probes, the actions when needed, rendered files, notes."""
-
-    title: str
-    probes: list[str] = field(default_factory=list)  # read-only AWS calls / commands
-    actions: list[str] = field(default_factory=list)  # what runs when the probe says "absent"
-    files: dict[str, str] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-
-
-def plan(cfg: ClusterConfig, workdir: Path = Path(".rayft"), gpu_az: str | None = None) -> list[PlanStep]:
-    """Every AWS call, eksctl/helm/kubectl command and rendered file ``up`` would use. No side effect."""
-    a = cfg.aws
-    r = a.region
-    az = gpu_az or (a.availability_zones[0] if a.availability_zones else None)
-    cluster_azs = list(a.availability_zones[:3]) if len(a.availability_zones) >= 2 else []
-    shown_az = az or "<first AZ offering the type with quota, chosen by `up`>"
-    cluster_file = workdir / "eksctl-cluster.yaml"
-    gpu_file = workdir / "eksctl-gpu-nodegroup.yaml"
-    fam = quota_family(cfg.instance_type)
-    code = fam.spot_code if a.capacity_type == "spot" else fam.on_demand_code
-    steps = [
-        PlanStep(
-            "preflight",
-            probes=[
-                "PATH: eksctl, helm, kubectl",
-                f"sts:GetCallerIdentity (region {r})",
-                f"ec2:DescribeInstanceTypes(InstanceTypes=[{cfg.instance_type}])  # exists, has GPUs"
-                + (", supports EFA" if cfg.efa else ""),
-            ],
-        ),
-        PlanStep(
-            f"capacity: {cfg.num_nodes} × {cfg.instance_type} in {r} (only when a node group must be created)",
-            probes=[
-                f"ec2:DescribeInstanceTypeOfferings(LocationType=availability-zone, Filters=[instance-type={cfg.instance_type}])",
-                f"ec2:DescribeInstanceTypes(InstanceTypes=[{cfg.instance_type}])",
-                f"service-quotas:GetServiceQuota(ServiceCode=ec2, QuotaCode={code}) ({fam.spot_name if a.capacity_type == 'spot' else fam.on_demand_name}, vCPUs)",
-                f"ec2:DescribeInstances(Filters=[instance-state-name=pending,running]) (vCPUs in use by {fam.label} instances)",
-            ],
-            notes=[f"GPU AZ candidates: {', '.join(a.availability_zones) or 'every AZ offering the type'}; quota-short AZs are skipped"],
-        ),
-        PlanStep(
-            f"cluster {cfg.name} (Kubernetes {a.kubernetes_version}) with system node group {a.system_nodegroup}",
-            probes=[
-                f"eks:DescribeCluster(name={cfg.name})",
-                f"cloudformation:DescribeStacks(StackName={cluster_stack(cfg)})",
-                f"cloudformation:DescribeStackEvents(StackName={cluster_stack(cfg)})  # only to explain a failure",
-                "ec2:DescribeAvailabilityZones(Filters=[state=available])  # only when fewer than 2 GPU AZ candidates",
-            ],
-            actions=[
-                shlex.join(delete_cluster_argv(cfg)) + "  # only if FAILED, after confirmation",
-                f"cloudformation:DeleteStack(StackName={cluster_stack(cfg)})  # only if ROLLBACK_COMPLETE/failed, after confirmation",
-                shlex.join(create_cluster_argv(cluster_file)),
-            ],
-            files={str(cluster_file): to_yaml(render_cluster_config(cfg, cluster_azs or ["<GPU AZ candidates, ≥ 2>"]))},
-            notes=["ACTIVE → reuse; CREATING/UPDATING → wait; DELETING → wait, then create; FAILED → explain, delete on confirmation"],
-        ),
-        PlanStep("kubeconfig", actions=[shlex.join(write_kubeconfig_argv(cfg))]),
-        PlanStep(
-            f"system node group {a.system_nodegroup} ({a.system_nodes} × {a.system_instance_type}, label role=system)",
-            probes=[
-                f"eks:DescribeNodegroup(clusterName={cfg.name}, nodegroupName={a.system_nodegroup})",
-                f"cloudformation:DescribeStacks(StackName={nodegroup_stack(cfg, a.system_nodegroup)})",
-            ],
-            actions=[shlex.join(create_nodegroup_argv(cluster_file, a.system_nodegroup)) + "  # only if the cluster existed without it"],
-        ),
-    ]
-    if a.placement_group:
-        steps.append(
-            PlanStep(
-                f"placement group {placement_group_name(cfg)} (strategy cluster)",
-                probes=[f"ec2:DescribePlacementGroups(Filters=[group-name={placement_group_name(cfg)}])"],
-                actions=[f"ec2:CreatePlacementGroup(GroupName={placement_group_name(cfg)}, Strategy=cluster)"],
-            )
-        )
-    gpu_step = PlanStep(
-        f"GPU node group {a.gpu_nodegroup}: {cfg.num_nodes} × {cfg.instance_type} in {shown_az}, EFA {'on' if cfg.efa else 'off'}",
-        probes=[
-            f"eks:DescribeNodegroup(clusterName={cfg.name}, nodegroupName={a.gpu_nodegroup})",
-            f"cloudformation:DescribeStacks(StackName={nodegroup_stack(cfg, a.gpu_nodegroup)})",
-            f"cloudformation:DescribeStackEvents(StackName={nodegroup_stack(cfg, a.gpu_nodegroup)})  # only to explain a failure",
-            f"eks:DescribeCluster(name={cfg.name}) + ec2:DescribeSubnets (the cluster's private subnet in the AZ)",
-        ]
-        + (
-            [f"ec2:DescribeCapacityReservations(CapacityReservationIds=[{a.capacity_reservation_id}]) (pins the AZ)"]
-            if a.capacity_reservation_id
-            else []
-        ),
-        actions=[
-            shlex.join(delete_nodegroup_argv(cfg, a.gpu_nodegroup)) + "  # only if CREATE_FAILED/DEGRADED, after confirmation",
-            f"cloudformation:DeleteStack(StackName={nodegroup_stack(cfg, a.gpu_nodegroup)})  # only if ROLLBACK_COMPLETE/failed",
-            shlex.join(create_nodegroup_argv(gpu_file, a.gpu_nodegroup)),
-        ],
-        files={str(gpu_file): to_yaml(render_gpu_nodegroup_config(cfg, shown_az, None))},
-        notes=[
-            "`up` writes the cluster's private subnet id of the AZ into `subnets:` instead of `availabilityZones:`",
-            "InsufficientInstanceCapacity → the failed stack is deleted and the next candidate AZ is tried",
-        ],
-    )
-    steps.append(gpu_step)
-    add = PlanStep("add-ons (helm upgrade --install, pinned versions)", notes=[])
-    add.probes.append(
-        shlex.join(addons.daemonsets_argv())
-        + f"  # a device plugin outside Helm (eksctl's {', '.join(addons.EKSCTL_EFA.names[:1] + addons.EKSCTL_NVIDIA.names)})? then skip its chart"
-    )
-    for ch in addons.charts(cfg):
-        add.probes.append(shlex.join(ch.status_argv()))
-        if ch.release == addons.EFA_RELEASE:
-            add.probes.append(shlex.join(ch.show_values_argv()) + "  # instance-type allowlist")
-        add.actions.append(shlex.join(ch.upgrade_argv()))
-        if ch.release == "kuberay-operator":
-            add.actions.append(shlex.join(addons.kuberay_wait_argv()))
-    add.notes.append("a release already deployed at the pinned version is left alone")
-    steps.append(add)
-    ready = PlanStep("ready", probes=[shlex.join(addons.daemonset_argv("nvidia-device-plugin"))])
-    if cfg.efa:
-        ready.probes.append(shlex.join(addons.daemonset_argv(addons.EKSCTL_EFA.names[0])) + "  # eksctl's, when it installed one")
-        ready.probes.append(shlex.join(addons.daemonset_argv("aws-efa-k8s-device-plugin")) + "  # else the chart's")
-    ready.probes.append(shlex.join(addons.gpu_nodes_argv()))
-    ready.notes.append(
-        f"ready: each DaemonSet's numberReady = {cfg.num_nodes} and every GPU node has nvidia.com/gpu allocatable"
-        + (" and vpc.amazonaws.com/efa ≥ 1" if cfg.efa else "")
-    )
-    steps.append(ready)
-    return steps
-
-
-def render_plan(steps: list[PlanStep]) -> str:
-    """``plan``'s steps as text: probes, commands, notes and each rendered file in full."""
-    out: list[str] = []
-    for i, s in enumerate(steps, 1):
-        out.append(f"## {i}. {s.title}")
-        for p in s.probes:
-            out.append(f"  probe   {p}")
-        for a in s.actions:
-            out.append(f"  run     {a}")
-        for n in s.notes:
-            out.append(f"  note    {n}")
-        for path, text in s.files.items():
-            out.append(f"  file    {path}:")
-            out.extend("          " + line for line in text.rstrip("\n").splitlines())
-        out.append("")
-    return "\n".join(out)
-
-
-def plan_down(cfg: ClusterConfig) -> list[tuple[str, str]]:
-    """("probe" | "run", text) for what ``down`` does, in order (each run only when its probe finds the thing)."""
-    out = [("probe", f"eks:DescribeCluster(name={cfg.name}), eks:DescribeNodegroup, cloudformation:DescribeStacks, helm status")]
-    out.append(
-        (
-            "probe",
-            f"ownership: tag {TAG_CLUSTER}={cfg.name} on the EKS cluster or stack {cluster_stack(cfg)}; "
-            "without it `down` stops (override: --delete-untagged)",
-        )
-    )
-    out.append(("run", shlex.join(write_kubeconfig_argv(cfg))))
-    out += [("run", shlex.join(c.uninstall_argv())) for c in reversed(addons.charts(cfg))]
-    out.append(("run", shlex.join(delete_nodegroup_argv(cfg, cfg.aws.gpu_nodegroup))))
-    if cfg.aws.placement_group:
-        out.append(("run", f"ec2:DeletePlacementGroup(GroupName={placement_group_name(cfg)})"))
-    out.append(("run", shlex.join(delete_nodegroup_argv(cfg, cfg.aws.system_nodegroup))))
-    out.append(("run", shlex.join(delete_cluster_argv(cfg))))
-    out.append(("run", f"cloudformation:DeleteStack(StackName=eksctl-{cfg.name}-*)  # stacks left in a failed state"))
-    out.append(
-        (
-            "probe",
-            f"leftovers by tag ({TAG_CLUSTER}={cfg.name}, alpha.eksctl.io/cluster-name, eks:cluster-name, kubernetes.io/cluster/{cfg.name}): "
-            "ec2:DescribeInstances, ec2:DescribeNatGateways, ec2:DescribeVolumes, ec2:DescribeCapacityReservations, "
-            "elbv2:DescribeLoadBalancers + elbv2:DescribeTags",
-        )
-    )
-    return out

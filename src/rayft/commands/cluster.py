@@ -156,7 +156,7 @@ def cluster_plan(
     az: Annotated[Optional[str], typer.Option(help="Show the GPU node group in this AZ.")] = None,
 ) -> None:
     """Print every AWS call, eksctl/helm/kubectl command and rendered file `up` would use. Changes nothing."""
-    from rayft.cluster.eks import plan, plan_down, render_plan
+    from rayft.cluster.eks_plan import plan, plan_down, render_plan
     from rayft.cluster.runner import missing_tools
 
     c = _cluster(config, set_)
@@ -236,7 +236,7 @@ def cluster_down(
 
     Refuses a cluster not tagged rayft.io/cluster=<name> (one `up` only reused) unless --delete-untagged.
     """
-    from rayft.cluster.eks import down
+    from rayft.cluster.eks_down import down
 
     c = _cluster(config, set_)
     if not yes and not typer.confirm(f"Delete cluster {c.name} in {c.aws.region} and everything `up` created?", default=False, err=True):
