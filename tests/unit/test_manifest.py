@@ -9,6 +9,8 @@ import pytest
 import yaml
 
 from rayft.cluster import manifest as M
+from rayft.cluster import manifest_check as MC
+from rayft.cluster import manifest_schema as MS
 from rayft.cluster.instances import get_instance
 from rayft.config import ConfigError, RayftConfig, load_config
 
@@ -45,7 +47,7 @@ def hcontainer(spec: dict) -> dict:
 def problems_of(overrides: list[str], path: Path = EXAMPLE) -> dict[str, str]:
     cfg = cfg_from(overrides, path)
     m = M.render(cfg)
-    return {f: msg for f, msg in M.check(cfg, m)}
+    return {f: msg for f, msg in MC.check(cfg, m)}
 
 
 # --------------------------------------------------------------------------- the AWS sample
@@ -129,7 +131,7 @@ def test_sample_job_additions():
         assert named(c["volumeMounts"], "shared")["mountPath"] == "/fsx"
         assert named(c["volumeMounts"], "rayft-config")["mountPath"] == "/etc/rayft"
         assert env_of(c)["HF_HOME"] == "/fsx/hf-cache"
-    assert M.check(cfg, m) == []
+    assert MC.check(cfg, m) == []
 
 
 def test_rayjob_embeds_the_cluster_and_runs_rayft_train():
@@ -149,7 +151,7 @@ def test_rayjob_select_mode():
     assert m.rayjob["spec"]["clusterSelector"] == {"ray.io/cluster": "ray-train-cluster"}
     assert "rayClusterSpec" not in m.rayjob["spec"] and "ttlSecondsAfterFinished" not in m.rayjob["spec"]
     assert set(m.to_apply("select")) == {"configmap.yaml", "raycluster.yaml", "rayjob.yaml"}
-    assert M.check(cfg, m) == []
+    assert MC.check(cfg, m) == []
 
 
 def test_config_map_carries_the_resolved_config():
@@ -169,7 +171,7 @@ def test_p5_renders_32_efa_interfaces_and_gdr():
     assert wc["resources"]["limits"]["cpu"] == "160" and wc["resources"]["limits"]["memory"] == "1706Gi"
     env = env_of(wc)
     assert env["FI_EFA_USE_DEVICE_RDMA"] == "1" and "NCCL_SHM_USE_CUDA_MEMCPY" not in env
-    assert M.check(cfg, m) == []
+    assert MC.check(cfg, m) == []
 
 
 @pytest.mark.parametrize("itype", ["g5.12xlarge", "g6e.12xlarge", "g6.12xlarge"])
@@ -251,7 +253,7 @@ def test_contradiction_num_gpus_caught_in_the_rendered_object():
     cfg = cfg_from()
     m = M.render(cfg)
     worker(m.raycluster["spec"])["rayStartParams"]["num-gpus"] = "3"
-    assert any("num-gpus 3 != " in msg for _, msg in M.check(cfg, m))
+    assert any("num-gpus 3 != " in msg for _, msg in MC.check(cfg, m))
 
 
 def test_contradiction_head_with_gpus():
@@ -287,7 +289,7 @@ def test_contradiction_ray_version_vs_image():
 def test_unknown_image_is_a_note_not_an_error():
     cfg = cfg_from(["cluster.kube.image=123.dkr.ecr.us-east-1.amazonaws.com/mine:latest"])
     m = M.render(cfg)
-    assert M.check(cfg, m) == []
+    assert MC.check(cfg, m) == []
     assert any("is unknown" in n for n in m.notes)
 
 
@@ -399,8 +401,8 @@ def test_worker_resources_leave_a_sixth_for_the_system():
 
 
 def test_kubernetes_version_picks_a_shipped_one():
-    assert M.kubernetes_version("1.33") == "1.33.0"
-    newest = M.kubernetes_version("9.99")
+    assert MS.kubernetes_version("1.33") == "1.33.0"
+    newest = MS.kubernetes_version("9.99")
     assert newest.startswith("1.")
 
 
@@ -431,7 +433,7 @@ def test_cli_refuses_contradictions_and_writes_nothing(tmp_path):
 def test_default_image_without_rayft_is_a_warning_with_the_ways_to_provide_it():
     cfg = cfg_from()
     m = M.render(cfg)
-    assert M.check(cfg, m) == []  # a warning, not an error
+    assert MC.check(cfg, m) == []  # a warning, not an error
     [w] = m.warnings
     assert "rayft train /etc/rayft/config.yaml" in w and "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1" in w
     assert "cluster.kube.runtime_env: {pip:" in w and "cluster.kube.image" in w
@@ -449,14 +451,14 @@ def test_default_image_without_rayft_is_a_warning_with_the_ways_to_provide_it():
 def test_no_rayft_warning_when_runtime_env_or_image_provides_it(overrides):
     cfg = cfg_from(overrides)
     m = M.render(cfg)
-    M.check(cfg, m)
+    MC.check(cfg, m)
     assert m.warnings == []
 
 
 def test_rayproject_image_without_rayft_warns_too():
     cfg = cfg_from(["cluster.kube.image=rayproject/ray:2.58.0-gpu"])
     m = M.render(cfg)
-    M.check(cfg, m)
+    MC.check(cfg, m)
     assert len(m.warnings) == 1 and "rayproject/ray:2.58.0-gpu does not contain rayft" in m.warnings[0]
 
 
@@ -492,7 +494,7 @@ def test_cli_looks_the_instance_up_in_the_clusters_region(tmp_path, monkeypatch)
 def test_notes_for_uri_data_and_a_per_pod_hf_cache():
     cfg = cfg_from(["cluster.kube.fsx_pvc=null", "checkpoint.storage_path=s3://b/runs", "data.train_files=s3://b/d.json"])
     m = M.render(cfg)
-    assert M.check(cfg, m) == []
+    assert MC.check(cfg, m) == []
     assert any(n.startswith("data.train_files[0]: s3://b/d.json is a URI") for n in m.notes)
     assert any("own Hugging Face cache" in n for n in m.notes)
     assert "HF_HOME" not in env_of(wcontainer(m.raycluster["spec"]))
@@ -503,11 +505,11 @@ def test_notes_for_uri_data_and_a_per_pod_hf_cache():
 
 def containers(obj: dict) -> list[tuple[str, dict]]:
     """(where, container) for every container of every pod template in a RayCluster or RayJob."""
-    return [(where, c) for where, tmpl in M._pod_templates(obj) for c in tmpl["spec"]["containers"]]
+    return [(where, c) for where, tmpl in MS.pod_templates(obj) for c in tmpl["spec"]["containers"]]
 
 
 def pod_specs(obj: dict) -> list[tuple[str, dict]]:
-    return [(where, tmpl["spec"]) for where, tmpl in M._pod_templates(obj)]
+    return [(where, tmpl["spec"]) for where, tmpl in MS.pod_templates(obj)]
 
 
 def test_every_container_drops_every_capability_but_ipc_lock_on_efa_workers():
@@ -535,7 +537,7 @@ def test_non_root_and_extra_capabilities_are_config_options_and_still_validate()
             'cluster.kube.runtime_env={"pip": ["rayft==0.1.0"]}',
         ]
     )
-    m = M.build(cfg, crd_dir=M.shared_reference_dir())  # Kubernetes' schema, and KubeRay's CRDs where ../shared has them
+    m = M.build(cfg, crd_dir=MS.shared_reference_dir())  # Kubernetes' schema, and KubeRay's CRDs where ../shared has them
     assert m.warnings == []
     spec = m.rayjob["spec"]["rayClusterSpec"]
     assert wcontainer(spec)["securityContext"] == {
@@ -552,7 +554,7 @@ def test_non_root_and_extra_capabilities_are_config_options_and_still_validate()
 def test_non_root_with_an_image_whose_user_the_kubelet_cannot_verify_is_a_warning():
     cfg = cfg_from(["cluster.kube.run_as_non_root=true"])
     m = M.render(cfg)
-    assert M.check(cfg, m) == []
+    assert MC.check(cfg, m) == []
     assert [w for w in m.warnings if w.startswith("cluster.kube.run_as_non_root")] == [
         "cluster.kube.run_as_non_root: true, but public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1 does not run as a "
         "numeric non-root user, so the kubelet would refuse to start its containers; set cluster.kube.run_as_user (1000 is the "
@@ -568,7 +570,7 @@ def test_every_pod_waits_for_rayfts_stop_before_sigkill(grace, pod_grace):
     assert len(specs) == 4
     for where, spec in specs:
         assert spec["terminationGracePeriodSeconds"] == pod_grace, where
-    assert M.validate(m, crd_dir=M.shared_reference_dir()) == []
+    assert MS.validate(m, crd_dir=MS.shared_reference_dir()) == []
 
 
 def test_auth_disabled_is_a_warning_and_the_cli_prints_it(tmp_path):
@@ -578,7 +580,7 @@ def test_auth_disabled_is_a_warning_and_the_cli_prints_it(tmp_path):
 
     cfg = cfg_from(["cluster.kube.auth=disabled"])
     m = M.render(cfg)
-    assert M.check(cfg, m) == []
+    assert MC.check(cfg, m) == []
     auth = [w for w in m.warnings if w.startswith("cluster.kube.auth")]
     assert auth == [
         "cluster.kube.auth: disabled: the Ray head accepts jobs, tasks and dashboard requests (ports 8265, 10001, 6379) from anyone "
@@ -586,13 +588,13 @@ def test_auth_disabled_is_a_warning_and_the_cli_prints_it(tmp_path):
         "cluster.kube.auth: token (the default), or set at least cluster.kube.network_policy: true"
     ]
     m = M.render(cfg := cfg_from(["cluster.kube.auth=disabled", "cluster.kube.network_policy=true"]))
-    M.check(cfg, m)
+    MC.check(cfg, m)
     assert any(
         w.endswith("every pod of the namespace still reaches the dashboard and client ports (cluster.kube.network_policy)")
         for w in m.warnings
     )
     m = M.render(cfg := cfg_from())
-    M.check(cfg, m)
+    MC.check(cfg, m)
     assert not any(w.startswith("cluster.kube.auth") for w in m.warnings)
     r = CliRunner().invoke(app, ["manifest", str(EXAMPLE), "-o", str(tmp_path), "--no-ec2", "--set", "cluster.kube.auth=disabled"])
     assert r.exit_code == 0, r.output

@@ -18,6 +18,8 @@ import pytest
 import yaml
 
 from rayft.cluster import manifest as M
+from rayft.cluster import manifest_check as MC
+from rayft.cluster import manifest_schema as MS
 from rayft.config import load_config
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -54,7 +56,7 @@ def test_three_instance_types_are_covered():
 @pytest.mark.parametrize("case", CASES)
 def test_golden(case):
     cfg, m = render_case(case)
-    assert M.check(cfg, m) == []
+    assert MC.check(cfg, m) == []
     for fname, obj in golden_objects(m).items():
         path = GOLDEN / case / fname
         text = M.to_yaml(obj)
@@ -67,7 +69,7 @@ def test_golden(case):
 @pytest.mark.parametrize("case", CASES)
 def test_kubernetes_openapi_validation(case):
     cfg, m = render_case(case)
-    assert M.validate(m, kube_version=cfg.cluster.aws.kubernetes_version, crd_dir=None) == []
+    assert MS.validate(m, kube_version=cfg.cluster.aws.kubernetes_version, crd_dir=None) == []
     assert any("CRD validation skipped" in n for n in m.notes)
 
 
@@ -75,7 +77,7 @@ def test_kubernetes_openapi_validation(case):
 def test_kuberay_crd_validation(case):
     crds = crds_or_skip()
     cfg, m = render_case(case)
-    assert M.validate(m, kube_version=cfg.cluster.aws.kubernetes_version, crd_dir=crds) == []
+    assert MS.validate(m, kube_version=cfg.cluster.aws.kubernetes_version, crd_dir=crds) == []
     assert M.build(cfg, crd_dir=crds).rayjob == m.rayjob
 
 
@@ -85,7 +87,7 @@ def test_kubernetes_validation_catches_a_bad_pod_template():
     c = bad.raycluster["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
     c["resources"]["limit"] = c["resources"].pop("limits")  # a typo the API server would prune
     bad.config_map["data"]["n"] = 3
-    problems = dict(M.validate(bad, crd_dir=None))
+    problems = dict(MS.validate(bad, crd_dir=None))
     assert any(k.endswith("template.spec.containers[0].resources") and "'limit' was unexpected" in v for k, v in problems.items())
     assert "ConfigMap/ray-train-cluster-config: data.n" in problems
 
@@ -97,7 +99,7 @@ def test_crd_validation_catches_unknown_and_mistyped_fields():
     bad.raycluster["spec"]["workerGroupSpecs"][0]["replica"] = 2
     bad.rayjob["spec"]["backoffLimit"] = "none"
     bad.rayjob["spec"]["rayClusterSpec"]["authOptions"]["mode"] = "password"
-    problems = dict(M.validate(bad, crd_dir=crds))
+    problems = dict(MS.validate(bad, crd_dir=crds))
     assert "'replica' was unexpected" in problems["RayCluster/ray-train-cluster: spec.workerGroupSpecs[0]"]
     assert "not of type 'integer'" in problems["RayJob/ray-train-cluster: spec.backoffLimit"]
     assert "is not one of" in problems["RayJob/ray-train-cluster: spec.rayClusterSpec.authOptions.mode"]
@@ -107,5 +109,5 @@ def test_a_mistyped_node_selector_fails_both_schemas():
     crds = crds_or_skip()
     _, m = render_case(SAMPLE)
     m.raycluster["spec"]["headGroupSpec"]["template"]["spec"]["nodeSelector"]["role"] = 7
-    where = [k for k, _ in M.validate(m, crd_dir=crds) if k.startswith("RayCluster/")]
+    where = [k for k, _ in MS.validate(m, crd_dir=crds) if k.startswith("RayCluster/")]
     assert len(where) == 2 and all(k.endswith("nodeSelector.role") for k in where), where

@@ -1,8 +1,9 @@
 """RayCluster and RayJob manifests for any EKS GPU instance type, rendered from the job config.
 
-The path: :func:`render` (config + instance catalog → plain dicts) → :func:`check` (contradictions
-between the config, the instance and the rendered objects) → :func:`validate` (Kubernetes OpenAPI
-via kubernetes-validate, KubeRay CRD schemas via jsonschema) → :func:`write` (one YAML per object).
+The path: :func:`render` (config + instance catalog → plain dicts) →
+:func:`rayft.cluster.manifest_check.check` (contradictions between the config, the instance and the
+rendered objects) → :func:`rayft.cluster.manifest_schema.validate` (Kubernetes OpenAPI via
+kubernetes-validate, KubeRay CRD schemas via jsonschema) → :func:`write` (one YAML per object).
 :func:`build` runs the first three; nothing is written unless all of them pass.
 
 Objects rendered (:class:`Manifests`):
@@ -28,7 +29,6 @@ import os
 import re
 from dataclasses import dataclass, field
 from decimal import Decimal
-from functools import lru_cache
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -54,8 +54,8 @@ KNOWN_IMAGE_RAY = {
     "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1": "2.58.0",
 }
 _RAYPROJECT_TAG = re.compile(r"^(?:docker\.io/)?(?:rayproject|anyscale)/ray(?:-ml)?:(\d+\.\d+\.\d+)")
-_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_URI = re.compile(r"^[a-z][a-z0-9+.-]*://")
+DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+URI_SCHEME = re.compile(r"^[a-z][a-z0-9+.-]*://")
 
 PCIE_SHM_ENV = {"NCCL_SHM_USE_CUDA_MEMCPY": "1"}
 
@@ -203,7 +203,7 @@ def runtime_env_installs_rayft(runtime_env: dict[str, Any]) -> bool:
 
 def is_shared_path(path: str, cluster: ClusterConfig) -> bool:
     """True when ``path`` is reachable from every pod: a URI (s3://…) or under the FSx mount."""
-    if _URI.match(path):
+    if URI_SCHEME.match(path):
         return True
     if cluster.kube.fsx_pvc is None:
         return False
@@ -502,337 +502,6 @@ def _network_policy(cluster: ClusterConfig) -> dict[str, Any]:
     }
 
 
-# --------------------------------------------------------------------------- contradictions
-
-
-def _container(group: dict[str, Any], name: str) -> dict[str, Any]:
-    for c in group["template"]["spec"]["containers"]:
-        if c["name"] == name:
-            return c
-    raise KeyError(name)
-
-
-def _check_cluster_spec(where: str, spec: dict[str, Any], instance: InstanceType, cfg: RayftConfig) -> list[tuple[str, str]]:
-    """Contradictions visible in one rendered RayCluster spec."""
-    cluster = cfg.cluster
-    assert cluster is not None
-    out: list[tuple[str, str]] = []
-    head = spec["headGroupSpec"]
-    if str(head["rayStartParams"].get("num-gpus")) != "0":
-        out.append(
-            (
-                f"{where}.headGroupSpec.rayStartParams.num-gpus (cluster.kube.head_ray_start_params)",
-                f"{head['rayStartParams'].get('num-gpus')}, but the head runs on a CPU node: num-gpus must be 0",
-            )
-        )
-    for i, g in enumerate(spec["workerGroupSpecs"]):
-        gw = f"{where}.workerGroupSpecs[{i}]"
-        c = _container(g, WORKER_CONTAINER)
-        limits = c["resources"].get("limits", {})
-        gpu_limit = limits.get(GPU_RESOURCE)
-        num_gpus = g["rayStartParams"].get("num-gpus")
-        if num_gpus is None or gpu_limit is None or parse_quantity(str(num_gpus)) != parse_quantity(str(gpu_limit)):
-            out.append(
-                (
-                    f"{gw}.rayStartParams.num-gpus (cluster.kube.worker_ray_start_params)",
-                    f"num-gpus {num_gpus} != the pod's {GPU_RESOURCE} limit {gpu_limit}: Ray and the kubelet would disagree",
-                )
-            )
-        if gpu_limit is not None and parse_quantity(str(gpu_limit)) > instance.gpu_count:
-            out.append((f"{gw}.resources.limits.{GPU_RESOURCE}", f"{gpu_limit} GPUs > {instance.gpu_count} on {instance.name}"))
-        efa = limits.get(EFA_RESOURCE)
-        if efa is not None and parse_quantity(str(efa)) > instance.max_efa_interfaces:
-            out.append(
-                (
-                    f"{gw}.resources.limits.{EFA_RESOURCE}",
-                    f"{efa} EFA interfaces requested; {instance.name} takes at most {instance.max_efa_interfaces}",
-                )
-            )
-        mem = parse_quantity(limits.get("memory", "0"))
-        if mem > instance.memory_mib * 2**20:
-            out.append(("cluster.kube.worker_memory", f"{limits['memory']} exceeds {instance.name}'s {instance.memory_mib // 1024}Gi"))
-        if limits.get("cpu") and parse_quantity(limits["cpu"]) > instance.vcpus:
-            out.append(("cluster.kube.worker_cpu", f"{limits['cpu']} CPUs exceed {instance.name}'s {instance.vcpus} vCPUs"))
-        for grp_name, grp in (("head", head), ("worker", g)):
-            lim = _container(grp, HEAD_CONTAINER if grp is head else WORKER_CONTAINER)["resources"]["limits"].get("memory")
-            for v in grp["template"]["spec"]["volumes"]:
-                size = v.get("emptyDir", {}).get("sizeLimit")
-                if v["name"] == "dshm" and size and lim and parse_quantity(size) > parse_quantity(lim):
-                    out.append(("cluster.kube.shm_size", f"/dev/shm {size} exceeds the {grp_name} pod's memory limit {lim}"))
-    if spec.get("rayVersion") != cluster.kube.ray_version:
-        out.append((f"{where}.rayVersion", f"{spec.get('rayVersion')} != cluster.kube.ray_version {cluster.kube.ray_version}"))
-    return out
-
-
-def check(cfg: RayftConfig, manifests: Manifests) -> list[tuple[str, str]]:
-    """Every contradiction between the config, the instance and the rendered objects.
-
-    Returns ``(field, message)`` pairs; empty when consistent. Checked: num-gpus = the GPU limit;
-    EFA only on instances with EFA; workers × GPUs per worker = ``train.num_workers`` (world size);
-    ``rayVersion`` = the image's Ray; shared storage when there is more than one node; names within
-    KubeRay's limits; RayJob fields KubeRay rejects together; resources within the instance.
-
-    Not errors: ``manifests.notes`` (information) and ``manifests.warnings`` (likely failures or risks rayft
-    cannot be sure of: an image without rayft and a runtime_env that does not install it, ``auth: disabled``,
-    ``run_as_non_root`` with an image whose user the kubelet cannot verify).
-    """
-    cluster = cfg.cluster
-    assert cluster is not None and manifests.instance is not None
-    inst = manifests.instance
-    kube = cluster.kube
-    out: list[tuple[str, str]] = []
-
-    # names
-    if not _DNS1035.match(cluster.name):
-        out.append(("cluster.name", f"{cluster.name!r} is not a DNS-1035 label (lower case letters, digits, '-'; starts with a letter)"))
-    limit = MAX_RAYJOB_NAME
-    if len(cluster.name) > limit:
-        out.append(("cluster.name", f"{len(cluster.name)} characters; KubeRay allows at most {limit} for a RayJob"))
-
-    # EFA
-    if cluster.efa and not inst.efa_supported:
-        out.append(("cluster.efa", f"EFA requested but {inst.name} has no EFA interfaces; set cluster.efa: false"))
-
-    # world size
-    gpus_per_worker = inst.gpu_count
-    world = cluster.num_nodes * gpus_per_worker
-    nw = cfg.train.num_workers
-    if isinstance(nw, int) and nw != world:
-        out.append(
-            (
-                "train.num_workers",
-                f"{nw} != world size {world} ({cluster.num_nodes} nodes × {gpus_per_worker} GPUs of {inst.name})",
-            )
-        )
-    if cfg.train.use_gpu is False:
-        out.append(("train.use_gpu", f"false, but the cluster is {world} GPUs of {inst.name}"))
-
-    # Ray version vs image
-    image_ray = image_ray_version(kube.image)
-    if image_ray is not None and image_ray != kube.ray_version:
-        out.append(("cluster.kube.ray_version", f"{kube.ray_version} != Ray {image_ray} inside {kube.image}"))
-    elif image_ray is None:
-        manifests.notes.append(f"Ray version of image {kube.image} is unknown; rayVersion {kube.ray_version} is not checked")
-
-    # the entrypoint needs rayft inside the pods
-    if image_lacks_rayft(kube.image) and not runtime_env_installs_rayft(kube.runtime_env):
-        manifests.warnings.append(
-            f"the RayJob runs `{entrypoint(cfg)}`, but {kube.image} does not contain rayft and "
-            "cluster.kube.runtime_env does not install it, so the job would fail with `rayft: not found`. "
-            'Either set cluster.kube.runtime_env: {pip: ["rayft @ <wheel URL or s3:// path>"]} '
-            f"(or a pinned version from your index), or build an image FROM {kube.image} with rayft installed "
-            "and set cluster.kube.image to it"
-        )
-
-    # a non-root pod that the kubelet cannot start: the known images' USER is root (AWS's DLC) or a name (rayproject/ray's `ray`)
-    if kube.run_as_non_root and kube.run_as_user is None and image_lacks_rayft(kube.image):
-        manifests.warnings.append(
-            f"cluster.kube.run_as_non_root: true, but {kube.image} does not run as a numeric non-root user, so the kubelet "
-            "would refuse to start its containers; set cluster.kube.run_as_user (1000 is the `ray` user of rayproject/ray)"
-        )
-
-    # Ray without authentication
-    if kube.auth == "disabled":
-        reach = (
-            "every pod of the namespace still reaches the dashboard and client ports (cluster.kube.network_policy)"
-            if kube.network_policy
-            else "set at least cluster.kube.network_policy: true"
-        )
-        manifests.warnings.append(
-            "cluster.kube.auth: disabled: the Ray head accepts jobs, tasks and dashboard requests (ports 8265, 10001, 6379) "
-            "from anyone who can reach it, and whatever they submit runs in the pods with their service account and "
-            f"storage; keep cluster.kube.auth: token (the default), or {reach}"
-        )
-
-    # shared storage
-    if cluster.num_nodes > 1:
-        sp = cfg.checkpoint.storage_path
-        if not is_shared_path(sp, cluster):
-            hint = f"under {kube.shared_mount_path} (cluster.kube.fsx_pvc)" if kube.fsx_pvc else "an s3:// URI, or set cluster.kube.fsx_pvc"
-            out.append(("checkpoint.storage_path", f"{sp!r} is node-local but the cluster has {cluster.num_nodes} nodes; use {hint}"))
-        for i, f in enumerate(cfg.data.train_files):
-            if not is_shared_path(f, cluster):
-                out.append(
-                    (
-                        f"data.train_files[{i}]",
-                        f"{f!r} is a path on this machine, not visible in the pods; put it on shared storage or use a URI",
-                    )
-                )
-    for i, f in enumerate(cfg.data.train_files):
-        if _URI.match(f):
-            manifests.notes.append(
-                f"data.train_files[{i}]: {f} is a URI; rayft's data reader reads files (put it under {kube.shared_mount_path})"
-            )
-    if cluster.num_nodes > 1 and hf_home(cluster) is None:
-        manifests.notes.append("no shared file system (cluster.kube.fsx_pvc): each pod keeps its own Hugging Face cache")
-    if kube.hf_home and not is_shared_path(kube.hf_home, cluster):
-        out.append(
-            ("cluster.kube.hf_home", f"{kube.hf_home!r} is not on shared storage ({kube.shared_mount_path} with cluster.kube.fsx_pvc)")
-        )
-
-    # RayJob rules KubeRay enforces
-    if kube.job_cluster == "select":
-        if kube.job_shutdown_after_finishes:
-            out.append(
-                ("cluster.kube.job_shutdown_after_finishes", "must be false with job_cluster: select (the RayCluster is not the job's)")
-            )
-        if kube.job_backoff_limit > 0:
-            out.append(("cluster.kube.job_backoff_limit", "KubeRay rejects backoffLimit > 0 with job_cluster: select"))
-    ttl_set = "job_ttl_seconds_after_finished" in kube.model_fields_set
-    if not kube.job_shutdown_after_finishes and ttl_set and kube.job_ttl_seconds_after_finished > 0:
-        out.append(
-            (
-                "cluster.kube.job_ttl_seconds_after_finished",
-                "KubeRay rejects a TTL when job_shutdown_after_finishes is false; remove it or set it to 0",
-            )
-        )
-
-    # the rendered objects themselves
-    out += _check_cluster_spec(f"RayCluster/{cluster.name}: spec", manifests.raycluster["spec"], inst, cfg)
-    if "rayClusterSpec" in manifests.rayjob["spec"]:
-        out += _check_cluster_spec(f"RayJob/{cluster.name}: spec.rayClusterSpec", manifests.rayjob["spec"]["rayClusterSpec"], inst, cfg)
-    return _dedupe(out)
-
-
-def _dedupe(items: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    seen, out = set(), []
-    for it in items:
-        if it not in seen:
-            seen.add(it)
-            out.append(it)
-    return out
-
-
-# --------------------------------------------------------------------------- schema validation
-
-
-def shared_reference_dir() -> Path:
-    """Where the KubeRay CRDs are looked for: $RAYFT_KUBERAY_CRDS, else ../shared/reference/kuberay-v1.7.0."""
-    env = os.environ.get("RAYFT_KUBERAY_CRDS")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[3].parent / "shared" / "reference" / f"kuberay-{KUBERAY_CRD_VERSION}"
-
-
-def _strict(schema: Any) -> Any:
-    """Forbid fields a structural schema would silently prune (unknown keys become errors)."""
-    if isinstance(schema, dict):
-        if "properties" in schema:
-            for v in schema["properties"].values():
-                _strict(v)
-            if "additionalProperties" not in schema and not schema.get("x-kubernetes-preserve-unknown-fields"):
-                schema["additionalProperties"] = False
-        for key in ("items", "additionalProperties", "not"):
-            if isinstance(schema.get(key), dict):
-                _strict(schema[key])
-        for key in ("anyOf", "allOf", "oneOf"):
-            for v in schema.get(key, []):
-                _strict(v)
-    return schema
-
-
-@lru_cache(maxsize=8)
-def _crd_validator(path: str, kind: str):
-    import jsonschema
-
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    with open(path, encoding="utf-8") as f:
-        crd = yaml.load(f, Loader=loader)
-    if crd.get("spec", {}).get("names", {}).get("kind") != kind:
-        raise ValueError(f"{path} is not the {kind} CRD")
-    version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
-    schema = _strict(version["schema"]["openAPIV3Schema"])
-    return jsonschema.Draft202012Validator(schema)
-
-
-def _crd_errors(obj: dict[str, Any], crd_dir: Path) -> list[tuple[str, str]]:
-    kind = obj["kind"]
-    path = crd_dir / f"ray.io_{kind.lower()}s.yaml"
-    validator = _crd_validator(str(path), kind)
-    out = []
-    for e in sorted(validator.iter_errors(obj), key=lambda e: list(map(str, e.absolute_path))):
-        loc = _jsonpath(e.absolute_path)
-        out.append((f"{kind}/{obj['metadata']['name']}: {loc}", f"KubeRay {KUBERAY_CRD_VERSION} CRD: {e.message}"))
-    return out
-
-
-def _jsonpath(path) -> str:
-    s = ""
-    for p in path:
-        s += f"[{p}]" if isinstance(p, int) else (f".{p}" if s else str(p))
-    return s or "<root>"
-
-
-def kubernetes_version(requested: str) -> str:
-    """The Kubernetes version kubernetes-validate checks against: ``requested`` (major.minor) when it
-    ships schemas for it, else the nearest it ships."""
-    from kubernetes_validate.utils import all_versions
-
-    shipped = all_versions()
-    mm = lambda v: tuple(int(x) for x in v.split(".")[:2])  # noqa: E731
-    want = mm(requested)
-    candidates = [v for v in shipped if mm(v) <= want]
-    return candidates[-1] if candidates else shipped[0]
-
-
-def _k8s_errors(obj: dict[str, Any], where: str, version: str) -> list[tuple[str, str]]:
-    import kubernetes_validate
-    from kubernetes_validate.utils import ValidationError as KVError
-
-    try:
-        kubernetes_validate.validate(obj, version, strict=True)
-    except KVError as e:
-        return [(f"{where}: {_jsonpath(e.path)}", f"Kubernetes {e.version} OpenAPI: {e.message}")]
-    return []
-
-
-def _pod_templates(obj: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    if obj["kind"] == "RayCluster":
-        spec, prefix = obj["spec"], "spec"
-    elif "rayClusterSpec" in obj["spec"]:
-        spec, prefix = obj["spec"]["rayClusterSpec"], "spec.rayClusterSpec"
-    else:
-        return []
-    out = [(f"{prefix}.headGroupSpec.template", spec["headGroupSpec"]["template"])]
-    for i, g in enumerate(spec.get("workerGroupSpecs", [])):
-        out.append((f"{prefix}.workerGroupSpecs[{i}].template", g["template"]))
-    return out
-
-
-def validate(manifests: Manifests, *, kube_version: str = "1.33", crd_dir: Path | None = None) -> list[tuple[str, str]]:
-    """Schema problems of every rendered object; empty when all validate.
-
-    Core objects (ConfigMap, NetworkPolicy) and every pod template inside the RayCluster/RayJob are
-    checked strictly (unknown fields are errors) against the Kubernetes OpenAPI schema shipped with
-    kubernetes-validate (offline), for ``kube_version`` or the nearest shipped. RayCluster and RayJob
-    are checked against the KubeRay v1.7.0 CRD schemas in ``crd_dir`` with unknown fields forbidden;
-    when ``crd_dir`` is None or missing that step is skipped and a note is added to ``manifests.notes``.
-
-    Raises:
-        ValueError: a file in ``crd_dir`` is not the expected CRD.
-    """
-    version = kubernetes_version(kube_version)
-    out: list[tuple[str, str]] = []
-    core = [manifests.config_map] + ([manifests.network_policy] if manifests.network_policy else [])
-    for obj in core:
-        out += _k8s_errors(obj, f"{obj['kind']}/{obj['metadata']['name']}", version)
-    for obj in (manifests.raycluster, manifests.rayjob):
-        for where, tmpl in _pod_templates(obj):
-            pod_template = {
-                "apiVersion": "v1",
-                "kind": "PodTemplate",
-                "metadata": {"name": "check", "namespace": obj["metadata"]["namespace"]},
-                "template": tmpl,
-            }
-            out += _k8s_errors(pod_template, f"{obj['kind']}/{obj['metadata']['name']}: {where}", version)
-    if crd_dir is not None and (crd_dir / "ray.io_rayclusters.yaml").is_file():
-        for obj in (manifests.raycluster, manifests.rayjob):
-            out += _crd_errors(obj, crd_dir)
-    else:
-        manifests.notes.append(f"KubeRay CRD validation skipped: no CRDs at {crd_dir}")
-    return out
-
-
 # --------------------------------------------------------------------------- build / write
 
 
@@ -843,6 +512,10 @@ def build(cfg: RayftConfig, instance: InstanceType | None = None, *, crd_dir: Pa
         ManifestError: contradictions (each naming its config key) or schema violations.
         rayft.cluster.instances.UnknownInstanceTypeError: ``cluster.instance_type`` is unknown.
     """
+    # the checks import this module's types and constants: imported here, not at the top
+    from rayft.cluster.manifest_check import check
+    from rayft.cluster.manifest_schema import validate
+
     m = render(cfg, instance)
     problems = check(cfg, m)
     if problems:

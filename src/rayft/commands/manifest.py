@@ -26,7 +26,8 @@ def manifest(
 ) -> None:
     """Render the RayCluster and RayJob (plus ConfigMap, optional NetworkPolicy) for CONFIG's cluster."""
     from rayft.cluster.instances import NotAGpuInstanceError, UnknownInstanceTypeError, describe_instance_type, get_instance
-    from rayft.cluster.manifest import ManifestError, build, shared_reference_dir, write
+    from rayft.cluster.manifest import ManifestError, build, write
+    from rayft.cluster.manifest_schema import shared_reference_dir
 
     cfg = load_config_or_exit(config, set_)
     if cfg.cluster is None:
