@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass, field
 
 from rayft.cluster.instances import EFA_RESOURCE, InstanceType, UnknownInstanceTypeError, get_instance
-from rayft.nccl.verdicts import InterNode, RankVerdict
+from rayft.nccl.verdict_types import InterNode, RankVerdict
 
 __all__ = ["Fault", "environment_faults", "instance_of"]
 

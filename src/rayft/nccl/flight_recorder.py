@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from rayft.nccl.errors import DoctorError
-from rayft.nccl.verdicts import label_ranks
+from rayft.nccl.verdict_types import label_ranks
 
 __all__ = ["Dump", "Finding", "analyse", "read_dumps"]
 

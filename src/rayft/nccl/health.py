@@ -33,7 +33,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from rayft.nccl.lines import LogLine, NcclLine, iter_log
-from rayft.nccl.verdicts import RankVerdict, label_ranks
+from rayft.nccl.verdict_types import RankVerdict, label_ranks
 
 __all__ = ["EFA_ERRORS", "Failure", "Timeout", "failures", "timeouts"]
 

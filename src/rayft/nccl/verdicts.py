@@ -21,6 +21,7 @@ link to an ambiguous rank, and says so in every verdict's ``mixed``. Ranks whose
 deduplication folded into other workers' are credited with what the folded copies say, where they
 agree (see the section "Ray's folded lines" below).
 
+The verdict's types are :mod:`rayft.nccl.verdict_types`, its causes :mod:`rayft.nccl.causes`.
 Pure functions over text: no file or process I/O.
 """
 
@@ -28,9 +29,9 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from dataclasses import dataclass, field, replace
-from enum import Enum
+from dataclasses import dataclass, replace
 
+from rayft.nccl.causes import causes_of, p2p_link, short_via
 from rayft.nccl.lines import NcclLine, RayRanks
 from rayft.nccl.processes import (
     ASSIGNED_NET,
@@ -55,6 +56,16 @@ from rayft.nccl.processes import (
     share_plugin_evidence,
     share_topology,
 )
+from rayft.nccl.verdict_types import (
+    INTER_WORST,
+    INTRA_WORST,
+    Cause,
+    InterNode,
+    IntraNode,
+    RankVerdict,
+    label_ranks,
+    net_class,
+)
 
 __all__ = [
     "Cause",
@@ -66,123 +77,6 @@ __all__ = [
     "mixed_jobs",
     "verdicts_from_text",
 ]
-
-
-class InterNode(str, Enum):
-    """How a rank reached GPUs on other hosts."""
-
-    EFA = "EFA"  # aws-ofi-nccl (libfabric) with the efa provider
-    LIBFABRIC = "Libfabric"  # aws-ofi-nccl with another provider (tcp, sockets, ...)
-    IB = "InfiniBand"  # NCCL's internal IB verbs transport (IB or RoCE)
-    SOCKET = "Socket"  # NCCL's internal TCP socket transport: the slow fallback
-    NONE = "none"  # no peers on other hosts (single-node job)
-    UNKNOWN = "unknown"  # multi-node, but the log shows neither channels nor the chosen network
-
-
-class IntraNode(str, Enum):
-    """How a rank reached GPUs on its own host (the worst transport seen wins)."""
-
-    P2P = "P2P"  # CUDA peer-to-peer (NVLink or PCIe): P2P/CUMEM, P2P/IPC, P2P/direct pointer
-    NVLS = "NVLS"  # NVLink SHARP
-    SHM = "SHM"  # through host shared memory
-    NET = "network"  # through the network transport (e.g. NET/Socket with P2P and SHM disabled)
-    NONE = "none"  # no other GPU on this host
-    UNKNOWN = "unknown"  # local peers exist but no channel lines were logged
-
-
-@dataclass(frozen=True)
-class Cause:
-    """A likely reason for a fallback; ``scope`` says which expectation it explains."""
-
-    scope: str  # "inter" (EFA / network), "intra" (P2P / SHM), "both"
-    text: str
-
-    def __str__(self) -> str:
-        return self.text
-
-
-@dataclass
-class RankVerdict:
-    """What one rank (one process) used, and why it may not be what was wanted."""
-
-    rank: int | None
-    world_size: int | None
-    host: str | None
-    pid: int | None
-    ip: str | None = None
-    local_rank: int | None = None
-    cuda_dev: int | None = None
-    bus_id: str | None = None
-    n_nodes: int | None = None  # hosts in the job (from the ranks' hosts, else NCCL's nNodes)
-    inter_node: InterNode = InterNode.UNKNOWN
-    inter_detail: str = ""  # e.g. "aws-ofi-nccl 1.13.2, provider efa, 32 NICs"
-    provider: str | None = None  # libfabric provider when aws-ofi-nccl was loaded
-    intra_node: IntraNode = IntraNode.UNKNOWN
-    intra_detail: str = ""  # e.g. "P2P/CUMEM over NVLink", "SHM/direct/direct"
-    p2p_link: str | None = None  # "NVLink", "PCIe" or None (unknown / not P2P)
-    gdr: bool | None = None  # GPUDirect RDMA on the network links (None: no network links)
-    interface: str | None = None  # data-plane interface(s) of the network transport
-    bootstrap: str | None = None  # bootstrap interface, e.g. "eth0 192.0.2.2"
-    # "channels" (connections logged), "init" (only init lines), "folded" (no line of its own: credited
-    # from lines Ray's deduplication folded), "none"
-    evidence: str = "channels"
-    nccl_version: str | None = None
-    causes: list[Cause] = field(default_factory=list)  # likely reasons for a fallback
-    notes: list[str] = field(default_factory=list)
-    job: str | None = None  # NCCL commId of the rank's world communicator, when logged
-    mixed: str | None = None  # set when the text held more than one job: what clashed, and what was done
-    nics: int | None = None  # devices aws-ofi-nccl found ("found 32 nics")
-    platform: str | None = None  # the EC2 instance type aws-ofi-nccl detected ("Running on p5.48xlarge platform")
-    socket_ifs: list[str] = field(default_factory=list)  # NCCL's socket interfaces ("eth0 10.0.0.1"), whatever it used
-    shm_failure: str | None = None  # NCCL's first failure to create a /dev/shm segment
-    unknown_why: str | None = None  # why a transport stayed "unknown", where the log tells why
-
-    @property
-    def seen(self) -> bool:
-        """False for a rank of the job that left no NCCL line in the log."""
-        return self.evidence != "none"
-
-    @property
-    def where(self) -> str:
-        """Human label: ``rank 3 (host-a pid 412)``."""
-        who = f"rank {self.rank}" if self.rank is not None else "rank ?"
-        if self.host or self.pid:
-            who += f" ({self.host or '?'} pid {self.pid})"
-        return who
-
-
-_LINK_LOCAL = re.compile(r"^(?:169\.254\.|fe80:)", re.I)
-_LOOPBACK = re.compile(r"^(?:127\.|::1$)")
-_SUSPECT_IFACE = re.compile(r"^(?:lo|docker\d*|virbr\d*|cni\d*|flannel.*|kube-ipvs\d*)$")
-
-
-def label_ranks(ranks: list[int]) -> str:
-    """``[0,1,2,5,8,9]`` -> ``"0-2, 5, 8-9"``."""
-    rs = sorted(set(ranks))
-    parts: list[str] = []
-    i = 0
-    while i < len(rs):
-        j = i
-        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
-            j += 1
-        parts.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
-        i = j + 1
-    return ", ".join(parts)
-
-
-def _net_class(name: str, provider: str | None) -> InterNode:
-    n = name.lower()
-    if n.startswith("socket"):
-        return InterNode.SOCKET
-    if n.startswith("ib"):
-        return InterNode.IB
-    if "libfabric" in n or "ofi" in n:
-        return InterNode.EFA if provider == "efa" else InterNode.LIBFABRIC
-    return InterNode.UNKNOWN
-
-
-_INTER_WORST = [InterNode.SOCKET, InterNode.LIBFABRIC, InterNode.IB, InterNode.EFA]
-_INTRA_WORST = [IntraNode.NET, IntraNode.SHM, IntraNode.P2P, IntraNode.NVLS]
 
 
 def verdicts_from_text(text: str) -> list[RankVerdict]:
@@ -546,11 +440,11 @@ def _unseen_verdicts(missing: list[int], job: _Job, facts: _Facts, incoming: dic
         if (local or 0) > 1 and (credit := _channel_credit(facts, len(missing))):
             own.append(credit[0])
             n = _one_value(facts, "channel", 1)[1]
-            credited.append(f"{n} folded channel lines 'via {_short_via(own[-1])}'")
+            credited.append(f"{n} folded channel lines 'via {short_via(own[-1])}'")
         donors = [q for q in job.procs.values() if q.graph_intra or q.coll_channels]
         if host is not None or job.single_host:
             donors = [q for q in donors if job.single_host or host_key(q) == host]
-        elif len({_p2p_link(q) for q in donors}) > 1:  # host unknown: only where every host agrees
+        elif len({p2p_link(q) for q in donors}) > 1:  # host unknown: only where every host agrees
             donors = []
         donor = donors[0] if donors else None
         if donor is not None:  # the host's topology (NVLink or PCIe), for the P2P link
@@ -637,15 +531,15 @@ def _verdict(
 
     # Inter-node.
     if inter:
-        classes = {_net_class(ln.net or "", p.provider) for ln in inter}
-        v.inter_node = next((k for k in _INTER_WORST if k in classes), InterNode.UNKNOWN)
+        classes = {net_class(ln.net or "", p.provider) for ln in inter}
+        v.inter_node = next((k for k in INTER_WORST if k in classes), InterNode.UNKNOWN)
         nets = sorted({f"NET/{ln.net}" for ln in inter})
         if len(classes) > 1:
             v.notes.append("inter-node links over several transports: " + ", ".join(nets))
     elif single_host:
         v.inter_node = InterNode.NONE
     elif p.using_network and ((n_hosts or 0) > 1 or (n_hosts is None and (nnodes_nccl or 0) > 1)):
-        v.inter_node = _net_class(p.using_network[-1], p.provider)
+        v.inter_node = net_class(p.using_network[-1], p.provider)
         if v.evidence == "channels":
             v.notes.append(f"this rank logged no inter-node channel; inter-node transport taken from 'Using network {p.using_network[-1]}'")
     if v.inter_node in (InterNode.EFA, InterNode.LIBFABRIC):
@@ -664,11 +558,11 @@ def _verdict(
     if intra:
         order = {"NET": IntraNode.NET, "SHM": IntraNode.SHM, "P2P": IntraNode.P2P, "NVLS": IntraNode.NVLS}
         found = [order[k] for k in {ln.kind for ln in intra} if k in order]
-        v.intra_node = next((k for k in _INTRA_WORST if k in found), IntraNode.UNKNOWN)
-        vias = sorted({_short_via(ln) for ln in intra if ln.kind != "other"})
+        v.intra_node = next((k for k in INTRA_WORST if k in found), IntraNode.UNKNOWN)
+        vias = sorted({short_via(ln) for ln in intra if ln.kind != "other"})
         v.intra_detail = ", ".join(vias)
         if IntraNode.P2P in found:
-            v.p2p_link = _p2p_link(p)
+            v.p2p_link = p2p_link(p)
             if v.p2p_link and v.intra_node == IntraNode.P2P:
                 v.intra_detail += f" over {v.p2p_link}"
     elif c is not None and c.local_ranks == 1 and not single_host:
@@ -692,7 +586,7 @@ def _verdict(
 
     if single_host and c is not None and (c.nnodes or 0) > 1:
         v.notes.append(f"NCCL counted {c.nnodes} nodes (P2P/SHM unusable) but all ranks are on one host")
-    v.causes = _causes(p, v)
+    v.causes = causes_of(p, v)
     v.nics, v.platform = p.nics, p.platform
     if v.inter_node == InterNode.UNKNOWN:
         v.unknown_why = p.unknown_why
@@ -712,110 +606,3 @@ def _verdict(
             "('[repeated Nx across cluster]'); set RAY_DEDUP_LOGS=0 for per-rank certainty"
         )
     return v
-
-
-def _short_via(ln: Link) -> str:
-    parts = ln.via.split("/")
-    if ln.kind == "NET":
-        return f"NET/{ln.net}" + ("/GDRDMA" if ln.gdr else "")
-    if ln.kind == "P2P":
-        return "/".join(parts[:2])
-    if ln.kind == "SHM":
-        return "SHM" if "shared memory" in ln.via else ln.via
-    return ln.via
-
-
-def _p2p_link(p: Proc) -> str | None:
-    if "NVL" in p.graph_intra or (p.nvls_channels or 0) > 0:
-        return "NVLink"
-    if p.graph_intra and p.graph_intra <= {"PIX", "PXB", "PHB", "SYS", "PCI", "NODE"}:
-        return "PCIe"
-    # NCCL opens many channels only when the GPU-GPU bandwidth is NVLink-class
-    # (24 on H100/H200 NV18); PCIe topologies get 2-4.
-    if (p.coll_channels or 0) >= 8:
-        return "NVLink"
-    return None
-
-
-_OFI_HINTS = [
-    (
-        re.compile(r"No data available|fi_getinfo|No eligible providers|optimal provider|output empty", re.I),
-        "libfabric offered this process no EFA endpoint: its pod must request vpc.amazonaws.com/efa and see "
-        "/dev/infiniband/uverbs* (`fi_info -p efa` in the pod shows what libfabric finds)",
-    ),
-    (
-        re.compile(r"Cannot allocate memory|ENOMEM|memlock|locked memory", re.I),
-        "the locked-memory limit is too low for EFA: run the worker pods with `ulimit -l unlimited`",
-    ),
-    (
-        re.compile(r"Permission denied|EACCES|Operation not permitted", re.I),
-        "the process may not open /dev/infiniband: request the devices as vpc.amazonaws.com/efa, not through a hostPath mount",
-    ),
-    (
-        re.compile(r"Function not implemented|not supported|Only EFA provider", re.I),
-        "the image's libfabric lacks what aws-ofi-nccl needs: take both from one EFA installer",
-    ),
-]
-
-
-def _ofi_hint(said: str) -> str:
-    return next(
-        (hint for rx, hint in _OFI_HINTS if rx.search(said)),
-        "the NET/OFI WARN lines before it say why (`fi_info -p efa` in the pod shows what libfabric finds)",
-    )
-
-
-def _causes(p: Proc, v: RankVerdict) -> list[Cause]:
-    """Likely reasons this rank did not get EFA / P2P, from the evidence in its own lines."""
-    out: list[Cause] = []
-    env = p.env
-    if env.get("NCCL_NET", "").lower() == "socket":
-        out.append(Cause("both", "NCCL_NET=Socket set by the environment (forces TCP sockets)"))
-    if env.get("NCCL_P2P_DISABLE") == "1":
-        out.append(Cause("intra", "NCCL_P2P_DISABLE=1 set by the environment (no GPU peer-to-peer)"))
-    if env.get("NCCL_SHM_DISABLE") == "1":
-        out.append(Cause("intra", "NCCL_SHM_DISABLE=1 set by the environment (no shared-memory transport)"))
-    if p.shm_failed:
-        out.append(
-            Cause(
-                "intra",
-                "shared memory too small: NCCL could not create its /dev/shm segment "
-                "(mount a larger /dev/shm, e.g. an emptyDir with medium: Memory)",
-            )
-        )
-    net_like = v.inter_node in (InterNode.SOCKET, InterNode.IB, InterNode.UNKNOWN)
-    if net_like and "NCCL_NET" not in env:
-        if p.plugin_missing and not p.ofi_seen and not p.plugin_loaded:
-            out.append(
-                Cause(
-                    "inter",
-                    "OFI plugin not found: NCCL could not load libnccl-net.so (aws-ofi-nccl not installed or not on LD_LIBRARY_PATH)",
-                )
-            )
-        elif p.ofi_failed or any("ibfabric" in n or "OFI" in n for n in p.net_init_failed):
-            said = p.ofi_failed[0] if p.ofi_failed else f"Failed to initialize NET plugin {p.net_init_failed[0]}"
-            out.append(Cause("inter", f"aws-ofi-nccl failed to initialise on this rank: the log says '{said}'; {_ofi_hint(said)}"))
-        elif not p.ofi_seen and v.inter_node == InterNode.SOCKET:
-            out.append(Cause("inter", "aws-ofi-nccl never initialized (no NET/OFI line from this rank)"))
-    if v.inter_node == InterNode.LIBFABRIC and p.provider and p.provider != "efa":
-        out.append(
-            Cause(
-                "inter",
-                f"libfabric provider is {p.provider}, not efa (FI_PROVIDER set, or no EFA device so libfabric chose a TCP provider)",
-            )
-        )
-    if v.interface and p.socket_ifs:
-        for name, addr in p.socket_ifs:
-            if _LINK_LOCAL.match(addr):
-                out.append(
-                    Cause(
-                        "inter",
-                        f"link-local interface: {name} {addr} cannot route between hosts "
-                        "(set NCCL_SOCKET_IFNAME to the pod's primary interface, e.g. eth0)",
-                    )
-                )
-            elif (_LOOPBACK.match(addr) or _SUSPECT_IFACE.match(name)) and v.n_nodes != 1:
-                out.append(Cause("inter", f"wrong interface: {name} {addr} is not reachable from other hosts (set NCCL_SOCKET_IFNAME)"))
-    if p.bootstrap and _LINK_LOCAL.match(p.bootstrap[1]):
-        out.append(Cause("inter", f"link-local bootstrap interface: {p.bootstrap[0]} {p.bootstrap[1]} (set NCCL_SOCKET_IFNAME)"))
-    return out
