@@ -32,7 +32,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
-from rayft.config import RayftConfig, dump_config
+from rayft.config import RayftConfig
+from rayft.config_load import dump_config
 from rayft.config_tracking import MlflowConfig, WandbConfig
 
 #: step record key → tracker metric name (units as in ``rayft_metrics.jsonl``)

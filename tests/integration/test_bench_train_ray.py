@@ -19,7 +19,7 @@ from rich.console import Console
 from rayft.benchmarks import train_recipes as brc
 from rayft.benchmarks import train_results as br
 from rayft.benchmarks.recipes import load_dataset, padded_batch, rank_rows, run_sample
-from rayft.config import load_config
+from rayft.config_load import load_config
 
 pytestmark = pytest.mark.integration
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"

@@ -10,7 +10,7 @@ from bad_records import BAD_BYTES, BAD_LINES, GOOD
 from conftest import shared_path
 from rich.console import Console
 
-from rayft.config import load_config
+from rayft.config_load import load_config
 from rayft.data.formats import DataError, load_conversations
 from rayft.data.ingest import RAY_MIN_INPUT_BYTES, Settings, ingest_part, use_ray
 from rayft.data.sources import expand_files

@@ -21,7 +21,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rayft.cli import app
-from rayft.config import load_config
+from rayft.config_load import load_config
 from rayft.train.checkpoint import CheckpointError, export_run, find_checkpoints
 from rayft.train.driver import run_training
 

@@ -19,7 +19,7 @@ from rayft.benchmarks import train_recipes as brc
 from rayft.benchmarks import train_results as br
 from rayft.benchmarks.llamafactory_recipe import pack_capacity
 from rayft.benchmarks.recipes import load_dataset
-from rayft.config import load_config
+from rayft.config_load import load_config
 
 pytestmark = [
     pytest.mark.integration,

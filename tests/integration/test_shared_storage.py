@@ -34,7 +34,7 @@ def test_a_path_every_node_sees_passes(two_node_ray, tmp_path):
 def test_node_local_storage_is_refused_before_any_worker(two_node_ray, tmp_path, monkeypatch):
     import json
 
-    from rayft.config import load_config
+    from rayft.config_load import load_config
 
     (tmp_path / "d.jsonl").write_text(
         json.dumps({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}) + "\n"

@@ -140,7 +140,7 @@ def test_a_resume_on_s3_is_checked_before_any_worker(s3, ray_local, tmp_path):
     file there (what Ray Train hands the workers; a newer one without its state file is an
     interrupted save) and refuses, before any worker starts, other training data and a model-only
     checkpoint with steps left, as it does for a local run directory."""
-    from rayft.config import load_config
+    from rayft.config_load import load_config
     from rayft.train.driver import TrainError, run_training
     from rayft.train.run_dir import newest_remote_state
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from reference_loss import single_process_loss
 
-from rayft.config import load_config
+from rayft.config_load import load_config
 from rayft.train.driver import TrainError, load_run_data, run_training
 
 pytestmark = pytest.mark.integration

@@ -17,7 +17,8 @@ from rayft.benchmarks import train_recipes as brc
 from rayft.benchmarks import train_results as br
 from rayft.benchmarks.recipes import batch_token_stats, padded_batch, rank_rows, step_rows
 from rayft.cli import app
-from rayft.config import ConfigError, load_config
+from rayft.config import ConfigError
+from rayft.config_load import load_config
 from rayft.data.synthetic import random_dataset
 from rayft.data.tokenize import assemble
 

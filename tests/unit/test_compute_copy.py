@@ -186,7 +186,8 @@ def test_checkpoints_move_between_fsdp2_and_compute_copies(one_rank_group, tmp_p
 
 
 def test_compute_copies_with_cpu_offload_is_refused_naming_the_file_and_field(tmp_path):
-    from rayft.config import ConfigError, load_config
+    from rayft.config import ConfigError
+    from rayft.config_load import load_config
 
     f = tmp_path / "job.yaml"
     f.write_text("data: {synthetic: {rows: 4}}\nparallel:\n  single_worker: compute_copy\n  cpu_offload: true\n")

@@ -2,7 +2,8 @@ import textwrap
 
 import pytest
 
-from rayft.config import ConfigError, dump_config, load_config
+from rayft.config import ConfigError
+from rayft.config_load import dump_config, load_config
 
 
 def write(tmp_path, text, name="job.yaml"):

@@ -8,7 +8,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from rayft.cli import app
-from rayft.config import load_config
+from rayft.config_load import load_config
 
 RECORDS = [{"instruction": f"Add {a} and {b}.", "output": f"{a + b}"} for a, b in [(1, 2), (30, 4), (7, 7), (12, 50), (9, 0), (3, 3)]] + [
     {"text": "A raw web document. " * 60}

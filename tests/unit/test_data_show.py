@@ -37,7 +37,7 @@ def write_config(tmp_path, records=(RECORD, OTHER, OTHER, RECORD, OTHER)):
 
 def test_spans_are_the_assistant_replies_and_the_context_in_order(qwen_tokenizer, tmp_path):
     from rayft.commands.common import console
-    from rayft.config import load_config
+    from rayft.config_load import load_config
     from rayft.data.prepare import prepare_data
 
     cfg = load_config(write_config(tmp_path), [])

@@ -10,7 +10,7 @@ import torch
 from reference_loss import single_process_loss
 from rich.console import Console
 
-from rayft.config import load_config
+from rayft.config_load import load_config
 from rayft.train.driver import load_run_data
 from rayft.train.evaluate import eval_is_due, eval_rows, evaluate
 

@@ -376,7 +376,7 @@ def test_skip_policy_still_stops_on_whole_file_problems(tmp_path):
 
 
 def _job(tmp_path, data_files, *overrides):
-    from rayft.config import load_config
+    from rayft.config_load import load_config
 
     cfg_file = tmp_path / "job.yaml"
     cfg_file.write_text(

@@ -439,7 +439,8 @@ def test_unknown_columns_keys_are_refused(tmp_path):
 
 
 def test_config_columns(tmp_path):
-    from rayft.config import ColumnsConfig, ConfigError, dump_config, load_config
+    from rayft.config import ColumnsConfig, ConfigError
+    from rayft.config_load import dump_config, load_config
     from rayft.data.records import COLUMN_KEYS
 
     assert sorted(f.alias or n for n, f in ColumnsConfig.model_fields.items()) == sorted(COLUMN_KEYS)

@@ -19,7 +19,7 @@ from rayft.benchmarks import llamafactory_recipe as lf
 from rayft.benchmarks import train as bt
 from rayft.benchmarks import train_recipes as brc
 from rayft.benchmarks import train_results as br
-from rayft.config import load_config
+from rayft.config_load import load_config
 
 
 def spec(**kw):

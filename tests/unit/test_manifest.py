@@ -12,7 +12,8 @@ from rayft.cluster import manifest as M
 from rayft.cluster import manifest_check as MC
 from rayft.cluster import manifest_schema as MS
 from rayft.cluster.instances import get_instance
-from rayft.config import ConfigError, RayftConfig, load_config
+from rayft.config import ConfigError, RayftConfig
+from rayft.config_load import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "qwen2.5-1.5b-eks.yaml"

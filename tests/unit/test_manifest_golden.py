@@ -20,7 +20,7 @@ import yaml
 from rayft.cluster import manifest as M
 from rayft.cluster import manifest_check as MC
 from rayft.cluster import manifest_schema as MS
-from rayft.config import load_config
+from rayft.config_load import load_config
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 CASES = sorted(p.name for p in GOLDEN.iterdir() if (p / "config.yaml").is_file())

@@ -70,7 +70,8 @@ def test_preset_init_device_picks_the_gpu_when_twice_the_largest_init_unit_fits(
 def test_float8_config_checks_seq_len_and_plain_tensor_refuses_a_dtensor(one_rank_group):
     from torch.distributed.tensor import DeviceMesh, Replicate, distribute_tensor
 
-    from rayft.config import ConfigError, load_config
+    from rayft.config import ConfigError
+    from rayft.config_load import load_config
     from rayft.train.checkpoint import plain_tensor
 
     with pytest.raises(ValueError, match="train.float8 needs data.seq_len to be a multiple of 16.*got 1000"):

@@ -326,7 +326,8 @@ def test_placeholders_are_counted_with_their_first_locations_and_filled(tmp_path
 def test_prepare_prints_placeholder_lines_next_to_the_skip_summary(tmp_path, qwen_tokenizer):
     from rich.console import Console
 
-    from rayft.config import ConfigError, load_config
+    from rayft.config import ConfigError
+    from rayft.config_load import load_config
     from rayft.data.prepare import prepare_data
 
     p = write(tmp_path, "identity.jsonl", "\n".join(json.dumps(r) for r in IDENTITY[:2]) + "\n[1]\n")
@@ -373,7 +374,7 @@ def test_merged_reports_keep_placeholder_and_ignored_key_counts(tmp_path):
 def test_prepare_notes_ignored_message_keys_once_per_file_through_ingest(tmp_path, qwen_tokenizer):
     from rich.console import Console
 
-    from rayft.config import load_config
+    from rayft.config_load import load_config
     from rayft.data.prepare import prepare_data
 
     rec = {"messages": [{"role": "user", "content": "hi", "name": "ann"}, {"role": "assistant", "content": "hello", "id": "m1"}]}

@@ -213,7 +213,8 @@ def test_gpu_memory_limit_is_a_fraction_of_the_card_and_refused_above_it_or_off_
 def test_a_gpu_memory_limit_with_cpu_workers_is_a_config_error():
     from pathlib import Path
 
-    from rayft.config import ConfigError, load_config
+    from rayft.config import ConfigError
+    from rayft.config_load import load_config
 
     quickstart = Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml"  # train.use_gpu: false
     with pytest.raises(
@@ -226,7 +227,8 @@ def test_a_gpu_memory_limit_with_cpu_workers_is_a_config_error():
 def test_liger_kernels_with_cpu_workers_is_a_config_error():
     from pathlib import Path
 
-    from rayft.config import ConfigError, load_config
+    from rayft.config import ConfigError
+    from rayft.config_load import load_config
 
     quickstart = Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml"  # train.use_gpu: false
     with pytest.raises(

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from rayft.config import ConfigError, load_config
+from rayft.config import ConfigError
+from rayft.config_load import load_config
 from rayft.data import cache as cache_lib
 from rayft.data import token_store as ts
 from rayft.data.formats import DataError

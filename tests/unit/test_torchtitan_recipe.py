@@ -15,7 +15,8 @@ from rayft.benchmarks import torchtitan_recipe as tt
 from rayft.benchmarks import train as bt
 from rayft.benchmarks import train_recipes as brc
 from rayft.benchmarks.recipes import padded_batch
-from rayft.config import ModelConfig, load_config
+from rayft.config import ModelConfig
+from rayft.config_load import load_config
 from rayft.data.tokenize import assemble
 from rayft.train.model import load_model_config
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rayft.config import ConfigError, RayftConfig, load_config
+from rayft.config import ConfigError, RayftConfig
+from rayft.config_load import load_config
 from rayft.tracking import Trackers, flat_params
 
 HISTORY = [

@@ -9,7 +9,8 @@ import textwrap
 
 import pytest
 
-from rayft.config import ConfigError, load_config
+from rayft.config import ConfigError
+from rayft.config_load import load_config
 from rayft.train.errors import TrainError
 from rayft.train.ray_cluster import PINNED_REGISTER, check_worker_environment, flight_recorder_env, pinned_register_conf, worker_env_vars
 

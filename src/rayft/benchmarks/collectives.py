@@ -287,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m rayft.benchmarks.collectives CONFIG [--set K=V ...] --out FILE``; exit 1 on failure."""
     from rich.console import Console
 
-    from rayft.config import ConfigError, load_config
+    from rayft.config import ConfigError
+    from rayft.config_load import load_config
     from rayft.train.errors import TrainError
     from rayft.train.ray_cluster import connect_ray, resolve_workers, worker_env_vars
 

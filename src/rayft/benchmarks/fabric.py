@@ -211,7 +211,8 @@ def run_fabric(
             NCCL transport was not the expected one (the run is rejected; nothing is written).
     """
     from rayft.benchmarks.record import write_result
-    from rayft.config import ConfigError, load_config
+    from rayft.config import ConfigError
+    from rayft.config_load import load_config
     from rayft.train.run_dir import run_dir_of
 
     console = console or Console(stderr=True)

@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from rayft.benchmarks.train_results import finite_number, md_cell, status_text
-from rayft.config import load_yaml
+from rayft.config_load import load_yaml
 
 BEGIN = "<!-- rayft bench readme: begin -->"
 END = "<!-- rayft bench readme: end -->"

@@ -216,7 +216,8 @@ def run_bench(
     import torch
 
     from rayft.benchmarks.record import environment, write_result
-    from rayft.config import ConfigError, load_config
+    from rayft.config import ConfigError
+    from rayft.config_load import load_config
     from rayft.train.metrics import flops_per_token, peak_for_name
 
     console = console or Console(stderr=True)

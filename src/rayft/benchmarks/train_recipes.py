@@ -109,7 +109,7 @@ def recipe_command(recipe: str, workload: str, plan: Plan, cfg, world: int, use_
         if recipe == "rayft-fp8":
             sets.append("train.float8=true")
         if workload == "random":
-            from rayft.config import load_config
+            from rayft.config_load import load_config
 
             rows = plan.steps * world * load_config(plan.config, sets).train.micro_batch_size
             sets += [
@@ -214,7 +214,7 @@ def recipe_settings(recipe: str, run_dir: Path, cmd: list[str], config: Path) ->
     if recipe == "sample-recipe":
         return dict(SAMPLE_SETTINGS)
     if recipe in RAYFT_RECIPES:
-        from rayft.config import load_config
+        from rayft.config_load import load_config
 
         c = load_config(config, [cmd[i + 1] for i, a in enumerate(cmd) if a == "--set"])
         out = {

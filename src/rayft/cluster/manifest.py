@@ -37,7 +37,8 @@ import yaml
 from rayft.cluster.instances import EFA_RESOURCE, GPU_RESOURCE, InstanceType, get_instance
 from rayft.cluster.spec import ClusterConfig
 from rayft.cluster.spec_kube import QUANTITY_PATTERN
-from rayft.config import RayftConfig, dump_config
+from rayft.config import RayftConfig
+from rayft.config_load import dump_config
 
 RAY_API_VERSION = "ray.io/v1"
 KUBERAY_CRD_VERSION = "v1.7.0"

@@ -11,7 +11,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
-from rayft.config import ConfigError, RayftConfig, load_config
+from rayft.config import ConfigError, RayftConfig
+from rayft.config_load import load_config
 
 console = Console(stderr=True, soft_wrap=True)  # long paths and messages stay on one line (copy-pasteable)
 

@@ -7,7 +7,7 @@ import sys
 import typer
 
 from rayft.commands.common import ConfigArg, SetOpt, load_config_or_exit
-from rayft.config import dump_config
+from rayft.config_load import dump_config
 
 config_app = typer.Typer(help="Inspect configs.", no_args_is_help=True)
 

@@ -84,9 +84,9 @@ def check_local_data_files(cfg: RayftConfig, config: str | os.PathLike[str], ove
     the data, like Hugging Face Hub ids. On a :class:`~rayft.data.examples.DataError`, print it and exit 1 (as the same error
     found later would), naming the config file, the key and its line (or ``--set``), and for a
     relative path that matches nothing, where it was looked for: the config file's directory
-    (:func:`rayft.config.load_config` resolves relative paths there when they exist there), then
+    (:func:`rayft.config_load.load_config` resolves relative paths there when they exist there), then
     the current directory."""
-    from rayft.config import where_given
+    from rayft.config_load import where_given
     from rayft.data.examples import DataError
     from rayft.data.sources import expand_files, is_hub_dataset
 

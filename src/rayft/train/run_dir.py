@@ -10,7 +10,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
-from rayft.config import RayftConfig, dump_config
+from rayft.config import RayftConfig
+from rayft.config_load import dump_config
 from rayft.train.errors import TrainError
 
 
