@@ -1,7 +1,8 @@
 """Loading the config: YAML (duplicate keys, unreadable values and oversized documents refused),
 ``--set`` overrides, then pydantic's validation of :class:`rayft.config.RayftConfig`, with every
 error naming the file, the dotted key path and, where the YAML parser knows it, the line
-(:func:`load_config`); and the resolved config written back as YAML (:func:`dump_config`).
+(:func:`load_config`), and a micro-batch too large for any GPU refused there too (before any
+worker starts); and the resolved config written back as YAML (:func:`dump_config`).
 """
 
 from __future__ import annotations

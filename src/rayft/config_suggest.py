@@ -1,5 +1,5 @@
 """Did-you-mean for config keys: the keys a section of a pydantic config tree accepts, and the
-closest to an unknown one (`` (did you mean 'train_files'?)``, in :mod:`rayft.config`'s errors)."""
+closest to an unknown one (`` (did you mean 'train_files'?)``, in :mod:`rayft.config_load`'s errors)."""
 
 from __future__ import annotations
 

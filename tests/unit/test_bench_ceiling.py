@@ -232,7 +232,7 @@ def test_cpu_runs_and_ceiling_s_0_measure_nothing(tmp_path):
     assert "matrix rate" not in br.markdown_table(doc)  # a CPU run's table says nothing of it
     doc["figures"].update(use_gpu=True, ceiling={"status": "not measured", "reason": "--ceiling-s 0"})
     assert "This GPU's matrix rate was not measured in this call: --ceiling-s 0." in br.markdown_table(doc)
-    with pytest.raises(bt.BenchTrainError, match=r"--ceiling-s 1: 0 \(not measured\) or 2 to 600 seconds"):
+    with pytest.raises(br.BenchTrainError, match=r"--ceiling-s 1: 0 \(not measured\) or 2 to 600 seconds"):
         bt.run_bench(
             gpu_config(tmp_path),
             recipes=["sample-recipe"],

@@ -109,7 +109,7 @@ def test_merge_ranks_and_summarize():
     for warm, world, what in bad_figures:
         with pytest.raises(ValueError, match=rf"figures.{what} must be an integer"):
             br.run_window_rate(run, warm, world)
-    with pytest.raises(bt.BenchTrainError, match="none after the 3 warm-up"):
+    with pytest.raises(br.BenchTrainError, match="none after the 3 warm-up"):
         br.summarize(merged, 3, 2, None, None)
     assert "excluding_report" not in figs and "loss" not in merged[0]
 
@@ -322,7 +322,7 @@ def test_float8_check_compares_the_two_rayft_runs_step_by_step():
         run("rayft", [11.0], "random"),
         run("rayft-fp8", [11.0], "random", status="failed"),
     ]
-    chk = bt.float8_check(runs)
+    chk = br.float8_check(runs)
     assert list(chk) == ["real"]  # random: the float8 run failed
     c = chk["real"]
     assert c["steps"] == [1, 2, 3] and c["loss_fp8"] == [10.1, 8.0, 6.3]
@@ -337,7 +337,7 @@ def test_float8_check_compares_the_two_rayft_runs_step_by_step():
 
 
 def test_a_bad_rayft_set_is_an_error_before_anything_runs(tmp_path):
-    with pytest.raises(bt.BenchTrainError, match=r"(?s)--rayft-set: .*train.micro_batch_size .*greater than or equal to 1"):
+    with pytest.raises(br.BenchTrainError, match=r"(?s)--rayft-set: .*train.micro_batch_size .*greater than or equal to 1"):
         bt.run_bench(
             tiny_job(tmp_path),
             recipes=["rayft"],
@@ -347,7 +347,7 @@ def test_a_bad_rayft_set_is_an_error_before_anything_runs(tmp_path):
             work_dir=tmp_path / "wd",
             rayft_overrides=["train.micro_batch_size=0"],
         )
-    with pytest.raises(bt.BenchTrainError, match=r"--rayft-set is for the rayft recipes \(rayft, rayft-fp8\), and none runs"):
+    with pytest.raises(br.BenchTrainError, match=r"--rayft-set is for the rayft recipes \(rayft, rayft-fp8\), and none runs"):
         bt.run_bench(
             tiny_job(tmp_path),
             recipes=["sample-recipe"],
@@ -363,7 +363,7 @@ def test_a_bad_rayft_set_is_an_error_before_anything_runs(tmp_path):
         ("checkpoint.storage_path=/x", "sets checkpoint.storage_path itself"),
         ("train={num_workers: 1}", "sets train itself"),
     ]:
-        with pytest.raises(bt.BenchTrainError, match=why):
+        with pytest.raises(br.BenchTrainError, match=why):
             bt.run_bench(
                 tiny_job(tmp_path),
                 recipes=["rayft"],
@@ -374,7 +374,7 @@ def test_a_bad_rayft_set_is_an_error_before_anything_runs(tmp_path):
                 rayft_overrides=[bad],
             )
     # valid alone, invalid with the rayft recipes' own data.packing=true: refused before anything runs
-    with pytest.raises(bt.BenchTrainError, match=r"(?s)--rayft-set: .*flash_attention_2 with data.packing needs train.micro_batch_size: 1"):
+    with pytest.raises(br.BenchTrainError, match=r"(?s)--rayft-set: .*flash_attention_2 with data.packing needs train.micro_batch_size: 1"):
         bt.run_bench(
             tiny_job(tmp_path),
             recipes=["rayft"],
@@ -384,18 +384,18 @@ def test_a_bad_rayft_set_is_an_error_before_anything_runs(tmp_path):
             work_dir=tmp_path / "wd",
             rayft_overrides=["model.attn_implementation=flash_attention_2", "train.micro_batch_size=2"],
         )
-    with pytest.raises(bt.BenchTrainError, match="rayft recipe is the bf16 baseline; run float8 as the rayft-fp8 recipe"):
+    with pytest.raises(br.BenchTrainError, match="rayft recipe is the bf16 baseline; run float8 as the rayft-fp8 recipe"):
         bt.run_bench(tiny_job(tmp_path), ["train.float8=true"], ["rayft", "rayft-fp8"], ["random"], 3, 1, work_dir=tmp_path / "wd")
-    with pytest.raises(bt.BenchTrainError, match="names a recipe twice"):
+    with pytest.raises(br.BenchTrainError, match="names a recipe twice"):
         bt.run_bench(
             tiny_job(tmp_path), recipes=["rayft", "rayft"], workloads=["random"], steps=3, warmup_steps=1, work_dir=tmp_path / "wd"
         )
-    with pytest.raises(bt.BenchTrainError, match="--recipes is empty"):
+    with pytest.raises(br.BenchTrainError, match="--recipes is empty"):
         bt.run_bench(tiny_job(tmp_path), recipes=[], workloads=["random"], steps=3, warmup_steps=1, work_dir=tmp_path / "wd")
     for nan in ("nan", "rayft-fp8=nan", "rayft=inf"):
-        with pytest.raises(bt.BenchTrainError, match="not a finite number of seconds"):
+        with pytest.raises(br.BenchTrainError, match="not a finite number of seconds"):
             bt.parse_timeouts(nan)
-    with pytest.raises(bt.BenchTrainError, match="unknown recipe 'rayft-fp16'"):
+    with pytest.raises(br.BenchTrainError, match="unknown recipe 'rayft-fp16'"):
         bt.run_bench(tiny_job(tmp_path), recipes=["rayft-fp16"], workloads=["random"], steps=3, warmup_steps=1, work_dir=tmp_path / "wd")
 
 
@@ -487,9 +487,9 @@ def test_deadline_cuts_each_runs_limit_and_skips_runs_that_cannot_fit(tmp_path, 
 def test_parse_timeouts():
     assert bt.parse_timeouts("300") == 300.0 and bt.parse_timeouts(None) is None
     assert bt.parse_timeouts("rayft=200, trl-best=120") == {"rayft": 200.0, "trl-best": 120.0}
-    with pytest.raises(bt.BenchTrainError, match="not RECIPE=SECONDS"):
+    with pytest.raises(br.BenchTrainError, match="not RECIPE=SECONDS"):
         bt.parse_timeouts("rayft=200,bogus=3")
-    with pytest.raises(bt.BenchTrainError, match="not a number"):
+    with pytest.raises(br.BenchTrainError, match="not a number"):
         bt.parse_timeouts("rayft=fast")
 
 

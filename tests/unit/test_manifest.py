@@ -216,7 +216,7 @@ def test_tolerations_follow_the_gpu_node_group_taints():
 
 def test_pods_land_on_the_node_groups_rayft_creates():
     """Worker selector/tolerations match the eksctl GPU node group; the head's selector the system group."""
-    eks = pytest.importorskip("rayft.cluster.eks")
+    eks = pytest.importorskip("rayft.cluster.eks_render")
     cfg = cfg_from(["cluster.aws.gpu_labels={team: ml}"])
     m = M.render(cfg)
     ng = eks.render_gpu_nodegroup_config(cfg.cluster, "us-east-2a", None)["managedNodeGroups"][0]

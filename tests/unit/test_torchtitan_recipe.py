@@ -14,6 +14,7 @@ import pytest
 from rayft.benchmarks import torchtitan_recipe as tt
 from rayft.benchmarks import train as bt
 from rayft.benchmarks import train_recipes as brc
+from rayft.benchmarks import train_results as br
 from rayft.benchmarks.recipes import padded_batch
 from rayft.config import ModelConfig
 from rayft.config_load import load_config
@@ -113,7 +114,7 @@ def job(tmp_path, model="qwen3-1.7b", use_gpu="auto"):
 
 
 def test_the_bench_refuses_torchtitan_on_cpu_and_for_a_model_without_flavour(tmp_path):
-    with pytest.raises(bt.BenchTrainError, match=r"model.name_or_path='qwen2-tiny': the torchtitan recipes run the presets"):
+    with pytest.raises(br.BenchTrainError, match=r"model.name_or_path='qwen2-tiny': the torchtitan recipes run the presets"):
         bt.run_bench(
             job(tmp_path, "qwen2-tiny", "false"),
             recipes=["torchtitan"],
@@ -122,7 +123,7 @@ def test_the_bench_refuses_torchtitan_on_cpu_and_for_a_model_without_flavour(tmp
             warmup_steps=1,
             work_dir=tmp_path / "wd",
         )
-    with pytest.raises(bt.BenchTrainError, match=r"the torchtitan recipes run on CUDA GPUs only"):
+    with pytest.raises(br.BenchTrainError, match=r"the torchtitan recipes run on CUDA GPUs only"):
         bt.run_bench(
             job(tmp_path, use_gpu="false"),
             recipes=["torchtitan-fp8"],

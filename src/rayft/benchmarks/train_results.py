@@ -392,7 +392,7 @@ def _number(r: dict[str, Any], key: str, *, positive: bool = False, optional: bo
 
 
 def markdown_table(doc: dict[str, Any]) -> str:
-    """The results file(s) ``doc`` (one results JSON, as written by :func:`run_bench`) as Markdown.
+    """The results file(s) ``doc`` (one results JSON, as written by :func:`rayft.benchmarks.train.run_bench`) as Markdown.
 
     Raises:
         ValueError: a malformed run, named by its index (``figures.runs[i]``) and what is wrong.

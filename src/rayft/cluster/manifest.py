@@ -46,17 +46,8 @@ WORKER_GROUP = "gpu-workers"
 HEAD_CONTAINER = "ray-head"
 WORKER_CONTAINER = "ray-worker"
 MAX_RAYCLUSTER_NAME = 53  # KubeRay: 63 - len("-serve-svc")
-MAX_RAYJOB_NAME = 47  # KubeRay appends 6 characters for the RayCluster it creates
 SHM_CAP_GIB = 200  # Ray caps its default object store at 200 GB; more /dev/shm is never used
 HEADROOM_FRACTION = 6  # 1/6 of vCPUs and memory left to kubelet, daemon sets and system pods
-
-# Ray inside known images; the image tag is checked against cluster.kube.ray_version.
-KNOWN_IMAGE_RAY = {
-    "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1": "2.58.0",
-}
-_RAYPROJECT_TAG = re.compile(r"^(?:docker\.io/)?(?:rayproject|anyscale)/ray(?:-ml)?:(\d+\.\d+\.\d+)")
-DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-URI_SCHEME = re.compile(r"^[a-z][a-z0-9+.-]*://")
 
 PCIE_SHM_ENV = {"NCCL_SHM_USE_CUDA_MEMCPY": "1"}
 
@@ -176,40 +167,6 @@ def default_shm(memory_limit: str) -> str:
     """/dev/shm for a pod with this memory limit: a third of it (whole GiB, 1..200)."""
     gib = int(parse_quantity(memory_limit) // 2**30)
     return _gib(max(1, min(SHM_CAP_GIB, gib // 3)))
-
-
-def image_ray_version(image: str) -> str | None:
-    """The Ray version inside ``image`` when known (table of images, rayproject/ray tags), else None."""
-    if image in KNOWN_IMAGE_RAY:
-        return KNOWN_IMAGE_RAY[image]
-    m = _RAYPROJECT_TAG.match(image)
-    return m.group(1) if m else None
-
-
-def image_lacks_rayft(image: str) -> bool:
-    """True for images known not to contain rayft: the known DLC images and stock rayproject/ray tags.
-
-    Any other image is assumed to be built for the job (rayft installed).
-    """
-    return image in KNOWN_IMAGE_RAY or _RAYPROJECT_TAG.match(image) is not None
-
-
-def runtime_env_installs_rayft(runtime_env: dict[str, Any]) -> bool:
-    """True when the Ray runtime_env names rayft in a package list (``pip``, ``uv``, ``conda``) or ships ``py_modules``."""
-    for key in ("pip", "uv", "conda", "py_modules"):
-        if key in runtime_env and "rayft" in str(runtime_env[key]).lower():
-            return True
-    return False
-
-
-def is_shared_path(path: str, cluster: ClusterConfig) -> bool:
-    """True when ``path`` is reachable from every pod: a URI (s3://…) or under the FSx mount."""
-    if URI_SCHEME.match(path):
-        return True
-    if cluster.kube.fsx_pvc is None:
-        return False
-    p, mount = PurePosixPath(path), PurePosixPath(cluster.kube.shared_mount_path)
-    return p.is_absolute() and (p == mount or mount in p.parents)
 
 
 def hf_home(cluster: ClusterConfig) -> str | None:

@@ -5,25 +5,57 @@ before the schema validation.
 
 from __future__ import annotations
 
+import re
+from pathlib import PurePosixPath
 from typing import Any
 
 from rayft.cluster.instances import EFA_RESOURCE, GPU_RESOURCE, InstanceType
-from rayft.cluster.manifest import (
-    DNS1035_LABEL,
-    HEAD_CONTAINER,
-    MAX_RAYJOB_NAME,
-    URI_SCHEME,
-    WORKER_CONTAINER,
-    Manifests,
-    entrypoint,
-    hf_home,
-    image_lacks_rayft,
-    image_ray_version,
-    is_shared_path,
-    parse_quantity,
-    runtime_env_installs_rayft,
-)
+from rayft.cluster.manifest import HEAD_CONTAINER, WORKER_CONTAINER, Manifests, entrypoint, hf_home, parse_quantity
+from rayft.cluster.spec import ClusterConfig
 from rayft.config import RayftConfig
+
+MAX_RAYJOB_NAME = 47  # KubeRay appends 6 characters for the RayCluster it creates
+# Ray inside known images; the image tag is checked against cluster.kube.ray_version.
+KNOWN_IMAGE_RAY = {
+    "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1": "2.58.0",
+}
+_RAYPROJECT_TAG = re.compile(r"^(?:docker\.io/)?(?:rayproject|anyscale)/ray(?:-ml)?:(\d+\.\d+\.\d+)")
+_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_URI = re.compile(r"^[a-z][a-z0-9+.-]*://")
+
+
+def image_ray_version(image: str) -> str | None:
+    """The Ray version inside ``image`` when known (table of images, rayproject/ray tags), else None."""
+    if image in KNOWN_IMAGE_RAY:
+        return KNOWN_IMAGE_RAY[image]
+    m = _RAYPROJECT_TAG.match(image)
+    return m.group(1) if m else None
+
+
+def image_lacks_rayft(image: str) -> bool:
+    """True for images known not to contain rayft: the known DLC images and stock rayproject/ray tags.
+
+    Any other image is assumed to be built for the job (rayft installed).
+    """
+    return image in KNOWN_IMAGE_RAY or _RAYPROJECT_TAG.match(image) is not None
+
+
+def runtime_env_installs_rayft(runtime_env: dict[str, Any]) -> bool:
+    """True when the Ray runtime_env names rayft in a package list (``pip``, ``uv``, ``conda``) or ships ``py_modules``."""
+    for key in ("pip", "uv", "conda", "py_modules"):
+        if key in runtime_env and "rayft" in str(runtime_env[key]).lower():
+            return True
+    return False
+
+
+def is_shared_path(path: str, cluster: ClusterConfig) -> bool:
+    """True when ``path`` is reachable from every pod: a URI (s3://…) or under the FSx mount."""
+    if _URI.match(path):
+        return True
+    if cluster.kube.fsx_pvc is None:
+        return False
+    p, mount = PurePosixPath(path), PurePosixPath(cluster.kube.shared_mount_path)
+    return p.is_absolute() and (p == mount or mount in p.parents)
 
 
 def _container(group: dict[str, Any], name: str) -> dict[str, Any]:
@@ -104,7 +136,7 @@ def check(cfg: RayftConfig, manifests: Manifests) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
 
     # names
-    if not DNS1035_LABEL.match(cluster.name):
+    if not _DNS1035.match(cluster.name):
         out.append(("cluster.name", f"{cluster.name!r} is not a DNS-1035 label (lower case letters, digits, '-'; starts with a letter)"))
     limit = MAX_RAYJOB_NAME
     if len(cluster.name) > limit:
@@ -180,7 +212,7 @@ def check(cfg: RayftConfig, manifests: Manifests) -> list[tuple[str, str]]:
                     )
                 )
     for i, f in enumerate(cfg.data.train_files):
-        if URI_SCHEME.match(f):
+        if _URI.match(f):
             manifests.notes.append(
                 f"data.train_files[{i}]: {f} is a URI; rayft's data reader reads files (put it under {kube.shared_mount_path})"
             )

@@ -1,40 +1,21 @@
 """The likely causes of a rank's fallback (:func:`causes_of`), from what its process logged: the
 network plugin that did not load, the provider aws-ofi-nccl chose, a link-local or loopback
-interface, peer-to-peer access refused; and how a link is named in a verdict (:func:`short_via`).
+interface, peer-to-peer access refused.
 """
 
 from __future__ import annotations
 
 import re
 
-from rayft.nccl.processes import Link, Proc
-from rayft.nccl.verdict_types import LINK_LOCAL, LOOPBACK, SUSPECT_IFACE, Cause, InterNode, RankVerdict
+from rayft.nccl.processes import Proc
+from rayft.nccl.verdict_types import Cause, InterNode, RankVerdict
+
+_LINK_LOCAL = re.compile(r"^(?:169\.254\.|fe80:)", re.I)
+_LOOPBACK = re.compile(r"^(?:127\.|::1$)")
+_SUSPECT_IFACE = re.compile(r"^(?:lo|docker\d*|virbr\d*|cni\d*|flannel.*|kube-ipvs\d*)$")
 
 
-def short_via(ln: Link) -> str:
-    parts = ln.via.split("/")
-    if ln.kind == "NET":
-        return f"NET/{ln.net}" + ("/GDRDMA" if ln.gdr else "")
-    if ln.kind == "P2P":
-        return "/".join(parts[:2])
-    if ln.kind == "SHM":
-        return "SHM" if "shared memory" in ln.via else ln.via
-    return ln.via
-
-
-def p2p_link(p: Proc) -> str | None:
-    if "NVL" in p.graph_intra or (p.nvls_channels or 0) > 0:
-        return "NVLink"
-    if p.graph_intra and p.graph_intra <= {"PIX", "PXB", "PHB", "SYS", "PCI", "NODE"}:
-        return "PCIe"
-    # NCCL opens many channels only when the GPU-GPU bandwidth is NVLink-class
-    # (24 on H100/H200 NV18); PCIe topologies get 2-4.
-    if (p.coll_channels or 0) >= 8:
-        return "NVLink"
-    return None
-
-
-OFI_HINTS = [
+_OFI_HINTS = [
     (
         re.compile(r"No data available|fi_getinfo|No eligible providers|optimal provider|output empty", re.I),
         "libfabric offered this process no EFA endpoint: its pod must request vpc.amazonaws.com/efa and see "
@@ -55,9 +36,9 @@ OFI_HINTS = [
 ]
 
 
-def ofi_hint(said: str) -> str:
+def _ofi_hint(said: str) -> str:
     return next(
-        (hint for rx, hint in OFI_HINTS if rx.search(said)),
+        (hint for rx, hint in _OFI_HINTS if rx.search(said)),
         "the NET/OFI WARN lines before it say why (`fi_info -p efa` in the pod shows what libfabric finds)",
     )
 
@@ -91,7 +72,7 @@ def causes_of(p: Proc, v: RankVerdict) -> list[Cause]:
             )
         elif p.ofi_failed or any("ibfabric" in n or "OFI" in n for n in p.net_init_failed):
             said = p.ofi_failed[0] if p.ofi_failed else f"Failed to initialize NET plugin {p.net_init_failed[0]}"
-            out.append(Cause("inter", f"aws-ofi-nccl failed to initialise on this rank: the log says '{said}'; {ofi_hint(said)}"))
+            out.append(Cause("inter", f"aws-ofi-nccl failed to initialise on this rank: the log says '{said}'; {_ofi_hint(said)}"))
         elif not p.ofi_seen and v.inter_node == InterNode.SOCKET:
             out.append(Cause("inter", "aws-ofi-nccl never initialized (no NET/OFI line from this rank)"))
     if v.inter_node == InterNode.LIBFABRIC and p.provider and p.provider != "efa":
@@ -103,7 +84,7 @@ def causes_of(p: Proc, v: RankVerdict) -> list[Cause]:
         )
     if v.interface and p.socket_ifs:
         for name, addr in p.socket_ifs:
-            if LINK_LOCAL.match(addr):
+            if _LINK_LOCAL.match(addr):
                 out.append(
                     Cause(
                         "inter",
@@ -111,8 +92,8 @@ def causes_of(p: Proc, v: RankVerdict) -> list[Cause]:
                         "(set NCCL_SOCKET_IFNAME to the pod's primary interface, e.g. eth0)",
                     )
                 )
-            elif (LOOPBACK.match(addr) or SUSPECT_IFACE.match(name)) and v.n_nodes != 1:
+            elif (_LOOPBACK.match(addr) or _SUSPECT_IFACE.match(name)) and v.n_nodes != 1:
                 out.append(Cause("inter", f"wrong interface: {name} {addr} is not reachable from other hosts (set NCCL_SOCKET_IFNAME)"))
-    if p.bootstrap and LINK_LOCAL.match(p.bootstrap[1]):
+    if p.bootstrap and _LINK_LOCAL.match(p.bootstrap[1]):
         out.append(Cause("inter", f"link-local bootstrap interface: {p.bootstrap[0]} {p.bootstrap[1]} (set NCCL_SOCKET_IFNAME)"))
     return out

@@ -365,3 +365,28 @@ def share_topology(procs: dict[Key, Proc]) -> None:
         d = next((d for d in donors if host_key(d) == host_key(p)), None)
         if d is not None:
             p.graph_intra, p.coll_channels, p.nvls_channels = set(d.graph_intra), d.coll_channels, d.nvls_channels
+
+
+def short_via(ln: Link) -> str:
+    """How a verdict names a link's transport: ``NET/<net>[/GDRDMA]``, ``P2P/<kind>``, ``SHM``."""
+    parts = ln.via.split("/")
+    if ln.kind == "NET":
+        return f"NET/{ln.net}" + ("/GDRDMA" if ln.gdr else "")
+    if ln.kind == "P2P":
+        return "/".join(parts[:2])
+    if ln.kind == "SHM":
+        return "SHM" if "shared memory" in ln.via else ln.via
+    return ln.via
+
+
+def p2p_link(p: Proc) -> str | None:
+    """What carries a process's peer-to-peer links: ``NVLink``, ``PCIe``, or None when its log does not tell."""
+    if "NVL" in p.graph_intra or (p.nvls_channels or 0) > 0:
+        return "NVLink"
+    if p.graph_intra and p.graph_intra <= {"PIX", "PXB", "PHB", "SYS", "PCI", "NODE"}:
+        return "PCIe"
+    # NCCL opens many channels only when the GPU-GPU bandwidth is NVLink-class
+    # (24 on H100/H200 NV18); PCIe topologies get 2-4.
+    if (p.coll_channels or 0) >= 8:
+        return "NVLink"
+    return None

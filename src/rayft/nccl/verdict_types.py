@@ -5,7 +5,6 @@ the doctor's checks read.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -93,11 +92,6 @@ class RankVerdict:
         return who
 
 
-LINK_LOCAL = re.compile(r"^(?:169\.254\.|fe80:)", re.I)
-LOOPBACK = re.compile(r"^(?:127\.|::1$)")
-SUSPECT_IFACE = re.compile(r"^(?:lo|docker\d*|virbr\d*|cni\d*|flannel.*|kube-ipvs\d*)$")
-
-
 def label_ranks(ranks: list[int]) -> str:
     """``[0,1,2,5,8,9]`` -> ``"0-2, 5, 8-9"``."""
     rs = sorted(set(ranks))
@@ -110,18 +104,3 @@ def label_ranks(ranks: list[int]) -> str:
         parts.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
         i = j + 1
     return ", ".join(parts)
-
-
-def net_class(name: str, provider: str | None) -> InterNode:
-    n = name.lower()
-    if n.startswith("socket"):
-        return InterNode.SOCKET
-    if n.startswith("ib"):
-        return InterNode.IB
-    if "libfabric" in n or "ofi" in n:
-        return InterNode.EFA if provider == "efa" else InterNode.LIBFABRIC
-    return InterNode.UNKNOWN
-
-
-INTER_WORST = [InterNode.SOCKET, InterNode.LIBFABRIC, InterNode.IB, InterNode.EFA]
-INTRA_WORST = [IntraNode.NET, IntraNode.SHM, IntraNode.P2P, IntraNode.NVLS]

@@ -31,7 +31,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, replace
 
-from rayft.nccl.causes import causes_of, p2p_link, short_via
+from rayft.nccl.causes import causes_of
 from rayft.nccl.lines import NcclLine, RayRanks
 from rayft.nccl.processes import (
     ASSIGNED_NET,
@@ -52,19 +52,18 @@ from rayft.nccl.processes import (
     collect,
     feed,
     host_key,
+    p2p_link,
     plugin_evidence,
     share_plugin_evidence,
     share_topology,
+    short_via,
 )
 from rayft.nccl.verdict_types import (
-    INTER_WORST,
-    INTRA_WORST,
     Cause,
     InterNode,
     IntraNode,
     RankVerdict,
     label_ranks,
-    net_class,
 )
 
 __all__ = [
@@ -77,6 +76,21 @@ __all__ = [
     "mixed_jobs",
     "verdicts_from_text",
 ]
+
+
+def _net_class(name: str, provider: str | None) -> InterNode:
+    n = name.lower()
+    if n.startswith("socket"):
+        return InterNode.SOCKET
+    if n.startswith("ib"):
+        return InterNode.IB
+    if "libfabric" in n or "ofi" in n:
+        return InterNode.EFA if provider == "efa" else InterNode.LIBFABRIC
+    return InterNode.UNKNOWN
+
+
+_INTER_WORST = [InterNode.SOCKET, InterNode.LIBFABRIC, InterNode.IB, InterNode.EFA]
+_INTRA_WORST = [IntraNode.NET, IntraNode.SHM, IntraNode.P2P, IntraNode.NVLS]
 
 
 def verdicts_from_text(text: str) -> list[RankVerdict]:
@@ -531,15 +545,15 @@ def _verdict(
 
     # Inter-node.
     if inter:
-        classes = {net_class(ln.net or "", p.provider) for ln in inter}
-        v.inter_node = next((k for k in INTER_WORST if k in classes), InterNode.UNKNOWN)
+        classes = {_net_class(ln.net or "", p.provider) for ln in inter}
+        v.inter_node = next((k for k in _INTER_WORST if k in classes), InterNode.UNKNOWN)
         nets = sorted({f"NET/{ln.net}" for ln in inter})
         if len(classes) > 1:
             v.notes.append("inter-node links over several transports: " + ", ".join(nets))
     elif single_host:
         v.inter_node = InterNode.NONE
     elif p.using_network and ((n_hosts or 0) > 1 or (n_hosts is None and (nnodes_nccl or 0) > 1)):
-        v.inter_node = net_class(p.using_network[-1], p.provider)
+        v.inter_node = _net_class(p.using_network[-1], p.provider)
         if v.evidence == "channels":
             v.notes.append(f"this rank logged no inter-node channel; inter-node transport taken from 'Using network {p.using_network[-1]}'")
     if v.inter_node in (InterNode.EFA, InterNode.LIBFABRIC):
@@ -558,7 +572,7 @@ def _verdict(
     if intra:
         order = {"NET": IntraNode.NET, "SHM": IntraNode.SHM, "P2P": IntraNode.P2P, "NVLS": IntraNode.NVLS}
         found = [order[k] for k in {ln.kind for ln in intra} if k in order]
-        v.intra_node = next((k for k in INTRA_WORST if k in found), IntraNode.UNKNOWN)
+        v.intra_node = next((k for k in _INTRA_WORST if k in found), IntraNode.UNKNOWN)
         vias = sorted({short_via(ln) for ln in intra if ln.kind != "other"})
         v.intra_detail = ", ".join(vias)
         if IntraNode.P2P in found:

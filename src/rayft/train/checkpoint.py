@@ -306,7 +306,8 @@ def _choose_local(ray_checkpoint, chosen: str | None, run_dir: str) -> str | Non
     return None
 
 
-def _to_stderr(msg: str) -> None:
+def say_to_stderr(msg: str) -> None:
+    """Print ``msg`` to stderr at once (a warning or note beside a command's own output)."""
     print(msg, file=sys.stderr, flush=True)
 
 
@@ -349,7 +350,7 @@ def export_run(
     if check.problem is not None:
         raise CheckpointError(check.problem)
     if check.status == "unverifiable":
-        (say or _to_stderr)(f"note: {check.remark()}")
+        (say or say_to_stderr)(f"note: {check.remark()}")
     conf = AutoConfig.from_pretrained(ckpt)
     state = read_state(ckpt)
     from rayft.train.hf_weights import dcp_to_hf_files
@@ -401,4 +402,4 @@ def run_base_generation(run_dir: Path, say: Callable[[str], None] | None = None)
     except (OSError, yaml.YAMLError):
         return None
     name = model.get("name_or_path")
-    return base_generation_config(name, model.get("revision"), say=say or _to_stderr) if name else None
+    return base_generation_config(name, model.get("revision"), say=say or say_to_stderr) if name else None

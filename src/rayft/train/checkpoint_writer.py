@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import tempfile
 import time
 
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
-from rayft.train.checkpoint import async_save_shards, save_shards, write_state
+from rayft.train.checkpoint import async_save_shards, save_shards, say_to_stderr, write_state
 from rayft.train.checkpoint_files import (
     MODEL_AND_OPTIMIZER,
     MODEL_ONLY,
@@ -129,7 +128,7 @@ class CheckpointWriter:
         except Exception as e:
             if needed:
                 raise
-            _warn(f"[rayft] warning: the async saves' staging buffers could not be allocated ({e}); no save needed them")
+            say_to_stderr(f"[rayft] warning: the async saves' staging buffers could not be allocated ({e}); no save needed them")
             return
         self._buffers_alloc_s = staging.finished - staging.started
 
@@ -296,7 +295,3 @@ class CheckpointWriter:
             ray.train.report(metrics, checkpoint=ckpt, checkpoint_upload_mode=ray.train.CheckpointUploadMode.NO_UPLOAD)
         else:
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(path), checkpoint_dir_name=name)
-
-
-def _warn(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
