@@ -280,9 +280,10 @@ def step_record(
 ) -> dict[str, Any]:
     """The step's line of ``rayft_metrics.jsonl`` (units: seconds, tokens, FLOP/s, GiB).
 
-    ``timings``: ``data_s`` (CPU wall seconds before compute: the counts, all-reduced over several ranks; the rows were
-    made and copied under the previous step's device work, the first step's here), ``fwd_bwd_s`` and ``optim_s`` (:class:`StepResult`), plus the one-off set-up
-    timings on the first step; they need not add up to ``step_time_s``.
+    ``timings``: ``data_s`` (CPU wall seconds before compute: the counts, all-reduced over several
+    ranks; the rows were made and copied under the previous step's device work, the first step's
+    here), ``fwd_bwd_s`` and ``optim_s`` (:class:`StepResult`), plus the one-off set-up timings on
+    the first step; they need not add up to ``step_time_s``.
     """
     conf, tc = w.model_conf, w.cfg.train
     span = counts.attn_tokens_sq / max(counts.tokens, 1)

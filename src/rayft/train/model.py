@@ -211,9 +211,9 @@ class ShardedModel:
 
     def after_optimizer_step(self) -> None:
         """Work due after each ``optimizer.step()``: with compute copies, cast them again now, queued
-        behind the optimizer (:meth:`ComputeCopies.refresh`); with float8 weights all-gathered by FSDP2, compute every weight's float8 scale
-        for the next step in one all-reduce (torchao's ``precompute_float8_dynamic_scale_for_fsdp``)
-        instead of one per weight at all-gather time."""
+        behind the optimizer (:meth:`ComputeCopies.refresh`); with float8 weights all-gathered by
+        FSDP2, compute every weight's float8 scale for the next step in one all-reduce (torchao's
+        ``precompute_float8_dynamic_scale_for_fsdp``) instead of one per weight at all-gather time."""
         if self.compute_copies is not None:
             self.compute_copies.refresh()
         if self.float8_all_gather:

@@ -27,8 +27,9 @@ from rayft.train.model import ShardedModel
 def micro_batch_loss(model: ShardedModel, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Sum of token cross-entropies (fp32, 0-d) over the micro-batch's trainable targets.
 
-    ``batch``: :func:`rayft.data.packing.collate`'s tensors, those the model reads on its device (without
-    ``trained_positions``, e.g. a benchmark's hand-made rows, the LM head runs over every position).
+    ``batch``: :func:`rayft.data.packing.collate`'s tensors, those the model reads on its device
+    (without ``trained_positions``, e.g. a benchmark's hand-made rows, the LM head runs over every
+    position).
     Variable-length attention gets the document boundaries only when some row holds more than one
     document (more boundaries than rows); rows of one document each (random full-length rows, or a
     row per long example) need no boundaries and run plain causal attention.
