@@ -337,8 +337,9 @@ class ParallelConfig(_Section):
         "(it shards nothing but copies and casts each layer's weights in and out of its buffers every step). compute_copy: "
         "no FSDP2; the fp32 master weights and one param_dtype copy of them for compute, cast again after each optimizer "
         "step (rayft.train.compute_copy; same values, 2 bytes per parameter more memory; gradients accumulate in fp32 "
-        "whatever reduce_dtype says). auto: compute_copy on a GPU without cpu_offload, else fsdp2. More than one worker "
-        "always shards with FSDP2.",
+        "whatever reduce_dtype says). auto: compute_copy on a GPU without cpu_offload where the memory plan says the copies "
+        "fit the GPU, else fsdp2 (the driver decides and says so before the worker starts). More than one worker always "
+        "shards with FSDP2.",
     )
     cpu_offload: bool = Field(
         default=False,
@@ -349,7 +350,8 @@ class ParallelConfig(_Section):
 
     def uses_fsdp2(self, world_size: int, device_type: str) -> bool:
         """Whether FSDP2 shards the model: with more than one worker and with ``cpu_offload``
-        always; with one worker as ``single_worker`` says (auto: on a CPU, not on a GPU)."""
+        always; with one worker as ``single_worker`` says (auto: on a CPU, not on a GPU; the driver turns auto into
+        fsdp2 first where the copies do not fit the GPU: :func:`rayft.train.ray_cluster.choose_single_worker`)."""
         if world_size > 1 or self.cpu_offload or self.single_worker == "fsdp2":
             return True
         return self.single_worker == "auto" and device_type != "cuda"

@@ -138,6 +138,66 @@ def test_every_gradient_reaches_the_fp32_masters_inside_the_block_or_after_it(on
     assert all(torch.equal(grads[0][k], grads[1][k]) for k in grads[0])
 
 
+def test_the_copies_gradients_reach_the_masters_in_groups_the_last_at_the_backward_end(one_rank_group, monkeypatch):
+    """A copy's gradient waits in its group until the group holds GRAD_GROUP_BYTES, the last group
+    until the backward ends (a callback queued with autograd's engine), not one cast per parameter as
+    autograd makes it. Observed where the backward reaches the embedding's output: every decoder
+    layer's gradient exists there. The groups' size changes when the masters get their gradients,
+    not which: the same fp32 gradients either way."""
+    import rayft.train.compute_copy as compute_copy
+
+    grads, waiting = [], []
+    for group_bytes in (compute_copy.GRAD_GROUP_BYTES, 64 * 1024):
+        monkeypatch.setattr(compute_copy, "GRAD_GROUP_BYTES", group_bytes)
+        model = with_bf16_copies(plain())
+        masters = dict(model.module.named_parameters())
+        seen = []
+
+        def at_the_embedding_output(grad, model=model, masters=masters, seen=seen):
+            on_copies = {id(m) for m, c in model.compute_copies.copy_of.values() if c.grad is not None}
+            seen.append(([k for k, m in masters.items() if m.grad is not None], [k for k, m in masters.items() if id(m) in on_copies]))
+
+        model.module.model.embed_tokens.register_forward_hook(
+            lambda mod, args, out, f=at_the_embedding_output: [out.register_hook(f)] and None
+        )
+        micro_batch_loss(model, batches(1)[0]).backward()
+        assert len(seen) == 1
+        waiting.append(seen[0])
+        assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in masters.values())
+        assert all(c.grad is None for _m, c in model.compute_copies.copy_of.values())
+        assert model.compute_copies.moves_queued == 0 and model.compute_copies.group == {}
+        grads.append({k: p.grad for k, p in masters.items()})
+    (moved_whole, on_copies_whole), (moved_small, on_copies_small) = waiting
+    assert moved_whole == [] and "model.norm.weight" in on_copies_whole  # one group: nothing moved before the end
+    # 64 KiB groups (qwen2-tiny's layer weights are 16 KiB or less in bf16): the last layer's, whose backward runs first, moved
+    assert "model.norm.weight" in moved_small and "model.layers.1.mlp.down_proj.weight" in moved_small
+    assert len(on_copies_small) < len(on_copies_whole)
+    assert all(torch.equal(grads[0][k], grads[1][k]) for k in grads[0])
+
+
+def test_a_backward_that_raised_leaves_nothing_for_the_next_one(one_rank_group):
+    """A backward that raises before its end never moves the copies' gradients it made: the next
+    block drops them, so after the masters' ``zero_grad`` the next backward gives what a fresh model's
+    does (kept, they would be added to its own)."""
+    model, fresh = with_bf16_copies(plain()), with_bf16_copies(plain())
+    b = batches(1)[0]
+    fail = [True]
+
+    def raise_once(grad):
+        if fail.pop() if fail else False:
+            raise RuntimeError("a backward that fails midway")
+
+    model.module.model.embed_tokens.register_forward_hook(lambda mod, args, out: [out.register_hook(raise_once)] and None)
+    with pytest.raises(RuntimeError, match="fails midway"):
+        micro_batch_loss(model, b).backward()
+    assert model.compute_copies.moves_queued == 1 and any(c.grad is not None for _m, c in model.compute_copies.copy_of.values())
+    model.module.zero_grad(set_to_none=True)  # what a caller does after a failed step: the masters only
+    micro_batch_loss(model, b).backward()
+    micro_batch_loss(fresh, b).backward()
+    got, want = dict(model.module.named_parameters()), dict(fresh.module.named_parameters())
+    assert all(torch.equal(got[k].grad, want[k].grad) for k in want), [k for k in want if not torch.equal(got[k].grad, want[k].grad)]
+
+
 def test_a_frozen_master_gets_no_gradient_and_released_copies_come_back(one_rank_group):
     model = with_bf16_copies(plain())
     b = batches(1)[0]

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from rayft.config import ModelConfig
+from rayft.train.compute_copy import GRAD_GROUP_BYTES
 from rayft.train.memory_plan import (
     ModelDims,
     TrainShape,
@@ -110,9 +111,10 @@ def test_one_gpu_without_fsdp2_counts_its_compute_copies_only_where_they_exist(q
     assert fp32.peak < plan_memory(qwen15, replace(shape, compute_bytes=4)).peak  # the masters compute: nothing gathered
     small = replace(shape, micro_batch_size=1, activation_checkpointing=True, without_fsdp2=True)
     end = plan_memory(qwen15, small)
-    assert end.phase.startswith("end of the backward pass") and end.parts[
-        "the root's fp32 gradients and the LM head's in the compute dtype"
-    ] == (4 * root + 2 * head)
+    # the copies' gradients are moved into fp32 in groups, the last (with the LM head's) at the backward's end
+    assert end.phase.startswith("end of the backward pass")
+    assert end.parts["the root's fp32 gradients and the LM head's in the compute dtype"] == (4 * root + 2 * head)
+    assert end.parts["the compute copies' last group of gradients"] == GRAD_GROUP_BYTES == 256 * 2**20
     offload = replace(shape, cpu_offload=True)
     assert plan_memory(qwen15, replace(offload, without_fsdp2=True)).parts == plan_memory(qwen15, offload).parts
 
@@ -327,3 +329,36 @@ def test_rayft_fit_without_the_hub_says_so_in_one_line_and_reads_only_the_cache(
     assert "no-such-org/no-such-model from the local Hugging Face cache only (HF_HUB_OFFLINE=1)" in r.output
     assert "model.name_or_path=no-such-org/no-such-model: cannot read its config" in r.output
     assert constants.HF_HUB_OFFLINE is True and os.environ["HF_HUB_OFFLINE"] == "1"  # switched before the read
+
+
+def test_one_h200_takes_fsdp2_for_the_7b_where_compute_copies_do_not_fit(tmp_path):
+    """parallel.single_worker: auto on one GPU keeps compute copies, 2 bytes per parameter more than
+    FSDP2: the 7B's plan then exceeds an H200 (141 GiB) where FSDP2's fits. The driver's choice takes
+    FSDP2 there, says why, and writes it into the config the workers and the run directory get; the
+    1.5B keeps its copies; an explicit compute_copy is left as asked (the fit check judges it); and
+    `rayft fit` advises the switch first."""
+    from rayft.config_load import load_config
+    from rayft.train.memory_plan import copies_do_not_fit
+    from rayft.train.ray_cluster import choose_single_worker
+
+    one_h200 = "cluster: {instance_type: p5en.48xlarge, num_nodes: 1}\n"
+    cfg = load_config(write_config(tmp_path, one_h200), overrides=["train.num_workers=1"])
+    said: list[str] = []
+    choose_single_worker(cfg, 1, embedded=False, say=said.append)
+    assert cfg.parallel.single_worker == "fsdp2" and len(said) == 1
+    assert said[0].startswith("parallel.single_worker: auto takes fsdp2 on this GPU: compute copies need 143.3 GiB of H200's 141.0, FSDP2 ")
+    assert "(cluster.instance_type p5en.48xlarge)" in said[0]
+    target = parse_gpus("1xH200")
+    asked = load_config(write_config(tmp_path, "parallel: {single_worker: compute_copy}\n"))
+    assert copies_do_not_fit(asked, target) is None and asked.parallel.single_worker == "compute_copy"
+    assert copies_do_not_fit(load_config(write_config(tmp_path)), parse_gpus("2xH200")) is None  # FSDP2 over two anyway
+    small = load_config(write_config(tmp_path), overrides=["model.name_or_path=qwen2.5-1.5b"])
+    assert copies_do_not_fit(small, target) is None
+    choose_single_worker(small, 2, embedded=False, say=said.append)
+    assert small.parallel.single_worker == "auto" and len(said) == 1
+    # `rayft fit` judges what `rayft train` runs there; with copies asked for, it advises the switch first
+    chosen = fit_cli(str(write_config(tmp_path)), "--gpus", "1xH200", "--json")
+    assert chosen.returncode == 0 and json.loads(chosen.stdout)["fits"] is True
+    assert "parallel.single_worker: auto takes fsdp2 on this GPU: compute copies need 143.3 GiB" in " ".join(chosen.stderr.split())
+    kept = fit_cli(str(write_config(tmp_path)), "--gpus", "1xH200", "--json", "--set", "parallel.single_worker=compute_copy")
+    assert kept.returncode == 1 and json.loads(kept.stdout)["advice"].startswith("fits with parallel.single_worker: fsdp2")

@@ -10,9 +10,15 @@ step and 1.67× torchtitan's CUDA calls (bench/NOTES.md §24); torchtitan applie
 optimizer, gradient clipping, checkpoints and the export see them, as they see FSDP2's shards
 otherwise. Inside :meth:`ComputeCopies.computing` the module's parameter slots hold instead one
 persistent copy of each in the compute dtype (bf16), whose gradient is added into its master's fp32
-``.grad`` as soon as autograd has accumulated it (a post-accumulate-grad hook), then freed: the
-same values and the same fp32 accumulation over micro-batches as FSDP2 on one rank with
-``reduce_dtype`` fp32. The copies are cast again from the masters before a forward when a master
+``.grad``, then freed: the same values and the same fp32 accumulation over micro-batches as FSDP2 on
+one rank with ``reduce_dtype`` fp32. The gradients are moved in groups: each copy's
+post-accumulate-grad hook only adds it to the group, and a group is moved when it holds
+:data:`GRAD_GROUP_BYTES`, the rest when the backward ends (a callback the first hook queues with
+autograd's engine, as FSDP2 queues its own). A move is a multi-tensor cast into fresh fp32 gradients
+(the step's first micro-batch) or an add into them (the next ones). It replaced a cast launched by
+each parameter's hook as autograd made its gradient: 313 kernels, 6.3 ms a step, on the 1.7B model
+in bf16, and in float8, whose step waits on the host's launches, 463 copies (bench/NOTES.md §33).
+The copies are cast again from the masters before a forward when a master
 changed since the last cast as its version counter shows (a checkpoint's load, a weight load). The
 fused AdamW step leaves the version counters as they were, so
 :meth:`rayft.train.model.ShardedModel.after_optimizer_step` casts the copies at once
@@ -23,7 +29,9 @@ forward) then runs while the device is busy, not at the next step's start with t
 block's start: the version counters' check and the swap of the slots.
 
 Memory: the copies stay allocated, 2 bytes per parameter for bf16, where FSDP2 gathers two
-decoder layers' at a time; the fp32 gradients are the same 4 bytes per parameter.
+decoder layers' at a time; the fp32 gradients are the same 4 bytes per parameter; a group's
+gradients wait in bf16 until it is moved, at most :data:`GRAD_GROUP_BYTES` and the gradient that
+filled it (:func:`rayft.train.memory_plan.plan_memory` counts it).
 """
 
 from __future__ import annotations
@@ -32,6 +40,12 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
+from torch.autograd import Variable
+
+#: compute-dtype gradients gathered before they are moved into the masters' fp32 ones in one go
+#: (bytes): fewer launches than one per parameter, without holding every gradient twice until the
+#: backward ends (2 bytes per parameter more, 3 GB on the 1.5B preset)
+GRAD_GROUP_BYTES = 256 * 2**20
 
 
 class ComputeCopies:
@@ -47,6 +61,10 @@ class ComputeCopies:
         self.synced: tuple[tuple[int, int, bool], ...] | None = None  # (id, version, requires_grad) of each master at the last cast
         self.swapped: list[tuple[torch.nn.Module, str, torch.nn.Parameter]] = []  # (module, slot, master) while computing
         self.next_slots: list[tuple[torch.nn.Module, str, torch.nn.Parameter]] | None = None  # refresh's walk, for the next block
+        self.group: dict[int, tuple[torch.nn.Parameter, torch.nn.Parameter]] = {}  # id(copy) → (master, copy): gradients to move
+        self.group_bytes = 0
+        self.move_queued_in: int | None = None  # the autograd graph task whose end moves the last group (see move_grads)
+        self.moves_queued = 0  # end-of-backward moves queued and not run: above 0 at a block's start, a backward raised
 
     def refresh(self) -> None:
         """Cast every copy from its master now (making any copy that is missing), whatever the
@@ -67,6 +85,7 @@ class ComputeCopies:
         """Free the copies (2 bytes per parameter for bf16), e.g. before the export's logit check
         needs the room; a later :meth:`computing` makes them again."""
         self.copy_of, self.synced, self.next_slots = {}, None, None
+        self.group, self.group_bytes, self.moves_queued, self.move_queued_in = {}, 0, 0, None
 
     @contextlib.contextmanager
     def computing(self) -> Iterator[None]:
@@ -77,6 +96,8 @@ class ComputeCopies:
             yield
             return
         slots, self.next_slots = self.next_slots or self._slots(), None  # refresh's walk serves one block
+        if self.moves_queued:  # a backward that raised left part of its gradients on the copies: not the next one's
+            self.drop_grads()
         self._refresh(self._distinct(slots))
         try:
             for mod, name, p in slots:
@@ -113,18 +134,58 @@ class ComputeCopies:
             torch._foreach_copy_(copies, [p.detach() for p in masters])
         self.synced = signature
 
+    def move_grads(self) -> None:
+        """Hand the group's gradients to their masters' fp32 ``.grad`` and free them: into fresh fp32
+        tensors where a master has none (one multi-tensor cast for all of them), added to the
+        master's where it has one (grad accumulation's later micro-batches)."""
+        pairs = [(m, c, c.grad) for m, c in self.group.values() if c.grad is not None]
+        self.group, self.group_bytes = {}, 0
+        for _m, c, _g in pairs:
+            c.grad = None
+        fresh = [(m, g) for m, _c, g in pairs if m.grad is None]
+        held = [(m, g) for m, _c, g in pairs if m.grad is not None]
+        with torch.no_grad():
+            if fresh:
+                # torch.empty, not empty_like, whose dispatch took 15 µs a tensor against 2 (bench/compute_copy_grads.py)
+                made = [torch.empty(m.shape, dtype=m.dtype, device=m.device) for m, _g in fresh]
+                torch._foreach_copy_(made, [g for _m, g in fresh])
+                for (m, _g), t in zip(fresh, made):
+                    m.grad = t
+            if held:
+                torch._foreach_add_([m.grad for m, _g in held], [g for _m, g in held])
+
+    def drop_grads(self) -> None:
+        """Free the gradients a backward left on the copies without moving them (it raised before its
+        end): the next backward's own must not be added to them, and an optimizer's ``zero_grad``
+        sees only the masters'."""
+        for _m, c in self.copy_of.values():
+            c.grad = None
+        self.group, self.group_bytes = {}, 0
+        self.moves_queued, self.move_queued_in = 0, None
+
+    def _gradient_made(self, master: torch.nn.Parameter, copy: torch.nn.Parameter) -> None:
+        """A copy's post-accumulate-grad hook: add it to the group, move the group once it holds
+        :data:`GRAD_GROUP_BYTES`; the first hook of each backward (each autograd graph task; a
+        reentrant one nested in it counts apart) queues the last group's move for its end."""
+        task = torch._C._current_graph_task_id()
+        if task != self.move_queued_in:
+            self.move_queued_in = task
+            self.moves_queued += 1
+            Variable._execution_engine.queue_callback(self._backward_ended)
+        if id(copy) not in self.group:
+            self.group[id(copy)] = (master, copy)
+            self.group_bytes += copy.numel() * copy.element_size()
+        if self.group_bytes >= GRAD_GROUP_BYTES:
+            self.move_grads()
+
+    def _backward_ended(self) -> None:
+        self.moves_queued -= 1
+        self.move_grads()
+
     def _new_copy(self, master: torch.nn.Parameter) -> torch.nn.Parameter:
-        """An uninitialised compute-dtype parameter shaped as ``master``, which hands each gradient
-        autograd accumulates in it to ``master.grad`` (fp32), then drops it."""
+        """An uninitialised compute-dtype parameter shaped as ``master``, whose gradients
+        :meth:`move_grads` hands to ``master.grad`` (fp32)."""
         copy = torch.nn.Parameter(torch.empty_like(master, dtype=self.dtype), requires_grad=master.requires_grad)
         if master.requires_grad:
-
-            def to_master(c: torch.Tensor, master: torch.nn.Parameter = master) -> None:
-                if master.grad is None:
-                    master.grad = c.grad.to(master.dtype)
-                else:
-                    master.grad.add_(c.grad)
-                c.grad = None
-
-            copy.register_post_accumulate_grad_hook(to_master)
+            copy.register_post_accumulate_grad_hook(lambda c, master=master: self._gradient_made(master, c))
         return copy

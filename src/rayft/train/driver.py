@@ -30,6 +30,7 @@ from rayft.train.ray_cluster import (
     EMBEDDED,
     check_gpu_memory,
     check_worker_environment,
+    choose_single_worker,
     connect_ray,
     resolve_workers,
     shared_store_root,
@@ -166,6 +167,8 @@ def train_run(
     marks["ray_ready"] = time.time()
     n_workers, use_gpu = resolve_workers(cfg)
     check_worker_environment(cfg, use_gpu)
+    if use_gpu:
+        choose_single_worker(cfg, n_workers, embedded=where == EMBEDDED, say=lambda s: console.print(s, highlight=False, markup=False))
     if use_gpu and resume is None and cfg.train.fit_check != "off":  # a resumed run was judged when it started
         check_gpu_memory(cfg, n_workers, embedded=where == EMBEDDED, say=lambda s: console.print(s, highlight=False, markup=False))
     plan = make_plan(cfg, ds, n_workers)

@@ -36,7 +36,8 @@ loss), the backward pass of the last layer (activations, one layer recomputed wi
 that layer's unsharded bf16 gradient and its fp32 copy for the reduce-scatter, the hidden-state
 gradient), and the end of the backward pass (every other unit's gradient shard, and the root's
 gradients — embedding, LM head, final norm — in the compute dtype and their fp32 reduce-scatter
-input, the root's gathered weights freed first; on one GPU the input and its reduced copy).
+input, the root's gathered weights freed first; on one GPU the input and its reduced copy; without
+FSDP2, the compute copies' last group of gradients, moved into fp32 when the backward ends).
 Beyond the allocated peak a GPU needs the CUDA context and NCCL's buffers, and the caching
 allocator keeps freed blocks: :data:`RUNTIME_BYTES` and :data:`ALLOCATOR_SLACK` go on top for the
 verdict.
@@ -231,11 +232,14 @@ def plan_memory(m: ModelDims, s: TrainShape) -> MemoryPlan:
     # while that input lives, and the compute-dtype gradients are freed first
     rest = m.params - m.params_root
     if plain:
-        # each copy's gradient is handed to its fp32 master as autograd makes it: the largest, the
-        # LM head's (the embedding's, tied), is the last one alive in the compute dtype
+        from rayft.train.compute_copy import GRAD_GROUP_BYTES
+
+        # the copies' gradients are handed to their fp32 masters in groups of GRAD_GROUP_BYTES, the last
+        # when the backward ends: the LM head's (the embedding's, tied), made last, waits in it
         root = {
             "compute copies of every weight (rayft.train.compute_copy)": s.copy_bytes * m.params,
             "the root's fp32 gradients and the LM head's in the compute dtype": 4 * m.params_root + s.copy_bytes * m.vocab * m.hidden,
+            "the compute copies' last group of gradients": GRAD_GROUP_BYTES,
         }
     elif n == 1:
         root = {"the root's fp32 reduce-scatter input and its reduced copy": 8 * m.params_root}
@@ -430,8 +434,8 @@ def train_shape(cfg, gpus: int, model_conf) -> TrainShape:
 @dataclass
 class Verdict:
     """A plan judged against a GPU: ``fits``; ``largest_micro_batch`` (0: not even one row);
-    ``advice``: the first of activation checkpointing, then CPU offload, that makes it fit, with its
-    largest micro-batch (None when it fits, or when nothing does)."""
+    ``advice``: the first of FSDP2 instead of one GPU's compute copies, activation checkpointing, then
+    CPU offload, that makes it fit, with its largest micro-batch (None when it fits, or when nothing does)."""
 
     plan: MemoryPlan
     target: GpuTarget
@@ -460,7 +464,11 @@ def judge(m: ModelDims, s: TrainShape, target: GpuTarget) -> Verdict:
     fits = target.room(plan)
     advice = None
     if not fits:
+        # one GPU's compute copies hold 2 bytes per parameter more than FSDP2, which costs ~1.6% of the
+        # speed (bench/NOTES.md §30); activation checkpointing costs a forward's recompute
+        fsdp2 = [({"without_fsdp2": False}, "parallel.single_worker: fsdp2")] if s.copy_bytes else []
         for change, label in (
+            *fsdp2,
             ({"activation_checkpointing": True}, "train.activation_checkpointing: true"),
             (
                 {"activation_checkpointing": True, "cpu_offload": True},
@@ -478,6 +486,32 @@ def judge(m: ModelDims, s: TrainShape, target: GpuTarget) -> Verdict:
             if mb >= 1:
                 advice = f"fits with train.micro_batch_size ≤ {mb}"
     return Verdict(plan, target, fits, largest_micro_batch(m, s, target), advice)
+
+
+def copies_do_not_fit(cfg, target: GpuTarget) -> str | None:
+    """Why one GPU worker with ``parallel.single_worker: auto`` should shard with FSDP2 on ``target``
+    instead of keeping compute copies (its default): the copies' plan does not fit the GPU and
+    FSDP2's needs less (2 bytes per parameter: the 7B and 8B presets on one H200). None when the
+    copies fit, when the setting is not ``auto`` on one GPU, or when the model cannot be read here."""
+    from dataclasses import replace
+
+    from rayft.train.model_config import load_model_config
+
+    if target.count != 1 or cfg.parallel.single_worker != "auto" or cfg.parallel.cpu_offload:
+        return None
+    try:
+        conf = load_model_config(cfg.model)
+        dims = model_dims(conf)
+        shape = train_shape(cfg, 1, conf)
+    except Exception:  # noqa: BLE001 - not judged here: the run's own loading reports a bad model properly
+        return None
+    copies, fsdp2 = plan_memory(dims, shape), plan_memory(dims, replace(shape, without_fsdp2=False))
+    if not shape.copy_bytes or target.room(copies) or fsdp2.needed() >= copies.needed():
+        return None
+    g = 2**30
+    return (
+        f"compute copies need {copies.needed() / g:.1f} GiB of {target.model}'s {target.memory / g:.1f}, FSDP2 {fsdp2.needed() / g:.1f} GiB"
+    )
 
 
 def fit_problem(cfg, target: GpuTarget) -> tuple[str, str] | None:
