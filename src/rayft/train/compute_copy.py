@@ -40,6 +40,7 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
+from torch._utils import _unflatten_dense_tensors
 from torch.autograd import Variable
 
 #: compute-dtype gradients gathered before they are moved into the masters' fp32 ones in one go
@@ -61,7 +62,7 @@ class ComputeCopies:
         self.synced: tuple[tuple[int, int, bool], ...] | None = None  # (id, version, requires_grad) of each master at the last cast
         self.swapped: list[tuple[torch.nn.Module, str, torch.nn.Parameter]] = []  # (module, slot, master) while computing
         self.next_slots: list[tuple[torch.nn.Module, str, torch.nn.Parameter]] | None = None  # refresh's walk, for the next block
-        self.group: dict[int, tuple[torch.nn.Parameter, torch.nn.Parameter]] = {}  # id(copy) → (master, copy): gradients to move
+        self.group: list[tuple[torch.nn.Parameter, torch.nn.Parameter]] = []  # (master, copy) whose gradient waits to be moved
         self.group_bytes = 0
         self.move_queued_in: int | None = None  # the autograd graph task whose end moves the last group (see move_grads)
         self.moves_queued = 0  # end-of-backward moves queued and not run: above 0 at a block's start, a backward raised
@@ -85,7 +86,8 @@ class ComputeCopies:
         """Free the copies (2 bytes per parameter for bf16), e.g. before the export's logit check
         needs the room; a later :meth:`computing` makes them again."""
         self.copy_of, self.synced, self.next_slots = {}, None, None
-        self.group, self.group_bytes, self.moves_queued, self.move_queued_in = {}, 0, 0, None
+        self.group.clear()
+        self.group_bytes, self.moves_queued, self.move_queued_in = 0, 0, None
 
     @contextlib.contextmanager
     def computing(self) -> Iterator[None]:
@@ -138,16 +140,24 @@ class ComputeCopies:
         """Hand the group's gradients to their masters' fp32 ``.grad`` and free them: into fresh fp32
         tensors where a master has none (one multi-tensor cast for all of them), added to the
         master's where it has one (grad accumulation's later micro-batches)."""
-        pairs = [(m, c, c.grad) for m, c in self.group.values() if c.grad is not None]
-        self.group, self.group_bytes = {}, 0
+        waiting = {id(c): (m, c) for m, c in self.group}  # a copy whose hook ran twice: moved once
+        pairs = [(m, c, c.grad) for m, c in waiting.values() if c.grad is not None]
+        self.group.clear()
+        self.group_bytes = 0
         for _m, c, _g in pairs:
             c.grad = None
         fresh = [(m, g) for m, _c, g in pairs if m.grad is None]
         held = [(m, g) for m, _c, g in pairs if m.grad is not None]
         with torch.no_grad():
             if fresh:
-                # torch.empty, not empty_like, whose dispatch took 15 µs a tensor against 2 (bench/compute_copy_grads.py)
-                made = [torch.empty(m.shape, dtype=m.dtype, device=m.device) for m, _g in fresh]
+                # one fp32 buffer for the group, the gradients views of it shaped as their masters (one
+                # C++ call): half the host time of a torch.empty per tensor (bench/compute_copy_grads.py)
+                masters = [m for m, _g in fresh]
+                if len({(m.dtype, m.device) for m in masters}) == 1:
+                    flat = torch.empty(sum(m.numel() for m in masters), dtype=masters[0].dtype, device=masters[0].device)
+                    made = _unflatten_dense_tensors(flat, masters)
+                else:  # masters of several dtypes or devices (not rayft's own models): one tensor each
+                    made = [torch.empty(m.shape, dtype=m.dtype, device=m.device) for m in masters]
                 torch._foreach_copy_(made, [g for _m, g in fresh])
                 for (m, _g), t in zip(fresh, made):
                     m.grad = t
@@ -160,21 +170,21 @@ class ComputeCopies:
         sees only the masters'."""
         for _m, c in self.copy_of.values():
             c.grad = None
-        self.group, self.group_bytes = {}, 0
-        self.moves_queued, self.move_queued_in = 0, None
+        self.group.clear()
+        self.group_bytes, self.moves_queued, self.move_queued_in = 0, 0, None
 
-    def _gradient_made(self, master: torch.nn.Parameter, copy: torch.nn.Parameter) -> None:
-        """A copy's post-accumulate-grad hook: add it to the group, move the group once it holds
-        :data:`GRAD_GROUP_BYTES`; the first hook of each backward (each autograd graph task; a
-        reentrant one nested in it counts apart) queues the last group's move for its end."""
+    def _gradient_made(self, entry: tuple[torch.nn.Parameter, torch.nn.Parameter], nbytes: int) -> None:
+        """A copy's post-accumulate-grad hook (``entry``: its master and itself; ``nbytes``: its
+        gradient's size): add it to the group, move the group once it holds :data:`GRAD_GROUP_BYTES`;
+        the first hook of each backward (each autograd graph task; a reentrant one nested in it counts
+        apart) queues the last group's move for its end."""
         task = torch._C._current_graph_task_id()
         if task != self.move_queued_in:
             self.move_queued_in = task
             self.moves_queued += 1
             Variable._execution_engine.queue_callback(self._backward_ended)
-        if id(copy) not in self.group:
-            self.group[id(copy)] = (master, copy)
-            self.group_bytes += copy.numel() * copy.element_size()
+        self.group.append(entry)
+        self.group_bytes += nbytes
         if self.group_bytes >= GRAD_GROUP_BYTES:
             self.move_grads()
 
@@ -187,5 +197,7 @@ class ComputeCopies:
         :meth:`move_grads` hands to ``master.grad`` (fp32)."""
         copy = torch.nn.Parameter(torch.empty_like(master, dtype=self.dtype), requires_grad=master.requires_grad)
         if master.requires_grad:
-            copy.register_post_accumulate_grad_hook(lambda c, master=master: self._gradient_made(master, c))
+            nbytes = copy.numel() * copy.element_size()
+            # the hook holds the master, not the copy: a copy that refers to itself would outlive release() until a GC pass
+            copy.register_post_accumulate_grad_hook(lambda c: self._gradient_made((master, c), nbytes))
         return copy
