@@ -338,8 +338,8 @@ class ParallelConfig(_Section):
         "no FSDP2; the fp32 master weights and one param_dtype copy of them for compute, cast again after each optimizer "
         "step (rayft.train.compute_copy; same values, 2 bytes per parameter more memory; gradients accumulate in fp32 "
         "whatever reduce_dtype says). auto: compute_copy on a GPU without cpu_offload where the memory plan says the copies "
-        "fit the GPU, else fsdp2 (the driver decides and says so before the worker starts). More than one worker always "
-        "shards with FSDP2.",
+        "fit the GPU, else fsdp2 (the driver decides and says so before the worker starts; compute_copy where it cannot "
+        "tell the GPU's memory). More than one worker always shards with FSDP2.",
     )
     cpu_offload: bool = Field(
         default=False,

@@ -177,6 +177,45 @@ def test_the_copies_gradients_reach_the_masters_in_groups_the_last_at_the_backwa
     assert all(torch.equal(grads[0][k], grads[1][k]) for k in grads[0])
 
 
+def test_a_copy_whose_gradient_arrives_twice_in_a_group_is_moved_once():
+    """A weight used inside a reentrant-checkpointed block and after it gets its gradient twice in
+    one backward (the outer graph's, then the nested one's, added into the same copy.grad before
+    the group moves): moved once, and over two micro-batches the masters hold what fp32 training
+    gives. Integer values keep bf16 exact, so the two compare bit for bit."""
+    from torch.utils.checkpoint import checkpoint
+
+    class Twice(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.tensor([[1.0, 2.0], [3.0, -1.0]]))
+
+        def forward(self, x):
+            h = checkpoint(lambda t: t @ self.w, x, use_reentrant=True)
+            return (h @ self.w).sum()
+
+    xs = [torch.tensor([[1.0, 2.0], [0.0, 1.0]]), torch.tensor([[2.0, -1.0], [1.0, 1.0]])]
+    reference, module = Twice(), Twice()
+    copies = ComputeCopies(module, torch.bfloat16)
+    for x in xs:  # two micro-batches: the second adds into the masters' gradients
+        reference(x.clone().requires_grad_(True)).backward()
+        with copies.computing():
+            module(x.to(torch.bfloat16).requires_grad_(True)).backward()
+    assert module.w.grad.dtype == torch.float32 and torch.equal(module.w.grad, reference.w.grad), (module.w.grad, reference.w.grad)
+    assert copies.moves_queued == 0 and copies.group == []
+
+
+def test_a_dropped_model_is_freed_with_its_copies(one_rank_group):
+    """The copies' hooks hold their owner weakly: a model dropped without release() (a test, a bench,
+    a second model in one process) is freed with its copies; a hook that held it strongly made a
+    cycle through a tensor's hooks that the collector does not break."""
+    model = with_bf16_copies(plain())
+    micro_batch_loss(model, batches(1)[0]).backward()
+    alive = [weakref.ref(model.compute_copies)] + [weakref.ref(c) for _m, c in model.compute_copies.copy_of.values()]
+    del model
+    gc.collect()
+    assert len(alive) > 1 and all(r() is None for r in alive)
+
+
 def test_a_backward_that_raised_leaves_nothing_for_the_next_one(one_rank_group):
     """A backward that raises before its end never moves the copies' gradients it made: the next
     block drops them, so after the masters' ``zero_grad`` the next backward gives what a fresh model's

@@ -31,12 +31,16 @@ block's start: the version counters' check and the swap of the slots.
 Memory: the copies stay allocated, 2 bytes per parameter for bf16, where FSDP2 gathers two
 decoder layers' at a time; the fp32 gradients are the same 4 bytes per parameter; a group's
 gradients wait in bf16 until it is moved, at most :data:`GRAD_GROUP_BYTES` and the gradient that
-filled it (:func:`rayft.train.memory_plan.plan_memory` counts it).
+filled it, and with grad accumulation a later micro-batch's group is cast into an fp32 scratch
+(twice its bytes) before it is added (:func:`rayft.train.memory_plan.plan_memory` counts both). A
+backward that raises must be followed by a new :meth:`ComputeCopies.computing` block (the step opens
+one per micro-batch): its start drops what the failed backward left on the copies.
 """
 
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator
 
 import torch
@@ -64,7 +68,7 @@ class ComputeCopies:
         self.next_slots: list[tuple[torch.nn.Module, str, torch.nn.Parameter]] | None = None  # refresh's walk, for the next block
         self.group: list[tuple[torch.nn.Parameter, torch.nn.Parameter]] = []  # (master, copy) whose gradient waits to be moved
         self.group_bytes = 0
-        self.move_queued_in: int | None = None  # the autograd graph task whose end moves the last group (see move_grads)
+        self.move_queued_in: int | None = None  # the autograd graph task whose end moves the last group (see _gradient_made)
         self.moves_queued = 0  # end-of-backward moves queued and not run: above 0 at a block's start, a backward raised
 
     def refresh(self) -> None:
@@ -137,9 +141,10 @@ class ComputeCopies:
         self.synced = signature
 
     def move_grads(self) -> None:
-        """Hand the group's gradients to their masters' fp32 ``.grad`` and free them: into fresh fp32
-        tensors where a master has none (one multi-tensor cast for all of them), added to the
-        master's where it has one (grad accumulation's later micro-batches)."""
+        """Hand the group's gradients to their masters' fp32 ``.grad`` and free them: cast into fresh
+        fp32 tensors where a master has none (the step's first micro-batch), else cast into a scratch
+        fp32 buffer and added to the master's (grad accumulation's later ones): a multi-tensor
+        launch for each, where an add of bf16 into fp32 would take one kernel per tensor."""
         waiting = {id(c): (m, c) for m, c in self.group}  # a copy whose hook ran twice: moved once
         pairs = [(m, c, c.grad) for m, c in waiting.values() if c.grad is not None]
         self.group.clear()
@@ -150,19 +155,14 @@ class ComputeCopies:
         held = [(m, g) for m, _c, g in pairs if m.grad is not None]
         with torch.no_grad():
             if fresh:
-                # one fp32 buffer for the group, the gradients views of it shaped as their masters (one
-                # C++ call): half the host time of a torch.empty per tensor (bench/compute_copy_grads.py)
-                masters = [m for m, _g in fresh]
-                if len({(m.dtype, m.device) for m in masters}) == 1:
-                    flat = torch.empty(sum(m.numel() for m in masters), dtype=masters[0].dtype, device=masters[0].device)
-                    made = _unflatten_dense_tensors(flat, masters)
-                else:  # masters of several dtypes or devices (not rayft's own models): one tensor each
-                    made = [torch.empty(m.shape, dtype=m.dtype, device=m.device) for m in masters]
+                made = _uninitialised_like([m for m, _g in fresh])
                 torch._foreach_copy_(made, [g for _m, g in fresh])
                 for (m, _g), t in zip(fresh, made):
                     m.grad = t
             if held:
-                torch._foreach_add_([m.grad for m, _g in held], [g for _m, g in held])
+                scratch = _uninitialised_like([m for m, _g in held])  # 2 × the group's bytes, freed at once
+                torch._foreach_copy_(scratch, [g for _m, g in held])
+                torch._foreach_add_([m.grad for m, _g in held], scratch)
 
     def drop_grads(self) -> None:
         """Free the gradients a backward left on the copies without moving them (it raised before its
@@ -197,7 +197,32 @@ class ComputeCopies:
         :meth:`move_grads` hands to ``master.grad`` (fp32)."""
         copy = torch.nn.Parameter(torch.empty_like(master, dtype=self.dtype), requires_grad=master.requires_grad)
         if master.requires_grad:
-            nbytes = copy.numel() * copy.element_size()
-            # the hook holds the master, not the copy: a copy that refers to itself would outlive release() until a GC pass
-            copy.register_post_accumulate_grad_hook(lambda c: self._gradient_made((master, c), nbytes))
+            copy.register_post_accumulate_grad_hook(_GradientHook(weakref.ref(self), master, copy.numel() * copy.element_size()))
         return copy
+
+
+class _GradientHook:
+    """A copy's post-accumulate-grad hook: tells its :class:`ComputeCopies` (held weakly) that the
+    copy's gradient is made. It holds neither the copy nor its owner strongly: a reference from a
+    tensor's hook back to them is a cycle Python's collector does not break, which would keep the
+    module and its copies alive after the model is dropped (a review found it in a first version)."""
+
+    def __init__(self, owner: weakref.ref, master: torch.nn.Parameter, nbytes: int):
+        self.owner, self.master, self.nbytes = owner, master, nbytes
+
+    def __call__(self, copy: torch.Tensor) -> None:
+        owner = self.owner()
+        if owner is not None:
+            owner._gradient_made((self.master, copy), self.nbytes)
+
+
+def _uninitialised_like(masters: list[torch.nn.Parameter]) -> list[torch.Tensor]:
+    """Uninitialised tensors shaped, typed and placed as ``masters``: views of one buffer (one
+    allocation and one C++ call: half the host time of a ``torch.empty`` each,
+    bench/compute_copy_grads.py) where they share a dtype and device and are contiguous; else one
+    each, with the master's strides."""
+    first = masters[0]
+    if all(m.dtype == first.dtype and m.device == first.device and m.is_contiguous() for m in masters):
+        flat = torch.empty(sum(m.numel() for m in masters), dtype=first.dtype, device=first.device)
+        return list(_unflatten_dense_tensors(flat, masters))
+    return [torch.empty_strided(m.shape, m.stride(), dtype=m.dtype, device=m.device) for m in masters]

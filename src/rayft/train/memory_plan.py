@@ -236,10 +236,13 @@ def plan_memory(m: ModelDims, s: TrainShape) -> MemoryPlan:
 
         # the copies' gradients are handed to their fp32 masters in groups of GRAD_GROUP_BYTES, the last
         # when the backward ends: the LM head's (the embedding's, tied), made last, waits in it
+        group = GRAD_GROUP_BYTES if s.copy_bytes else 0
+        if s.copy_bytes and s.grad_accum_steps > 1:  # a later micro-batch's group is cast into an fp32 scratch before its add
+            group += GRAD_GROUP_BYTES * 4 // s.copy_bytes
         root = {
             "compute copies of every weight (rayft.train.compute_copy)": s.copy_bytes * m.params,
             "the root's fp32 gradients and the LM head's in the compute dtype": 4 * m.params_root + s.copy_bytes * m.vocab * m.hidden,
-            "the compute copies' last group of gradients": GRAD_GROUP_BYTES,
+            "the compute copies' last group of gradients (and its fp32 scratch)": group,
         }
     elif n == 1:
         root = {"the root's fp32 reduce-scatter input and its reduced copy": 8 * m.params_root}
@@ -520,6 +523,8 @@ def fit_problem(cfg, target: GpuTarget) -> tuple[str, str] | None:
     the allocated peak alone exceeds a GPU's memory (the planner's largest error on measured peaks
     is 14%, over), or ``("warn", why)`` when only the margins do, or when the count is an upper bound
     (float8, padding mode)."""
+    from dataclasses import replace
+
     from rayft.train.model_config import load_model_config
 
     try:
@@ -528,6 +533,8 @@ def fit_problem(cfg, target: GpuTarget) -> tuple[str, str] | None:
         shape = train_shape(cfg, target.count, conf)
     except Exception:  # noqa: BLE001 - not judged: the run's own loading reports a bad model properly
         return None
+    if copies_do_not_fit(cfg, target) is not None:  # what the driver's choice runs (ray_cluster.choose_single_worker)
+        shape = replace(shape, without_fsdp2=False)
     verdict = judge(dims, shape, target)
     if verdict.fits:
         return None
