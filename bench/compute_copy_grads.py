@@ -3,8 +3,9 @@ bench/NOTES.md §34): one forward and backward of a preset's module built on the
 weights, so only the host's work is timed: Python, autograd's engine, the dispatcher), with the
 copies of this tree (one pass at the backward's end) and of an older commit (``--old``: a Python hook
 per parameter that casts or adds its gradient as autograd makes it), alternating, and the ATen
-operators each dispatches in the backward (a dispatch mode counts them; a GPU launches a kernel for
-most of them):
+operators each dispatches in the backwards (a dispatch mode counts them; a GPU launches a kernel for
+most of them), over a step of ``--micro-batches`` (2: the first micro-batch's gradients cast into
+fresh fp32 ones, the second's added to them):
   python bench/compute_copy_grads.py --out bench/results/DATE-compute-copy-grads-2cpu.json
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import importlib.util
 import json
 import statistics
@@ -72,6 +74,7 @@ def main() -> None:
     ap.add_argument("--old", default="e320978", help="the commit whose ComputeCopies is the old arm")
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--micro-batches", type=int, default=2, help="forward and backward passes per step (grad accumulation)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     from transformers import AttentionInterface
@@ -85,21 +88,20 @@ def main() -> None:
         arms[name] = (module, cls(module, torch.bfloat16))
     ids = torch.zeros(1, a.tokens, dtype=torch.long, device="meta")
 
-    def step(name: str, counter: OpCounter | None = None) -> tuple[float, float]:
-        """One forward and backward; (forward s, backward s) on the host; the masters' grads freed."""
+    def step(name: str, counter: OpCounter | None = None) -> float:
+        """``--micro-batches`` forwards and backwards (the first casts into fresh fp32 gradients, the
+        next add into them), then the masters' grads freed; the backwards' host seconds."""
         module, copies = arms[name]
-        t0 = time.perf_counter()
-        with copies.computing():
-            loss = module(input_ids=ids).logits.float().sum()
-            t1 = time.perf_counter()
-            if counter is None:
-                loss.backward()
-            else:
-                with counter:
+        backward_s = 0.0
+        for _ in range(a.micro_batches):
+            with copies.computing():
+                loss = module(input_ids=ids).logits.float().sum()
+                t = time.perf_counter()
+                with counter if counter is not None else contextlib.nullcontext():
                     loss.backward()
-        t2 = time.perf_counter()
+            backward_s += time.perf_counter() - t
         module.zero_grad(set_to_none=True)
-        return t1 - t0, t2 - t1
+        return backward_s
 
     ops = {}
     for name in arms:
@@ -110,11 +112,12 @@ def main() -> None:
     times: dict[str, list[float]] = {"new": [], "old": []}
     for _ in range(a.reps):
         for name in ("new", "old"):
-            times[name].append(step(name)[1])
+            times[name].append(step(name))
     grad_ops = ("copy_", "_to_copy", "add_", "add", "_foreach_copy_", "_foreach_add_", "empty_like", "empty")
     figures = {
         "preset": a.preset,
         "tokens": a.tokens,
+        "micro_batches": a.micro_batches,
         "parameters": len(list(arms["new"][0].parameters())),
         "old_commit": a.old,
         "reps": a.reps,
