@@ -23,7 +23,7 @@ def fit(
     """Predict one GPU's memory for this config (sharded state, gathered weights, activations, loss)
     and say whether it fits; exit 1 when it does not."""
     cfg = load_config_or_exit(config, set_)
-    from rayft.train.memory_plan import capped, cluster_gpus, copies_do_not_fit, judge, model_dims, parse_gpus, train_shape
+    from rayft.train.memory_plan import capped, choose_single_worker, cluster_gpus, judge, model_dims, parse_gpus, train_shape
     from rayft.train.model_config import load_model_config
 
     try:
@@ -44,9 +44,8 @@ def fit(
     except (OSError, ValueError) as e:
         print_error("error", ValueError(f"{config}: model.name_or_path={cfg.model.name_or_path}: cannot read its config: {e}"))
         raise typer.Exit(2) from None
-    if (why := copies_do_not_fit(cfg, target)) is not None:  # what `rayft train` chooses for this GPU (ray_cluster.choose_single_worker)
-        cfg.parallel.single_worker = "fsdp2"
-        console.print(f"parallel.single_worker: auto takes fsdp2 on this GPU: {why}", highlight=False, markup=False)
+    # what `rayft train` runs on this GPU
+    choose_single_worker(cfg, target, lambda text: console.print(text, highlight=False, markup=False))
     dims = model_dims(conf)
     shape = train_shape(cfg, target.count, conf)
     verdict = judge(dims, shape, target)

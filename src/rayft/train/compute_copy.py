@@ -15,7 +15,7 @@ one rank with ``reduce_dtype`` fp32. The gradients are moved in groups: each cop
 post-accumulate-grad hook only adds it to the group, and a group is moved when it holds
 :data:`GRAD_GROUP_BYTES`, the rest when the backward ends (a callback the first hook queues with
 autograd's engine, as FSDP2 queues its own). A move is a multi-tensor cast into fresh fp32 gradients
-(the step's first micro-batch) or an add into them (the next ones). It replaced a cast launched by
+(the step's first micro-batch), or into an fp32 scratch then a multi-tensor add (the next ones). It replaced a cast launched by
 each parameter's hook as autograd made its gradient: 313 kernels, 6.3 ms a step, on the 1.7B model
 in bf16, and in float8, whose step waits on the host's launches, 463 copies (bench/NOTES.md §33).
 The copies are cast again from the masters before a forward when a master

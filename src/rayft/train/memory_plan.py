@@ -517,6 +517,16 @@ def copies_do_not_fit(cfg, target: GpuTarget) -> str | None:
     )
 
 
+def choose_single_worker(cfg, target: GpuTarget, say) -> None:
+    """Turn ``parallel.single_worker: auto`` into ``fsdp2`` in ``cfg`` where :func:`copies_do_not_fit`
+    says so for ``target``, and ``say`` it (one line). The driver does it before the worker starts
+    (:func:`rayft.train.ray_cluster.choose_single_worker`) and ``rayft fit`` before it judges."""
+    why = copies_do_not_fit(cfg, target)
+    if why is not None:
+        cfg.parallel.single_worker = "fsdp2"
+        say(f"parallel.single_worker: auto takes fsdp2 on this GPU: {why} ({target.source})")
+
+
 def fit_problem(cfg, target: GpuTarget) -> tuple[str, str] | None:
     """How ``cfg`` stands on ``target`` for ``train.fit_check``: None when it fits (or cannot be
     judged here: a hub id offline, a config the planner cannot read); else ``("refuse", why)`` when

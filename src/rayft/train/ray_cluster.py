@@ -432,18 +432,16 @@ def worker_gpus(cfg: RayftConfig, n_workers: int, embedded: bool):
 
 def choose_single_worker(cfg: RayftConfig, n_workers: int, embedded: bool, say) -> None:
     """One GPU worker with ``parallel.single_worker: auto``: FSDP2 instead of compute copies where
-    their plan does not fit the worker's GPU (:func:`rayft.train.memory_plan.copies_do_not_fit`);
+    their plan does not fit the worker's GPU (:func:`rayft.train.memory_plan.choose_single_worker`);
     the choice is written into ``cfg`` (the workers', and the run directory's, config) and said.
     Whatever ``train.fit_check`` says, and on a resume too: the same GPU takes the same choice."""
-    from rayft.train.memory_plan import copies_do_not_fit
+    from rayft.train import memory_plan
 
     if n_workers != 1 or cfg.parallel.single_worker != "auto":
         return
     target = worker_gpus(cfg, n_workers, embedded)
-    why = copies_do_not_fit(cfg, target) if target is not None else None
-    if why is not None:
-        cfg.parallel.single_worker = "fsdp2"
-        say(f"parallel.single_worker: auto takes fsdp2 on this GPU: {why} ({target.source})")
+    if target is not None:
+        memory_plan.choose_single_worker(cfg, target, say)
 
 
 def check_gpu_memory(cfg: RayftConfig, n_workers: int, embedded: bool, say) -> None:
