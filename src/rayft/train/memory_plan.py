@@ -491,23 +491,24 @@ def judge(m: ModelDims, s: TrainShape, target: GpuTarget) -> Verdict:
     return Verdict(plan, target, fits, largest_micro_batch(m, s, target), advice)
 
 
-def copies_do_not_fit(cfg, target: GpuTarget) -> str | None:
+def copies_do_not_fit(cfg, target: GpuTarget, dims: ModelDims | None = None, shape: TrainShape | None = None) -> str | None:
     """Why one GPU worker with ``parallel.single_worker: auto`` should shard with FSDP2 on ``target``
     instead of keeping compute copies (its default): the copies' plan does not fit the GPU and
     FSDP2's needs less (2 bytes per parameter: the 7B and 8B presets on one H200). None when the
-    copies fit, when the setting is not ``auto`` on one GPU, or when the model cannot be read here."""
+    copies fit, when the setting is not ``auto`` on one GPU, or when the model cannot be read here.
+    ``dims`` and ``shape``: the caller's, when it has them (else read from ``cfg``'s model)."""
     from dataclasses import replace
 
     from rayft.train.model_config import load_model_config
 
     if target.count != 1 or cfg.parallel.single_worker != "auto" or cfg.parallel.cpu_offload:
         return None
-    try:
-        conf = load_model_config(cfg.model)
-        dims = model_dims(conf)
-        shape = train_shape(cfg, 1, conf)
-    except Exception:  # noqa: BLE001 - not judged here: the run's own loading reports a bad model properly
-        return None
+    if dims is None or shape is None:
+        try:
+            conf = load_model_config(cfg.model)
+            dims, shape = model_dims(conf), train_shape(cfg, 1, conf)
+        except Exception:  # noqa: BLE001 - not judged here: the run's own loading reports a bad model properly
+            return None
     copies, fsdp2 = plan_memory(dims, shape), plan_memory(dims, replace(shape, without_fsdp2=False))
     if not shape.copy_bytes or target.room(copies) or fsdp2.needed() >= copies.needed():
         return None
@@ -543,7 +544,7 @@ def fit_problem(cfg, target: GpuTarget) -> tuple[str, str] | None:
         shape = train_shape(cfg, target.count, conf)
     except Exception:  # noqa: BLE001 - not judged: the run's own loading reports a bad model properly
         return None
-    if copies_do_not_fit(cfg, target) is not None:  # what the driver's choice runs (ray_cluster.choose_single_worker)
+    if copies_do_not_fit(cfg, target, dims, shape) is not None:  # what the driver's choice runs (choose_single_worker)
         shape = replace(shape, without_fsdp2=False)
     verdict = judge(dims, shape, target)
     if verdict.fits:
