@@ -36,6 +36,7 @@ from rayft.train.ray_cluster import (
     shared_store_root,
     worker_env_vars,
 )
+from rayft.train.ray_start import EmbeddedRayStart
 from rayft.train.run_actor import ActorMailbox, create_run_actor
 from rayft.train.run_dir import (
     MetricsLog,
@@ -104,6 +105,19 @@ def run_training(cfg: RayftConfig, resume: str | None = None, console: Console |
     """
     console = console or Console(stderr=True, soft_wrap=True)
     name, run_dir = resolve_run(cfg, resume)
+    # an embedded Ray starts now, beside the imports and the data (rayft.train.ray_start); None: a cluster's is joined later
+    ray_start = EmbeddedRayStart.begin(cfg)
+    try:
+        return guarded_run(cfg, resume, console, name, run_dir, ray_start)
+    finally:
+        if ray_start is not None:
+            ray_start.settle()
+
+
+def guarded_run(
+    cfg: RayftConfig, resume: str | None, console: Console, name: str, run_dir: str, ray_start: EmbeddedRayStart | None
+) -> dict:
+    """:func:`run_training` under its signal handling and the run directory's lock."""
 
     def say(text: str) -> None:
         console.print(text, highlight=False, markup=False)
@@ -115,7 +129,7 @@ def run_training(cfg: RayftConfig, resume: str | None = None, console: Console |
     try:
         with signals, RunLock(run_dir, say=say) as lock, contextlib.ExitStack() as cleanup:
             try:
-                return train_run(cfg, resume, console, name, run_dir, signals, lock, cleanup)
+                return train_run(cfg, resume, console, name, run_dir, signals, lock, cleanup, ray_start)
             except StopBeforeTraining as e:
                 local = "://" not in run_dir
                 held = newest_checkpoint_step(run_dir) if local else None  # a --resume run keeps its resume point
@@ -137,9 +151,11 @@ def train_run(
     signals: SignalStop,
     lock: RunLock,
     cleanup: contextlib.ExitStack,
+    ray_start: EmbeddedRayStart | None = None,
 ) -> dict:
     """:func:`run_training` inside its lock and signal handling: data, Ray, checks, the workers.
-    ``cleanup`` runs when the run ends, however it ends."""
+    ``cleanup`` runs when the run ends, however it ends. ``ray_start``: the embedded Ray's start
+    under way, waited for where Ray is needed (else :func:`connect_ray` connects there)."""
     import ray
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -153,7 +169,7 @@ def train_run(
     reached: list[str] = []
 
     def connect() -> None:  # Ray only if tokenizing there; ray.init replaces our SIGTERM handler: put it back
-        reached.append(connect_ray(cfg))
+        reached.append(ray_start.wait() if ray_start is not None else connect_ray(cfg))
         signals.install()
 
     def locate(root: str) -> str:  # the token store on a multi-node cluster: storage every node reads
@@ -162,9 +178,10 @@ def train_run(
     data = load_run_data(cfg, console, connect=connect, run_dir=run_dir, locate=locate)
     ds = data.train
     marks["data_ready"] = time.time()
-    where = reached[0] if reached else connect_ray(cfg)
-    signals.install()  # ray.init replaced our SIGTERM handler with one that exits mid-run
-    marks["ray_ready"] = time.time()
+    if not reached:
+        connect()  # ray.init (on this thread) replaced our SIGTERM handler with one that exits mid-run: put back there
+    where = reached[0]
+    marks["ray_ready"] = time.time()  # with an embedded Ray: what was left of its start after the data
     n_workers, use_gpu = resolve_workers(cfg)
     check_worker_environment(cfg, use_gpu)
     if use_gpu:

@@ -1,0 +1,131 @@
+"""The embedded local Ray started on a thread while the driver imports its libraries and reads its data.
+
+``ray.init`` for an embedded Ray spends its 3-4 s waiting: it starts the GCS, the raylet and their
+Python agents as processes and waits until each has registered, with ~0.1 s of CPU in the driver
+(measured on the 2-core development machine; bench/NOTES.md §35). The driver's own work before
+it needs Ray (importing transformers and Ray Train, loading the tokenizer, reading or tokenizing
+the data) does not use Ray, so the start runs beside it.
+
+Importing one package from two threads at once is not safe with these libraries: a thread can see
+a package that the other is still importing, without its submodules as attributes (a run failed
+that way in §31). :meth:`EmbeddedRayStart.begin` therefore imports, on the caller's thread and
+before the start, every module that ``ray.init`` would import on first use (:data:`RAY_INIT_IMPORTS`;
+``tests/integration/test_ray_start_background.py`` checks that the thread then imports nothing).
+A thread other than the main one cannot set signal handlers: Ray then leaves the driver's SIGTERM
+handler in place, as the driver wants it. The thread must outlive the Ray it started: Ray ties the
+life of each process it starts to its parent with Linux's ``PR_SET_PDEATHSIG``, which fires when
+the parent *thread* ends, not the process (a first try here lost its GCS as the thread returned).
+So the thread stays parked until the process ends; Ray's shutdown at exit stops the processes first.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import threading
+
+from rayft.config import RayftConfig
+
+#: Modules ``ray.init(address="local")`` imports that ``import ray`` does not (Ray 2.60; each
+#: brings its own submodules): the gRPC and aiohttp clients, the metrics exporters, the usage
+#: records, the autoscaler's helpers, NVML for the GPU count.
+RAY_INIT_IMPORTS = (
+    "grpc.aio",
+    "aiohttp.web",
+    "aiohttp_cors",
+    "opencensus",
+    "opentelemetry.sdk.metrics",
+    "opentelemetry.exporter.prometheus",
+    "prometheus_client",
+    "colorful",
+    "click",
+    "http.server",
+    "wsgiref.simple_server",
+    "ray._common.usage.usage_lib",
+    "ray._private.runtime_env.uv_runtime_env_hook",
+    "ray._private.thirdparty.pynvml",
+    "ray.autoscaler._private.util",
+    "ray.autoscaler.v2.utils",
+    "ray.dashboard.optional_deps",
+)
+
+#: Ray's note when ``ray.init`` runs on another thread than the main one; the driver keeps its own
+#: SIGTERM handler on purpose (:class:`rayft.train.stop.SignalStop`), so the note is dropped
+SIGTERM_NOTE = "SIGTERM handler is not set because current thread is not the main thread"
+
+
+class EmbeddedRayStart:
+    """One start of the embedded local Ray (:func:`rayft.train.ray_cluster.connect_ray`) on a thread.
+
+    Use :meth:`begin`; then :meth:`wait` where the driver needs Ray, and :meth:`settle` on every
+    way out of the run (a failure before the wait must not leave a start half done: Ray's shutdown
+    at exit stops only what a finished start registered).
+    """
+
+    def __init__(self, cfg: RayftConfig) -> None:
+        self.cfg = cfg
+        self.where: str | None = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()  # the start ended, either way
+        self.thread = threading.Thread(target=self._start, name="rayft-ray-start", daemon=True)
+
+    @classmethod
+    def begin(cls, cfg: RayftConfig) -> EmbeddedRayStart | None:
+        """Start the embedded Ray on a thread and return its handle; None where the run joins a
+        cluster (``ray.address`` or ``RAY_ADDRESS``: :func:`connect_ray` connects when asked) or this
+        process's Ray is up already. Imports :data:`RAY_INIT_IMPORTS` first, on this thread, and sets
+        ``RAY_TRAIN_V2_ENABLED`` as :func:`connect_ray` does (unless set)."""
+        import ray
+
+        if cfg.ray.address or os.environ.get("RAY_ADDRESS") or ray.is_initialized():
+            return None
+        # read when ray.train is imported, which the driver does while the start runs
+        os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
+        for name in RAY_INIT_IMPORTS:
+            importlib.import_module(name)
+        start = cls(cfg)
+        start.thread.start()
+        return start
+
+    def _start(self) -> None:
+        from rayft.train.ray_cluster import connect_ray
+
+        note = logging.getLogger("ray._private.worker")
+        keep = DropMessage(SIGTERM_NOTE)
+        note.addFilter(keep)
+        try:
+            self.where = connect_ray(self.cfg)
+        except BaseException as e:  # handed to the waiting thread
+            self.error = e
+        finally:
+            note.removeFilter(keep)
+            self.done.set()
+        threading.Event().wait()  # parked for the process's life: Ray's processes end with this thread (see above)
+
+    def wait(self) -> str:
+        """Wait for the start; return :func:`connect_ray`'s answer.
+
+        Raises:
+            Exception: the start's own error (a Ray that did not start), as ``connect_ray`` raises it.
+        """
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        assert self.where is not None
+        return self.where
+
+    def settle(self) -> None:
+        """Wait for the start to end, however it ends (its error is the waiter's to report)."""
+        self.done.wait()
+
+
+class DropMessage(logging.Filter):
+    """A logging filter that drops the records whose message contains ``text``."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.text not in record.getMessage()
