@@ -73,6 +73,7 @@ LANES = (
         "test_data_ray.py",
         "test_aws_moto.py",
         "test_ray_start_retry.py",
+        "test_ray_start_background.py",
         "test_token_store_s3.py",
     ),
     # the modules of the shared `rayft cluster local` (local_cluster: a multi-process Ray): the loopback module

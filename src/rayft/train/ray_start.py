@@ -26,6 +26,7 @@ import os
 import threading
 
 from rayft.config import RayftConfig
+from rayft.train.ray_cluster import connect_ray
 
 #: Modules ``ray.init(address="local")`` imports that ``import ray`` does not (Ray 2.60; each
 #: brings its own submodules): the gRPC and aiohttp clients, the metrics exporters, the usage
@@ -89,8 +90,6 @@ class EmbeddedRayStart:
         return start
 
     def _start(self) -> None:
-        from rayft.train.ray_cluster import connect_ray
-
         note = logging.getLogger("ray._private.worker")
         keep = DropMessage(SIGTERM_NOTE)
         note.addFilter(keep)

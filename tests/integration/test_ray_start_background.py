@@ -1,0 +1,98 @@
+"""The embedded Ray started on a thread (rayft.train.ray_start): the thread imports nothing (every
+module ray.init needs was imported before it began), Ray's processes outlive the thread's start,
+the driver's SIGTERM handler stays, and a run that fails on its data while Ray starts leaves no Ray
+process behind. Each test runs in its own Python process: its Ray is its own."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.integration
+
+START = r"""
+import importlib, json, os, signal, sys, time
+from rayft.config import RayftConfig
+from rayft.train.ray_start import RAY_INIT_IMPORTS, EmbeddedRayStart
+
+cfg = RayftConfig.model_validate({"data": {"train_files": ["unused.jsonl"]}, "ray": {"num_cpus": 1}})
+os.environ["RAY_ADDRESS"] = "127.0.0.1:1"
+joins_a_cluster = EmbeddedRayStart.begin(cfg)  # nothing started, nothing connected
+del os.environ["RAY_ADDRESS"]
+
+def mine(signum, frame):
+    pass
+
+signal.signal(signal.SIGTERM, mine)
+import ray
+for name in RAY_INIT_IMPORTS:
+    importlib.import_module(name)
+before = set(sys.modules)
+start = EmbeddedRayStart.begin(cfg)
+where = start.wait()
+on_thread = sorted(set(sys.modules) - before)  # this thread imported nothing meanwhile: the start's thread did
+time.sleep(2)  # the start's thread has long left ray.init: Ray's processes must still be there
+answer = ray.get(ray.remote(lambda: 41 + 1).remote(), timeout=60)
+print(json.dumps({"joins_a_cluster": joins_a_cluster is None, "where": where, "thread_imports": on_thread, "answer": answer,
+                  "handler_kept": signal.getsignal(signal.SIGTERM) is mine, "again": EmbeddedRayStart.begin(cfg) is None}))
+"""
+
+
+def env() -> dict:
+    e = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    return e | {"PYTHONPATH": str(ROOT / "src")}
+
+
+def test_the_start_imports_nothing_on_its_thread_and_its_ray_outlives_it():
+    p = subprocess.run([sys.executable, "-c", START], capture_output=True, text=True, timeout=180, env=env())
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got == {
+        "joins_a_cluster": True,
+        "where": "embedded local Ray",
+        "thread_imports": [],  # else: add what Ray now imports on first use to RAY_INIT_IMPORTS
+        "answer": 42,
+        "handler_kept": True,
+        "again": True,
+    }
+    assert "SIGTERM handler is not set" not in p.stderr
+
+
+def session_processes(pid: int) -> list[str]:
+    """Command lines of the processes of the Ray session that process ``pid`` started."""
+    mark = re.compile(rf"/session_[^/\s]*_{pid}(?:[/\s]|$)")
+    return [line[:200] for proc in psutil.process_iter(["cmdline"]) if mark.search(line := " ".join(proc.info["cmdline"] or []))]
+
+
+def test_a_run_whose_data_fail_leaves_no_ray_behind(tmp_path):
+    data = tmp_path / "chat.jsonl"
+    good = json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]})
+    data.write_text(f"{good}\n{{not json\n")
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text(
+        f"model: {{name_or_path: qwen2-tiny}}\ndata: {{train_files: [{data}], format: messages, cache_dir: {tmp_path / 'cache'}}}\n"
+        f"train: {{use_gpu: false, num_workers: 1}}\ncheckpoint: {{storage_path: {tmp_path / 'runs'}}}\nray: {{num_cpus: 1}}\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rayft.cli", "train", str(cfg)],
+        cwd=tmp_path,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 1, err[-3000:]
+    assert f"{data}:2" in err.strip().splitlines()[-1], err[-2000:]
+    deadline = time.time() + 20
+    while (left := session_processes(proc.pid)) and time.time() < deadline:
+        time.sleep(0.5)
+    assert left == []
