@@ -36,7 +36,7 @@ from rayft.train.ray_cluster import (
     shared_store_root,
     worker_env_vars,
 )
-from rayft.train.ray_start import EmbeddedRayStart
+from rayft.train.ray_start import EmbeddedRayStart, start_autoscaling_coordinator
 from rayft.train.run_actor import ActorMailbox, create_run_actor
 from rayft.train.run_dir import (
     MetricsLog,
@@ -182,6 +182,8 @@ def train_run(
         connect()  # ray.init (on this thread) replaced our SIGTERM handler with one that exits mid-run: put back there
     where = reached[0]
     marks["ray_ready"] = time.time()  # with an embedded Ray: what was left of its start after the data
+    if where == EMBEDDED:
+        start_autoscaling_coordinator()  # what Ray Train's controller waits for first, started while it starts
     n_workers, use_gpu = resolve_workers(cfg)
     check_worker_environment(cfg, use_gpu)
     if use_gpu:

@@ -128,3 +128,22 @@ class DropMessage(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return self.text not in record.getMessage()
+
+
+def start_autoscaling_coordinator() -> bool:
+    """Create Ray Data's autoscaling coordinator now, on an embedded Ray, rather than when Ray
+    Train's controller first asks it for the workers' resources.
+
+    Ray Train's controller registers each run's resources with that coordinator (a named detached
+    actor, created on first use) and waits for the answer before it starts its workers, so the
+    coordinator's process start and imports lay on the workers' path: 1.36 s of the quickstart's
+    start on 2 cores (bench/NOTES.md §36). Created here, while the driver checks its resources and
+    the controller's own process starts, it is up when asked. Returns whether it was asked for:
+    False where this Ray has no such coordinator (its module moved), and then nothing changes.
+    """
+    try:
+        from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import get_or_create_autoscaling_coordinator
+    except ImportError:
+        return False
+    get_or_create_autoscaling_coordinator()  # the actor's handle; its process starts meanwhile
+    return True
