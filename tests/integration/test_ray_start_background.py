@@ -1,7 +1,7 @@
 """The embedded Ray started on a thread (rayft.train.ray_start): the thread imports nothing (every
 module ray.init needs was imported before it began), Ray's processes outlive the thread's start,
-the driver's SIGTERM handler stays, and a run that fails on its data while Ray starts leaves no Ray
-process behind. Each test runs in its own Python process: its Ray is its own."""
+the driver's SIGTERM handler stays, the autoscaling coordinator started early is the actor Ray
+Train looks up, and a run that fails on its data leaves no Ray process behind. Each test runs in its own Python process: its Ray is its own."""
 
 import json
 import os
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 START = r"""
 import importlib, json, os, signal, sys, time
 from rayft.config import RayftConfig
-from rayft.train.ray_start import RAY_INIT_IMPORTS, EmbeddedRayStart
+from rayft.train.ray_start import RAY_INIT_IMPORTS, EmbeddedRayStart, start_autoscaling_coordinator
 
 cfg = RayftConfig.model_validate({"data": {"train_files": ["unused.jsonl"]}, "ray": {"num_cpus": 1}})
 os.environ["RAY_ADDRESS"] = "127.0.0.1:1"
@@ -41,8 +41,12 @@ where = start.wait()
 on_thread = sorted(set(sys.modules) - before)  # this thread imported nothing meanwhile: the start's thread did
 time.sleep(2)  # the start's thread has long left ray.init: Ray's processes must still be there
 answer = ray.get(ray.remote(lambda: 41 + 1).remote(), timeout=60)
+asked = start_autoscaling_coordinator()
+coordinator = ray.get_actor("AutoscalingCoordinator", namespace="AutoscalingCoordinator")  # the name Ray Train asks for
+up = ray.get(coordinator.__ray_ready__.remote(), timeout=60)
 print(json.dumps({"joins_a_cluster": joins_a_cluster is None, "where": where, "thread_imports": on_thread, "answer": answer,
-                  "handler_kept": signal.getsignal(signal.SIGTERM) is mine, "again": EmbeddedRayStart.begin(cfg) is None}))
+                  "handler_kept": signal.getsignal(signal.SIGTERM) is mine, "again": EmbeddedRayStart.begin(cfg) is None,
+                  "coordinator": [asked, up]}))
 """
 
 
@@ -52,6 +56,7 @@ def env() -> dict:
 
 
 def test_the_start_imports_nothing_on_its_thread_and_its_ray_outlives_it():
+    """Also: the autoscaling coordinator created early answers under the name Ray Train looks up."""
     p = subprocess.run([sys.executable, "-c", START], capture_output=True, text=True, timeout=180, env=env())
     assert p.returncode == 0, p.stderr[-3000:]
     got = json.loads(p.stdout.strip().splitlines()[-1])
@@ -62,6 +67,7 @@ def test_the_start_imports_nothing_on_its_thread_and_its_ray_outlives_it():
         "answer": 42,
         "handler_kept": True,
         "again": True,
+        "coordinator": [True, True],
     }
     assert "SIGTERM handler is not set" not in p.stderr
 
