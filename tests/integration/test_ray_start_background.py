@@ -28,8 +28,10 @@ os.environ["RAY_ADDRESS"] = "127.0.0.1:1"
 joins_a_cluster = EmbeddedRayStart.begin(cfg)  # nothing started, nothing connected
 del os.environ["RAY_ADDRESS"]
 
+got = []
+
 def mine(signum, frame):
-    pass
+    got.append(signum)
 
 signal.signal(signal.SIGTERM, mine)
 import ray
@@ -41,11 +43,13 @@ where = start.wait()
 on_thread = sorted(set(sys.modules) - before)  # this thread imported nothing meanwhile: the start's thread did
 time.sleep(2)  # the start's thread has long left ray.init: Ray's processes must still be there
 answer = ray.get(ray.remote(lambda: 41 + 1).remote(), timeout=60)
+os.kill(os.getpid(), signal.SIGTERM)  # as a pod's eviction during the data would: our handler, no stack dump of Ray's
+time.sleep(0.5)
 asked = start_autoscaling_coordinator()
 coordinator = ray.get_actor("AutoscalingCoordinator", namespace="AutoscalingCoordinator")  # the name Ray Train asks for
 up = ray.get(coordinator.__ray_ready__.remote(), timeout=60)
 print(json.dumps({"joins_a_cluster": joins_a_cluster is None, "where": where, "thread_imports": on_thread, "answer": answer,
-                  "handler_kept": signal.getsignal(signal.SIGTERM) is mine, "again": EmbeddedRayStart.begin(cfg) is None,
+                  "handler_kept": signal.getsignal(signal.SIGTERM) is mine, "sigterm_handled": got, "again": EmbeddedRayStart.begin(cfg) is None,
                   "coordinator": [asked, up]}))
 """
 
@@ -66,10 +70,12 @@ def test_the_start_imports_nothing_on_its_thread_and_its_ray_outlives_it():
         "thread_imports": [],  # else: add what Ray now imports on first use to RAY_INIT_IMPORTS
         "answer": 42,
         "handler_kept": True,
+        "sigterm_handled": [15],
         "again": True,
         "coordinator": [True, True],
     }
     assert "SIGTERM handler is not set" not in p.stderr
+    assert "SIGTERM received" not in p.stderr  # Ray's C++ failure handler, which the start's thread took back
 
 
 def session_processes(pid: int) -> list[str]:

@@ -11,8 +11,13 @@ a package that the other is still importing, without its submodules as attribute
 that way in §31). :meth:`EmbeddedRayStart.begin` therefore imports, on the caller's thread and
 before the start, every module that ``ray.init`` would import on first use (:data:`RAY_INIT_IMPORTS`;
 ``tests/integration/test_ray_start_background.py`` checks that the thread then imports nothing).
-A thread other than the main one cannot set signal handlers: Ray then leaves the driver's SIGTERM
-handler in place, as the driver wants it. The thread must outlive the Ray it started: Ray ties the
+A thread other than the main one cannot set Python signal handlers, so Ray's Python SIGTERM handler
+is not set, as the driver wants. Ray's C++ core worker still installs its failure handler for
+SIGTERM as it connects; that handler prints a stack dump for the signal before it calls Python's
+own. The driver used to replace it at once, from the main thread, after ``ray.init``. The main thread
+is now busy with the data, possibly for minutes. So the start's thread puts back, process-wide, the
+signal dispositions it found (:class:`SignalDispositions`), and a pod's SIGTERM during the data
+stops the run as before, without a dump that reads like a crash. The thread must outlive the Ray it started: Ray ties the
 life of each process it starts to its parent with Linux's ``PR_SET_PDEATHSIG``, which fires when
 the parent *thread* ends, not the process (a first try here lost its GCS as the thread returned).
 So the thread stays parked until the process ends; Ray's shutdown at exit stops the processes first.
@@ -20,9 +25,11 @@ So the thread stays parked until the process ends; Ray's shutdown at exit stops 
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import logging
 import os
+import signal
 import threading
 
 from rayft.config import RayftConfig
@@ -93,11 +100,13 @@ class EmbeddedRayStart:
         note = logging.getLogger("ray._private.worker")
         keep = DropMessage(SIGTERM_NOTE)
         note.addFilter(keep)
+        dispositions = SignalDispositions.now()
         try:
             self.where = connect_ray(self.cfg)
         except BaseException as e:  # handed to the waiting thread
             self.error = e
         finally:
+            dispositions.restore()
             note.removeFilter(keep)
             self.done.set()
         threading.Event().wait()  # parked for the process's life: Ray's processes end with this thread (see above)
@@ -117,6 +126,41 @@ class EmbeddedRayStart:
     def settle(self) -> None:
         """Wait for the start to end, however it ends (its error is the waiter's to report)."""
         self.done.wait()
+
+
+class SignalDispositions:
+    """The process's dispositions of SIGTERM and SIGINT (what the C library's ``sigaction`` reads),
+    saved to be put back from any thread: Python's ``signal.signal`` works on the main thread only.
+    Each is kept as the bytes of a ``struct sigaction``, copied back as they were read."""
+
+    #: more than any C library's ``struct sigaction`` (glibc on x86-64: 152 bytes)
+    STRUCT_BYTES = 1024
+
+    def __init__(self, saved: dict[int, ctypes.Array]) -> None:
+        self.saved = saved
+
+    @classmethod
+    def now(cls) -> SignalDispositions:
+        """The dispositions as they are; none where the C library cannot be reached (then
+        :meth:`restore` does nothing)."""
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+        except OSError:
+            return cls({})
+        saved = {}
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            buf = ctypes.create_string_buffer(cls.STRUCT_BYTES)
+            if libc.sigaction(int(signum), None, buf) == 0:
+                saved[int(signum)] = buf
+        return cls(saved)
+
+    def restore(self) -> None:
+        """Put the saved dispositions back (those that were read)."""
+        if not self.saved:
+            return
+        libc = ctypes.CDLL(None, use_errno=True)
+        for signum, buf in self.saved.items():
+            libc.sigaction(signum, buf, None)
 
 
 class DropMessage(logging.Filter):
