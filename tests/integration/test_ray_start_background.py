@@ -1,6 +1,6 @@
 """The embedded Ray started on a thread (rayft.train.ray_start): the thread imports nothing (every
 module ray.init needs was imported before it began), Ray's processes outlive the thread's start,
-the driver's SIGTERM handler stays, the autoscaling coordinator started early is the actor Ray
+a SIGTERM after it reaches the driver's handler, the autoscaling coordinator started early is the actor Ray
 Train looks up, and a run that fails on its data leaves no Ray process behind. Each test runs in its own Python process: its Ray is its own."""
 
 import json
@@ -28,28 +28,30 @@ os.environ["RAY_ADDRESS"] = "127.0.0.1:1"
 joins_a_cluster = EmbeddedRayStart.begin(cfg)  # nothing started, nothing connected
 del os.environ["RAY_ADDRESS"]
 
-got = []
-
-def mine(signum, frame):
-    got.append(signum)
-
-signal.signal(signal.SIGTERM, mine)
 import ray
+from rayft.train.stop import SignalStop, StopBeforeTraining
+
 for name in RAY_INIT_IMPORTS:
     importlib.import_module(name)
-before = set(sys.modules)
-start = EmbeddedRayStart.begin(cfg)
-where = start.wait()
-on_thread = sorted(set(sys.modules) - before)  # this thread imported nothing meanwhile: the start's thread did
-time.sleep(2)  # the start's thread has long left ray.init: Ray's processes must still be there
-answer = ray.get(ray.remote(lambda: 41 + 1).remote(), timeout=60)
-os.kill(os.getpid(), signal.SIGTERM)  # as a pod's eviction during the data would: our handler, no stack dump of Ray's
-time.sleep(0.5)
+signals = SignalStop(5.0)
+with signals:  # as run_training orders them: the driver's handlers, then the start
+    before = set(sys.modules)
+    start = EmbeddedRayStart.begin(cfg)
+    where = start.wait()
+    on_thread = sorted(set(sys.modules) - before)  # this thread imported nothing meanwhile: the start's thread did
+    time.sleep(2)  # the start's thread has long left ray.init: Ray's processes must still be there
+    answer = ray.get(ray.remote(lambda: 41 + 1).remote(), timeout=60)
+    try:  # as a pod's eviction during the data would: the driver's stop, no stack dump of Ray's
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1)
+        stopped = None
+    except StopBeforeTraining as e:
+        stopped = e.signum
 asked = start_autoscaling_coordinator()
 coordinator = ray.get_actor("AutoscalingCoordinator", namespace="AutoscalingCoordinator")  # the name Ray Train asks for
 up = ray.get(coordinator.__ray_ready__.remote(), timeout=60)
 print(json.dumps({"joins_a_cluster": joins_a_cluster is None, "where": where, "thread_imports": on_thread, "answer": answer,
-                  "handler_kept": signal.getsignal(signal.SIGTERM) is mine, "sigterm_handled": got, "again": EmbeddedRayStart.begin(cfg) is None,
+                  "stopped_by": stopped, "again": EmbeddedRayStart.begin(cfg) is None,
                   "coordinator": [asked, up]}))
 """
 
@@ -69,8 +71,7 @@ def test_the_start_imports_nothing_on_its_thread_and_its_ray_outlives_it():
         "where": "embedded local Ray",
         "thread_imports": [],  # else: add what Ray now imports on first use to RAY_INIT_IMPORTS
         "answer": 42,
-        "handler_kept": True,
-        "sigterm_handled": [15],
+        "stopped_by": 15,
         "again": True,
         "coordinator": [True, True],
     }

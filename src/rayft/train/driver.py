@@ -105,19 +105,31 @@ def run_training(cfg: RayftConfig, resume: str | None = None, console: Console |
     """
     console = console or Console(stderr=True, soft_wrap=True)
     name, run_dir = resolve_run(cfg, resume)
-    # an embedded Ray starts now, beside the imports and the data (rayft.train.ray_start); None: a cluster's is joined later
-    ray_start = EmbeddedRayStart.begin(cfg)
+    signals = SignalStop(cfg.checkpoint.signal_grace_s, say=lambda text: console.print(text, highlight=False, markup=False))
     try:
-        return guarded_run(cfg, resume, console, name, run_dir, ray_start)
-    finally:
-        if ray_start is not None:
-            ray_start.settle()
+        with signals:
+            # An embedded Ray starts now, beside the imports and the data (rayft.train.ray_start; None: a
+            # cluster's is joined later). Begun inside `signals`: its thread puts back the handlers it finds, once
+            # Ray's core worker replaced them, and it is settled before they are restored.
+            ray_start = EmbeddedRayStart.begin(cfg)
+            try:
+                return locked_run(cfg, resume, console, name, run_dir, signals, ray_start)
+            finally:
+                if ray_start is not None:
+                    ray_start.settle()
+    except StopBeforeTraining as e:  # before the lock was held, or while the start was settled
+        held = newest_checkpoint_step(run_dir) if "://" not in run_dir else None
+        raise TrainStopped(signals.name, EXIT_CODES[e.signum], run_dir, held, before_training=True) from None
 
 
-def guarded_run(
-    cfg: RayftConfig, resume: str | None, console: Console, name: str, run_dir: str, ray_start: EmbeddedRayStart | None
+def locked_run(
+    cfg: RayftConfig, resume: str | None, console: Console, name: str, run_dir: str, signals: SignalStop, ray_start: EmbeddedRayStart | None
 ) -> dict:
-    """:func:`run_training` under its signal handling and the run directory's lock."""
+    """:func:`run_training` inside its signal handling: the hub check, then the run under the run directory's lock.
+
+    Raises:
+        TrainStopped: a signal before training, once the lock was held (the run directory's records written).
+    """
 
     def say(text: str) -> None:
         console.print(text, highlight=False, markup=False)
@@ -125,21 +137,16 @@ def guarded_run(
     from rayft.train.hub import offline_when_unreachable
 
     offline_when_unreachable([cfg.model.name_or_path, cfg.model.tokenizer], say)  # one line, not the hub client's retries
-    signals = SignalStop(cfg.checkpoint.signal_grace_s, say=say)
-    try:
-        with signals, RunLock(run_dir, say=say) as lock, contextlib.ExitStack() as cleanup:
-            try:
-                return train_run(cfg, resume, console, name, run_dir, signals, lock, cleanup, ray_start)
-            except StopBeforeTraining as e:
-                local = "://" not in run_dir
-                held = newest_checkpoint_step(run_dir) if local else None  # a --resume run keeps its resume point
-                if local and not resume and Path(run_dir, "rayft.yaml").exists():  # a new run whose directory was prepared
-                    stop = stop_record(signals.name, None, [], held, forced=False)
-                    write_run_records(run_dir, [], {"run_dir": run_dir, "steps": 0, "stopped": stop}, resumed=False)
-                raise TrainStopped(signals.name, EXIT_CODES[e.signum], run_dir, held, before_training=True) from None
-    except StopBeforeTraining as e:  # in the moment before the lock was held
-        held = newest_checkpoint_step(run_dir) if "://" not in run_dir else None
-        raise TrainStopped(signals.name, EXIT_CODES[e.signum], run_dir, held, before_training=True) from None
+    with RunLock(run_dir, say=say) as lock, contextlib.ExitStack() as cleanup:
+        try:
+            return train_run(cfg, resume, console, name, run_dir, signals, lock, cleanup, ray_start)
+        except StopBeforeTraining as e:
+            local = "://" not in run_dir
+            held = newest_checkpoint_step(run_dir) if local else None  # a --resume run keeps its resume point
+            if local and not resume and Path(run_dir, "rayft.yaml").exists():  # a new run whose directory was prepared
+                stop = stop_record(signals.name, None, [], held, forced=False)
+                write_run_records(run_dir, [], {"run_dir": run_dir, "steps": 0, "stopped": stop}, resumed=False)
+            raise TrainStopped(signals.name, EXIT_CODES[e.signum], run_dir, held, before_training=True) from None
 
 
 def train_run(

@@ -82,16 +82,22 @@ class EmbeddedRayStart:
     def begin(cls, cfg: RayftConfig) -> EmbeddedRayStart | None:
         """Start the embedded Ray on a thread and return its handle; None where the run joins a
         cluster (``ray.address`` or ``RAY_ADDRESS``: :func:`connect_ray` connects when asked) or this
-        process's Ray is up already. Imports :data:`RAY_INIT_IMPORTS` first, on this thread, and sets
-        ``RAY_TRAIN_V2_ENABLED`` as :func:`connect_ray` does (unless set)."""
+        process's Ray is up already, and where one of :data:`RAY_INIT_IMPORTS` cannot be imported
+        (a Ray whose modules moved: the start is left to :func:`connect_ray` where the driver needs
+        Ray). Imports them first, on this thread, and sets ``RAY_TRAIN_V2_ENABLED`` as
+        :func:`connect_ray` does (unless set). The signal dispositions the start's thread finds are
+        the ones it puts back: install the process's handlers before, keep them until :meth:`settle`."""
         import ray
 
         if cfg.ray.address or os.environ.get("RAY_ADDRESS") or ray.is_initialized():
             return None
         # read when ray.train is imported, which the driver does while the start runs
         os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
-        for name in RAY_INIT_IMPORTS:
-            importlib.import_module(name)
+        try:
+            for name in RAY_INIT_IMPORTS:
+                importlib.import_module(name)
+        except ImportError:  # another Ray's modules: connect_ray starts it where the driver waits, as before
+            return None
         start = cls(cfg)
         start.thread.start()
         return start
