@@ -57,6 +57,11 @@ from rayft.train.transport_check import TransportCheck
 
 __all__ = ["TrainError", "TrainStopped", "load_run_data", "run_training"]
 
+#: seconds a run that ends before its embedded Ray has started waits for that start to end (so that
+#: Ray's shutdown at exit stops all of it); past them the process ends without waiting, and Ray's
+#: processes end with it (rayft.train.ray_start). A start takes ~4 s; Ray's own retry can take 60.
+SETTLE_S = 10.0
+
 
 def load_run_data(
     cfg: RayftConfig, console: Console, tokenizer=None, connect=None, run_dir: str | None = None, locate=None
@@ -105,48 +110,36 @@ def run_training(cfg: RayftConfig, resume: str | None = None, console: Console |
     """
     console = console or Console(stderr=True, soft_wrap=True)
     name, run_dir = resolve_run(cfg, resume)
-    signals = SignalStop(cfg.checkpoint.signal_grace_s, say=lambda text: console.print(text, highlight=False, markup=False))
-    try:
-        with signals:
-            # An embedded Ray starts now, beside the imports and the data (rayft.train.ray_start; None: a
-            # cluster's is joined later). Begun inside `signals`: its thread puts back the handlers it finds, once
-            # Ray's core worker replaced them, and it is settled before they are restored.
-            ray_start = EmbeddedRayStart.begin(cfg)
-            try:
-                return locked_run(cfg, resume, console, name, run_dir, signals, ray_start)
-            finally:
-                if ray_start is not None:
-                    ray_start.settle()
-    except StopBeforeTraining as e:  # before the lock was held, or while the start was settled
-        held = newest_checkpoint_step(run_dir) if "://" not in run_dir else None
-        raise TrainStopped(signals.name, EXIT_CODES[e.signum], run_dir, held, before_training=True) from None
-
-
-def locked_run(
-    cfg: RayftConfig, resume: str | None, console: Console, name: str, run_dir: str, signals: SignalStop, ray_start: EmbeddedRayStart | None
-) -> dict:
-    """:func:`run_training` inside its signal handling: the hub check, then the run under the run directory's lock.
-
-    Raises:
-        TrainStopped: a signal before training, once the lock was held (the run directory's records written).
-    """
 
     def say(text: str) -> None:
         console.print(text, highlight=False, markup=False)
 
     from rayft.train.hub import offline_when_unreachable
 
-    offline_when_unreachable([cfg.model.name_or_path, cfg.model.tokenizer], say)  # one line, not the hub client's retries
-    with RunLock(run_dir, say=say) as lock, contextlib.ExitStack() as cleanup:
-        try:
-            return train_run(cfg, resume, console, name, run_dir, signals, lock, cleanup, ray_start)
-        except StopBeforeTraining as e:
-            local = "://" not in run_dir
-            held = newest_checkpoint_step(run_dir) if local else None  # a --resume run keeps its resume point
-            if local and not resume and Path(run_dir, "rayft.yaml").exists():  # a new run whose directory was prepared
-                stop = stop_record(signals.name, None, [], held, forced=False)
-                write_run_records(run_dir, [], {"run_dir": run_dir, "steps": 0, "stopped": stop}, resumed=False)
-            raise TrainStopped(signals.name, EXIT_CODES[e.signum], run_dir, held, before_training=True) from None
+    # one line, not the hub client's retries; before Ray starts: its processes copy HF_HUB_OFFLINE from this one
+    offline_when_unreachable([cfg.model.name_or_path, cfg.model.tokenizer], say)
+    signals = SignalStop(cfg.checkpoint.signal_grace_s, say=say)
+    try:
+        with signals, RunLock(run_dir, say=say) as lock, contextlib.ExitStack() as cleanup:
+            # An embedded Ray starts now, beside the imports and the data (rayft.train.ray_start; None: a
+            # cluster's is joined later). Begun inside `signals`: its thread puts back their handlers once Ray's
+            # core worker replaced them; settled before they are undone.
+            ray_start = EmbeddedRayStart.begin(cfg)
+            try:
+                return train_run(cfg, resume, console, name, run_dir, signals, lock, cleanup, ray_start)
+            except StopBeforeTraining as e:
+                local = "://" not in run_dir
+                held = newest_checkpoint_step(run_dir) if local else None  # a --resume run keeps its resume point
+                if local and not resume and Path(run_dir, "rayft.yaml").exists():  # a new run whose directory was prepared
+                    stop = stop_record(signals.name, None, [], held, forced=False)
+                    write_run_records(run_dir, [], {"run_dir": run_dir, "steps": 0, "stopped": stop}, resumed=False)
+                raise TrainStopped(signals.name, EXIT_CODES[e.signum], run_dir, held, before_training=True) from None
+            finally:
+                if ray_start is not None:
+                    ray_start.settle(SETTLE_S)
+    except StopBeforeTraining as e:  # in the moment before the lock was held
+        held = newest_checkpoint_step(run_dir) if "://" not in run_dir else None
+        raise TrainStopped(signals.name, EXIT_CODES[e.signum], run_dir, held, before_training=True) from None
 
 
 def train_run(
@@ -180,6 +173,8 @@ def train_run(
         signals.install()
 
     def locate(root: str) -> str:  # the token store on a multi-node cluster: storage every node reads
+        if ray_start is not None:  # an embedded Ray: one node, which sees the store where it is
+            return root
         return shared_store_root(cfg, root, run_dir, connect, say=lambda s: console.print(s, highlight=False, markup=False))
 
     data = load_run_data(cfg, console, connect=connect, run_dir=run_dir, locate=locate)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import ctypes
 import importlib
-import logging
 import os
 import signal
 import threading
@@ -57,10 +56,6 @@ RAY_INIT_IMPORTS = (
     "ray.autoscaler.v2.utils",
     "ray.dashboard.optional_deps",
 )
-
-#: Ray's note when ``ray.init`` runs on another thread than the main one; the driver keeps its own
-#: SIGTERM handler on purpose (:class:`rayft.train.stop.SignalStop`), so the note is dropped
-SIGTERM_NOTE = "SIGTERM handler is not set because current thread is not the main thread"
 
 
 class EmbeddedRayStart:
@@ -103,22 +98,21 @@ class EmbeddedRayStart:
         return start
 
     def _start(self) -> None:
-        note = logging.getLogger("ray._private.worker")
-        keep = DropMessage(SIGTERM_NOTE)
-        note.addFilter(keep)
-        dispositions = SignalDispositions.now()
         try:
-            self.where = connect_ray(self.cfg)
+            dispositions = SignalDispositions.now()
+            try:
+                self.where = connect_ray(self.cfg)
+            finally:
+                dispositions.restore_changed()
         except BaseException as e:  # handed to the waiting thread
             self.error = e
         finally:
-            dispositions.restore()
-            note.removeFilter(keep)
             self.done.set()
         threading.Event().wait()  # parked for the process's life: Ray's processes end with this thread (see above)
 
     def wait(self) -> str:
-        """Wait for the start; return :func:`connect_ray`'s answer.
+        """Wait for the start (no time limit: it ends, or ``connect_ray`` raises); return
+        :func:`connect_ray`'s answer.
 
         Raises:
             Exception: the start's own error (a Ray that did not start), as ``connect_ray`` raises it.
@@ -129,9 +123,10 @@ class EmbeddedRayStart:
         assert self.where is not None
         return self.where
 
-    def settle(self) -> None:
-        """Wait for the start to end, however it ends (its error is the waiter's to report)."""
-        self.done.wait()
+    def settle(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` seconds for the start to end, however it ends (its error is the
+        waiter's to report); returns whether it ended."""
+        return self.done.wait(timeout_s)
 
 
 class SignalDispositions:
@@ -141,6 +136,8 @@ class SignalDispositions:
 
     #: more than any C library's ``struct sigaction`` (glibc on x86-64: 152 bytes)
     STRUCT_BYTES = 1024
+    #: the handler's address, the struct's first field in glibc, musl and the BSDs
+    HANDLER_BYTES = ctypes.sizeof(ctypes.c_void_p)
 
     def __init__(self, saved: dict[int, ctypes.Array]) -> None:
         self.saved = saved
@@ -148,7 +145,7 @@ class SignalDispositions:
     @classmethod
     def now(cls) -> SignalDispositions:
         """The dispositions as they are; none where the C library cannot be reached (then
-        :meth:`restore` does nothing)."""
+        :meth:`restore_changed` does nothing)."""
         try:
             libc = ctypes.CDLL(None, use_errno=True)
         except OSError:
@@ -160,24 +157,16 @@ class SignalDispositions:
                 saved[int(signum)] = buf
         return cls(saved)
 
-    def restore(self) -> None:
-        """Put the saved dispositions back (those that were read)."""
+    def restore_changed(self) -> None:
+        """Put back each saved disposition whose handler changed since it was read (Ray's); leave
+        the others as they are."""
         if not self.saved:
             return
         libc = ctypes.CDLL(None, use_errno=True)
         for signum, buf in self.saved.items():
-            libc.sigaction(signum, buf, None)
-
-
-class DropMessage(logging.Filter):
-    """A logging filter that drops the records whose message contains ``text``."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__()
-        self.text = text
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return self.text not in record.getMessage()
+            now = ctypes.create_string_buffer(self.STRUCT_BYTES)
+            if libc.sigaction(signum, None, now) == 0 and now.raw[: self.HANDLER_BYTES] != buf.raw[: self.HANDLER_BYTES]:
+                libc.sigaction(signum, buf, None)
 
 
 def start_autoscaling_coordinator() -> bool:
@@ -193,7 +182,8 @@ def start_autoscaling_coordinator() -> bool:
     """
     try:
         from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import get_or_create_autoscaling_coordinator
-    except ImportError:
+
+        get_or_create_autoscaling_coordinator()  # the actor's handle; its process starts meanwhile
+    except Exception:  # a private part of Ray, used for speed only: Ray Train creates it when it needs it
         return False
-    get_or_create_autoscaling_coordinator()  # the actor's handle; its process starts meanwhile
     return True
