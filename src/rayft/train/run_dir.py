@@ -42,7 +42,7 @@ def resolve_run(cfg: RayftConfig, resume: str | None) -> tuple[str, str]:
 
 def newest_checkpoint_step(run_dir: str) -> int | None:
     """The step of the newest complete checkpoint in a local ``run_dir`` (None: none)."""
-    from rayft.train.checkpoint import find_checkpoints
+    from rayft.train.checkpoint_files import find_checkpoints  # not rayft.train.checkpoint: no torch on the way out of a stop
 
     done = find_checkpoints(run_dir) if Path(run_dir).is_dir() else []
     return done[-1][0] if done else None
