@@ -180,8 +180,8 @@ def train_run(
     data = load_run_data(cfg, console, connect=connect, run_dir=run_dir, locate=locate)
     ds = data.train
     marks["data_ready"] = time.time()
-    if not reached:
-        connect()  # ray.init (on this thread) replaced our SIGTERM handler with one that exits mid-run: put back there
+    if not reached:  # Ray now, or what is left of its start; connect() puts back our SIGTERM handler after a ray.init here
+        connect()
     where = reached[0]
     marks["ray_ready"] = time.time()  # with an embedded Ray: what was left of its start after the data
     if where == EMBEDDED:

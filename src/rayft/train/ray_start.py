@@ -1,26 +1,32 @@
-"""The embedded local Ray started on a thread while the driver imports its libraries and reads its data.
+"""The embedded local Ray started on a thread while the driver imports Ray Train and reads its data.
 
 ``ray.init`` for an embedded Ray spends its 3-4 s waiting: it starts the GCS, the raylet and their
 Python agents as processes and waits until each has registered, with ~0.1 s of CPU in the driver
-(measured on the 2-core development machine; bench/NOTES.md §35). The driver's own work before
-it needs Ray (importing transformers and Ray Train, loading the tokenizer, reading or tokenizing
-the data) does not use Ray, so the start runs beside it.
+(measured on the 2-core development machine; bench/NOTES.md §35). The driver's own work before it
+needs Ray (importing Ray Train, loading the tokenizer, reading or tokenizing the data) does not use
+Ray, so the start runs beside it. It begins after the hub check, whose ``HF_HUB_OFFLINE`` Ray's
+processes must copy, and inside the driver's signal handling and run lock.
 
 Importing one package from two threads at once is not safe with these libraries: a thread can see
 a package that the other is still importing, without its submodules as attributes (a run failed
 that way in §31). :meth:`EmbeddedRayStart.begin` therefore imports, on the caller's thread and
 before the start, every module that ``ray.init`` would import on first use (:data:`RAY_INIT_IMPORTS`;
 ``tests/integration/test_ray_start_background.py`` checks that the thread then imports nothing).
+That check sees the modules a start imports on this kind of host: where another accelerator's
+package is installed (Habana's, say), Ray's detection would import it from the thread.
+
 A thread other than the main one cannot set Python signal handlers, so Ray's Python SIGTERM handler
 is not set, as the driver wants. Ray's C++ core worker still installs its failure handler for
 SIGTERM as it connects; that handler prints a stack dump for the signal before it calls Python's
-own. The driver used to replace it at once, from the main thread, after ``ray.init``. The main thread
-is now busy with the data, possibly for minutes. So the start's thread puts back, process-wide, the
-signal dispositions it found (:class:`SignalDispositions`), and a pod's SIGTERM during the data
-stops the run as before, without a dump that reads like a crash. The thread must outlive the Ray it started: Ray ties the
-life of each process it starts to its parent with Linux's ``PR_SET_PDEATHSIG``, which fires when
-the parent *thread* ends, not the process (a first try here lost its GCS as the thread returned).
-So the thread stays parked until the process ends; Ray's shutdown at exit stops the processes first.
+own. The driver used to replace it at once, from the main thread, after ``ray.init``; the main
+thread is now busy with the data, possibly for minutes. So the start's thread puts back,
+process-wide, each signal disposition that changed during the start (:class:`SignalDispositions`),
+and a pod's SIGTERM during the data stops the run as before, without a dump that reads like a crash.
+
+The thread must outlive the Ray it started: Ray ties the life of each process it starts to its
+parent with Linux's ``PR_SET_PDEATHSIG``, which fires when the parent *thread* ends, not the process
+(a first try here lost its GCS as the thread returned). So the thread stays parked until the process
+ends; Ray's shutdown at exit stops the processes first.
 """
 
 from __future__ import annotations
@@ -178,7 +184,8 @@ def start_autoscaling_coordinator() -> bool:
     coordinator's process start and imports lay on the workers' path: 1.36 s of the quickstart's
     start on 2 cores (bench/NOTES.md §36). Created here, while the driver checks its resources and
     the controller's own process starts, it is up when asked. Returns whether it was asked for:
-    False where this Ray has no such coordinator (its module moved), and then nothing changes.
+    False where this Ray has no such coordinator (its module moved) or the call failed, and then
+    nothing changes.
     """
     try:
         from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import get_or_create_autoscaling_coordinator

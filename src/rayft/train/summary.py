@@ -15,8 +15,8 @@ def wall_timeline(marks: dict[str, float], history: list[dict]) -> dict[str, flo
     last step's metrics (``worker_entry_unix``, ``time_setup_s``, ``step_time_s``, ``unix_time``).
 
     Returns:
-        ``data`` (read + tokenize, or the cache), ``ray`` (connect to Ray; an embedded Ray's start
-        runs on a thread from the run's start, :mod:`rayft.train.ray_start`: what is left of it after the data), ``checks`` (Ray
+        ``data`` (read + tokenize, or the cache), ``ray`` (connect to Ray; an embedded Ray
+        starts on a thread before Ray Train's import, :mod:`rayft.train.ray_start`: what is left of its start after the data), ``checks`` (Ray
         ready → fit called: the GPU memory check, the step plan, the run directory, the run's actor,
         the trackers), ``workers_start``
         (fit called → rank 0 enters the training function: the Ray Train controller, worker
