@@ -237,12 +237,10 @@ def prepare(config: ConfigArg, set_: SetOpt = None) -> None:
     from rayft.data.prepare import open_tokenizer, prepare_data
     from rayft.train.errors import TrainError
     from rayft.train.model_config import default_tokenizer
-    from rayft.train.ray_cluster import connect_ray, nodes_missing_storage
+    from rayft.train.ray_cluster import connect_ray, nodes_missing_storage, ray_address
 
     def locate(root: str) -> str:  # on a multi-node cluster the store must be where every node (and the next run) reads it
-        import os
-
-        if "://" in root or not (cfg.ray.address or os.environ.get("RAY_ADDRESS")):
+        if "://" in root or not ray_address(cfg):
             return root
         connect_ray(cfg)
         blind = nodes_missing_storage(root)

@@ -21,11 +21,16 @@ from rayft.train.errors import TrainError
 EMBEDDED = "embedded local Ray"
 
 
+def ray_address(cfg: RayftConfig) -> str | None:
+    """The cluster the run joins: ``ray.address``, else ``RAY_ADDRESS``; None for an embedded local Ray."""
+    return cfg.ray.address or os.environ.get("RAY_ADDRESS")
+
+
 def connect_ray(cfg: RayftConfig) -> str:
     """Join the cluster at ray.address / RAY_ADDRESS, else start an embedded local Ray. Returns which."""
     import ray
 
-    address = cfg.ray.address or os.environ.get("RAY_ADDRESS")
+    address = ray_address(cfg)
     os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
     kwargs: dict[str, Any] = dict(
         logging_level="ERROR",
@@ -247,7 +252,7 @@ def shared_store_root(cfg: RayftConfig, root: str, run_dir: str, connect, say) -
     """
     import ray
 
-    if "://" in root or not (cfg.ray.address or os.environ.get("RAY_ADDRESS") or ray.is_initialized()):
+    if "://" in root or not (ray_address(cfg) or ray.is_initialized()):
         return root
     connect()
     blind = nodes_missing_storage(root)

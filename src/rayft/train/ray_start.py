@@ -38,7 +38,7 @@ import signal
 import threading
 
 from rayft.config import RayftConfig
-from rayft.train.ray_cluster import connect_ray
+from rayft.train.ray_cluster import connect_ray, ray_address
 
 #: Modules ``ray.init(address="local")`` imports that ``import ray`` does not (Ray 2.60; each
 #: brings its own submodules): the gRPC and aiohttp clients, the metrics exporters, the usage
@@ -90,7 +90,7 @@ class EmbeddedRayStart:
         the ones it puts back: install the process's handlers before, keep them until :meth:`settle`."""
         import ray
 
-        if cfg.ray.address or os.environ.get("RAY_ADDRESS") or ray.is_initialized():
+        if ray_address(cfg) or ray.is_initialized():
             return None
         # read when ray.train is imported, which the driver does while the start runs
         os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")

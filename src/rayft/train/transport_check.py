@@ -17,14 +17,13 @@ Errors: :class:`rayft.train.errors.TrainError`, saying what to do next.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
 from rayft.config import RayftConfig
 from rayft.train.errors import TrainError
-from rayft.train.ray_cluster import FLIGHT_RECORDER_DIR
+from rayft.train.ray_cluster import FLIGHT_RECORDER_DIR, ray_address
 
 __all__ = ["TRANSPORT_RECORD", "TransportCheck", "record_ray_job", "verify_ray_job"]
 
@@ -122,7 +121,7 @@ class TransportCheck:
     def __exit__(self, exc_type, exc, tb) -> bool:
         expect = self.cfg.ray.verify_transport
         if exc_type is None and expect:
-            embedded = not (self.cfg.ray.address or os.environ.get("RAY_ADDRESS"))  # as connect_ray decides
+            embedded = not ray_address(self.cfg)  # as connect_ray decides
             instance = self.cfg.cluster.instance_type if self.cfg.cluster is not None else None
             verify_ray_job(expect, self.run_dir, embedded, instance, self.say)
         return False
