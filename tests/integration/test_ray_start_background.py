@@ -80,6 +80,37 @@ def test_the_start_imports_nothing_on_its_thread_and_its_ray_outlives_it():
     assert "SIGTERM received" not in p.stderr  # Ray's C++ failure handler, which the start's thread took back
 
 
+BESIDE_IMPORTS = r"""
+import importlib.abc, json, sys, threading
+from rayft.config import RayftConfig
+from rayft.train.ray_start import RAY_INIT_IMPORTS, EmbeddedRayStart
+
+class Recorder(importlib.abc.MetaPathFinder):  # who imports what: (thread, module) of every import not yet done
+    seen = []
+    def find_spec(self, fullname, path, target=None):
+        self.seen.append((threading.current_thread().name, fullname))
+        return None
+
+cfg = RayftConfig.model_validate({"data": {"train_files": ["unused.jsonl"]}, "ray": {"num_cpus": 1}})
+sys.meta_path.insert(0, Recorder())
+start = EmbeddedRayStart.begin(cfg)
+import transformers, torch  # what the driver's data phase imports while Ray starts (rayft.data.tokenizer)
+where = start.wait()
+# looked up there but absent (Ray's probes for other accelerators' packages: acl, rebel, ...) loads nothing
+mine = sorted({m for t, m in Recorder.seen if t == start.thread.name and m in sys.modules})
+print(json.dumps({"where": where, "start_thread_imports": mine, "main_imported_torch": any(m == "torch" for t, m in Recorder.seen if t == "MainThread")}))
+"""
+
+
+def test_the_start_imports_nothing_while_the_main_thread_imports_torch_and_transformers():
+    """The driver's data phase imports transformers and torch while Ray starts (bench/NOTES.md §38):
+    a module imported from both threads at once failed a run in §31, so the start's must import none."""
+    p = subprocess.run([sys.executable, "-c", BESIDE_IMPORTS], capture_output=True, text=True, timeout=180, env=env())
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got == {"where": "embedded local Ray", "start_thread_imports": [], "main_imported_torch": True}
+
+
 def session_processes(pid: int) -> list[str]:
     """Command lines of the processes of the Ray session that process ``pid`` started."""
     mark = re.compile(rf"/session_[^/\s]*_{pid}(?:[/\s]|$)")

@@ -19,3 +19,47 @@ def test_a_run_that_joins_a_cluster_starts_no_ray_of_its_own(monkeypatch):
     assert EmbeddedRayStart.begin(cfg) is None
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
     assert EmbeddedRayStart.begin(cfg.model_copy(update={"ray": cfg.ray.model_copy(update={"address": None})})) is None
+
+
+BEGINS = r"""
+import json, sys
+from rich.console import Console
+from rayft.config import RayftConfig
+from rayft.train import driver
+
+class Begun(Exception):
+    pass
+
+def begin(cfg):  # where run_training starts the embedded Ray: what has been imported by then
+    raise Begun(json.dumps(sorted(m for m in ("torch", "transformers", "ray.train") if m in sys.modules)))
+
+driver.EmbeddedRayStart.begin = begin
+cfg = RayftConfig.model_validate({"model": {"name_or_path": "Qwen/Qwen2.5-0.5B", "tokenizer": "qwen2.5"},
+                                  "data": {"train_files": ["unused.jsonl"]}, "checkpoint": {"storage_path": sys.argv[1]}})
+try:
+    driver.run_training(cfg, console=Console(quiet=True))
+except Begun as e:
+    print(e)
+"""
+
+
+def test_the_embedded_ray_starts_before_the_driver_imports_torch_or_transformers(tmp_path):
+    """So that Ray's start (3-6 s) overlaps those imports (2-3.5 s): the Hub check before it reads
+    the offline tokenizers' names from a module without them (bench/NOTES.md §38)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[2] / "src"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"PYTHONPATH": str(src), "HF_HUB_OFFLINE": "1"}
+    p = subprocess.run([sys.executable, "-c", BEGINS, str(tmp_path)], capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_offline_tokenizer_names_are_the_offline_tokenizers():
+    from rayft.data.tokenizer import OFFLINE_TOKENIZERS
+    from rayft.data.tokenizer_names import OFFLINE_TOKENIZER_NAMES
+
+    assert set(OFFLINE_TOKENIZERS) == OFFLINE_TOKENIZER_NAMES == {"qwen2.5", "qwen3", "llama3", "mistral-v3"}

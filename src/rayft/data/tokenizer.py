@@ -23,10 +23,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-QWEN2_5_TOKENIZER = "qwen2.5"
-QWEN3_TOKENIZER = "qwen3"
-LLAMA3_TOKENIZER = "llama3"
-MISTRAL_V3_TOKENIZER = "mistral-v3"
+from rayft.data.tokenizer_names import LLAMA3_TOKENIZER, MISTRAL_V3_TOKENIZER, QWEN2_5_TOKENIZER, QWEN3_TOKENIZER
 
 # Llama 3's pre-tokenizer split (digits in groups of up to three; llama-models' tokenizer.py).
 LLAMA3_PATTERN = (

@@ -11,12 +11,12 @@ from collections.abc import Callable, Iterable
 
 def hub_ids(names: Iterable[str | None]) -> list[str]:
     """The names that would be fetched from the Hub: not None, not a local path, not a preset, not
-    one of the tokenizers built offline (:data:`rayft.data.tokenizer.OFFLINE_TOKENIZERS`: ``qwen2.5``,
-    ``qwen3``, ``llama3``, ``mistral-v3``)."""
-    from rayft.data.tokenizer import OFFLINE_TOKENIZERS
+    one of the tokenizers built offline (:data:`rayft.data.tokenizer_names.OFFLINE_TOKENIZER_NAMES`:
+    ``qwen2.5``, ``qwen3``, ``llama3``, ``mistral-v3``). Imports neither transformers nor torch."""
+    from rayft.data.tokenizer_names import OFFLINE_TOKENIZER_NAMES
     from rayft.train.presets import is_preset
 
-    return [n for n in names if n and n not in OFFLINE_TOKENIZERS and not is_preset(n) and not os.path.exists(n)]
+    return [n for n in names if n and n not in OFFLINE_TOKENIZER_NAMES and not is_preset(n) and not os.path.exists(n)]
 
 
 def hub_unreachable(timeout_s: float = 5.0) -> str | None:
