@@ -19,10 +19,8 @@ import json, sys, time, threading
 t0 = time.time()
 import ray
 from rayft.config import RayftConfig
-from rayft.train.ray_start import RAY_INIT_IMPORTS, EmbeddedRayStart
-import importlib
-for m in RAY_INIT_IMPORTS:
-    importlib.import_module(m)
+from rayft.train.ray_start import RAY_INIT_IMPORTS, EmbeddedRayStart, preimport
+assert all([preimport(m) for m in RAY_INIT_IMPORTS])  # as EmbeddedRayStart.begin does (a missing optional package passes)
 cfg = RayftConfig.model_validate({"data": {"train_files": ["unused.jsonl"]}})
 t1 = time.time()
 if sys.argv[1] == "alone":

@@ -63,3 +63,27 @@ def test_the_offline_tokenizer_names_are_the_offline_tokenizers():
     from rayft.data.tokenizer_names import OFFLINE_TOKENIZER_NAMES
 
     assert set(OFFLINE_TOKENIZERS) == OFFLINE_TOKENIZER_NAMES == {"qwen2.5", "qwen3", "llama3", "mistral-v3"}
+
+
+def test_a_missing_optional_package_is_skipped_and_a_moved_ray_module_stops_the_early_start(monkeypatch):
+    import importlib
+
+    from rayft.train import ray_start
+
+    def fake_import(name):
+        if name == "aiohttp_cors":
+            raise ModuleNotFoundError("No module named 'aiohttp_cors'", name="aiohttp_cors")
+        if name == "ray.dashboard.optional_deps":  # present, but its own import of an optional package fails
+            raise ModuleNotFoundError("No module named 'opencensus'", name="opencensus")
+        if name == "ray.autoscaler.v2.utils":  # Ray moved it
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        if name == "ray.broken":
+            raise ImportError("cannot import name 'x' from 'ray.broken'")
+        return object()
+
+    monkeypatch.setattr(importlib, "import_module", fake_import)
+    assert ray_start.preimport("aiohttp_cors") is True
+    assert ray_start.preimport("ray.dashboard.optional_deps") is True
+    assert ray_start.preimport("colorful") is True
+    assert ray_start.preimport("ray.autoscaler.v2.utils") is False
+    assert ray_start.preimport("ray.broken") is False

@@ -83,9 +83,9 @@ class EmbeddedRayStart:
     def begin(cls, cfg: RayftConfig) -> EmbeddedRayStart | None:
         """Start the embedded Ray on a thread and return its handle; None where the run joins a
         cluster (``ray.address`` or ``RAY_ADDRESS``: :func:`connect_ray` connects when asked) or this
-        process's Ray is up already, and where one of :data:`RAY_INIT_IMPORTS` cannot be imported
-        (a Ray whose modules moved: the start is left to :func:`connect_ray` where the driver needs
-        Ray). Imports them first, on this thread, and sets ``RAY_TRAIN_V2_ENABLED`` as
+        process's Ray is up already, and where one of Ray's own :data:`RAY_INIT_IMPORTS` cannot be
+        imported (a Ray whose modules moved: the start is left to :func:`connect_ray` where the driver
+        needs Ray; :func:`preimport`). Imports them first, on this thread, and sets ``RAY_TRAIN_V2_ENABLED`` as
         :func:`connect_ray` does (unless set). The signal dispositions the start's thread finds are
         the ones it puts back: install the process's handlers before, keep them until :meth:`settle`."""
         import ray
@@ -94,11 +94,9 @@ class EmbeddedRayStart:
             return None
         # read when ray.train is imported, which the driver does while the start runs
         os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
-        try:
-            for name in RAY_INIT_IMPORTS:
-                importlib.import_module(name)
-        except ImportError:  # another Ray's modules: connect_ray starts it where the driver waits, as before
-            return None
+        for name in RAY_INIT_IMPORTS:
+            if not preimport(name):  # another Ray's modules: connect_ray starts it where the driver waits, as before
+                return None
         start = cls(cfg)
         start.thread.start()
         return start
@@ -133,6 +131,25 @@ class EmbeddedRayStart:
         """Wait up to ``timeout_s`` seconds for the start to end, however it ends (its error is the
         waiter's to report); returns whether it ended."""
         return self.done.wait(timeout_s)
+
+
+def preimport(name: str) -> bool:
+    """Import ``name`` (one of :data:`RAY_INIT_IMPORTS`) on this thread; False where Ray's own
+    modules are not where this Ray version keeps them.
+
+    A third-party package that is not installed counts as imported: Ray's optional dependencies
+    (``aiohttp_cors``, ``opencensus``, ... of ``ray[default]``) are absent where Ray was installed
+    without its extras, and ``ray.init`` then looks for them and finds nothing: its thread loads no
+    module. Returning False there kept every start on the GPU host's bare Ray after the data
+    (bench/NOTES.md §38).
+    """
+    try:
+        importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        return (e.name or name).split(".")[0] != "ray"
+    except ImportError:
+        return False
+    return True
 
 
 class SignalDispositions:
