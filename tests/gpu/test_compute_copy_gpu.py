@@ -82,3 +82,35 @@ def test_two_steps_with_copies_match_fsdp2_on_one_rank(pg):
         runs.append(out)
     for (loss_a, norm_a), (loss_b, norm_b) in zip(*runs):
         assert loss_a == pytest.approx(loss_b, rel=1e-5) and norm_a == pytest.approx(norm_b, rel=1e-4), runs
+
+
+def test_a_steps_result_waits_for_its_own_kernels_not_for_what_was_queued_after(pg):
+    """The loop queues the next step before it reads this one's loss (bench/NOTES.md §38): the
+    result must come when this step's kernels are done, with the same values as a step waited for
+    at once, while the device still runs what came after (here a 1.5-2.5 s spin)."""
+    import time
+
+    from rayft.config import TrainConfig
+    from rayft.train.optim import build_optimizer
+    from rayft.train.step import launch_step, train_step
+
+    runs = []
+    for queued_after in (False, True):
+        model = _model("compute_copy")
+        opt = build_optimizer(model.module, TrainConfig(lr=1e-4), CUDA)
+        bs = [_batches(20), _batches(21)]
+        n = [float(sum(int(b["num_trainable"]) for b in x)) for x in bs]
+        if not queued_after:
+            runs.append([(r.loss, r.grad_norm) for r in (train_step(model, opt, bs[i], n[i], 1.0) for i in range(2))])
+            continue
+        first = launch_step(model, opt, bs[0], n[0], 1.0)
+        second = launch_step(model, opt, bs[1], n[1], 1.0)
+        torch.cuda._sleep(int(3e9))  # GPU clock cycles: 1.5-2.5 s at an H200's 1.2-2 GHz
+        t0 = time.perf_counter()
+        r1 = first.result()
+        waited = time.perf_counter() - t0
+        still_busy = not torch.cuda.current_stream().query()
+        runs.append([(r1.loss, r1.grad_norm), (lambda r: (r.loss, r.grad_norm))(second.result())])
+        torch.cuda.synchronize()
+        assert still_busy and waited < 0.5, (still_busy, waited)
+    assert runs[0] == runs[1]

@@ -119,13 +119,26 @@ def test_worker_args_travel_pickled_and_are_checked_on_arrival():
 
 
 def test_step_clock_laps_and_skips(monkeypatch):
-    now = iter([10.0, 10.5, 12.0, 20.0, 21.0])
+    now = iter([10.0, 12.0, 20.0, 21.0, 23.0, 30.0, 30.5, 31.0, 31.2])
     monkeypatch.setattr("rayft.train.step.time.perf_counter", lambda: next(now))
+
+    class DeviceEnd:  # a timed CUDA event's elapsed_time: milliseconds between two device moments
+        def __init__(self, at_s):
+            self.at_s = at_s
+
+        def elapsed_time(self, other):
+            return (other.at_s - self.at_s) * 1e3
+
     clock = StepClock()  # 10.0
-    assert clock.since_mark() == 0.5
     assert clock.lap() == 2.0  # 10 → 12
     clock.skip()  # a checkpoint until 20: not step time
     assert clock.lap() == 1.0
+    # on a GPU: the first lap after a skip is the host's, then the device's between two step ends
+    assert clock.lap(DeviceEnd(100.0)) == 2.0  # 21 → 23: no device end before it
+    assert clock.lap(DeviceEnd(100.6)) == pytest.approx(0.6)  # the host saw it at 30 (7 s late): the device's 0.6 s
+    clock.skip()  # 30.5
+    assert clock.lap(DeviceEnd(105.0)) == 0.5  # after a skip: the host's again
+    assert clock.lap() == pytest.approx(0.2)  # a lap without a device end: the host's
 
 
 def test_the_resume_line_warns_when_the_packing_rule_or_the_global_batch_changed():

@@ -31,7 +31,16 @@ from rayft.train.metrics import flops_per_token, gpu_peak_flops, mfu
 from rayft.train.model import ShardedModel, build_sharded_model, load_model_config, matmul_params, use_compile_cache_dir
 from rayft.train.optim import build_optimizer, lr_at, set_lr
 from rayft.train.profiling import StepProfiler
-from rayft.train.step import COUNT_KEYS, GlobalCounts, StepClock, StepResult, global_counts, launch_step, micro_batch_loss
+from rayft.train.step import (
+    COUNT_KEYS,
+    GlobalCounts,
+    PendingStep,
+    StepClock,
+    StepResult,
+    global_counts,
+    launch_step,
+    micro_batch_loss,
+)
 from rayft.train.stop import StopPoll
 from rayft.train.worker_args import WorkerArgs
 
@@ -109,8 +118,28 @@ class Worker:
         }
 
 
+@dataclass
+class LaunchedStep:
+    """A step whose kernels are queued (:func:`launch_step`), with what its record needs."""
+
+    step: int  # 0-based
+    lr: float
+    counts: GlobalCounts
+    data_s: float  # host seconds before its launch: the counts (and its rows, where made then)
+    pending: PendingStep
+
+
 def train_func(loop_config: dict[str, Any]) -> None:
-    """The Ray Train worker entry point; ``loop_config`` carries a :class:`WorkerArgs`."""
+    """The Ray Train worker entry point; ``loop_config`` carries a :class:`WorkerArgs`.
+
+    Each step is queued before the previous one is finished (its loss read, its record made and
+    sent), so that the device never waits for the host between two steps: ~3 ms a step on one
+    GPU, where the records and the next step's start ran with the device idle (bench/NOTES.md §33,
+    §38). A step after which something reads the weights or the run's state (a checkpoint, an
+    evaluation, the profiler's window, the first and last steps) is finished before the next is
+    queued (:func:`must_finish_now`). Over several ranks the next step's counts are all-reduced on
+    the device and read before it is queued, which waits for the step in flight anyway.
+    """
     entry_unix = time.time()
     w = setup_worker(WorkerArgs.from_loop_config(loop_config))
     if w.rank == 0 and w.profiler.window and w.start_step >= w.profiler.window[1]:
@@ -120,55 +149,35 @@ def train_func(loop_config: dict[str, Any]) -> None:
         )
     clock = StepClock()
     last: tuple[int, float, dict] | None = None  # the last finished step: (0-based index, loss, metrics), for a stop's checkpoint
+    in_flight: LaunchedStep | None = None  # queued, not yet finished
     batches: list[dict[str, torch.Tensor]] | None = w.batches(w.start_step) if w.start_step < w.total_steps else []
     for step in range(w.start_step, w.total_steps):
+        t_top = time.perf_counter()
         lr = lr_at(step, w.total_steps, w.cfg.train)
-        set_lr(w.optimizer, lr)
+        set_lr(w.optimizer, lr)  # read by the optimizer as this step is queued (a float: the step in flight has its own)
         if batches is None:  # making them during the previous step failed: again here, where an error stops the run
             batches = w.batches(step)
         counts = global_counts(batches, w.rank == 0 and w.saver.time_is_due(), w.saver.local_write_done(), w.device, w.stop.requested())
         report_checkpoints(w.saver.finalize_if_done(counts.writes_done == w.world), w.progress)  # a background save that finished
         if counts.stop_vote > 0:  # every rank agreed: abandon this step, keep the finished ones
+            if in_flight is not None:
+                last = finish_step(w, in_flight, clock, entry_unix)
             return stop_early(w, last)
-        data_s = clock.since_mark()
         w.profiler.before(step + 1)
         pending = launch_step(w.model, w.optimizer, batches, counts.trainable, w.cfg.train.max_grad_norm)
+        launched = LaunchedStep(step, lr, counts, time.perf_counter() - t_top, pending)
+        if in_flight is not None:  # the previous step's loss and record, while the device runs this one
+            last = finish_step(w, in_flight, clock, entry_unix)
+            in_flight = None
         if step + 1 < w.total_steps:  # the next step's rows, made and copied while the device runs this one
             try:
                 batches = w.batches(step + 1)
             except Exception:  # made again at the next step's start: this step is still recorded and saved first
                 batches = None
-        result = pending.result()
-        timings = {"data_s": data_s, "fwd_bwd_s": result.fwd_bwd_s, "optim_s": result.optim_s}
-        step_time = clock.lap()
-        if (traces := w.profiler.after(step + 1)) is not None:
-            clock.skip()  # writing the trace is not step time
-            if w.rank == 0:
-                print(f"[rayft] profile of steps {w.profiler.first_traced}-{step + 1}: every rank's trace in {traces}", flush=True)
-        if step == w.start_step:
-            timings.update(w.setup_timings)
-            if (staged := w.saver.prestage(w.model.module, w.optimizer)) is not None:
-                timings["prestage_s"] = staged  # one-off: pinned buffers for async checkpoint saves
-                clock.skip()
-        metrics = step_record(w, step, lr, result, counts, step_time, timings)
-        if step == w.start_step:
-            metrics["worker_entry_unix"] = entry_unix
-        if w.profiler.covers(step + 1):
-            metrics["profiled"] = True
-        if not math.isfinite(result.loss):
-            raise FloatingPointError(f"loss is {result.loss} at step {step + 1}")
-        if w.evaluator.is_due(step + 1, w.total_steps):
-            metrics.update(w.evaluator(w.model))  # eval_loss, eval_tokens
-            clock.skip()  # evaluation time is not step time
-        if w.report_is_due(step, metrics):  # the last step's metrics must reach the driver before the worker exits
-            w.progress.send(StepEvent(metrics), wait=step + 1 == w.total_steps)
-        last = (step, result.loss, metrics)
-        if w.checkpoint_is_due(step + 1, counts.time_vote):
-            model_only = step + 1 == w.total_steps and w.cfg.checkpoint.final_model_only
-            saved = w.saver.save(w.model.module, w.optimizer, w.checkpoint_state(step, result.loss), metrics, model_only=model_only)
-            report_checkpoints(saved, w.progress)
-            w.saved_step = step + 1
-            clock.skip()  # checkpoint time is not step time
+        if must_finish_now(w, step, counts):
+            last = finish_step(w, launched, clock, entry_unix)
+        else:
+            in_flight = launched
     export_inputs = None
     try:  # while the last checkpoint is written: what the export needs that is none of its files
         if w.cfg.checkpoint.export_hf:
@@ -177,6 +186,61 @@ def train_func(loop_config: dict[str, Any]) -> None:
         report_checkpoints(w.saver.wait(), w.progress)  # the last save must be complete before the run ends or the export starts
     if export_inputs is not None:
         export_and_verify(w.model, w.model_conf, w.cfg, w.args, w.device, w.progress, export_inputs)
+
+
+def must_finish_now(w: Worker, step: int, counts: GlobalCounts) -> bool:
+    """Finish ``step`` (0-based) before the next is queued? Where the next would change what is read
+    after it: a checkpoint or an evaluation after it, the profiler's window around it; and the
+    first step (its set-up timings and the checkpoints' one-off staging) and the last."""
+    done = step + 1
+    return (
+        step == w.start_step
+        or done == w.total_steps
+        or w.checkpoint_is_due(done, counts.time_vote)
+        or w.evaluator.is_due(done, w.total_steps)
+        or w.profiler.covers(done)
+        or w.profiler.covers(done + 1)
+    )
+
+
+def finish_step(w: Worker, launched: LaunchedStep, clock: StepClock, entry_unix: float) -> tuple[int, float, dict]:
+    """Wait for a queued step, then record, report, evaluate and checkpoint it as due; returns it as
+    the last finished step (0-based index, loss, metrics).
+
+    Raises:
+        FloatingPointError: its loss is not finite.
+    """
+    step, result = launched.step, launched.pending.result()
+    timings = {"data_s": launched.data_s, "fwd_bwd_s": result.fwd_bwd_s, "optim_s": result.optim_s}
+    step_time = clock.lap(launched.pending.events[-1] if launched.pending.events else None)
+    if (traces := w.profiler.after(step + 1)) is not None:
+        clock.skip()  # writing the trace is not step time
+        if w.rank == 0:
+            print(f"[rayft] profile of steps {w.profiler.first_traced}-{step + 1}: every rank's trace in {traces}", flush=True)
+    if step == w.start_step:
+        timings.update(w.setup_timings)
+        if (staged := w.saver.prestage(w.model.module, w.optimizer)) is not None:
+            timings["prestage_s"] = staged  # one-off: pinned buffers for async checkpoint saves
+            clock.skip()
+    metrics = step_record(w, step, launched.lr, result, launched.counts, step_time, timings)
+    if step == w.start_step:
+        metrics["worker_entry_unix"] = entry_unix
+    if w.profiler.covers(step + 1):
+        metrics["profiled"] = True
+    if not math.isfinite(result.loss):
+        raise FloatingPointError(f"loss is {result.loss} at step {step + 1}")
+    if w.evaluator.is_due(step + 1, w.total_steps):
+        metrics.update(w.evaluator(w.model))  # eval_loss, eval_tokens
+        clock.skip()  # evaluation time is not step time
+    if w.report_is_due(step, metrics):  # the last step's metrics must reach the driver before the worker exits
+        w.progress.send(StepEvent(metrics), wait=step + 1 == w.total_steps)
+    if w.checkpoint_is_due(step + 1, launched.counts.time_vote):
+        model_only = step + 1 == w.total_steps and w.cfg.checkpoint.final_model_only
+        saved = w.saver.save(w.model.module, w.optimizer, w.checkpoint_state(step, result.loss), metrics, model_only=model_only)
+        report_checkpoints(saved, w.progress)
+        w.saved_step = step + 1
+        clock.skip()  # checkpoint time is not step time
+    return step, result.loss, metrics
 
 
 def setup_worker(args: WorkerArgs) -> Worker:

@@ -131,8 +131,10 @@ def optimizer_step(model: ShardedModel, optimizer: torch.optim.Optimizer, max_gr
 class PendingStep:
     """An optimizer step whose kernels are queued on the device and not yet waited for.
 
-    :meth:`result` is the step's one sync (the loss). Between :func:`launch_step` and it the host is
-    free while the device works: the training loop makes the next step's micro-batches there.
+    :meth:`result` is the step's one sync. Between :func:`launch_step` and it the host is free
+    while the device works: the training loop makes the next step's micro-batches there, and may
+    queue the whole next step before it asks for this one's result (on a GPU :meth:`result` waits
+    for this step's kernels only, not for what was queued after them).
     """
 
     loss_sum: torch.Tensor  # float64, 0-d: the global sum of token losses (all-reduce queued)
@@ -140,16 +142,23 @@ class PendingStep:
     n_trainable: float
     events: list[torch.cuda.Event] | None  # start, after backward, after the optimizer (on a GPU)
     host_times: tuple[float, float]  # fwd_bwd_s, optim_s as host wall seconds (the CPU's figures)
+    # on a GPU: [loss_sum, grad_norm] (float64, pinned host memory), copied when the step's kernels are done
+    host_values: torch.Tensor | None = None
+    copied: torch.cuda.Event | None = None  # recorded after that copy
 
     def result(self) -> StepResult:
         """Wait for the step; its loss, gradient norm and phase times (see :class:`StepResult`)."""
-        loss = self.loss_sum.item() / self.n_trainable  # the step's sync point
+        if self.copied is not None:
+            self.copied.synchronize()  # the step's sync point: this step's queue position, not the stream's end
+            loss_sum, grad_norm = self.host_values.tolist()
+        else:
+            loss_sum, grad_norm = self.loss_sum.item(), float(self.grad_norm)
         if self.events:
             start, backward_done, optimizer_done = self.events
             fwd_bwd_s, optim_s = start.elapsed_time(backward_done) / 1e3, backward_done.elapsed_time(optimizer_done) / 1e3
         else:
             fwd_bwd_s, optim_s = self.host_times
-        return StepResult(loss, float(self.grad_norm), fwd_bwd_s, optim_s)
+        return StepResult(loss_sum / self.n_trainable, grad_norm, fwd_bwd_s, optim_s)
 
 
 def launch_step(
@@ -186,7 +195,14 @@ def launch_step(
     if events:
         events[2].record()
     dist.all_reduce(loss_sum)
-    return PendingStep(loss_sum, grad_norm, n_trainable, events, (t1 - t0, time.perf_counter() - t1))
+    host_times = (t1 - t0, time.perf_counter() - t1)
+    if not on_gpu:
+        return PendingStep(loss_sum, grad_norm, n_trainable, events, host_times)
+    host_values = torch.empty(2, dtype=torch.float64, pin_memory=True)
+    host_values.copy_(torch.stack([loss_sum, grad_norm.to(loss_sum.device, torch.float64)]), non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record()
+    return PendingStep(loss_sum, grad_norm, n_trainable, events, host_times, host_values, copied)
 
 
 def train_step(
@@ -203,18 +219,25 @@ def train_step(
 class StepClock:
     """Wall time per step, with pauses: :meth:`lap` returns the seconds since the previous lap (or
     :meth:`skip`), :meth:`skip` restarts the count so that what ran since (a checkpoint, an
-    evaluation, a one-off staging) is not step time."""
+    evaluation, a one-off staging) is not step time.
+
+    On a GPU, a lap given its step's end (a timed CUDA event) right after a lap given the previous
+    step's measures between the two ends on the device instead: the training loop finishes a step
+    after the next one is queued (:func:`rayft.train.loop.train_func`), so the host's moment is late
+    by as much as the queueing blocked, differently for a step finished at once."""
 
     def __init__(self) -> None:
         self.mark = time.perf_counter()
+        self.device_mark: torch.cuda.Event | None = None
 
-    def since_mark(self) -> float:
-        return time.perf_counter() - self.mark
-
-    def lap(self) -> float:
+    def lap(self, step_end: torch.cuda.Event | None = None) -> float:
         now = time.perf_counter()
-        dt, self.mark = now - self.mark, now
+        dt = now - self.mark
+        if step_end is not None and self.device_mark is not None:
+            dt = self.device_mark.elapsed_time(step_end) / 1e3
+        self.mark, self.device_mark = now, step_end
         return dt
 
     def skip(self) -> None:
         self.mark = time.perf_counter()
+        self.device_mark = None
