@@ -68,6 +68,7 @@ class Worker:
     peak_flops: float | None  # the GPU's dense bf16 peak, FLOP/s (None: unknown, or CPU)
     matmul_params: int  # parameters in matrix products (MFU's N)
     stop: StopPoll  # rank 0's view of the run's stop flag (never set on the other ranks)
+    counts_group: Any  # the gloo group of the steps' counts and votes (None on one rank)
     profiler: StepProfiler  # train.profile_steps (inactive when unset)
     saved_step: int = 0  # steps held by the newest checkpoint (resumed or saved; 0: none)
 
@@ -137,8 +138,8 @@ def train_func(loop_config: dict[str, Any]) -> None:
     GPU, where the records and the next step's start ran with the device idle (bench/NOTES.md §33,
     §38). A step after which something reads the weights or the run's state (a checkpoint, an
     evaluation, the profiler's window, the first and last steps) is finished before the next is
-    queued (:func:`must_finish_now`). Over several ranks the next step's counts are all-reduced on
-    the device and read before it is queued, which waits for the step in flight anyway.
+    queued (:func:`must_finish_now`). Over several ranks the next step's counts and votes are
+    all-reduced on the host (a gloo group of their own), so they do not wait for the step in flight.
     """
     entry_unix = time.time()
     w = setup_worker(WorkerArgs.from_loop_config(loop_config))
@@ -157,7 +158,9 @@ def train_func(loop_config: dict[str, Any]) -> None:
         set_lr(w.optimizer, lr)  # read by the optimizer as this step is queued (a float: the step in flight has its own)
         if batches is None:  # making them during the previous step failed: again here, where an error stops the run
             batches = w.batches(step)
-        counts = global_counts(batches, w.rank == 0 and w.saver.time_is_due(), w.saver.local_write_done(), w.device, w.stop.requested())
+        counts = global_counts(
+            batches, w.rank == 0 and w.saver.time_is_due(), w.saver.local_write_done(), w.counts_group, w.stop.requested()
+        )
         report_checkpoints(w.saver.finalize_if_done(counts.writes_done == w.world), w.progress)  # a background save that finished
         if counts.stop_vote > 0:  # every rank agreed: abandon this step, keep the finished ones
             if in_flight is not None:
@@ -292,6 +295,9 @@ def setup_worker(args: WorkerArgs) -> Worker:
     start_step = resume(model, optimizer, args, rows_per_step, packing_rule(cfg.data.packing), progress, len(plan))
 
     saver = CheckpointWriter(cfg.checkpoint, model_conf)
+    # the steps' counts and votes: host tensors, so that reading them never waits for the device (train_func);
+    # not the saver's gloo group, whose async saves run collectives from a thread of their own
+    counts_group = dist.new_group(backend="gloo") if world > 1 else None
     validation = ray.get(args.validation) if args.validation is not None else None
     evaluator = Evaluator(cfg, validation, args.pad_id, device, micro_batch_loss)
     evaluator.before_training(model, start_step, progress)
@@ -320,6 +326,7 @@ def setup_worker(args: WorkerArgs) -> Worker:
         peak_flops=peak,
         matmul_params=matmul_params(model.module),
         stop=stop,
+        counts_group=counts_group,
         profiler=StepProfiler(tc.profile_steps, args.run_dir, rank, device),
         saved_step=start_step,
     )

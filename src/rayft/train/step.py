@@ -65,21 +65,26 @@ COUNT_KEYS = ("num_trainable", "num_tokens", "attn_tokens_sq")
 
 
 def global_counts(
-    batches: list[dict[str, torch.Tensor]], time_vote: bool, write_done: bool, device: torch.device, stop_vote: bool = False
+    batches: list[dict[str, torch.Tensor]],
+    time_vote: bool,
+    write_done: bool,
+    group: dist.ProcessGroup | None = None,
+    stop_vote: bool = False,
 ) -> GlobalCounts:
     """Collective: the step's token counts, checkpoint and stop votes summed over ranks.
 
     ``batches``: the rank's micro-batches; their :data:`COUNT_KEYS` scalars are read with ``float``,
     so host tensors cost no device sync (the training loop leaves them on the host; a device tensor
     works too, with a sync each). The rank's six values are summed on the host and, over several
-    ranks, all-reduced in one float64 collective on ``device``, whose result the host waits for;
-    one rank has nothing to reduce and touches no device.
+    ranks, all-reduced in one float64 host tensor over ``group``, a gloo group (None: the default
+    group, which must take CPU tensors). No device is touched: the training loop queues the next
+    step while the previous one runs, and a collective on the device read here would wait for it.
     """
     local = [sum(float(b[k]) for b in batches) for k in COUNT_KEYS] + [float(time_vote), float(write_done), float(stop_vote)]
     if dist.get_world_size() == 1:
         return GlobalCounts(*local)
-    stacked = torch.tensor(local, dtype=torch.float64).to(device)
-    dist.all_reduce(stacked)
+    stacked = torch.tensor(local, dtype=torch.float64)
+    dist.all_reduce(stacked, group=group)
     return GlobalCounts(*stacked.tolist())
 
 
