@@ -71,6 +71,13 @@ def baseline(ray_local, workdir, cli_runs):
         assert c["blocked_s"] == pytest.approx(c["buffers_wait_s"] + c["stage_s"] + c["finalize_s"])
         assert c["buffers_alloc_s"] is None and c["buffers_wait_s"] < 0.1  # CPU workers: no pinned staging buffers
     assert [s for s, _ in find_checkpoints(workdir / "runs" / "base")] == [4, 6, 8]  # keep_last: 3
+    # CPU workers run a step whole as it is queued, so the loop finishes each at once (only a GPU's are
+    # finished after the next is queued): a step's time holds its own compute, none of a neighbour's
+    steps = [json.loads(line) for line in (workdir / "runs" / "base" / "rayft_metrics.jsonl").read_text().splitlines()]
+    assert len(steps) == 8
+    assert all(h["step_time_s"] >= h["time_fwd_bwd_s"] + h["time_optim_s"] for h in steps), [
+        (h["step"], h["step_time_s"], h["time_fwd_bwd_s"] + h["time_optim_s"]) for h in steps
+    ]
     return losses(workdir, "base")
 
 

@@ -119,26 +119,36 @@ def test_worker_args_travel_pickled_and_are_checked_on_arrival():
 
 
 def test_step_clock_laps_and_skips(monkeypatch):
-    now = iter([10.0, 12.0, 20.0, 21.0, 23.0, 30.0, 30.5, 31.0, 31.2])
+    now = iter([10.0, 12.0, 20.0, 21.0])
     monkeypatch.setattr("rayft.train.step.time.perf_counter", lambda: next(now))
+    clock = StepClock()  # 10.0
+    assert clock.lap() == 2.0  # 10 → 12
+    clock.skip()  # a checkpoint until 20: not step time
+    assert clock.lap() == 1.0
 
-    class DeviceEnd:  # a timed CUDA event's elapsed_time: milliseconds between two device moments
+
+def test_step_clock_with_device_marks_measures_between_device_moments(monkeypatch):
+    """On a GPU the marks are timed events: a step's time runs from the previous step's end (or
+    the clock's start, or a skip: where the host was then) to its own end, on the device, however
+    late the host finishes it (the loop finishes a step after it queued the next)."""
+    host = iter([10.0, 30.0, 30.5, 40.0, 41.0, 42.0])
+    monkeypatch.setattr("rayft.train.step.time.perf_counter", lambda: next(host))
+
+    class DeviceMoment:  # a timed CUDA event: elapsed_time is milliseconds between two device moments
         def __init__(self, at_s):
             self.at_s = at_s
 
         def elapsed_time(self, other):
             return (other.at_s - self.at_s) * 1e3
 
-    clock = StepClock()  # 10.0
-    assert clock.lap() == 2.0  # 10 → 12
-    clock.skip()  # a checkpoint until 20: not step time
-    assert clock.lap() == 1.0
-    # on a GPU: the first lap after a skip is the host's, then the device's between two step ends
-    assert clock.lap(DeviceEnd(100.0)) == 2.0  # 21 → 23: no device end before it
-    assert clock.lap(DeviceEnd(100.6)) == pytest.approx(0.6)  # the host saw it at 30 (7 s late): the device's 0.6 s
-    clock.skip()  # 30.5
-    assert clock.lap(DeviceEnd(105.0)) == 0.5  # after a skip: the host's again
-    assert clock.lap() == pytest.approx(0.2)  # a lap without a device end: the host's
+    device = iter([DeviceMoment(100.0), DeviceMoment(112.0)])  # the marks the clock records itself (start, skip)
+    monkeypatch.setattr(StepClock, "_device_now", lambda self: next(device))
+    clock = StepClock(device_marks=True)  # host 10.0, device 100.0
+    assert clock.lap(DeviceMoment(101.5)) == pytest.approx(1.5)  # finished by the host at 30: the device's 1.5 s
+    assert clock.lap(DeviceMoment(102.1)) == pytest.approx(0.6)  # the host saw it at 30.5
+    clock.skip()  # a checkpoint: host 40.0, device 112.0
+    assert clock.lap(DeviceMoment(112.7)) == pytest.approx(0.7)  # from the skip's mark, not the last step's end
+    assert clock.lap() == pytest.approx(1.0)  # no step end: the host's, 41 → 42
 
 
 def test_the_resume_line_warns_when_the_packing_rule_or_the_global_batch_changed():

@@ -148,12 +148,14 @@ def train_func(loop_config: dict[str, Any]) -> None:
             f"[rayft] train.profile_steps {list(w.profiler.window)}: this run starts after step {w.start_step}: nothing to trace",
             flush=True,
         )
-    clock = StepClock()
+    clock = StepClock(device_marks=w.device.type == "cuda")
     last: tuple[int, float, dict] | None = None  # the last finished step: (0-based index, loss, metrics), for a stop's checkpoint
     in_flight: LaunchedStep | None = None  # queued, not yet finished
+    t_top = time.perf_counter()  # the first step's rows are made here: its data_s
     batches: list[dict[str, torch.Tensor]] | None = w.batches(w.start_step) if w.start_step < w.total_steps else []
     for step in range(w.start_step, w.total_steps):
-        t_top = time.perf_counter()
+        if step > w.start_step:
+            t_top = time.perf_counter()
         lr = lr_at(step, w.total_steps, w.cfg.train)
         set_lr(w.optimizer, lr)  # read by the optimizer as this step is queued (a float: the step in flight has its own)
         if batches is None:  # making them during the previous step failed: again here, where an error stops the run
@@ -166,18 +168,22 @@ def train_func(loop_config: dict[str, Any]) -> None:
             if in_flight is not None:
                 last = finish_step(w, in_flight, clock, entry_unix)
             return stop_early(w, last)
+        data_s = time.perf_counter() - t_top
         w.profiler.before(step + 1)
-        pending = launch_step(w.model, w.optimizer, batches, counts.trainable, w.cfg.train.max_grad_norm)
-        launched = LaunchedStep(step, lr, counts, time.perf_counter() - t_top, pending)
+        launched = LaunchedStep(
+            step, lr, counts, data_s, launch_step(w.model, w.optimizer, batches, counts.trainable, w.cfg.train.max_grad_norm)
+        )
         if in_flight is not None:  # the previous step's loss and record, while the device runs this one
             last = finish_step(w, in_flight, clock, entry_unix)
             in_flight = None
+        # a CPU step ran whole inside launch_step: nothing to overlap
+        finish_now = launched.pending.copied is None or must_finish_now(w, step, counts)
         if step + 1 < w.total_steps:  # the next step's rows, made and copied while the device runs this one
             try:
                 batches = w.batches(step + 1)
-            except Exception:  # made again at the next step's start: this step is still recorded and saved first
-                batches = None
-        if must_finish_now(w, step, counts):
+            except Exception:  # made again at the next step's start, where an error stops the run: this step is recorded first
+                batches, finish_now = None, True
+        if finish_now:
             last = finish_step(w, launched, clock, entry_unix)
         else:
             in_flight = launched
@@ -385,7 +391,9 @@ def step_record(
         "peak_mem_gib": torch.cuda.max_memory_allocated(w.device) / 2**30 if w.device.type == "cuda" else None,
         "gpu_memory_limit_gib": tc.gpu_memory_limit_gib,
         "fused_loss_chunk_mem": w.model.loss.chunk_mem,  # liger's chunk_mem_const as passed (None: not the fused loss)
-        "unix_time": time.time(),  # the step's end, wall clock (the driver's wall-time breakdown)
+        # wall clock when the record is made: the step's end for a step finished at once (the first and last, the
+        # driver's wall-time breakdown reads them), up to one step later for one finished after the next was queued
+        "unix_time": time.time(),
     }
 
 

@@ -204,7 +204,11 @@ def launch_step(
     if not on_gpu:
         return PendingStep(loss_sum, grad_norm, n_trainable, events, host_times)
     host_values = torch.empty(2, dtype=torch.float64, pin_memory=True)
-    host_values.copy_(torch.stack([loss_sum, grad_norm.to(loss_sum.device, torch.float64)]), non_blocking=True)
+    if grad_norm.device.type == "cpu":  # parallel.cpu_offload: computed on the host already; a copy to the device would sync
+        host_values[1] = grad_norm.to(torch.float64)
+        host_values[:1].copy_(loss_sum.reshape(1), non_blocking=True)
+    else:
+        host_values.copy_(torch.stack([loss_sum, grad_norm.to(torch.float64)]), non_blocking=True)
     copied = torch.cuda.Event()
     copied.record()
     return PendingStep(loss_sum, grad_norm, n_trainable, events, host_times, host_values, copied)
@@ -226,16 +230,29 @@ class StepClock:
     :meth:`skip`), :meth:`skip` restarts the count so that what ran since (a checkpoint, an
     evaluation, a one-off staging) is not step time.
 
-    On a GPU, a lap given its step's end (a timed CUDA event) right after a lap given the previous
-    step's measures between the two ends on the device instead: the training loop finishes a step
-    after the next one is queued (:func:`rayft.train.loop.train_func`), so the host's moment is late
-    by as much as the queueing blocked, differently for a step finished at once."""
+    With ``device_marks`` (a CUDA device), the clock's marks are timed CUDA events on the current
+    stream, and a lap given its step's end (a timed event after the step's kernels) measures between
+    the mark and that end on the device: the training loop finishes a step after the next one is
+    queued (:func:`rayft.train.loop.train_func`), so the host's own moment is late by as much as
+    that queueing blocked (at liger's host sync in the loss's backward), differently for a step
+    finished at once. A mark made at :meth:`skip` is where the host is then (the device has nothing
+    else queued, or it counts what is).
+    """
 
-    def __init__(self) -> None:
+    def __init__(self, device_marks: bool = False) -> None:
+        self.device_marks = device_marks
         self.mark = time.perf_counter()
-        self.device_mark: torch.cuda.Event | None = None
+        self.device_mark = self._device_now()
+
+    def _device_now(self) -> torch.cuda.Event | None:
+        if not self.device_marks:
+            return None
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
 
     def lap(self, step_end: torch.cuda.Event | None = None) -> float:
+        """Seconds since the last mark; the next mark is now (``step_end`` on the device)."""
         now = time.perf_counter()
         dt = now - self.mark
         if step_end is not None and self.device_mark is not None:
@@ -245,4 +262,4 @@ class StepClock:
 
     def skip(self) -> None:
         self.mark = time.perf_counter()
-        self.device_mark = None
+        self.device_mark = self._device_now()
