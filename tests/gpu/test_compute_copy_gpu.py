@@ -24,11 +24,14 @@ def pg():
     dist.destroy_process_group()
 
 
-def _model(single_worker: str):
+def _model(single_worker: str, attn: str = "sdpa"):
+    """``attn``: eager where a test compares two models' gradients bit for bit: sdpa's packed rows
+    run its memory-efficient kernel, whose backward is not deterministic (atomic adds), and a 2026-12-05
+    GPU call failed the grouped-moves test on it with no rayft change to what it runs."""
     from rayft.config import ModelConfig, ParallelConfig
     from rayft.train.model import build_sharded_model
 
-    cfg = ModelConfig(name_or_path="qwen2.5-0.5b", attn_implementation="sdpa", config_overrides={"num_hidden_layers": 4})
+    cfg = ModelConfig(name_or_path="qwen2.5-0.5b", attn_implementation=attn, config_overrides={"num_hidden_layers": 4})
     return build_sharded_model(
         cfg, ParallelConfig(single_worker=single_worker), device=CUDA, activation_checkpointing=False, compile_layers=False, seed=5
     )
@@ -53,7 +56,7 @@ def test_grouped_moves_give_the_gradients_one_group_gives(pg, monkeypatch):
     grads = []
     for group_bytes in (compute_copy.GRAD_GROUP_BYTES, 1 << 20):
         monkeypatch.setattr(compute_copy, "GRAD_GROUP_BYTES", group_bytes)
-        model = _model("compute_copy")
+        model = _model("compute_copy", attn="eager")
         assert model.weights_mode == "compute_copy"
         bs = _batches(1)
         forward_backward(model, bs, float(sum(int(b["num_trainable"]) for b in bs)), 1)
@@ -96,7 +99,7 @@ def test_a_steps_result_waits_for_its_own_kernels_not_for_what_was_queued_after(
 
     runs = []
     for queued_after in (False, True):
-        model = _model("compute_copy")
+        model = _model("compute_copy", attn="eager")
         opt = build_optimizer(model.module, TrainConfig(lr=1e-4), CUDA)
         bs = [_batches(20), _batches(21)]
         n = [float(sum(int(b["num_trainable"]) for b in x)) for x in bs]
