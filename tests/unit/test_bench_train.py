@@ -560,6 +560,46 @@ def test_trl_settings_gradient_checkpointing_completion_only_and_attention(tmp_p
     assert trl_planned_settings(trl_spec(tmp_path, recipe="trl-default"))["label"] == "trl-default"
 
 
+def test_trl_compile_reaches_only_the_trl_runs_and_names_their_rows(tmp_path):
+    from rayft.benchmarks.recipes import trl_config_kwargs, trl_planned_settings
+
+    cfg_file = tiny_job(tmp_path, "qwen2-tiny")
+    cfg = load_config(cfg_file)
+    plan = brc.Plan(cfg_file, [], ["rayft", "trl-best", "trl-default"], ["random"], 4, 1, tmp_path / "wd", None, trl_compile=True)
+    shared = {
+        "model_dir": str(tmp_path / "model"),
+        "tokenizer_dir": str(tmp_path / "tok"),
+        "data": {"random": {"file": "x.npz"}},
+        "pad_id": 0,
+        "decoder_layer_cls": "Qwen2DecoderLayer",
+    }
+    for recipe in ("trl-best", "trl-default"):
+        cmd = brc.recipe_command(recipe, "random", plan, cfg, 2, False, shared, tmp_path / recipe)
+        spec = json.loads(Path(cmd[-1]).read_text())
+        assert spec["compile"] is True
+        kw = trl_config_kwargs(spec)
+        assert kw["torch_compile"] is True
+        if importlib.util.find_spec("trl") is not None:  # the bench extra: TRL takes the field as given
+            from trl import SFTConfig
+
+            assert SFTConfig(**kw).torch_compile is True
+        # no settings file written (a run that failed before it): the planned settings still name the compiled run
+        got = brc.recipe_settings(recipe, tmp_path / recipe, cmd, cfg_file)
+        assert got["compile"] is True and got["label"] == f"{recipe} + compile"
+    assert trl_planned_settings(spec)["label"] == "trl-default + compile"
+    assert trl_planned_settings(trl_spec(tmp_path) | {"compile": True})["label"] == "trl-best (sdpa) + compile"
+    plain = brc.Plan(cfg_file, [], ["rayft", "trl-best"], ["random"], 4, 1, tmp_path / "wd", None)
+    rayft_cmd = brc.recipe_command("rayft", "random", plan, cfg, 2, False, shared, tmp_path / "rayft")
+    assert rayft_cmd == brc.recipe_command("rayft", "random", plain, cfg, 2, False, shared, tmp_path / "rayft")  # untouched
+    cmd = brc.recipe_command("trl-best", "random", plain, cfg, 2, False, shared, tmp_path / "plain")
+    spec = json.loads(Path(cmd[-1]).read_text())
+    assert "torch_compile" not in trl_config_kwargs(spec)
+    assert brc.recipe_settings("trl-best", tmp_path / "plain", cmd, cfg_file)["compile"] is False
+    assert "label" not in brc.recipe_settings("trl-best", tmp_path / "plain", cmd, cfg_file)
+    with pytest.raises(br.BenchTrainError, match=r"--trl-compile is for the TRL recipes \(trl-default, trl-best\), and none runs"):
+        bt.run_bench(cfg_file, recipes=["rayft"], workloads=["random"], steps=3, warmup_steps=1, work_dir=tmp_path / "wd", trl_compile=True)
+
+
 def test_trl_best_takes_varlen_attention_only_from_a_trl_that_passes_boundaries(tmp_path, monkeypatch):
     """TRL 0.24 (LLaMA-Factory 0.9.5's) passes position ids only: varlen attention would then see
     each packed row as one document, so trl-best runs sdpa there."""

@@ -268,6 +268,8 @@ def trl_config_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
         kw["packing"] = True  # BFD packing: TRL turns padding-free batches on
         if spec["use_gpu"] and importlib.util.find_spec("liger_kernel") is not None:
             kw["use_liger_kernel"] = True
+    if spec.get("compile"):  # `rayft bench train --trl-compile`: the Trainer wraps the whole model in torch.compile
+        kw["torch_compile"] = True
     return kw
 
 
@@ -301,9 +303,11 @@ def trl_attention(spec: dict[str, Any]) -> str:
     return resolve_attn_implementation("auto", torch.device("cuda", torch.cuda.current_device()))
 
 
-def trl_label(recipe: str, attn: str) -> str:
-    """The run's name in the results: ``trl-best (sdpa)`` when trl-best fell back to sdpa."""
-    return f"{recipe} (sdpa)" if recipe == "trl-best" and attn == "sdpa" else recipe
+def trl_label(recipe: str, attn: str, compiled: bool = False) -> str:
+    """The run's name in the results: ``trl-best (sdpa)`` when trl-best fell back to sdpa; `` +
+    compile`` after it when the Trainer compiled the model (``--trl-compile``)."""
+    name = f"{recipe} (sdpa)" if recipe == "trl-best" and attn == "sdpa" else recipe
+    return f"{name} + compile" if compiled else name
 
 
 def trl_planned_settings(spec: dict[str, Any], attn: str = "sdpa") -> dict[str, Any]:
@@ -311,8 +315,9 @@ def trl_planned_settings(spec: dict[str, Any], attn: str = "sdpa") -> dict[str, 
     ``SETTINGS_FILE`` with the attention it used)."""
     kw = trl_config_kwargs(spec)
     return {
-        "label": trl_label(spec["recipe"], attn),
+        "label": trl_label(spec["recipe"], attn, bool(kw.get("torch_compile"))),
         "attention": attn,
+        "compile": bool(kw.get("torch_compile")),
         "padding_free": bool(kw.get("packing")),
         "liger": bool(kw.get("use_liger_kernel")),
         "completion_only_loss": kw.get("completion_only_loss"),
@@ -386,6 +391,7 @@ def run_trl(spec: dict[str, Any]) -> None:
             "liger": bool(cfg.use_liger_kernel),
             "gradient_checkpointing": bool(cfg.gradient_checkpointing),
             "completion_only_loss": getattr(trainer, "completion_only_loss", None),
+            "compile": bool(cfg.torch_compile),
         }
         (Path(spec["out_dir"]) / SETTINGS_FILE).write_text(json.dumps(used, indent=2))
         print(f"[trl] settings {json.dumps(used)}", flush=True)

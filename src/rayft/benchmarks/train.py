@@ -68,6 +68,7 @@ from rayft.benchmarks.train_results import (
     NOT_RUN,
     RAYFT_RECIPES,
     RECIPES,
+    TRL_RECIPES,
     WORKLOADS,
     BenchTrainError,
     float8_check,
@@ -182,6 +183,7 @@ def run_bench(
     deadline_s: float | None = None,
     rayft_overrides: list[str] | None = None,
     ceiling_s: float = DEFAULT_CEILING_S,
+    trl_compile: bool = False,
 ) -> tuple[Path, dict[str, Any]]:
     """Run every recipe × workload, write the results JSON (+ ``.md`` and ``.png`` beside it).
 
@@ -190,6 +192,8 @@ def run_bench(
         overrides: ``--set`` overrides for the config; passed to the ``rayft`` recipe after its own settings.
         rayft_overrides: ``--rayft-set``: overrides for the rayft recipes only, after ``overrides``
             (e.g. ``train.micro_batch_size=16``: each run's micro-batch is in its results entry).
+        trl_compile: ``--trl-compile``: the TRL recipes run with ``SFTConfig(torch_compile=True)``
+            (the Trainer compiles the whole model; their rows are labelled ``+ compile``).
         steps: optimizer steps per run; warmup_steps: leading steps left out of every figure.
         work_dir: where the shared inputs, the runs and their logs go (default ``<storage_path>/bench-train-<time>``).
         timeout_s: limit per run, seconds: one for all, or ``{recipe: seconds}`` (:func:`parse_timeouts`).
@@ -247,6 +251,8 @@ def run_bench(
         raise BenchTrainError("the benchmark runs one micro-batch per step on every recipe: set train.grad_accum_steps=1")
     if rayft_overrides and not set(recipes) & set(RAYFT_RECIPES):
         raise BenchTrainError(f"--rayft-set is for the rayft recipes ({', '.join(RAYFT_RECIPES)}), and none runs")
+    if trl_compile and not set(recipes) & set(TRL_RECIPES):
+        raise BenchTrainError(f"--trl-compile is for the TRL recipes ({', '.join(TRL_RECIPES)}), and none runs")
     for kv in rayft_overrides:
         key = kv.partition("=")[0].strip()
         if any(key == f or key.startswith(f + ".") or f.startswith(key + ".") for f in BENCH_FIXED):
@@ -293,7 +299,7 @@ def run_bench(
     wd.mkdir(parents=True, exist_ok=True)
     if isinstance(timeout_s, str):
         timeout_s = parse_timeouts(timeout_s)
-    plan = Plan(Path(config), overrides, recipes, workloads, steps, warmup_steps, wd, timeout_s, deadline_s, rayft_overrides)
+    plan = Plan(Path(config), overrides, recipes, workloads, steps, warmup_steps, wd, timeout_s, deadline_s, rayft_overrides, trl_compile)
     shared = prepare_model_and_data(cfg, plan, world, console)
     from rayft.data.tokenizer import load_tokenizer
 
@@ -332,6 +338,7 @@ def run_bench(
             *(["--deadline-s", f"{deadline_s:g}"] if deadline_s is not None else []),
             *(a for s in overrides for a in ("--set", shlex.quote(s))),
             *(a for s in rayft_overrides for a in ("--rayft-set", shlex.quote(s))),
+            *(["--trl-compile"] if trl_compile else []),
             *(["--ceiling-s", f"{ceiling_s:g}"] if ceiling_s != DEFAULT_CEILING_S else []),
         ]
     )

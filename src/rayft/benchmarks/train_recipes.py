@@ -15,7 +15,7 @@ from typing import Any
 from rich.console import Console
 
 from rayft.benchmarks.torchtitan_recipe import TORCHTITAN_RECIPES, TorchtitanRecipeError, check_preset_shape
-from rayft.benchmarks.train_results import RAYFT_RECIPES, BenchTrainError
+from rayft.benchmarks.train_results import RAYFT_RECIPES, TRL_RECIPES, BenchTrainError
 
 Timeouts = float | dict[str, float] | None
 
@@ -37,6 +37,7 @@ class Plan:
     timeout_s: Timeouts
     deadline_s: float | None = None
     rayft_overrides: list[str] = field(default_factory=list)  # --rayft-set: the rayft recipes only
+    trl_compile: bool = False  # --trl-compile: the TRL recipes with SFTConfig(torch_compile=True)
 
 
 def prepare_model_and_data(cfg, plan: Plan, world: int, console: Console) -> dict[str, Any]:
@@ -161,6 +162,8 @@ def recipe_command(recipe: str, workload: str, plan: Plan, cfg, world: int, use_
         "pad_id": shared["pad_id"],
         "out_dir": str(run_dir),
     }
+    if recipe in TRL_RECIPES:
+        spec["compile"] = plan.trl_compile
     if recipe in TORCHTITAN_RECIPES:
         from rayft.benchmarks.torchtitan_recipe import command
 
@@ -266,6 +269,8 @@ def planned_recipe_settings(recipe: str, spec: dict[str, Any]) -> dict[str, Any]
 
     planned = trl_planned_settings(spec)
     del planned["label"]
+    if planned["compile"]:  # the row still says it was the compiled run
+        planned["label"] = f"{recipe} + compile"
     if recipe == "trl-best" and spec["use_gpu"]:
         planned["attention"] = "auto (rayft varlen on CUDA with torch varlen_attn and a TRL passing cu_seq_lens_q, else sdpa)"
     return planned

@@ -29,6 +29,7 @@ RECIPES = ("sample-recipe", "trl-default", "trl-best", "rayft", "rayft-fp8", "to
 #: ``pip install torchtitan==0.2.2``, and ``llamafactory`` are asked for by name).
 DEFAULT_RECIPES = ("sample-recipe", "trl-default", "trl-best", "rayft")
 RAYFT_RECIPES = ("rayft", "rayft-fp8")
+TRL_RECIPES = ("trl-default", "trl-best")
 WORKLOADS = ("random", "real")
 
 #: GPU model (as in ``torch.cuda.get_device_name``, whole word) → the EC2 instance whose price is used.

@@ -81,6 +81,10 @@ def bench_train(
         list[str] | None,
         typer.Option("--rayft-set", help="Override a config key for the rayft recipes only, e.g. train.micro_batch_size=16 (repeatable)."),
     ] = None,
+    trl_compile: Annotated[
+        bool,
+        typer.Option("--trl-compile", help="Run the TRL recipes with SFTConfig(torch_compile=True): the Trainer compiles the whole model."),
+    ] = False,
     out: Annotated[Path | None, typer.Option(help="Results JSON (default bench/results/<date>-train-<model>-<N>x<gpu>.json).")] = None,
     work_dir: Annotated[Path | None, typer.Option(help="Shared inputs, runs and logs (default <storage_path>/bench-train-<time>).")] = None,
     timeout_s: Annotated[
@@ -126,6 +130,7 @@ def bench_train(
             deadline_s=deadline_s,
             rayft_overrides=rayft_set,
             ceiling_s=ceiling_s,
+            trl_compile=trl_compile,
         )
     except train_bench.BenchInterrupted as e:
         console.print(Text.assemble(("interrupted", "bold red"), ": ", str(e)), highlight=False)
