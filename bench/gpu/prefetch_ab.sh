@@ -17,10 +17,11 @@ source bench/gpu/host_prelude.sh
 rm -rf /tmp/old-src && mkdir -p /tmp/old-src && tar -xzf .gpu/old-src.tar.gz -C /tmp/old-src || exit 4
 nvidia-smi --query-gpu=name,memory.total,driver_version,power.limit --format=csv
 START=$(date +%s); LIMIT=${LIMIT:-575}
-bench() {  # NAME TREE(old|new) RECIPES DEADLINE CEILING_S MICRO_BATCH
-  local wd=/tmp/bench-$1 mb=${6:-16}; rm -rf "$wd"
+bench() {  # NAME TREE(old|new) RECIPES DEADLINE CEILING_S MICRO_BATCH RAYFT_MICRO_BATCH FLAGS
+  local wd=/tmp/bench-$1 mb=${6:-16} rmb=${7:-${6:-16}} flags=${8:-} rset=""; rm -rf "$wd"
+  case ",$3," in *,rayft,*) rset="--rayft-set train.micro_batch_size=$rmb --rayft-set parallel.reshard_after_forward=false";; esac
   local pp="$PYTHONPATH"; [ "$2" = old ] && pp="/tmp/old-src/src:$PYTHONPATH"
-  local cmd="bench train examples/qwen2.5-1.5b.yaml --workload real --recipes $3 --rayft-set train.micro_batch_size=$mb --rayft-set parallel.reshard_after_forward=false --steps 15 --warmup-steps 5 --out $OUT/$1.json --work-dir $wd --timeout-s rayft=200,trl-best=150 --deadline-s $4 --ceiling-s $5 --set model.name_or_path=qwen2.5-1.5b --set train.num_workers=1 --set train.micro_batch_size=$mb --set train.activation_checkpointing=false --set data.train_files=[$D/alpaca_en_demo.json,$D/alpaca_zh_demo.json] --set data.cache_dir=null --set checkpoint.storage_path=$wd"
+  local cmd="bench train examples/qwen2.5-1.5b.yaml --workload real --recipes $3 ${flags:+--$flags} $rset --steps 15 --warmup-steps 5 --out $OUT/$1.json --work-dir $wd --timeout-s rayft=200,trl-best=${TRL_TIMEOUT_S:-150} --deadline-s $4 --ceiling-s $5 --set model.name_or_path=qwen2.5-1.5b --set train.num_workers=1 --set train.micro_batch_size=$mb --set train.activation_checkpointing=false --set data.train_files=[$D/alpaca_en_demo.json,$D/alpaca_zh_demo.json] --set data.cache_dir=null --set checkpoint.storage_path=$wd"
   echo "== $1 ($2 tree): rayft $cmd"
   local commit="${RAYFT_GIT_COMMIT:-}"; [ "$2" = old ] && commit="${OLD_COMMIT:-old}"
   RAYFT_GIT_COMMIT="$commit" PYTHONPATH="$pp" timeout -k 10 "$(( ${4%.*} + 20 ))" python3 -m rayft.cli $cmd > "$OUT/$1.log" 2>&1
@@ -39,15 +40,17 @@ for f in sorted(pathlib.Path(sys.argv[1]).rglob("rayft_metrics.jsonl")):
 PY
   rm -f "$OUT/$1.png" "$OUT/$1.md"
 }
-# ARMS: NAME:TREE:RECIPES:CEILING_S[:MICRO_BATCH] ... (default: old, new + trl-best, old again, new
-# again; micro-batch 16); each arm after the first runs while the call has 120 s left.
+# ARMS: NAME:TREE:RECIPES:CEILING_S[:MICRO_BATCH[:RAYFT_MICRO_BATCH[:FLAG]]] ... (default: old, new +
+# trl-best, old again, new again; micro-batch 16; RAYFT_MICRO_BATCH: the rayft recipes' own, default
+# MICRO_BATCH; FLAG: one more `rayft bench train` flag without its dashes, e.g. trl-compile); each arm
+# after the first runs while the call has 120 s left.
 ARMS=${ARMS:-"old-1:old:rayft:0 new-1:new:rayft,trl-best:15 old-2:old:rayft:0 new-2:new:rayft:0"}
 first=1
 for arm in $ARMS; do
-  IFS=: read -r name tree recipes ceiling mb <<< "$arm"
+  IFS=: read -r name tree recipes ceiling mb rmb flag <<< "$arm"
   left=$(( LIMIT - 15 - ($(date +%s) - START) ))
-  if [ "$first" = 1 ]; then first=0; bench "$name" "$tree" "$recipes" $(( left < 300 ? left - 25 : 300 )) "$ceiling" "$mb"
-  elif [ "$left" -gt 120 ]; then bench "$name" "$tree" "$recipes" $(( left - 25 )) "$ceiling" "$mb"
+  if [ "$first" = 1 ]; then first=0; bench "$name" "$tree" "$recipes" $(( left < 300 ? left - 25 : 300 )) "$ceiling" "$mb" "$rmb" "$flag"
+  elif [ "$left" -gt 120 ]; then bench "$name" "$tree" "$recipes" $(( left - 25 )) "$ceiling" "$mb" "$rmb" "$flag"
   else echo "no time for $name ($left s left)"; fi
 done
 left=$(( LIMIT + 15 - ($(date +%s) - START) ))
