@@ -74,17 +74,24 @@ def test_two_steps_with_copies_match_fsdp2_on_one_rank(pg):
     from rayft.train.step import train_step
 
     runs = []
-    for mode in ("compute_copy", "fsdp2"):
-        model = _model(mode)
+    for mode in ("compute_copy", "copying_adamw", "fsdp2"):  # copying_adamw: compute copies, the step's one pass
+        model = _model("fsdp2" if mode == "fsdp2" else "compute_copy")
         opt = build_optimizer(model.module, TrainConfig(lr=1e-4), CUDA)
+        if mode == "copying_adamw":
+            assert model.use_copying_adamw(opt) is None and model.copying_adamw is not None
         out = []
-        for step in range(2):
+        for step in range(3):
             bs = _batches(10 + step)
             r = train_step(model, opt, bs, float(sum(int(b["num_trainable"]) for b in bs)), max_grad_norm=1.0)
             out.append((r.loss, r.grad_norm))
+        if mode == "copying_adamw":
+            copies = model.compute_copies
+            assert copies.synced is not None
+            assert all(torch.equal(copies.copy_for(p), p.detach().to(torch.bfloat16)) for p in model.module.parameters())
         runs.append(out)
-    for (loss_a, norm_a), (loss_b, norm_b) in zip(*runs):
-        assert loss_a == pytest.approx(loss_b, rel=1e-5) and norm_a == pytest.approx(norm_b, rel=1e-4), runs
+    for other in runs[1:]:
+        for (loss_a, norm_a), (loss_b, norm_b) in zip(runs[0], other):
+            assert loss_a == pytest.approx(loss_b, rel=1e-5) and norm_a == pytest.approx(norm_b, rel=1e-4), runs
 
 
 def test_a_steps_result_waits_for_its_own_kernels_not_for_what_was_queued_after(pg):

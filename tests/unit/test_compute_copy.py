@@ -302,3 +302,44 @@ def test_compute_copies_with_cpu_offload_is_refused_naming_the_file_and_field(tm
     assert str(f) in str(e.value) and "parallel" in str(e.value) and "cpu_offload needs fsdp2" in str(e.value), str(e.value)
     assert ParallelConfig(single_worker="fsdp2", cpu_offload=True).uses_fsdp2(1, "cuda")
     assert not ParallelConfig().uses_fsdp2(1, "cuda") and ParallelConfig().uses_fsdp2(1, "cpu") and ParallelConfig().uses_fsdp2(2, "cuda")
+
+
+def test_copies_written_is_trusted_only_where_every_master_has_its_copy():
+    """What CopyingAdamW's step leaves: masters and copies written in place (no version change).
+    ``copies_written`` records that as a cast, so the next block does not cast again; a master whose
+    copy is missing or stale (its requires_grad changed) leaves nothing recorded: the next block casts."""
+    module = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    copies = ComputeCopies(module, torch.bfloat16)
+    assert copies.copy_for(module[0].weight) is None  # none made yet
+    with copies.computing():
+        pass
+    w = module[0].weight
+    copy = copies.copy_for(w)
+    assert copy.dtype == torch.bfloat16 and torch.equal(copy, w.detach().to(torch.bfloat16))
+    assert copies.copy_for(torch.nn.Parameter(w.detach().clone())) is None  # not a master of this module
+    version = w._version
+    w.data.add_(1.0)  # an optimizer's in-place write: the version counter stays
+    copy.data.fill_(7.0)  # what the step wrote into the copy (here: not the cast, to see that it is kept)
+    assert w._version == version
+    copies.copies_written()
+    with copies.computing():
+        assert torch.equal(module[0].weight, torch.full_like(copy, 7.0))  # trusted: not cast again
+    module[1].bias.requires_grad_(False)  # its copy no longer fits: copy_for says so
+    assert copies.copy_for(module[1].bias) is None
+    copies.copies_written()
+    assert copies.synced is None
+    with copies.computing():  # cast again: every copy is its master's
+        assert torch.equal(module[0].weight, w.detach().to(torch.bfloat16))
+
+
+def test_copying_adamw_says_why_it_cannot_step_an_optimizer():
+    from rayft.train.copying_adamw import unsupported_reason
+
+    module = torch.nn.Linear(4, 3)
+    copies = ComputeCopies(module, torch.bfloat16)
+    assert unsupported_reason(torch.optim.SGD(module.parameters(), lr=0.1), copies) == "the optimizer is SGD, not AdamW"
+    assert unsupported_reason(torch.optim.AdamW(module.parameters(), amsgrad=True), copies) == "AdamW's amsgrad=True"
+    assert unsupported_reason(torch.optim.AdamW(module.parameters()), copies) == "AdamW is not fused (its parameters are not all on the GPU)"
+    assert unsupported_reason(torch.optim.AdamW(module.parameters(), lr=torch.tensor(1e-3)), copies) is not None
+    model = ShardedModel(module, loss=None)  # no compute copies (fp32 compute, or FSDP2): nothing to use it for
+    assert model.use_copying_adamw(torch.optim.AdamW(module.parameters())) is None and model.copying_adamw is None

@@ -86,6 +86,22 @@ class ComputeCopies:
         self.synced = None
         self._refresh(self._distinct(self.next_slots))
 
+    def copy_for(self, master: torch.nn.Parameter) -> torch.nn.Parameter | None:
+        """``master``'s compute copy (None: it has none yet, or one whose ``requires_grad`` differs,
+        which the next :meth:`computing` block replaces)."""
+        kept = self.copy_of.get(id(master))
+        return kept[1] if kept is not None and kept[0] is master and kept[1].requires_grad == master.requires_grad else None
+
+    def copies_written(self) -> None:
+        """The optimizer's step wrote every stepped master's copy (:class:`rayft.train.copying_adamw.CopyingAdamW`):
+        record the copies as cast, as :meth:`refresh` does after its own cast (the masters it did not
+        step did not change). Where a master has no copy the record stays empty, and the next
+        :meth:`computing` block casts them all."""
+        self.next_slots = self._slots()
+        masters = self._distinct(self.next_slots)
+        ready = all(self.copy_for(p) is not None for p in masters)
+        self.synced = tuple((id(p), p._version, p.requires_grad) for p in masters) if ready else None
+
     def release(self) -> None:
         """Free the copies (2 bytes per parameter for bf16), e.g. before the export's logit check
         needs the room; a later :meth:`computing` makes them again."""

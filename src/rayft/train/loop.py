@@ -297,6 +297,9 @@ def setup_worker(args: WorkerArgs) -> Worker:
     model_build_s = time.perf_counter() - t_model
     model_conf = load_model_config(cfg.model)
     optimizer = build_optimizer(model.module, tc, device)
+    why_not = model.use_copying_adamw(optimizer)
+    if why_not and rank == 0:
+        print(f"[rayft] the optimizer step: the clip, AdamW and the compute copies' cast in three passes ({why_not})", flush=True)
     progress = args.progress.for_rank(rank)
     start_step = resume(model, optimizer, args, rows_per_step, packing_rule(cfg.data.packing), progress, len(plan))
 
@@ -388,6 +391,7 @@ def step_record(
         "cross_entropy": w.model.loss.impl,
         "float8": w.model.float8,
         "weights": w.model.weights_mode,  # fsdp2, compute_copy or plain: parallel.single_worker as resolved
+        "copying_adamw": w.model.copying_adamw is not None,  # clip, AdamW and the copies' cast in one pass
         "peak_mem_gib": torch.cuda.max_memory_allocated(w.device) / 2**30 if w.device.type == "cuda" else None,
         "gpu_memory_limit_gib": tc.gpu_memory_limit_gib,
         "fused_loss_chunk_mem": w.model.loss.chunk_mem,  # liger's chunk_mem_const as passed (None: not the fused loss)

@@ -29,6 +29,7 @@ from transformers import AutoModelForCausalLM, PretrainedConfig
 
 from rayft.config import ModelConfig, ParallelConfig
 from rayft.train.compute_copy import ComputeCopies
+from rayft.train.copying_adamw import CopyingAdamW, unsupported_reason
 from rayft.train.hf_weights import agree_on_source, load_sharded_weights, sharded_io_available
 from rayft.train.loss import SHARDED_LOSS_METHOD, TokenLoss, enable_sharded_token_loss
 from rayft.train.model_config import decoder_layers, default_tokenizer, load_model_config  # noqa: F401 -- also this module's names (callers import them from here)
@@ -155,7 +156,9 @@ class ShardedModel:
     FSDP2 all-gathers those weights in float8 (with more than one rank); ``export_gathered``: the
     export goes through transformers (the checkpoint's tensor names were converted while loading);
     ``compute_copies``: one worker without FSDP2 computing in bf16 (:mod:`rayft.train.compute_copy`;
-    None with FSDP2, or when compute is fp32). Every forward and backward runs inside
+    None with FSDP2, or when compute is fp32); ``copying_adamw``: with compute copies, the optimizer's
+    step that also writes them (:meth:`use_copying_adamw`; None: the clip, ``optimizer.step()`` and
+    :meth:`after_optimizer_step`'s cast). Every forward and backward runs inside
     :meth:`computing` (:meth:`token_loss_sum` opens it for its forward; a backward outside it is right
     only without activation checkpointing, whose recompute would read the fp32 masters and fail
     torch's checkpoint check): calling ``module`` directly outside it computes in fp32.
@@ -167,6 +170,7 @@ class ShardedModel:
     float8_all_gather: bool = False
     export_gathered: bool = False
     compute_copies: ComputeCopies | None = None
+    copying_adamw: CopyingAdamW | None = None
 
     @property
     def fsdp(self) -> bool:
@@ -208,6 +212,15 @@ class ShardedModel:
         (:meth:`rayft.train.loss.TokenLoss.compute`); ``attn_kwargs`` reach attention."""
         with self.computing():
             return getattr(self.module, SHARDED_LOSS_METHOD)(self.loss, input_ids, position_ids, labels, trained_positions, **attn_kwargs)
+
+    def use_copying_adamw(self, optimizer: torch.optim.Optimizer) -> str | None:
+        """With compute copies, step ``optimizer`` with :class:`~rayft.train.copying_adamw.CopyingAdamW`
+        from now on, where it can (the reason it cannot is returned; None without compute copies)."""
+        if self.compute_copies is None:
+            return None
+        why = unsupported_reason(optimizer, self.compute_copies)
+        self.copying_adamw = CopyingAdamW(optimizer, self.compute_copies) if why is None else None
+        return why
 
     def after_optimizer_step(self) -> None:
         """Work due after each ``optimizer.step()``: with compute copies, cast them again now, queued
