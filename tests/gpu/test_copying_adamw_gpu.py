@@ -3,6 +3,8 @@ torch's fused AdamW, the compute copies' cast) on the same weights and gradients
 moments agree to a few ulps, the step counts exactly, each copy is its master cast to bf16 bit for
 bit, and the state resumes in torch's AdamW. Runs on the GPU host: ``python3 -m pytest tests/gpu``."""
 
+import copy
+
 import pytest
 import torch
 
@@ -38,7 +40,7 @@ def test_copying_adamw_matches_clip_fused_adamw_and_the_cast():
 
     ref, new = _module(0), _module(0)
     ref_opt, new_opt = _optimizer(ref), _optimizer(new)
-    assert unsupported_reason(new_opt, ComputeCopies(new, torch.bfloat16)) is None
+    assert unsupported_reason(new_opt) is None
     copies = ComputeCopies(new, torch.bfloat16)
     with copies.computing():  # makes the copies
         pass
@@ -64,18 +66,25 @@ def test_copying_adamw_matches_clip_fused_adamw_and_the_cast():
             torch.testing.assert_close(sb["exp_avg_sq"], sa["exp_avg_sq"], rtol=4e-6, atol=1e-15)
             assert torch.equal(copies.copy_for(b), b.detach().to(torch.bfloat16)), f"step {step}: {name}'s copy"
         assert copies.synced is not None  # the next block does not cast again
-    # the state is torch's AdamW's: it resumes there, and a loaded state is read back by a new CopyingAdamW
+    # the state is torch's AdamW's: it resumes there (a copy of it: load_state_dict keeps the tensors it is given)
     again = _module(1)
     again.load_state_dict(new.state_dict())
     again_opt = _optimizer(again)
-    again_opt.load_state_dict(new_opt.state_dict())
+    again_opt.load_state_dict(copy.deepcopy(new_opt.state_dict()))
     again_copies = ComputeCopies(again, torch.bfloat16)
     with again_copies.computing():
         pass
-    _grads(new, 4)
-    _grads(again, 4)
-    new_opt.step()  # torch's own step on CopyingAdamW's state
-    assert CopyingAdamW(again_opt, again_copies).step(None)  # a loaded state: step counts read from the device
+    for m in (new, again):
+        _grads(m, 4)
+    new_opt.step()  # torch's own step 4 on CopyingAdamW's state; `update` must read the count again
+    assert CopyingAdamW(again_opt, again_copies).step(None)  # a loaded state: its counts read from the device
     for a, b in zip(new.parameters(), again.parameters()):
         torch.testing.assert_close(b, a, rtol=4e-6, atol=1e-9)
-        assert float(again_opt.state[b]["step"]) == 4.0
+        assert float(again_opt.state[b]["step"]) == float(new_opt.state[a]["step"]) == 4.0
+    for m in (new, again):
+        _grads(m, 5)
+    assert update.step(None)  # step 5 after torch's step 4 on the same tensors
+    again_opt.step()
+    for a, b in zip(new.parameters(), again.parameters()):
+        torch.testing.assert_close(a, b, rtol=4e-6, atol=1e-9)
+        assert float(new_opt.state[a]["step"]) == 5.0

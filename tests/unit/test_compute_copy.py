@@ -336,10 +336,51 @@ def test_copying_adamw_says_why_it_cannot_step_an_optimizer():
     from rayft.train.copying_adamw import unsupported_reason
 
     module = torch.nn.Linear(4, 3)
-    copies = ComputeCopies(module, torch.bfloat16)
-    assert unsupported_reason(torch.optim.SGD(module.parameters(), lr=0.1), copies) == "the optimizer is SGD, not AdamW"
-    assert unsupported_reason(torch.optim.AdamW(module.parameters(), amsgrad=True), copies) == "AdamW's amsgrad=True"
-    assert unsupported_reason(torch.optim.AdamW(module.parameters()), copies) == "AdamW is not fused (its parameters are not all on the GPU)"
-    assert unsupported_reason(torch.optim.AdamW(module.parameters(), lr=torch.tensor(1e-3)), copies) is not None
+    ps = list(module.parameters())
+    assert unsupported_reason(torch.optim.SGD(ps, lr=0.1)) == "the optimizer is SGD, not AdamW"
+    assert unsupported_reason(torch.optim.AdamW(ps, amsgrad=True)) == "AdamW's amsgrad=True"
+    assert unsupported_reason(torch.optim.AdamW(ps)) == "AdamW is not fused (its parameters are not all on the GPU)"
+    assert unsupported_reason(torch.optim.AdamW(ps, lr=torch.tensor(1e-3), fused=True)) == "a hyperparameter is a tensor"
+    assert unsupported_reason(torch.optim.AdamW(ps, fused=True)) == "a parameter is torch.float32 on cpu"
     model = ShardedModel(module, loss=None)  # no compute copies (fp32 compute, or FSDP2): nothing to use it for
-    assert model.use_copying_adamw(torch.optim.AdamW(module.parameters())) is None and model.copying_adamw is None
+    assert model.use_copying_adamw(torch.optim.AdamW(ps)) is None and model.copying_adamw is None
+
+
+def test_copies_written_does_not_trust_a_master_written_since_the_cast():
+    module = torch.nn.Linear(4, 3)
+    bias = module.bias
+    copies = ComputeCopies(module, torch.bfloat16)
+    with copies.computing():
+        pass
+    with torch.no_grad():
+        bias.add_(5.0)  # e.g. a load between the block's cast and the step: its version moves
+    copies.copies_written()
+    assert copies.synced is None
+    with copies.computing():  # cast again: the copy follows the write
+        assert module.bias is not bias and torch.equal(module.bias, bias.detach().to(torch.bfloat16))
+
+
+def test_copying_adamws_step_counts_are_read_again_after_any_other_write():
+    """The host's count of each parameter's steps (the bias corrections) is trusted only while
+    ``state["step"]`` is the tensor it counted, unwritten since: torch's own step (the fallback) and
+    a load in place both write it."""
+    from rayft.train.copying_adamw import CopyingAdamW
+
+    module = torch.nn.Linear(4, 3)
+    opt = torch.optim.AdamW(module.parameters(), fused=True)
+    update = CopyingAdamW(opt, ComputeCopies(module, torch.bfloat16))
+    for p in module.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()  # torch's: step 1 on the device, nothing counted on the host
+    ps = list(module.parameters())
+    assert update._host_counts(ps) == [1, 1]
+    t = opt.state[ps[0]]["step"]
+    update._counts[id(ps[0])] = (t, t._version, 1)
+    opt.step()  # torch's again: the same tensor, written
+    assert opt.state[ps[0]]["step"] is t and update._host_counts(ps) == [2, 2]
+    update._counts[id(ps[0])] = (t, t._version, 2)
+    assert update._host_counts(ps)[0] == 2  # unwritten: the host's count, no read
+    update._counts[id(ps[0])] = (t, t._version, 9)
+    assert update._host_counts(ps)[0] == 9  # (the host's number is what is used)
+    t.copy_(torch.tensor(100.0))  # a load in place (DCP writes into the live state)
+    assert update._host_counts(ps)[0] == 100

@@ -93,14 +93,17 @@ class ComputeCopies:
         return kept[1] if kept is not None and kept[0] is master and kept[1].requires_grad == master.requires_grad else None
 
     def copies_written(self) -> None:
-        """The optimizer's step wrote every stepped master's copy (:class:`rayft.train.copying_adamw.CopyingAdamW`):
-        record the copies as cast, as :meth:`refresh` does after its own cast (the masters it did not
-        step did not change). Where a master has no copy the record stays empty, and the next
+        """The optimizer's step wrote every stepped master's copy (:class:`rayft.train.copying_adamw.CopyingAdamW`)
+        without changing the masters' version counters: the copies stay recorded as cast, as
+        :meth:`refresh` records its own cast, where the masters are as at the last cast (the same
+        versions; the masters it did not step did not change). Where a master has no copy, or was
+        written since that cast by anything else, nothing is recorded, and the next
         :meth:`computing` block casts them all."""
         self.next_slots = self._slots()
         masters = self._distinct(self.next_slots)
-        ready = all(self.copy_for(p) is not None for p in masters)
-        self.synced = tuple((id(p), p._version, p.requires_grad) for p in masters) if ready else None
+        signature = tuple((id(p), p._version, p.requires_grad) for p in masters)
+        ready = signature == self.synced and all(self.copy_for(p) is not None for p in masters)
+        self.synced = signature if ready else None
 
     def release(self) -> None:
         """Free the copies (2 bytes per parameter for bf16), e.g. before the export's logit check

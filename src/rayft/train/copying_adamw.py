@@ -13,8 +13,9 @@ one H200 (predicted in bench/NOTES.md §39).
 AdamW keeps it), ``exp_avg`` and ``exp_avg_sq``, made as AdamW makes them. Checkpoints, the
 learning-rate schedule and a resume see the optimizer they always saw. The arithmetic is AdamW's
 (decoupled weight decay, bias-corrected moments), in fp32 with correctly rounded square root and
-division; torch's fused kernel carries some products in fp64, so the two agree to a few ulps, not
-bit for bit (tests/gpu/test_copying_adamw_gpu.py). The gradient times the clip coefficient is the
+division; the bias corrections are computed on the host in fp64 where torch's fused kernel computes
+them in fp32, and the compilers contract the products differently, so the two agree to a few ulps,
+not bit for bit (tests/gpu/test_copying_adamw_gpu.py). The gradient times the clip coefficient is the
 clip's own fp32 product, and each copy is its new master cast to the copy's dtype (round to nearest
 even), as ``Tensor.copy_`` casts it.
 
@@ -85,7 +86,12 @@ def _kernel():
 _KERNEL = None
 
 
-def unsupported_reason(optimizer: torch.optim.Optimizer, copies: ComputeCopies) -> str | None:
+def _flat_like(t: torch.Tensor | None, p: torch.Tensor) -> bool:
+    """``t`` can be read as ``p``'s elements in ``p``'s order: a contiguous fp32 tensor of its shape on its device."""
+    return t is not None and t.shape == p.shape and t.dtype == torch.float32 and t.device == p.device and t.is_contiguous()
+
+
+def unsupported_reason(optimizer: torch.optim.Optimizer) -> str | None:
     """Why :class:`CopyingAdamW` cannot run this optimizer's steps (None: it can)."""
     if not isinstance(optimizer, torch.optim.AdamW):
         return f"the optimizer is {type(optimizer).__name__}, not AdamW"
@@ -114,15 +120,17 @@ class CopyingAdamW:
     a gradient, which also writes each one's compute copy in ``copies``: see the module's docstring.
 
     The step counts are kept on the host, per parameter, so that the bias corrections are host
-    numbers: read from ``state["step"]`` once (one read for every parameter not counted yet), and
-    again when a loaded state replaced that tensor; ``state["step"]`` is still counted up on the
-    device, for checkpoints.
+    numbers: read from ``state["step"]`` (one read for every parameter not counted yet) whenever
+    that tensor is not the one this object last counted, or was written since (its version counter:
+    torch's own ``optimizer.step()``, a load in place); ``state["step"]`` is still counted up on the
+    device, for checkpoints. Hooks registered on the optimizer's ``step`` do not run.
     """
 
     def __init__(self, optimizer: torch.optim.AdamW, copies: ComputeCopies):
         self.optimizer, self.copies = optimizer, copies
-        # id(parameter) -> (its state's step tensor, held so that its id is not reused; the count it holds)
-        self._counts: dict[int, tuple[torch.Tensor, int]] = {}
+        # id(parameter) -> (its state's step tensor, held so that its id is not reused; that tensor's
+        # version after this object's last count; the count it holds)
+        self._counts: dict[int, tuple[torch.Tensor, int, int]] = {}
 
     def step(self, clip_coef: torch.Tensor | None) -> bool:
         """Queue one step; ``clip_coef``: fp32 0-d on the device (each gradient's factor: the
@@ -134,8 +142,11 @@ class CopyingAdamW:
                 if p.grad is None:
                     continue
                 copy = self.copies.copy_for(p)
-                if copy is None or copy.shape != p.shape or not copy.is_contiguous() or not p.grad.is_contiguous():
+                if copy is None or copy.shape != p.shape or not copy.is_contiguous() or not _flat_like(p.grad, p):
                     return False
+                state = self.optimizer.state[p]
+                if state and not all(_flat_like(state.get(k), p) for k in ("exp_avg", "exp_avg_sq")):
+                    return False  # a loaded state of another layout: AdamW's own step reads it
                 work.append((group, p, copy))
         if not work:
             return True
@@ -145,7 +156,7 @@ class CopyingAdamW:
                 state["step"] = torch.tensor(0.0, dtype=torch.float32, device=p.device)
                 state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                self._counts[id(p)] = (state["step"], 0)
+                self._counts[id(p)] = (state["step"], state["step"]._version, 0)
         counts = self._host_counts([p for _g, p, _c in work])
         steps = [self.optimizer.state[p]["step"] for _g, p, _c in work]
         torch._foreach_add_(steps, 1.0)
@@ -153,11 +164,11 @@ class CopyingAdamW:
         coef = clip_coef if clip_coef is not None else steps[0]  # an unread pointer without a coefficient
         for (group, p, copy), t, count in zip(work, steps, counts):
             step = count + 1
-            self._counts[id(p)] = (t, step)
+            self._counts[id(p)] = (t, t._version, step)
             lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
             state = self.optimizer.state[p]
             n = p.numel()
-            kernel[(math.ceil(n / BLOCK),)](
+            kernel[((n + BLOCK - 1) // BLOCK,)](
                 p,
                 p.grad,
                 state["exp_avg"],
@@ -179,14 +190,14 @@ class CopyingAdamW:
 
     def _host_counts(self, params: list[torch.Tensor]) -> list[int]:
         """Each parameter's step count before this step: the host's, where the state's step tensor
-        is the one it counted; the others read from the device in one copy (a fresh state is counted
-        when made, so only a loaded one is read)."""
+        is the one it counted and unwritten since; the others read from the device in one copy (a
+        fresh state is counted when made, so only a loaded or otherwise stepped one is read)."""
         out: list[int | None] = []
         unknown = []
         for p in params:
             t = self.optimizer.state[p]["step"]
             held = self._counts.get(id(p))
-            out.append(held[1] if held is not None and held[0] is t else None)
+            out.append(held[2] if held is not None and held[0] is t and held[1] == t._version else None)
             if out[-1] is None:
                 unknown.append(len(out) - 1)
         if unknown:

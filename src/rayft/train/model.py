@@ -218,7 +218,7 @@ class ShardedModel:
         from now on, where it can (the reason it cannot is returned; None without compute copies)."""
         if self.compute_copies is None:
             return None
-        why = unsupported_reason(optimizer, self.compute_copies)
+        why = unsupported_reason(optimizer)
         self.copying_adamw = CopyingAdamW(optimizer, self.compute_copies) if why is None else None
         return why
 

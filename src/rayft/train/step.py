@@ -122,7 +122,7 @@ def optimizer_step(model: ShardedModel, optimizer: torch.optim.Optimizer, max_gr
     before clipping (0-d, on the device). With ``model.copying_adamw`` the clip, the step and the
     compute copies' cast are one pass (:mod:`rayft.train.copying_adamw`)."""
     params = model.module.parameters
-    if model.copying_adamw is not None:
+    if model.copying_adamw is not None and model.copying_adamw.optimizer is optimizer:
         grads = [p.grad for p in params() if p.grad is not None]
         grad_norm = torch.nn.utils.get_total_norm(grads)
         # clip_grad_norm_'s coefficient: max_norm / (norm + 1e-6), at most 1
