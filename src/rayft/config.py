@@ -243,6 +243,12 @@ class TrainConfig(_Section):
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = Field(default=1e-8, gt=0)
     max_grad_norm: float | None = Field(default=1.0, gt=0)
+    one_pass_adamw: bool = Field(
+        default=False,
+        description="One GPU with compute copies (parallel.single_worker): the gradient clip, AdamW's update and the bf16 "
+        "copies' cast in one Triton pass per parameter (rayft.train.copying_adamw; 30 bytes a parameter where the three "
+        "passes move 42). Off until measured on a GPU (bench/NOTES.md §39); elsewhere it changes nothing.",
+    )
     activation_checkpointing: bool | Annotated[int, Field(ge=1)] = Field(
         default=False,
         description="Recompute decoder layers' activations in the backward pass instead of keeping them: true (every "

@@ -384,3 +384,65 @@ def test_copying_adamws_step_counts_are_read_again_after_any_other_write():
     assert update._host_counts(ps)[0] == 9  # (the host's number is what is used)
     t.copy_(torch.tensor(100.0))  # a load in place (DCP writes into the live state)
     assert update._host_counts(ps)[0] == 100
+
+
+def test_the_one_pass_kernel_steps_as_clip_then_adamw_in_tritons_interpreter(monkeypatch):
+    """The kernel's arithmetic on the CPU, through Triton's interpreter (TRITON_INTERPRET), against
+    the clip and torch's AdamW on the same weights and gradients: clipped and unclipped steps, a
+    changing learning rate, weight decay on one group, sizes around the block, and torch's own step
+    on the same state in between (the host's counts are read again). The interpreter casts to bf16 by
+    truncation, a GPU to nearest even: the copies are compared with the truncated masters here, with
+    the cast itself on a GPU (tests/gpu/test_copying_adamw_gpu.py)."""
+    pytest.importorskip("triton", reason="Triton's interpreter: pip install triton (CUDA builds of torch bring it)")
+    import rayft.train.copying_adamw as copying_adamw
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(copying_adamw, "_KERNEL", None)  # built again, as the interpreter's
+    monkeypatch.setattr(copying_adamw, "BLOCK", 1024)
+
+    def module():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(5, 1024 + 3), torch.nn.LayerNorm(1024 + 3), torch.nn.Linear(1024 + 3, 7, bias=False))
+
+    def adamw(m):
+        groups = [
+            {"params": [p for p in m.parameters() if p.ndim >= 2], "weight_decay": 0.1},
+            {"params": [p for p in m.parameters() if p.ndim < 2], "weight_decay": 0.0},
+        ]
+        return torch.optim.AdamW(groups, lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+
+    def grads(m, step):
+        g = torch.Generator().manual_seed(100 + step)
+        for p in m.parameters():
+            p.grad = torch.randn(p.shape, generator=g) * (10.0 if step == 1 else 1e-3)  # step 1 clipped
+
+    def close(got, want):  # a few ulps of the tensor's scale: a moment can be a difference of two close terms
+        torch.testing.assert_close(got, want, rtol=4e-6, atol=1e-6 * float(want.abs().max()))
+
+    ref, new = module(), module()
+    ref_opt, new_opt = adamw(ref), adamw(new)
+    copies = ComputeCopies(new, torch.bfloat16)
+    with copies.computing():
+        pass
+    update = copying_adamw.CopyingAdamW(new_opt, copies)
+    for step, lr in ((1, 1e-3), (2, 5e-4), (3, 2e-3), (4, 1e-3), (5, 1e-3)):
+        for opt in (ref_opt, new_opt):
+            for group in opt.param_groups:
+                group["lr"] = lr
+        grads(ref, step)
+        grads(new, step)
+        if step == 4:  # torch's own step on the same state, unclipped
+            new_opt.step()
+        else:
+            norm = torch.nn.utils.get_total_norm([p.grad for p in new.parameters()])
+            assert torch.equal(norm, torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0))
+            assert update.step(torch.clamp(1.0 / (norm + 1e-6), max=1.0))
+        ref_opt.step()
+        for a, b in zip(ref.parameters(), new.parameters()):
+            close(b, a)
+            close(new_opt.state[b]["exp_avg"], ref_opt.state[a]["exp_avg"])
+            close(new_opt.state[b]["exp_avg_sq"], ref_opt.state[a]["exp_avg_sq"])
+            assert float(new_opt.state[b]["step"]) == float(ref_opt.state[a]["step"]) == step
+            if step != 4:
+                truncated = (b.detach().view(torch.int32) & -65536).view(torch.float32).to(torch.bfloat16)
+                assert torch.equal(copies.copy_for(b), truncated)

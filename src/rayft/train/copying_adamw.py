@@ -19,9 +19,12 @@ not bit for bit (tests/gpu/test_copying_adamw_gpu.py). The gradient times the cl
 clip's own fp32 product, and each copy is its new master cast to the copy's dtype (round to nearest
 even), as ``Tensor.copy_`` casts it.
 
-Used where :func:`copying_adamw` says so: CUDA, Triton, a fused AdamW without amsgrad, maximize,
-capturable or differentiable, tensor-free hyperparameters, and contiguous fp32 masters; elsewhere
-the step is the clip, ``optimizer.step()`` and the copies' cast as before.
+Used with ``train.one_pass_adamw: true`` (off by default until a GPU has measured it) where
+:func:`unsupported_reason` finds nothing in the way: CUDA, Triton, a fused AdamW without amsgrad,
+maximize, capturable or differentiable, hyperparameters that are numbers, contiguous fp32 masters;
+elsewhere the step is the clip, ``optimizer.step()`` and the copies' cast as before. Its arithmetic
+is checked on the CPU through Triton's interpreter (tests/unit/test_compute_copy.py) and on a GPU
+by tests/gpu/test_copying_adamw_gpu.py.
 """
 
 from __future__ import annotations
@@ -77,7 +80,7 @@ def _kernel():
             tl.store(p_ptr + offs, p, mask=mask)
             tl.store(m_ptr + offs, m, mask=mask)
             tl.store(v_ptr + offs, v, mask=mask)
-            tl.store(c_ptr + offs, p.to(c_ptr.dtype.element_ty), mask=mask)
+            tl.store(c_ptr + offs, p.to(c_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
 
         _KERNEL = adamw_copy
     return _KERNEL

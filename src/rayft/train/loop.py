@@ -297,7 +297,7 @@ def setup_worker(args: WorkerArgs) -> Worker:
     model_build_s = time.perf_counter() - t_model
     model_conf = load_model_config(cfg.model)
     optimizer = build_optimizer(model.module, tc, device)
-    why_not = model.use_copying_adamw(optimizer)
+    why_not = model.use_copying_adamw(optimizer) if tc.one_pass_adamw else None
     if why_not and rank == 0:
         print(f"[rayft] the optimizer step: the clip, AdamW and the compute copies' cast in three passes ({why_not})", flush=True)
     progress = args.progress.for_rank(rank)
