@@ -19,8 +19,10 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,power.limit --format=csv
 START=$(date +%s); LIMIT=${LIMIT:-575}
 bench() {  # NAME TREE(old|new) RECIPES DEADLINE CEILING_S MICRO_BATCH RAYFT_MICRO_BATCH FLAGS
   local wd=/tmp/bench-$1 mb=${6:-16} rmb=${7:-${6:-16}} flags=${8:-} rset=""; rm -rf "$wd"
-  case ",$3," in *,rayft,*) rset="--rayft-set train.micro_batch_size=$rmb --rayft-set parallel.reshard_after_forward=false";; esac
-  case "$flags" in *=*) rset="$rset --rayft-set $flags"; flags="";; esac  # KEY=VALUE: one more rayft setting
+  case ",$3," in *,rayft,*|*,rayft-fp8,*) rset="--rayft-set train.micro_batch_size=$rmb --rayft-set parallel.reshard_after_forward=false";; esac
+  case "$flags" in *=*)  # KEY=VALUE: one more rayft setting, where a rayft recipe runs
+    [ -n "$rset" ] || { echo "== $1: $flags is a rayft setting and no rayft recipe runs: skipped"; return; }
+    rset="$rset --rayft-set $flags"; flags="";; esac
   local pp="$PYTHONPATH"; [ "$2" = old ] && pp="/tmp/old-src/src:$PYTHONPATH"
   local cmd="bench train examples/qwen2.5-1.5b.yaml --workload real --recipes $3 ${flags:+--$flags} $rset --steps 15 --warmup-steps 5 --out $OUT/$1.json --work-dir $wd --timeout-s rayft=200,trl-best=${TRL_TIMEOUT_S:-150} --deadline-s $4 --ceiling-s $5 --set model.name_or_path=qwen2.5-1.5b --set train.num_workers=1 --set train.micro_batch_size=$mb --set train.activation_checkpointing=false --set data.train_files=[$D/alpaca_en_demo.json,$D/alpaca_zh_demo.json] --set data.cache_dir=null --set checkpoint.storage_path=$wd"
   echo "== $1 ($2 tree): rayft $cmd"
@@ -44,8 +46,8 @@ PY
 # ARMS: NAME:TREE:RECIPES:CEILING_S[:MICRO_BATCH[:RAYFT_MICRO_BATCH[:FLAG]]] ... (default: old, new +
 # trl-best, old again, new again; micro-batch 16; RAYFT_MICRO_BATCH: the rayft recipes' own, default
 # MICRO_BATCH; FLAG: one more `rayft bench train` flag without its dashes, e.g. trl-compile, or a
-# KEY=VALUE for the rayft recipes, e.g. train.one_pass_adamw=true); each arm after the first runs
-# while the call has 120 s left.
+# KEY=VALUE for the rayft recipes, e.g. train.one_pass_adamw=true; an old-tree arm knows neither of
+# those two); each arm after the first runs while the call has 120 s left.
 ARMS=${ARMS:-"old-1:old:rayft:0 new-1:new:rayft,trl-best:15 old-2:old:rayft:0 new-2:new:rayft:0"}
 first=1
 for arm in $ARMS; do

@@ -247,7 +247,8 @@ class TrainConfig(_Section):
         default=False,
         description="One GPU with compute copies (parallel.single_worker): the gradient clip, AdamW's update and the bf16 "
         "copies' cast in one Triton pass per parameter (rayft.train.copying_adamw; 30 bytes a parameter where the three "
-        "passes move 42). Off until measured on a GPU (bench/NOTES.md §39); elsewhere it changes nothing.",
+        "passes move 42). Off until measured on a GPU (bench/NOTES.md §39); elsewhere it changes nothing. Each step's "
+        "record says whether it ran (copying_adamw in rayft_metrics.jsonl); where it cannot, rank 0 prints why.",
     )
     activation_checkpointing: bool | Annotated[int, Field(ge=1)] = Field(
         default=False,

@@ -13,11 +13,11 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 CUDA = torch.device("cuda:0")
 
 
-
 def close(got: torch.Tensor, want: torch.Tensor) -> None:
     """A few ulps apart, where the ulps are the tensor's scale's: a moment that is a difference of two
     nearly equal terms (b1·m against (1-b1)·g) keeps their rounding, large relative to itself."""
-    torch.testing.assert_close(got, want, rtol=4e-6, atol=1e-6 * float(want.abs().max()))
+    torch.testing.assert_close(got, want, rtol=4e-6, atol=1e-6 * float(want.detach().abs().max()))
+
 
 def _module(seed: int) -> torch.nn.Module:
     torch.manual_seed(seed)

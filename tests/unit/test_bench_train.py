@@ -222,6 +222,46 @@ def test_a_failed_recipe_keeps_the_others_results(tmp_path):
     doc = json.loads(path.read_text())
     assert doc["figures"]["runs"][1]["status"] == "failed" and doc["command"].startswith("rayft bench train")
     assert "failed: exit 1" in path.with_suffix(".md").read_text()
+    assert doc["figures"]["trl_compile"] is False and "--trl-compile" not in doc["command"]
+    # --trl-compile: in the results' command and figures, the TRL run's spec and its row's label
+    specs = []
+
+    def spec_runner(cmd, env, log, timeout_s):
+        if "trl" in cmd:
+            specs.append(json.loads(Path(cmd[-1]).read_text()))
+        return runner(cmd, env, log, timeout_s)
+
+    path, figs = bt.run_bench(
+        cfg,
+        recipes=["sample-recipe", "trl-best"],
+        workloads=["random"],
+        steps=3,
+        warmup_steps=1,
+        out=tmp_path / "res2.json",
+        work_dir=tmp_path / "wd2",
+        runner=spec_runner,
+        trl_compile=True,
+    )
+    doc = json.loads(path.read_text())
+    assert "--trl-compile" in doc["command"] and doc["figures"]["trl_compile"] is True
+    assert [s["compile"] for s in specs] == [True]
+    trl_run = doc["figures"]["runs"][1]
+    assert trl_run["recipe"] == "trl-best" and trl_run["label"] == "trl-best + compile" and trl_run["settings"]["compile"] is True
+
+
+def test_the_trl_compile_option_reaches_the_bench(tmp_path, monkeypatch):
+    import rayft.commands.bench as bench_cmd
+
+    seen = {}
+
+    def fake_run_bench(*args, **kwargs):
+        seen.update(kwargs)
+        raise br.BenchTrainError("stop here")
+
+    monkeypatch.setattr(bench_cmd.train_bench, "run_bench", fake_run_bench)
+    for argv, want in ((["--trl-compile"], True), ([], False)):
+        out = CliRunner().invoke(app, ["bench", "train", str(tmp_path / "job.yaml"), *argv])
+        assert out.exit_code == 1 and "stop here" in out.output and seen["trl_compile"] is want
 
 
 def test_random_dataset_and_the_synthetic_config(tmp_path):

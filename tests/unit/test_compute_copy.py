@@ -343,7 +343,8 @@ def test_copying_adamw_says_why_it_cannot_step_an_optimizer():
     assert unsupported_reason(torch.optim.AdamW(ps, lr=torch.tensor(1e-3), fused=True)) == "a hyperparameter is a tensor"
     assert unsupported_reason(torch.optim.AdamW(ps, fused=True)) == "a parameter is torch.float32 on cpu"
     model = ShardedModel(module, loss=None)  # no compute copies (fp32 compute, or FSDP2): nothing to use it for
-    assert model.use_copying_adamw(torch.optim.AdamW(ps)) is None and model.copying_adamw is None
+    assert model.use_copying_adamw(torch.optim.AdamW(ps)) == "no compute copies: the weights are plain (FSDP2, or fp32 compute)"
+    assert model.copying_adamw is None
 
 
 def test_copies_written_does_not_trust_a_master_written_since_the_cast():
@@ -417,7 +418,7 @@ def test_the_one_pass_kernel_steps_as_clip_then_adamw_in_tritons_interpreter(mon
             p.grad = torch.randn(p.shape, generator=g) * (10.0 if step == 1 else 1e-3)  # step 1 clipped
 
     def close(got, want):  # a few ulps of the tensor's scale: a moment can be a difference of two close terms
-        torch.testing.assert_close(got, want, rtol=4e-6, atol=1e-6 * float(want.abs().max()))
+        torch.testing.assert_close(got, want, rtol=4e-6, atol=1e-6 * float(want.detach().abs().max()))
 
     ref, new = module(), module()
     ref_opt, new_opt = adamw(ref), adamw(new)
@@ -446,3 +447,64 @@ def test_the_one_pass_kernel_steps_as_clip_then_adamw_in_tritons_interpreter(mon
             if step != 4:
                 truncated = (b.detach().view(torch.int32) & -65536).view(torch.float32).to(torch.bfloat16)
                 assert torch.equal(copies.copy_for(b), truncated)
+
+
+def test_optimizer_step_takes_the_one_pass_and_falls_back_where_a_copy_is_missing(monkeypatch):
+    """``rayft.train.step.optimizer_step`` with ``model.copying_adamw`` (through Triton's interpreter):
+    the same weights as the default step (the clip, AdamW, the copies' cast) within a few ulps, the
+    copies recorded as cast; where a stepped master has no copy, the default step's arithmetic
+    exactly, and its cast."""
+    pytest.importorskip("triton", reason="Triton's interpreter: pip install triton (CUDA builds of torch bring it)")
+    import rayft.train.copying_adamw as copying_adamw
+    from rayft.train.step import optimizer_step
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(copying_adamw, "_KERNEL", None)
+
+    def build(one_pass: bool):
+        torch.manual_seed(3)
+        module = torch.nn.Sequential(torch.nn.Linear(6, 40), torch.nn.Tanh(), torch.nn.Linear(40, 3))
+        model = ShardedModel(module, loss=None, compute_copies=ComputeCopies(module, torch.bfloat16))
+        opt = torch.optim.AdamW(module.parameters(), lr=1e-2, weight_decay=0.1)
+        if one_pass:
+            model.copying_adamw = copying_adamw.CopyingAdamW(opt, model.compute_copies)
+        return model, opt
+
+    def backward(model, step):
+        x = torch.randn(8, 6, generator=torch.Generator().manual_seed(step)) * 50
+        with model.computing():
+            model.module(x.to(torch.bfloat16)).float().pow(2).sum().backward()
+
+    (ref, ref_opt), (new, new_opt) = build(False), build(True)
+    for step in range(3):
+        for model, opt in ((ref, ref_opt), (new, new_opt)):
+            backward(model, step)
+            norm = optimizer_step(model, opt, 1.0)
+        assert float(norm) > 1.0  # clipped
+        for a, b in zip(ref.module.parameters(), new.module.parameters()):
+            torch.testing.assert_close(b, a, rtol=4e-6, atol=1e-6 * float(a.abs().max()))
+            assert b.grad is None
+            truncated = (b.detach().view(torch.int32) & -65536).view(torch.float32).to(torch.bfloat16)
+            kept = new.compute_copies.copy_for(b)
+            assert torch.equal(kept, truncated)  # the interpreter's cast (a GPU's rounds to nearest even)
+            kept.data.copy_(b.detach().to(torch.bfloat16))  # the GPU's cast, for the next step's forward
+        assert new.compute_copies.synced is not None
+    # a stepped master without a copy: the default step for all of them (its foreach clip, AdamW, the cast)
+    backward(new, 9)
+    first = new.module[0].weight
+    del new.compute_copies.copy_of[id(first)]
+    before = {k: v.detach().clone() for k, v in new.module.state_dict().items()}
+    grads = {n: p.grad.clone() for n, p in new.module.named_parameters()}
+    twin = torch.nn.Sequential(torch.nn.Linear(6, 40), torch.nn.Tanh(), torch.nn.Linear(40, 3))
+    twin.load_state_dict(before)
+    twin_opt = torch.optim.AdamW(twin.parameters(), lr=1e-2, weight_decay=0.1)
+    twin_opt.load_state_dict(copy.deepcopy(new_opt.state_dict()))
+    for n, p in twin.named_parameters():
+        p.grad = grads[n]
+    torch.nn.utils.clip_grad_norm_(twin.parameters(), 1.0)
+    twin_opt.step()
+    optimizer_step(new, new_opt, 1.0)
+    for (n, a), b in zip(twin.named_parameters(), new.module.parameters()):
+        assert torch.equal(b, a), n
+    with new.computing():  # the missing copy made, every copy cast from its master
+        assert torch.equal(new.module[0].weight, first.detach().to(torch.bfloat16))

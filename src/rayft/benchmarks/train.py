@@ -367,6 +367,7 @@ def run_bench(
             "matmul_params": shared["matmul_params"],
             "price": price,
             "rayft_settings": RAYFT_BEST + rayft_overrides,
+            "trl_compile": trl_compile,  # --trl-compile: the TRL recipes ran torch.compile'd
             "timeout_s": timeout_s,
             "deadline_s": deadline_s,
             "complete": final and not pending,

@@ -1,6 +1,6 @@
 """AdamW for one worker's compute copies: the clip, the update and the copies' cast in one pass.
 
-With compute copies (:mod:`rayft.train.compute_copy`) an optimizer step is four passes over the
+With compute copies (:mod:`rayft.train.compute_copy`) an optimizer step is three passes over the
 fp32 state after the gradient norm: the clip multiplies every gradient (read and write, 4 + 4 bytes
 per parameter), torch's fused AdamW reads the weight, gradient and both moments and writes three of
 them back (16 + 12), and the copies' cast reads the weights again and writes the bf16 copies (4 + 2).

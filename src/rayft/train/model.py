@@ -215,9 +215,9 @@ class ShardedModel:
 
     def use_copying_adamw(self, optimizer: torch.optim.Optimizer) -> str | None:
         """With compute copies, step ``optimizer`` with :class:`~rayft.train.copying_adamw.CopyingAdamW`
-        from now on, where it can (the reason it cannot is returned; None without compute copies)."""
+        from now on, where it can; returns the reason it cannot (None: it will)."""
         if self.compute_copies is None:
-            return None
+            return f"no compute copies: the weights are {self.weights_mode} (FSDP2, or fp32 compute)"
         why = unsupported_reason(optimizer)
         self.copying_adamw = CopyingAdamW(optimizer, self.compute_copies) if why is None else None
         return why
