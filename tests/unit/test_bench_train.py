@@ -205,16 +205,20 @@ def test_a_failed_recipe_keeps_the_others_results(tmp_path):
             return 0
         return 1
 
-    path, figs = bt.run_bench(
-        cfg,
-        recipes=["sample-recipe", "trl-default"],
-        workloads=["random"],
-        steps=3,
-        warmup_steps=1,
-        out=tmp_path / "res.json",
-        work_dir=tmp_path / "wd",
-        runner=runner,
-    )
+    def bench(recipes, name, run, **options):
+        return bt.run_bench(
+            cfg,
+            recipes=recipes,
+            workloads=["random"],
+            steps=3,
+            warmup_steps=1,
+            out=tmp_path / f"{name}.json",
+            work_dir=tmp_path / name,
+            runner=run,
+            **options,
+        )
+
+    path, figs = bench(["sample-recipe", "trl-default"], "res", runner)
     ok, bad = figs["runs"]
     assert ok["status"] == "ok" and ok["tokens_per_s_per_gpu"] == 32.0  # 2 ranks × 16 tokens / 0.5 s / 2 GPUs
     assert ok["mfu"] is None and ok["attn_span_tokens"] == 16.0
@@ -231,17 +235,7 @@ def test_a_failed_recipe_keeps_the_others_results(tmp_path):
             specs.append(json.loads(Path(cmd[-1]).read_text()))
         return runner(cmd, env, log, timeout_s)
 
-    path, figs = bt.run_bench(
-        cfg,
-        recipes=["sample-recipe", "trl-best"],
-        workloads=["random"],
-        steps=3,
-        warmup_steps=1,
-        out=tmp_path / "res2.json",
-        work_dir=tmp_path / "wd2",
-        runner=spec_runner,
-        trl_compile=True,
-    )
+    path, figs = bench(["sample-recipe", "trl-best"], "res2", spec_runner, trl_compile=True)
     doc = json.loads(path.read_text())
     assert "--trl-compile" in doc["command"] and doc["figures"]["trl_compile"] is True
     assert [s["compile"] for s in specs] == [True]
