@@ -123,21 +123,16 @@ def optimizer_step(model: ShardedModel, optimizer: torch.optim.Optimizer, max_gr
     compute copies' cast are one pass (:mod:`rayft.train.copying_adamw`)."""
     params = model.module.parameters
     if model.copying_adamw is not None and model.copying_adamw.optimizer is optimizer:
-        grads = [p.grad for p in params() if p.grad is not None]
-        grad_norm = torch.nn.utils.get_total_norm(grads)
+        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params() if p.grad is not None])
         # clip_grad_norm_'s coefficient: max_norm / (norm + 1e-6), at most 1
         coef = torch.clamp(max_grad_norm / (grad_norm + 1e-6), max=1.0) if max_grad_norm else None
         if model.copying_adamw.step(coef):
             optimizer.zero_grad(set_to_none=True)
             model.compute_copies.copies_written()
             return grad_norm
-        if coef is not None:
-            torch._foreach_mul_(grads, coef)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        model.after_optimizer_step()
-        return grad_norm
-    if max_grad_norm:
+        if max_grad_norm:  # a master without its copy: the three passes, on the norm made above
+            torch.nn.utils.clip_grads_with_norm_(params(), max_grad_norm, grad_norm)
+    elif max_grad_norm:
         grad_norm = torch.nn.utils.clip_grad_norm_(params(), max_grad_norm)
     else:
         grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params() if p.grad is not None])
