@@ -387,18 +387,26 @@ def test_copying_adamws_step_counts_are_read_again_after_any_other_write():
     assert update._host_counts(ps)[0] == 100
 
 
-def test_the_one_pass_kernel_steps_as_clip_then_adamw_in_tritons_interpreter(monkeypatch):
+@pytest.fixture
+def interpreted_kernel(monkeypatch):
+    """rayft.train.copying_adamw with its kernel built as Triton's interpreter's (TRITON_INTERPRET):
+    it runs on CPU tensors. Skips without Triton (CUDA builds of torch bring it; CI's CPU build does not)."""
+    pytest.importorskip("triton", reason="Triton's interpreter: pip install triton (CUDA builds of torch bring it)")
+    import rayft.train.copying_adamw as copying_adamw
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(copying_adamw, "_KERNEL", None)  # built again, as the interpreter's
+    return copying_adamw
+
+
+def test_the_one_pass_kernel_steps_as_clip_then_adamw_in_tritons_interpreter(interpreted_kernel, monkeypatch):
     """The kernel's arithmetic on the CPU, through Triton's interpreter (TRITON_INTERPRET), against
     the clip and torch's AdamW on the same weights and gradients: clipped and unclipped steps, a
     changing learning rate, weight decay on one group, sizes around the block, and torch's own step
     on the same state in between (the host's counts are read again). The interpreter casts to bf16 by
     truncation, a GPU to nearest even: the copies are compared with the truncated masters here, with
     the cast itself on a GPU (tests/gpu/test_copying_adamw_gpu.py)."""
-    pytest.importorskip("triton", reason="Triton's interpreter: pip install triton (CUDA builds of torch bring it)")
-    import rayft.train.copying_adamw as copying_adamw
-
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setattr(copying_adamw, "_KERNEL", None)  # built again, as the interpreter's
+    copying_adamw = interpreted_kernel
     monkeypatch.setattr(copying_adamw, "BLOCK", 1024)
 
     def module():
@@ -449,17 +457,14 @@ def test_the_one_pass_kernel_steps_as_clip_then_adamw_in_tritons_interpreter(mon
                 assert torch.equal(copies.copy_for(b), truncated)
 
 
-def test_optimizer_step_takes_the_one_pass_and_falls_back_where_a_copy_is_missing(monkeypatch):
+def test_optimizer_step_takes_the_one_pass_and_falls_back_where_a_copy_is_missing(interpreted_kernel):
     """``rayft.train.step.optimizer_step`` with ``model.copying_adamw`` (through Triton's interpreter):
     the same weights as the default step (the clip, AdamW, the copies' cast) within a few ulps, the
     copies recorded as cast; where a stepped master has no copy, the default step's arithmetic
     exactly, and its cast."""
-    pytest.importorskip("triton", reason="Triton's interpreter: pip install triton (CUDA builds of torch bring it)")
-    import rayft.train.copying_adamw as copying_adamw
     from rayft.train.step import optimizer_step
 
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setattr(copying_adamw, "_KERNEL", None)
+    copying_adamw = interpreted_kernel
 
     def build(one_pass: bool):
         torch.manual_seed(3)
