@@ -244,7 +244,7 @@ def test_a_failed_recipe_keeps_the_others_results(tmp_path):
 
 
 def test_the_trl_compile_option_reaches_the_bench(tmp_path, monkeypatch):
-    import rayft.commands.bench as bench_cmd
+    import rayft.benchmarks.train as train_bench
 
     seen = {}
 
@@ -252,7 +252,7 @@ def test_the_trl_compile_option_reaches_the_bench(tmp_path, monkeypatch):
         seen.update(kwargs)
         raise br.BenchTrainError("stop here")
 
-    monkeypatch.setattr(bench_cmd.train_bench, "run_bench", fake_run_bench)
+    monkeypatch.setattr(train_bench, "run_bench", fake_run_bench)
     for argv, want in ((["--trl-compile"], True), ([], False)):
         out = CliRunner().invoke(app, ["bench", "train", str(tmp_path / "job.yaml"), *argv])
         assert out.exit_code == 1 and "stop here" in out.output and seen["trl_compile"] is want

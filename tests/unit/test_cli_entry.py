@@ -30,3 +30,15 @@ def test_run_exits_with_the_apps_code_and_freezes_what_is_alive(monkeypatch, cap
         gc.unfreeze()  # this test process goes on collecting as before
     if code == 0:
         assert __version__ in capsys.readouterr().out
+
+
+def test_the_cli_loads_without_the_frameworks_and_the_benchmarks():
+    """Every `rayft` command pays the CLI's imports: the options of every verb load, their work
+    does not (torch, transformers and Ray where a command needs them; the benchmarks' modules and
+    numpy when `rayft bench` runs)."""
+    import subprocess
+
+    heavy = ("numpy", "torch", "transformers", "ray", "rayft.benchmarks.train", "rayft.benchmarks.fabric", "rayft.benchmarks.train_results")
+    code = f"import sys, rayft.cli; print(','.join(m for m in {heavy!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from rayft.benchmarks import choices
 from rayft.benchmarks import llamafactory_recipe as lf
 from rayft.benchmarks import train as bt
 from rayft.benchmarks import train_recipes as brc
@@ -184,7 +185,7 @@ def job(tmp_path, workers=1):
 
 
 def test_the_bench_lists_it_by_name_and_refuses_two_cpu_workers(tmp_path):
-    assert "llamafactory" in br.RECIPES and "llamafactory" not in br.DEFAULT_RECIPES
+    assert "llamafactory" in choices.RECIPES and "llamafactory" not in choices.DEFAULT_RECIPES
     with pytest.raises(br.BenchTrainError, match=r"llamafactory recipe runs on CPU with one worker only"):
         bt.run_bench(job(tmp_path, 2), recipes=["llamafactory"], workloads=["random"], steps=3, warmup_steps=1, work_dir=tmp_path / "wd")
     assert not (tmp_path / "wd").exists()  # refused before anything was written

@@ -31,12 +31,12 @@ import shlex
 import statistics
 import sys
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
+from rayft.benchmarks.choices import Mode
 from rayft.benchmarks.logged_run import LoggedCommandWithDoneFile, log_tail, run_logged
 from rayft.nccl.doctor import Expect, RankVerdict, check, verdicts_from_text
 
@@ -46,11 +46,6 @@ DEFAULT_STEPS = 30
 
 class FabricError(RuntimeError):
     """The benchmark cannot start, a run failed, or a run used the wrong transport (rejected)."""
-
-
-class Mode(str, Enum):
-    ONEHOST = "onehost"
-    EFA = "efa"
 
 
 @dataclass(frozen=True)

@@ -59,17 +59,22 @@ from rich.console import Console
 from rich.text import Text
 
 from rayft.benchmarks import ceiling as gpu_ceiling
+from rayft.benchmarks.choices import (
+    DEFAULT_CEILING_S,
+    DEFAULT_RECIPES,
+    DEFAULT_STEPS,
+    DEFAULT_WARMUP,
+    RAYFT_RECIPES,
+    RECIPES,
+    TRL_RECIPES,
+    WORKLOADS,
+)
 from rayft.benchmarks.fabric import gpu_label
 from rayft.benchmarks.logged_run import LoggedCommand, log_tail, run_logged
 from rayft.benchmarks.torchtitan_recipe import TORCHTITAN_RECIPES, TorchtitanRecipeError, profiling_args, torchtitan_model
 from rayft.benchmarks.train_recipes import RAYFT_BEST, Plan, Timeouts, prepare_model_and_data, recipe_command, recipe_settings
 from rayft.benchmarks.train_results import (
-    DEFAULT_RECIPES,
     NOT_RUN,
-    RAYFT_RECIPES,
-    RECIPES,
-    TRL_RECIPES,
-    WORKLOADS,
     BenchTrainError,
     float8_check,
     gpu_price,
@@ -80,13 +85,6 @@ from rayft.benchmarks.train_results import (
     usd_per_million_tokens,
     write_table_files,
 )
-
-DEFAULT_STEPS = 30
-DEFAULT_WARMUP = 5
-#: Seconds of bf16 products that measure the GPU's sustained matrix rate before the recipes run
-#: (:mod:`rayft.benchmarks.ceiling`); 0 skips it.
-DEFAULT_CEILING_S = 15.0
-
 
 #: Config keys the benchmark sets on the rayft recipes itself (after the user's): ``--rayft-set``
 #: refuses them rather than have them silently overridden.

@@ -14,8 +14,9 @@ from typing import Any
 
 from rich.console import Console
 
+from rayft.benchmarks.choices import RAYFT_RECIPES, TRL_RECIPES
 from rayft.benchmarks.torchtitan_recipe import TORCHTITAN_RECIPES, TorchtitanRecipeError, check_preset_shape
-from rayft.benchmarks.train_results import RAYFT_RECIPES, TRL_RECIPES, BenchTrainError
+from rayft.benchmarks.train_results import BenchTrainError
 
 Timeouts = float | dict[str, float] | None
 

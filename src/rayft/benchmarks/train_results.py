@@ -23,14 +23,7 @@ import numpy as np
 from rich.console import Console
 
 from rayft.benchmarks import ceiling as gpu_ceiling
-
-RECIPES = ("sample-recipe", "trl-default", "trl-best", "rayft", "rayft-fp8", "torchtitan", "torchtitan-fp8", "llamafactory")
-#: What ``--recipes`` defaults to (``rayft-fp8``, the torchtitan recipes, which need
-#: ``pip install torchtitan==0.2.2``, and ``llamafactory`` are asked for by name).
-DEFAULT_RECIPES = ("sample-recipe", "trl-default", "trl-best", "rayft")
-RAYFT_RECIPES = ("rayft", "rayft-fp8")
-TRL_RECIPES = ("trl-default", "trl-best")
-WORKLOADS = ("random", "real")
+from rayft.benchmarks.choices import RAYFT_RECIPES, RECIPES, WORKLOADS
 
 #: GPU model (as in ``torch.cuda.get_device_name``, whole word) → the EC2 instance whose price is used.
 GPU_INSTANCE = {
