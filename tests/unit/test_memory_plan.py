@@ -17,6 +17,7 @@ from rayft.train.memory_plan import (
     ModelDims,
     TrainShape,
     checkpointed_layer_count,
+    count_model_dims,
     liger_chunk_tokens,
     model_dims,
     offload_host_bytes,
@@ -30,7 +31,7 @@ DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "alpaca_
 
 @pytest.fixture(scope="module")
 def qwen15():
-    return model_dims(load_model_config(ModelConfig(name_or_path="qwen2.5-1.5b")))
+    return count_model_dims(load_model_config(ModelConfig(name_or_path="qwen2.5-1.5b")))
 
 
 def test_qwen2_5_1_5b_dims_are_the_published_sizes(qwen15):

@@ -290,7 +290,22 @@ def largest_micro_batch(m: ModelDims, s: TrainShape, target: GpuTarget, limit: i
 
 def model_dims(conf) -> ModelDims:
     """:class:`ModelDims` of a transformers config: the model built on the meta device for its
-    parameter counts (unique parameters: a tied LM head counts once)."""
+    parameter counts (unique parameters: a tied LM head counts once), or the sizes this host
+    counted before for the same config (:mod:`rayft.train.dims_memo`: the build imports the model's
+    modules, seconds of a run's start)."""
+    from rayft.train import dims_memo
+
+    key = dims_memo.memo_key(conf, ModelDims)
+    if key is not None and (dims := dims_memo.recall(key, ModelDims)) is not None:
+        return dims
+    dims = count_model_dims(conf)
+    if key is not None:
+        dims_memo.remember(key, dims)
+    return dims
+
+
+def count_model_dims(conf) -> ModelDims:
+    """:func:`model_dims` counted: the model built on the meta device."""
     import torch
     from transformers import AutoModelForCausalLM
 
