@@ -34,6 +34,9 @@ import pytest
 # preemption watcher (an actor per run that polls for node draining: nothing drains a test host).
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
 os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+# The planner's model sizes are counted in every test, not read from a memo (tests/unit/test_dims_memo.py
+# tests the memo in its own directories).
+os.environ.setdefault("RAYFT_DIMS_MEMO", "off")
 # The input-hash memo (rayft.data.cache.HashMemo) of test runs stays out of the user's ~/.cache.
 os.environ.setdefault("RAYFT_HASH_MEMO", os.path.join(__import__("tempfile").gettempdir(), f"rayft-test-hash-memo-{os.getpid()}.json"))
 

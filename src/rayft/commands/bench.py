@@ -14,7 +14,8 @@ from rayft.benchmarks import choices
 
 # The benchmarks' own modules are imported by the command that runs them: every `rayft` command
 # loads this module's options at its start, and those imports (numpy, the NCCL doctor, the instance
-# catalog) took 0.22 s of the CLI's 0.27 s import on the 2-core development machine.
+# catalog) made the CLI's import 0.265 s instead of 0.219 on the 2-core development machine
+# (bench/NOTES.md §40).
 
 bench_app = typer.Typer(help="Side-by-side benchmarks writing bench/results/.", no_args_is_help=True)
 

@@ -50,6 +50,7 @@ Validated against every measured peak in bench/results: ``bench/fit_check.py``.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 
@@ -294,8 +295,9 @@ def model_dims(conf) -> ModelDims:
     counted before for the same config (:mod:`rayft.train.dims_memo`: the build imports the model's
     modules, seconds of a run's start)."""
     from rayft.train import dims_memo
+    from rayft.train.model_config import decoder_layers
 
-    key = dims_memo.memo_key(conf, ModelDims)
+    key = dims_memo.memo_key(conf, ModelDims, counted_by=(count_model_dims, decoder_layers))
     if key is not None and (dims := dims_memo.recall(key, ModelDims)) is not None:
         return dims
     dims = count_model_dims(conf)
@@ -311,8 +313,8 @@ def count_model_dims(conf) -> ModelDims:
 
     from rayft.train.model_config import decoder_layers
 
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(conf, dtype=torch.float32)
+    with torch.device("meta"):  # a copy: from_config writes its dtype into the config it is given
+        model = AutoModelForCausalLM.from_config(copy.deepcopy(conf), dtype=torch.float32)
     total = sum(p.numel() for p in model.parameters())
     shapes = tuple((p.shape[0], p.numel() // p.shape[0]) if p.dim() else (1, 1) for p in model.parameters())
     layers = decoder_layers(model)
