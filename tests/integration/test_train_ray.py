@@ -142,6 +142,10 @@ def test_two_worker_fsdp2_run_loss_export_and_tied_weights(fsdp2_run, qwen_token
     # the timeline's wall clock, for a caller timing the whole process (bench/gpu/wall_time.sh)
     clock = summary["timeline_unix"]
     assert clock["end"] - clock["start"] == pytest.approx(wall["total"]) and clock["start"] > time.time() - 3600
+    # the data phase's parts, each measured, within the phase
+    data_parts = summary["data_timings_s"]
+    assert set(data_parts) == {"imports", "tokenizer", "store"} and all(v >= 0 for v in data_parts.values())
+    assert data_parts["tokenizer"] > 0 and sum(data_parts.values()) <= wall["data"] + 0.01
 
     # the HF export loads, keeps the embeddings tied, and reproduces the trained model's logits
     check = json.loads((run / "hf" / "rayft_export_check.json").read_text())

@@ -64,26 +64,42 @@ SETTLE_S = 10.0
 
 
 def load_run_data(
-    cfg: RayftConfig, console: Console, tokenizer=None, connect=None, run_dir: str | None = None, locate=None
+    cfg: RayftConfig,
+    console: Console,
+    tokenizer=None,
+    connect=None,
+    run_dir: str | None = None,
+    locate=None,
+    timings: dict[str, float] | None = None,
 ) -> PreparedData:
     """The run's data (:func:`rayft.data.prepare.prepare_data`) with the model's tokenizer, which
     is loaded here unless given (``tokenizer``: the one :func:`default_tokenizer` names).
     ``run_dir``: the run directory (the store's root with ``data.cache_dir: null``); ``locate``:
     see :func:`~rayft.data.prepare.prepare_data` (the driver's cluster-storage check).
+    ``timings`` gets the wall seconds of the parts: ``imports`` (the model-config helpers, with
+    transformers), ``tokenizer`` (its load), ``store`` (the token store: its key, then opened or built).
 
     Raises:
         TrainError: the data layer's :class:`DataError`, with its message.
     """
+    timings = {} if timings is None else timings
+    t = time.perf_counter()
     from rayft.train.model_config import default_tokenizer, load_model_config
 
     name = default_tokenizer(cfg.model)
+    timings["imports"] = time.perf_counter() - t
     try:
+        t = time.perf_counter()
         if tokenizer is None:
             tokenizer = open_tokenizer(name, cfg.model.revision, cfg.model.trust_remote_code)
+        timings["tokenizer"] = time.perf_counter() - t
+        t = time.perf_counter()
         vocab = load_model_config(cfg.model).vocab_size if cfg.data.synthetic is not None else None
-        return prepare_data(
+        data = prepare_data(
             cfg, console, tokenizer, name, vocab_size=vocab, connect=connect or (lambda: connect_ray(cfg)), run_dir=run_dir, locate=locate
         )
+        timings["store"] = time.perf_counter() - t
+        return data
     except DataError as e:
         raise TrainError(str(e)) from None
 
@@ -177,7 +193,8 @@ def train_run(
             return root
         return shared_store_root(cfg, root, run_dir, connect, say=lambda s: console.print(s, highlight=False, markup=False))
 
-    data = load_run_data(cfg, console, connect=connect, run_dir=run_dir, locate=locate)
+    data_timings: dict[str, float] = {}  # the data phase's parts, in the summary (data_timings_s)
+    data = load_run_data(cfg, console, connect=connect, run_dir=run_dir, locate=locate, timings=data_timings)
     ds = data.train
     marks["data_ready"] = time.time()
     if not reached:  # Ray now, or what is left of its start; connect() puts back our SIGTERM handler after a ray.init here
@@ -319,6 +336,7 @@ def train_run(
         held = newest_checkpoint_step(run_dir) if local else max((c["step"] for c in reported.checkpoints), default=None)
         stop = stop_record(signals.name, reported.stopped, history, held, forced)
         summary = build_summary(history, reported.extra(), run_dir, total, console, wall, stop, clock)
+        summary["data_timings_s"] = {k: round(v, 3) for k, v in data_timings.items()}
         if local:
             write_run_records(run_dir, history, summary, resumed=bool(resume))
         trackers.log_summary(summary)
@@ -327,6 +345,7 @@ def train_run(
             stop["signal"], code, run_dir, stop["checkpoint_step"], forced=forced, steps_done=stop["steps_done"], total_steps=total
         )
     summary = build_summary(history, reported.extra(), run_dir, total, console, wall, clock=clock)
+    summary["data_timings_s"] = {k: round(v, 3) for k, v in data_timings.items()}  # the data phase's parts
     if local:
         write_run_records(run_dir, history, summary, resumed=bool(resume))
     trackers.log_summary(summary)
