@@ -18,17 +18,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from rayft.benchmarks.record import write_result
+from rayft.benchmarks.record import commit_src, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 IMPORT = "import time; t = time.perf_counter(); import rayft.cli; print(time.perf_counter() - t)"
-
-
-def export_base(commit: str, into: Path) -> Path:
-    """``commit``'s ``src`` under ``into`` (the old arm's package tree)."""
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "src"], capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    return into / "src"
 
 
 def sample(src: Path) -> dict:
@@ -46,7 +39,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        srcs = {"old": export_base(a.base, Path(tmp)), "new": ROOT / "src"}
+        srcs = {"old": commit_src(ROOT, a.base, Path(tmp)), "new": ROOT / "src"}
         for arm in ("old", "new", "old", "new"):
             sample(srcs[arm])
         rows = []

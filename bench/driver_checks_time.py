@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rayft.benchmarks.record import write_result
+from rayft.benchmarks.record import commit_src, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKS = """
@@ -41,13 +41,6 @@ print(time.perf_counter() - t)
 """
 
 
-def export_base(commit: str, into: Path) -> Path:
-    """``commit``'s ``src`` under ``into`` (the old arm's package tree)."""
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "src"], capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    return into / "src"
-
-
 def checks_s(src: Path, cache: Path) -> float:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"} | {"PYTHONPATH": str(src), "RAYFT_CACHE": str(cache)}
     out = subprocess.run([sys.executable, "-c", CHECKS], capture_output=True, text=True, check=True, env=env, cwd=ROOT)
@@ -61,7 +54,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=6)
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        old_src, new_src = export_base(a.base, Path(tmp)), ROOT / "src"
+        old_src, new_src = commit_src(ROOT, a.base, Path(tmp)), ROOT / "src"
         warm_cache = Path(tmp, "warm")
         checks_s(new_src, warm_cache)  # remembers the sizes
         checks_s(old_src, Path(tmp, "unused"))  # bytecode of the old tree

@@ -19,17 +19,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from rayft.benchmarks.record import write_result
+from rayft.benchmarks.record import commit_src, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 SETS = ["train.max_steps=10", "checkpoint.every_steps=null"]
-
-
-def export_base(commit: str, into: Path) -> Path:
-    """``commit``'s ``src`` under ``into`` (the old arm's package tree)."""
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "src"], capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    return into / "src"
 
 
 def one_run(arm: str, old_src: Path, runs: Path, tag: str) -> dict:
@@ -61,7 +54,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=4)
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        old_src = export_base(a.base, Path(tmp))
+        old_src = commit_src(ROOT, a.base, Path(tmp))
         runs = Path(tmp, "runs")
         for arm in ("old", "new"):
             one_run(arm, old_src, runs, f"warmup-{arm}")

@@ -46,6 +46,18 @@ def git_commit() -> str | None:
         return None
 
 
+def commit_src(repo: str | os.PathLike, commit: str, into: str | os.PathLike) -> Path:
+    """``commit``'s ``src`` tree from the git repository ``repo``, unpacked under ``into``: the old arm
+    of an A/B that puts it first on ``PYTHONPATH``. Returns ``into/src``.
+
+    Raises:
+        subprocess.CalledProcessError: no such commit, or ``git``/``tar`` failed.
+    """
+    archive = subprocess.run(["git", "-C", str(repo), "archive", commit, "src"], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return Path(into) / "src"
+
+
 def write_result(out: str | os.PathLike, command: str, figures: dict, **extra) -> Path:
     """Write one results file (pretty JSON) and return its path."""
     doc = {
