@@ -329,6 +329,7 @@ def train_run(
     if lock.lost:
         raise TrainError(f"{lock.lost}; this run stopped after step {history[-1]['step'] if history else 0}")
     wall = wall_timeline(marks, history)
+    data_parts = {k: round(v, 3) for k, v in data_timings.items()}  # the data phase's parts, in the summary
     clock = {"start": marks["start"], "end": marks["fit_returned"]}
     # stopped: the workers said so (a signal here, or `rayft stop`: a pod's preStop hook), or did not finish in time.
     # A signal after the last step's stop vote lets the run complete: it then ends as a finished run.
@@ -336,7 +337,7 @@ def train_run(
         held = newest_checkpoint_step(run_dir) if local else max((c["step"] for c in reported.checkpoints), default=None)
         stop = stop_record(signals.name, reported.stopped, history, held, forced)
         summary = build_summary(history, reported.extra(), run_dir, total, console, wall, stop, clock)
-        summary["data_timings_s"] = {k: round(v, 3) for k, v in data_timings.items()}
+        summary["data_timings_s"] = data_parts
         if local:
             write_run_records(run_dir, history, summary, resumed=bool(resume))
         trackers.log_summary(summary)
@@ -345,7 +346,7 @@ def train_run(
             stop["signal"], code, run_dir, stop["checkpoint_step"], forced=forced, steps_done=stop["steps_done"], total_steps=total
         )
     summary = build_summary(history, reported.extra(), run_dir, total, console, wall, clock=clock)
-    summary["data_timings_s"] = {k: round(v, 3) for k, v in data_timings.items()}  # the data phase's parts
+    summary["data_timings_s"] = data_parts
     if local:
         write_run_records(run_dir, history, summary, resumed=bool(resume))
     trackers.log_summary(summary)
