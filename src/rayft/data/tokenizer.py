@@ -17,8 +17,11 @@ Built once, then cached under ``$RAYFT_CACHE`` (default ``~/.cache/rayft``).
 from __future__ import annotations
 
 import base64
+import contextlib
 import inspect
+import json
 import os
+import tempfile
 from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
@@ -138,8 +141,10 @@ CHATML_TEMPLATE = (
 )
 
 
-def _cache_dir() -> Path:
-    return Path(os.environ.get("RAYFT_CACHE", Path.home() / ".cache" / "rayft"))
+def offline_cache_dir(name: str) -> Path:
+    """Where :func:`load_tokenizer` keeps the offline tokenizer ``name`` once built:
+    ``$RAYFT_CACHE/tokenizers/NAME`` (default ``~/.cache/rayft/tokenizers/NAME``)."""
+    return Path(os.environ.get("RAYFT_CACHE", Path.home() / ".cache" / "rayft")) / "tokenizers" / name
 
 
 def _read_ranks(path: Path) -> dict[bytes, int]:
@@ -406,6 +411,44 @@ OFFLINE_TOKENIZERS = {
 }
 
 
+def record_added_tokens(directory: Path) -> bool:
+    """Copy ``tokenizer.json``'s added tokens into ``tokenizer_config.json`` as ``added_tokens_decoder``
+    where that has none, and return whether it was written.
+
+    transformers 5's ``save_pretrained`` leaves the added tokens in ``tokenizer.json`` only; loading
+    such a directory, ``AutoTokenizer.from_pretrained`` then parses the whole ``tokenizer.json`` with
+    Python's ``json`` to find them (its legacy branch), before the Rust loader parses it again: 0.6 s
+    of a 1.1 s load of Qwen's 18.7 MB file on 2 cores (bench/NOTES.md §42). With the field present it
+    takes the branch published tokenizers (Qwen's own ``tokenizer_config.json``) load through. The
+    entries are the file's own, ``{"<id>": {"content": ..., "special": ..., ...}}`` without the ``id``,
+    which is what the legacy branch builds its tokens from, so the loaded tokenizer is the same
+    (tests/unit/test_tokenizer_cache.py compares each offline tokenizer loaded both ways).
+
+    A directory with ``special_tokens_map.json`` or ``added_tokens.json`` is left alone (the legacy
+    branch reads those too), and so is one that cannot be read or written: its loads stay slower."""
+    config_file, full = directory / "tokenizer_config.json", directory / "tokenizer.json"
+    if (directory / "special_tokens_map.json").exists() or (directory / "added_tokens.json").exists():
+        return False
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+        if "added_tokens_decoder" in config:
+            return False
+        added = json.loads(full.read_text(encoding="utf-8")).get("added_tokens") or []
+        config["added_tokens_decoder"] = {str(t["id"]): {k: v for k, v in t.items() if k != "id"} for t in added}
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tokenizer_config.", suffix=".json")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(config, f, indent=2, ensure_ascii=False)
+            os.replace(tmp, config_file)  # atomic: a concurrent load reads the old file or the new one
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+    return True
+
+
 def load_tokenizer(name_or_path: str, revision: str | None = None, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
     """A tokenizer by hub id, directory, or one of :data:`OFFLINE_TOKENIZERS` (built offline once,
     then cached on disk under ``$RAYFT_CACHE/tokenizers/NAME``).
@@ -417,14 +460,16 @@ def load_tokenizer(name_or_path: str, revision: str | None = None, trust_remote_
     """
     if name_or_path in OFFLINE_TOKENIZERS:
         build = OFFLINE_TOKENIZERS[name_or_path][0]
-        cached = _cache_dir() / "tokenizers" / name_or_path
+        cached = offline_cache_dir(name_or_path)
         if (cached / "tokenizer.json").exists():
             tok = AutoTokenizer.from_pretrained(str(cached))
             tok.chat_template = _templates()[name_or_path]  # the current template, not the one cached with an older rayft
+            record_added_tokens(cached)  # a cache an older rayft wrote: its next load is the quick one
         else:
             tok = build()
             tmp = cached.with_name(f".{name_or_path}.{os.getpid()}")
             tok.save_pretrained(str(tmp))
+            record_added_tokens(tmp)
             try:
                 tmp.replace(cached)  # atomic: concurrent workers never see a half-written cache
             except OSError:
