@@ -76,7 +76,12 @@ def main() -> None:
             for name in names:
                 conf = json.loads((cache[arm] / "tokenizers" / name / "tokenizer_config.json").read_text())
                 assert ("added_tokens_decoder" in conf) == (arm == "new"), (arm, name)
-    median = {name: {arm: statistics.median(r["load_s"] for r in rows if r["name"] == name and r["arm"] == arm) for arm in ("old", "new")} for name in names}
+    median = {
+        name: {
+            arm: round(statistics.median(r["load_s"] for r in rows if r["name"] == name and r["arm"] == arm), 4) for arm in ("old", "new")
+        }
+        for name in names
+    }
     for name, m in median.items():
         m["old_over_new"] = round(m["old"] / m["new"], 2)
     print(json.dumps(median, indent=1))

@@ -39,7 +39,9 @@ def loaded(directory):
 
 def same_tokenizer(a, b):
     assert a.backend_tokenizer.to_str() == b.backend_tokenizer.to_str()
-    assert {i: t.__getstate__() for i, t in a.added_tokens_decoder.items()} == {i: t.__getstate__() for i, t in b.added_tokens_decoder.items()}
+    assert {i: t.__getstate__() for i, t in a.added_tokens_decoder.items()} == {
+        i: t.__getstate__() for i, t in b.added_tokens_decoder.items()
+    }
     assert a.special_tokens_map == b.special_tokens_map
     assert a.all_special_ids == b.all_special_ids
     assert (a.eos_token_id, a.pad_token_id, a.bos_token_id) == (b.eos_token_id, b.pad_token_id, b.bos_token_id)
