@@ -37,6 +37,7 @@ from rayft.train.ray_cluster import (
     worker_env_vars,
 )
 from rayft.train.ray_start import EmbeddedRayStart, start_autoscaling_coordinator
+from rayft.train.ray_trainer import set_poll_interval, trainer_class
 from rayft.train.run_actor import ActorMailbox, create_run_actor
 from rayft.train.run_dir import (
     MetricsLog,
@@ -174,7 +175,7 @@ def train_run(
     under way, waited for where Ray is needed (else :func:`connect_ray` connects there)."""
     import ray
     import ray.train
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train.torch import TorchConfig
 
     from rayft.train.events import ProgressChannel
     from rayft.train.step_plan import make_plan
@@ -270,7 +271,8 @@ def train_run(
         resume_from=resume_from,
         stop_flag=run_actor,
     )
-    trainer = TorchTrainer(
+    set_poll_interval()  # the run's end seen sooner, and (embedded) no placement-group cleaner to stop: rayft.train.ray_trainer
+    trainer = trainer_class(embedded=where == EMBEDDED)(
         train_func,
         train_loop_config=args.loop_config(),
         scaling_config=ray.train.ScalingConfig(
