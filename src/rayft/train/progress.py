@@ -161,5 +161,5 @@ def show_progress(
             if signals is not None and signals.past_deadline():
                 say(f"{signals.name}: the workers did not stop within {signals.grace_s:g} s; writing what arrived and exiting")
                 break
-            time.sleep(0.25)
+            fit_thread.join(0.25)  # a quarter second, or less where fit returns meanwhile: its end is not waited for
     return run
