@@ -1,18 +1,26 @@
 """rayft.train.ray_trainer: the controller's poll interval, and no placement-group cleaner on an
 embedded Ray. The guards on Ray Train's private names fail here first when an upgrade moves them.
-Every `rayft train` of the integration tests runs on an embedded Ray, so through the subclass."""
+The integration tests that run `rayft train` as a process (its own embedded Ray) train through the
+subclass; `make_trainer` is what the driver calls."""
 
-from rayft.train.ray_trainer import POLL_INTERVAL_ENV, POLL_INTERVAL_S, set_poll_interval, trainer_class
+import pytest
+
+from rayft.train.ray_cluster import EMBEDDED
+from rayft.train.ray_trainer import POLL_INTERVAL_ENV, POLL_INTERVAL_S, make_trainer, set_poll_interval, trainer_class
 
 
 def test_poll_interval_is_set_unless_the_user_set_it(monkeypatch):
-    monkeypatch.delenv(POLL_INTERVAL_ENV, raising=False)
-    assert set_poll_interval() == POLL_INTERVAL_S == "0.5"
     import os
 
-    assert os.environ[POLL_INTERVAL_ENV] == "0.5"
+    monkeypatch.delenv(POLL_INTERVAL_ENV, raising=False)
+    restore = set_poll_interval()
+    assert os.environ[POLL_INTERVAL_ENV] == POLL_INTERVAL_S == "0.5"
+    restore()
+    assert POLL_INTERVAL_ENV not in os.environ  # as it was before the run
     monkeypatch.setenv(POLL_INTERVAL_ENV, "3")
-    assert set_poll_interval() == "3"
+    restore = set_poll_interval()
+    assert os.environ[POLL_INTERVAL_ENV] == "3"
+    restore()
     assert os.environ[POLL_INTERVAL_ENV] == "3"
 
 
@@ -51,3 +59,23 @@ def test_an_embedded_run_leaves_out_only_the_cleaner():
     assert not any(isinstance(c, PlacementGroupCleanerCallback) for c in ours)
     assert [type(c) for c in ours] == [type(c) for c in default if not isinstance(c, PlacementGroupCleanerCallback)]
     assert len(ours) == len(default) - 1 >= 3
+
+
+@pytest.mark.parametrize("where", [EMBEDDED, "existing", "ray://10.0.0.1:10001", "auto"])
+def test_make_trainer_by_where_ray_is(where, monkeypatch):
+    """What the driver builds: the subclass only for the embedded Ray that connect_ray started; the
+    poll interval set for fit() and put back by the run's cleanup."""
+    import contextlib
+    import os
+
+    from ray.train import ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    monkeypatch.delenv(POLL_INTERVAL_ENV, raising=False)
+    with contextlib.ExitStack() as cleanup:
+        trainer = make_trainer(where, cleanup, lambda: None, scaling_config=ScalingConfig(num_workers=1))
+        assert os.environ[POLL_INTERVAL_ENV] == "0.5"
+        assert isinstance(trainer, TorchTrainer)
+        assert (type(trainer) is not TorchTrainer) == (where == EMBEDDED)
+        assert trainer.scaling_config.num_workers == 1
+    assert POLL_INTERVAL_ENV not in os.environ

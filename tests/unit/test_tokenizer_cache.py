@@ -102,3 +102,37 @@ def test_a_broken_tokenizer_json_is_not_an_error(tmp_path):
     assert record_added_tokens(tmp_path) is False
     assert json.loads((tmp_path / "tokenizer_config.json").read_text()) == {"eos_token": "x"}
     assert not list(tmp_path.glob(".tokenizer_config.*"))
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640])
+def test_the_rewritten_config_keeps_its_permissions(mode, tmp_path):
+    """mkstemp makes an owner-only file: the cache's other readers (another uid, a shared volume) must
+    still read the config it replaces."""
+    legacy = legacy_copy(offline("qwen2.5"), tmp_path / "d")
+    (legacy / "tokenizer_config.json").chmod(mode)
+    assert record_added_tokens(legacy) is True
+    assert (legacy / "tokenizer_config.json").stat().st_mode & 0o777 == mode
+
+
+def test_an_unwritable_directory_costs_no_parse(monkeypatch, tmp_path):
+    """Where the temp file cannot be made, tokenizer.json is not read at all (its loads stay as before)."""
+    import rayft.data.tokenizer as tokenizer_module
+
+    legacy = legacy_copy(offline("qwen2.5"), tmp_path / "d")
+    parsed = []
+
+    class CountingJson:
+        dump = staticmethod(json.dump)
+
+        @staticmethod
+        def loads(text):
+            parsed.append(len(text))
+            return json.loads(text)
+
+    def refuse(**_):
+        raise PermissionError("read-only")
+
+    monkeypatch.setattr(tokenizer_module, "json", CountingJson)
+    monkeypatch.setattr(tokenizer_module.tempfile, "mkstemp", refuse)
+    assert record_added_tokens(legacy) is False
+    assert parsed == [len((legacy / "tokenizer_config.json").read_text())]  # the small config only

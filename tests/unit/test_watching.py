@@ -135,3 +135,14 @@ def test_torchao_import_noise_dropped(caplog):
         )
         logging.getLogger("torchao").warning("float8 is slow here")
     assert [r.getMessage() for r in caplog.records] == ["float8 is slow here"]  # other warnings still show
+
+
+def test_the_loop_sees_fit_return_without_finishing_its_quarter_second():
+    """fit ends 0.05 s into the loop's first wait: the loop returns then, not at the wait's end (0.25 s),
+    which is what the run's `end` phase counted (bench/NOTES.md §42)."""
+    fit = threading.Thread(target=time.sleep, args=(0.05,))
+    t0 = time.perf_counter()
+    fit.start()
+    show_progress(fit, ProgressChannel(ListMailbox([])), 8, Console(file=io.StringIO()))
+    assert not fit.is_alive()
+    assert time.perf_counter() - t0 < 0.2

@@ -21,6 +21,7 @@ import contextlib
 import inspect
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -425,7 +426,8 @@ def record_added_tokens(directory: Path) -> bool:
     (tests/unit/test_tokenizer_cache.py compares each offline tokenizer loaded both ways).
 
     A directory with ``special_tokens_map.json`` or ``added_tokens.json`` is left alone (the legacy
-    branch reads those too), and so is one that cannot be read or written: its loads stay slower."""
+    branch reads those too), and so is one that cannot be read or written: its loads stay as slow as
+    before. The rewritten file keeps the old one's permissions."""
     config_file, full = directory / "tokenizer_config.json", directory / "tokenizer.json"
     if (directory / "special_tokens_map.json").exists() or (directory / "added_tokens.json").exists():
         return False
@@ -433,12 +435,14 @@ def record_added_tokens(directory: Path) -> bool:
         config = json.loads(config_file.read_text(encoding="utf-8"))
         if "added_tokens_decoder" in config:
             return False
-        added = json.loads(full.read_text(encoding="utf-8")).get("added_tokens") or []
-        config["added_tokens_decoder"] = {str(t["id"]): {k: v for k, v in t.items() if k != "id"} for t in added}
+        # first: a directory that cannot be written costs no parse of tokenizer.json
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tokenizer_config.", suffix=".json")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
+                added = json.loads(full.read_text(encoding="utf-8")).get("added_tokens") or []
+                config["added_tokens_decoder"] = {str(t["id"]): {k: v for k, v in t.items() if k != "id"} for t in added}
                 json.dump(config, f, indent=2, ensure_ascii=False)
+            shutil.copymode(config_file, tmp)  # mkstemp's file is the owner's only; the cache's others read it too
             os.replace(tmp, config_file)  # atomic: a concurrent load reads the old file or the new one
         except BaseException:
             with contextlib.suppress(OSError):
@@ -472,8 +476,8 @@ def load_tokenizer(name_or_path: str, revision: str | None = None, trust_remote_
             record_added_tokens(tmp)
             try:
                 tmp.replace(cached)  # atomic: concurrent workers never see a half-written cache
-            except OSError:
-                pass
+            except OSError:  # another process's build got there first
+                shutil.rmtree(tmp, ignore_errors=True)
         return tok
     tok = AutoTokenizer.from_pretrained(name_or_path, revision=revision, trust_remote_code=trust_remote_code)
     if not getattr(tok, "chat_template", None):

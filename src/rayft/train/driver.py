@@ -37,7 +37,7 @@ from rayft.train.ray_cluster import (
     worker_env_vars,
 )
 from rayft.train.ray_start import EmbeddedRayStart, start_autoscaling_coordinator
-from rayft.train.ray_trainer import set_poll_interval, trainer_class
+from rayft.train.ray_trainer import make_trainer
 from rayft.train.run_actor import ActorMailbox, create_run_actor
 from rayft.train.run_dir import (
     MetricsLog,
@@ -201,15 +201,16 @@ def train_run(
     if not reached:  # Ray now, or what is left of its start; connect() puts back our SIGTERM handler after a ray.init here
         connect()
     where = reached[0]
+    embedded = where == EMBEDDED  # Ray started by this process, stopped at its exit
     marks["ray_ready"] = time.time()  # with an embedded Ray: what was left of its start after the data
-    if where == EMBEDDED:
+    if embedded:
         start_autoscaling_coordinator()  # what Ray Train's controller waits for first, started while it starts
     n_workers, use_gpu = resolve_workers(cfg)
     check_worker_environment(cfg, use_gpu)
     if use_gpu:
-        choose_single_worker(cfg, n_workers, embedded=where == EMBEDDED, say=lambda s: console.print(s, highlight=False, markup=False))
+        choose_single_worker(cfg, n_workers, embedded=embedded, say=lambda s: console.print(s, highlight=False, markup=False))
     if use_gpu and resume is None and cfg.train.fit_check != "off":  # a resumed run was judged when it started
-        check_gpu_memory(cfg, n_workers, embedded=where == EMBEDDED, say=lambda s: console.print(s, highlight=False, markup=False))
+        check_gpu_memory(cfg, n_workers, embedded=embedded, say=lambda s: console.print(s, highlight=False, markup=False))
     plan = make_plan(cfg, ds, n_workers)
     total = len(plan)
     if cfg.data.packing:
@@ -232,9 +233,9 @@ def train_run(
         check_resume_data(resume_from, data_fingerprint, resumed_state)
         check_resume_steps(resume_from, total, resumed_state)
     elif resume and not local and (remote := newest_remote_state(run_dir)) is not None:  # what Ray Train will hand the workers
-        where, state = remote
-        check_resume_data(where, data_fingerprint, state)
-        check_resume_steps(where, total, state)
+        checkpoint_uri, state = remote
+        check_resume_data(checkpoint_uri, data_fingerprint, state)
+        check_resume_steps(checkpoint_uri, total, state)
     backend = cfg.parallel.backend if cfg.parallel.backend != "auto" else ("nccl" if use_gpu else "gloo")
     if backend == "nccl" and cfg.parallel.cpu_offload:
         # offloaded shards are CPU tensors: their collectives (the gradient norm's all-reduce) go through gloo
@@ -271,8 +272,10 @@ def train_run(
         resume_from=resume_from,
         stop_flag=run_actor,
     )
-    set_poll_interval()  # the run's end seen sooner, and (embedded) no placement-group cleaner to stop: rayft.train.ray_trainer
-    trainer = trainer_class(embedded=where == EMBEDDED)(
+    # TorchTrainer, whose end is seen sooner: the controller's poll, and (embedded) no placement-group cleaner to stop
+    trainer = make_trainer(
+        where,
+        cleanup,
         train_func,
         train_loop_config=args.loop_config(),
         scaling_config=ray.train.ScalingConfig(

@@ -17,13 +17,21 @@ waits of Ray Train's controller:
   controller stops it and waits for its thread, which looks at a queue with a 1 s timeout and then
   asks Ray's state API whether the controller lives: up to ~1 s more. On an embedded Ray the cluster
   lives only as long as the driver, which stops it at exit, so nothing can outlive the controller
-  there: :func:`trainer_class` leaves the cleaner out (its process start, 0.8 s on 2 cores beside the
-  workers' start, goes with it). On a cluster Ray Train's default is kept.
+  there: :func:`trainer_class` leaves the cleaner out. That also takes a wait out of the workers'
+  start: once the worker group is up, the callback registers its placement group with the cleaner
+  (``ray.get``) before the train function is launched, so the cleaner actor's process start and
+  imports lay on that path (the workers' start −2.0 s in a 2-core quickstart, §42). On a cluster Ray
+  Train's default is kept.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Callable
+from typing import Any
+
+from rayft.train.ray_cluster import EMBEDDED
 
 #: Ray Train's controller reads its worker-poll interval (seconds) from this variable, which it copies
 #: from the driver's environment to its own (``ray.train.v2._internal.constants.ENV_VARS_TO_PROPAGATE``)
@@ -32,10 +40,15 @@ POLL_INTERVAL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 POLL_INTERVAL_S = "0.5"
 
 
-def set_poll_interval() -> str:
+def set_poll_interval() -> Callable[[], None]:
     """Set :data:`POLL_INTERVAL_ENV` in this process's environment to :data:`POLL_INTERVAL_S` unless it
-    is set already (a user's value wins); returns the value in effect. Call before ``fit()``."""
-    return os.environ.setdefault(POLL_INTERVAL_ENV, POLL_INTERVAL_S)
+    is set already (a user's value wins). Call before ``fit()``, which copies it to the controller as
+    it starts it. Returns what puts the environment back as it was (for a process that goes on to use
+    Ray Train itself after the run)."""
+    if POLL_INTERVAL_ENV in os.environ:
+        return lambda: None
+    os.environ[POLL_INTERVAL_ENV] = POLL_INTERVAL_S
+    return lambda: os.environ.pop(POLL_INTERVAL_ENV, None)
 
 
 def trainer_class(embedded: bool) -> type:
@@ -61,3 +74,11 @@ def trainer_class(embedded: bool) -> type:
             return [c for c in super()._create_default_callbacks() if not isinstance(c, PlacementGroupCleanerCallback)]
 
     return EmbeddedRayTorchTrainer
+
+
+def make_trainer(where: str, cleanup: contextlib.ExitStack, train_func: Callable, **kwargs: Any):
+    """The run's trainer: :func:`trainer_class` for ``where`` (what :func:`rayft.train.ray_cluster.connect_ray`
+    returned: :data:`~rayft.train.ray_cluster.EMBEDDED` for an embedded Ray) built with ``train_func`` and
+    ``kwargs`` (``TorchTrainer``'s), after :func:`set_poll_interval`, whose undoing ``cleanup`` runs."""
+    cleanup.callback(set_poll_interval())
+    return trainer_class(embedded=where == EMBEDDED)(train_func, **kwargs)
