@@ -75,7 +75,7 @@ def test_two_steps_with_copies_match_fsdp2_on_one_rank(pg):
 
     runs = []
     for mode in ("compute_copy", "copying_adamw", "fsdp2"):  # copying_adamw: compute copies, the step's one pass
-        model = _model("fsdp2" if mode == "fsdp2" else "compute_copy")
+        model = _model("fsdp2" if mode == "fsdp2" else "compute_copy", attn="eager")
         opt = build_optimizer(model.module, TrainConfig(lr=1e-4), CUDA)
         if mode == "copying_adamw":
             assert model.use_copying_adamw(opt) is None and model.copying_adamw is not None
@@ -89,9 +89,15 @@ def test_two_steps_with_copies_match_fsdp2_on_one_rank(pg):
             assert copies.synced is not None
             assert all(torch.equal(copies.copy_for(p), p.detach().to(torch.bfloat16)) for p in model.module.parameters())
         runs.append(out)
-    for other in runs[1:]:
-        for (loss_a, norm_a), (loss_b, norm_b) in zip(runs[0], other):
-            assert loss_a == pytest.approx(loss_b, rel=1e-5) and norm_a == pytest.approx(norm_b, rel=1e-4), runs
+    copies, one_pass, fsdp2 = runs
+    assert copies == fsdp2, runs  # the same torch AdamW on the same values (eager attention): equal, step for step
+    # The one pass's first update differs from torch's by a few fp32 ulps (its bias corrections in fp64 on
+    # the host); a few masters then round to the other bf16 neighbour in the compute copy (1 bf16 ulp,
+    # ~4e-3 of the weight), and Adam's normalised steps carry that on. On an H100, 2026-12-05: step 1
+    # equal, then loss 5e-6 and 4e-5 relative, the norm 2e-5 (bench/NOTES.md §43).
+    assert one_pass[0] == copies[0], runs
+    for (loss_a, norm_a), (loss_b, norm_b) in zip(copies[1:], one_pass[1:]):
+        assert loss_a == pytest.approx(loss_b, rel=2e-4) and norm_a == pytest.approx(norm_b, rel=2e-3), runs
 
 
 def test_a_steps_result_waits_for_its_own_kernels_not_for_what_was_queued_after(pg):

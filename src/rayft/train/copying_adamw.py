@@ -19,7 +19,7 @@ not bit for bit (tests/gpu/test_copying_adamw_gpu.py). The gradient times the cl
 clip's own fp32 product, and each copy is its new master cast to the copy's dtype (round to nearest
 even), as ``Tensor.copy_`` casts it.
 
-Used with ``train.one_pass_adamw: true`` (off by default until a GPU has measured it) where
+Used with ``train.one_pass_adamw: true`` (the default since bench/NOTES.md §43 measured it on a GPU) where
 :func:`unsupported_reason` finds nothing in the way: CUDA, Triton, a fused AdamW without amsgrad,
 maximize, capturable or differentiable, hyperparameters that are numbers, contiguous fp32 masters;
 elsewhere the step is the clip, ``optimizer.step()`` and the copies' cast as before. Its arithmetic

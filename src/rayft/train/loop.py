@@ -298,7 +298,7 @@ def setup_worker(args: WorkerArgs) -> Worker:
     model_conf = load_model_config(cfg.model)
     optimizer = build_optimizer(model.module, tc, device)
     why_not = model.use_copying_adamw(optimizer) if tc.one_pass_adamw else None
-    if why_not and rank == 0:
+    if why_not and rank == 0 and model.compute_copies is not None:  # said only where it could have run
         print(f"[rayft] the optimizer step: the clip, AdamW and the compute copies' cast in three passes ({why_not})", flush=True)
     progress = args.progress.for_rank(rank)
     start_step = resume(model, optimizer, args, rows_per_step, packing_rule(cfg.data.packing), progress, len(plan))
