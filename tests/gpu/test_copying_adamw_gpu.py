@@ -26,11 +26,11 @@ def _module(seed: int) -> torch.nn.Module:
     return m.to(CUDA)
 
 
-def _optimizer(m: torch.nn.Module) -> torch.optim.AdamW:
+def _optimizer(m: torch.nn.Module, betas=(0.9, 0.95)) -> torch.optim.AdamW:
     decay = [p for p in m.parameters() if p.ndim >= 2]
     rest = [p for p in m.parameters() if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, fused=True)
+    return torch.optim.AdamW(groups, lr=1e-3, betas=betas, eps=1e-8, fused=True)
 
 
 def _grads(m: torch.nn.Module, step: int) -> None:
@@ -40,12 +40,13 @@ def _grads(m: torch.nn.Module, step: int) -> None:
         p.grad = torch.randn(p.shape, generator=g, device=CUDA) * scale
 
 
-def test_copying_adamw_matches_clip_fused_adamw_and_the_cast():
+@pytest.mark.parametrize("betas", [(0.9, 0.95), (0.9, 0.999)])  # rayft's; torch's and transformers' default
+def test_copying_adamw_matches_clip_fused_adamw_and_the_cast(betas):
     from rayft.train.compute_copy import ComputeCopies
     from rayft.train.copying_adamw import CopyingAdamW, unsupported_reason
 
     ref, new = _module(0), _module(0)
-    ref_opt, new_opt = _optimizer(ref), _optimizer(new)
+    ref_opt, new_opt = _optimizer(ref, betas), _optimizer(new, betas)
     assert unsupported_reason(new_opt) is None
     copies = ComputeCopies(new, torch.bfloat16)
     with copies.computing():  # makes the copies

@@ -58,6 +58,8 @@ def _kernel():
             decay,
             beta1,
             beta2,
+            one_minus_beta1,
+            one_minus_beta2,
             eps,
             step_size,
             bc2_sqrt,
@@ -73,8 +75,8 @@ def _kernel():
             m = tl.load(m_ptr + offs, mask=mask)
             v = tl.load(v_ptr + offs, mask=mask)
             p = p - decay * p
-            m = beta1 * m + (1.0 - beta1) * g
-            v = beta2 * v + (1.0 - beta2) * g * g
+            m = beta1 * m + one_minus_beta1 * g
+            v = beta2 * v + one_minus_beta2 * g * g
             denom = tl.div_rn(tl.sqrt_rn(v), bc2_sqrt) + eps
             p = p - step_size * tl.div_rn(m, denom)
             tl.store(p_ptr + offs, p, mask=mask)
@@ -182,6 +184,11 @@ class CopyingAdamW:
                 lr * wd,
                 beta1,
                 beta2,
+                # 1 − β on the host in fp64, as torch's fused AdamW makes it from its double betas: the kernel's float
+                # arguments are fp32, and 1 − fp32(0.999) is 1.3e-5 off 1 − 0.999, a bias the fp64 corrections below
+                # would not cancel (7e-6 of every update at betas (0.9, 0.999); a review, bench/NOTES.md §43)
+                1.0 - beta1,
+                1.0 - beta2,
                 eps,
                 lr / (1.0 - beta1**step),
                 math.sqrt(1.0 - beta2**step),
