@@ -27,6 +27,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+from rayft.cache_root import cache_root
 from rayft.data.tokenizer_names import LLAMA3_TOKENIZER, MISTRAL_V3_TOKENIZER, QWEN2_5_TOKENIZER, QWEN3_TOKENIZER
 
 # Llama 3's pre-tokenizer split (digits in groups of up to three; llama-models' tokenizer.py).
@@ -145,7 +146,7 @@ CHATML_TEMPLATE = (
 def offline_cache_dir(name: str) -> Path:
     """Where :func:`load_tokenizer` keeps the offline tokenizer ``name`` once built:
     ``$RAYFT_CACHE/tokenizers/NAME`` (default ``~/.cache/rayft/tokenizers/NAME``)."""
-    return Path(os.environ.get("RAYFT_CACHE", Path.home() / ".cache" / "rayft")) / "tokenizers" / name
+    return cache_root() / "tokenizers" / name
 
 
 def _read_ranks(path: Path) -> dict[bytes, int]:

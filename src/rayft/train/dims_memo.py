@@ -29,6 +29,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from rayft.cache_root import cache_root
+
 #: bumped when what a ModelDims' fields mean changes (their names and the counting code are in the key already)
 MEMO_VERSION = 1
 
@@ -45,7 +47,7 @@ def memo_dir() -> Path | None:
         return None
     if where:
         return Path(os.path.expanduser(where))
-    return Path(os.path.expanduser(os.environ.get("RAYFT_CACHE") or "~/.cache/rayft")) / "model-dims"
+    return cache_root() / "model-dims"
 
 
 def memo_key(conf, dims_type: type, counted_by: Sequence[Callable]) -> str | None:
