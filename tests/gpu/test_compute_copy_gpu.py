@@ -83,6 +83,7 @@ def test_two_steps_with_copies_match_fsdp2_on_one_rank(pg):
         for step in range(3):
             bs = _batches(10 + step)
             r = train_step(model, opt, bs, float(sum(int(b["num_trainable"]) for b in bs)), max_grad_norm=1.0)
+            assert r.one_pass is (mode == "copying_adamw")  # what the step's record says (copying_adamw)
             out.append((r.loss, r.grad_norm))
         if mode == "copying_adamw":
             copies = model.compute_copies

@@ -484,7 +484,8 @@ def test_optimizer_step_takes_the_one_pass_and_falls_back_where_a_copy_is_missin
     for step in range(3):
         for model, opt in ((ref, ref_opt), (new, new_opt)):
             backward(model, step)
-            norm = optimizer_step(model, opt, 1.0)
+            norm, one_pass = optimizer_step(model, opt, 1.0)
+            assert one_pass is (model is new)
         assert float(norm) > 1.0  # clipped
         for a, b in zip(ref.module.parameters(), new.module.parameters()):
             torch.testing.assert_close(b, a, rtol=4e-6, atol=1e-6 * float(a.abs().max()))
@@ -508,7 +509,7 @@ def test_optimizer_step_takes_the_one_pass_and_falls_back_where_a_copy_is_missin
         p.grad = grads[n]
     torch.nn.utils.clip_grad_norm_(twin.parameters(), 1.0)
     twin_opt.step()
-    optimizer_step(new, new_opt, 1.0)
+    assert optimizer_step(new, new_opt, 1.0)[1] is False  # declined: torch's step ran
     for (n, a), b in zip(twin.named_parameters(), new.module.parameters()):
         assert torch.equal(b, a), n
     with new.computing():  # the missing copy made, every copy cast from its master

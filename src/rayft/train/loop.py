@@ -391,7 +391,7 @@ def step_record(
         "cross_entropy": w.model.loss.impl,
         "float8": w.model.float8,
         "weights": w.model.weights_mode,  # fsdp2, compute_copy or plain: parallel.single_worker as resolved
-        "copying_adamw": w.model.copying_adamw is not None,  # clip, AdamW and the copies' cast in one pass
+        "copying_adamw": result.one_pass,  # this step's clip, AdamW and the copies' cast ran in one pass
         "peak_mem_gib": torch.cuda.max_memory_allocated(w.device) / 2**30 if w.device.type == "cuda" else None,
         "gpu_memory_limit_gib": tc.gpu_memory_limit_gib,
         "fused_loss_chunk_mem": w.model.loss.chunk_mem,  # liger's chunk_mem_const as passed (None: not the fused loss)

@@ -94,12 +94,15 @@ class StepResult:
     ``grad_norm`` (the total gradient norm before clipping), ``fwd_bwd_s`` and ``optim_s`` (GPU
     seconds from CUDA events on a GPU, CPU wall seconds on the CPU; ``optim_s`` includes the work of
     :meth:`rayft.train.model.ShardedModel.after_optimizer_step`, the compute copies' cast since
-    bench/NOTES.md §33, which was in the next step's ``fwd_bwd_s`` before)."""
+    bench/NOTES.md §33, which was in the next step's ``fwd_bwd_s`` before); ``one_pass``: the clip,
+    AdamW and the compute copies' cast ran as one pass (:mod:`rayft.train.copying_adamw`) this step,
+    False where the optimizer stepped as torch's AdamW does (no one pass, or it declined the step)."""
 
     loss: float
     grad_norm: float
     fwd_bwd_s: float
     optim_s: float
+    one_pass: bool = False
 
 
 def forward_backward(model: ShardedModel, batches: list[dict[str, torch.Tensor]], n_trainable: float, world: int) -> torch.Tensor:
@@ -117,10 +120,11 @@ def forward_backward(model: ShardedModel, batches: list[dict[str, torch.Tensor]]
     return loss_sum
 
 
-def optimizer_step(model: ShardedModel, optimizer: torch.optim.Optimizer, max_grad_norm: float | None) -> torch.Tensor:
+def optimizer_step(model: ShardedModel, optimizer: torch.optim.Optimizer, max_grad_norm: float | None) -> tuple[torch.Tensor, bool]:
     """Clip (when ``max_grad_norm``), step, zero the gradients; returns the total gradient norm
-    before clipping (0-d, on the device). With ``model.copying_adamw`` the clip, the step and the
-    compute copies' cast are one pass (:mod:`rayft.train.copying_adamw`)."""
+    before clipping (0-d, on the device) and whether the step ran as one pass: with
+    ``model.copying_adamw`` the clip, the step and the compute copies' cast are one pass
+    (:mod:`rayft.train.copying_adamw`), unless it declines this step (a master without its copy)."""
     params = model.module.parameters
     if model.copying_adamw is not None and model.copying_adamw.optimizer is optimizer:
         grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params() if p.grad is not None])
@@ -129,7 +133,7 @@ def optimizer_step(model: ShardedModel, optimizer: torch.optim.Optimizer, max_gr
         if model.copying_adamw.step(coef):
             optimizer.zero_grad(set_to_none=True)
             model.compute_copies.copies_written()
-            return grad_norm
+            return grad_norm, True
         if max_grad_norm:  # a master without its copy: the three passes, on the norm made above
             torch.nn.utils.clip_grads_with_norm_(params(), max_grad_norm, grad_norm)
     elif max_grad_norm:
@@ -140,7 +144,7 @@ def optimizer_step(model: ShardedModel, optimizer: torch.optim.Optimizer, max_gr
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     model.after_optimizer_step()
-    return grad_norm
+    return grad_norm, False
 
 
 @dataclass
@@ -161,6 +165,7 @@ class PendingStep:
     # on a GPU: [loss_sum, grad_norm] (float64, pinned host memory), copied when the step's kernels are done
     host_values: torch.Tensor | None = None
     copied: torch.cuda.Event | None = None  # recorded after that copy
+    one_pass: bool = False  # the optimizer's step ran as one pass (StepResult.one_pass)
 
     def result(self) -> StepResult:
         """Wait for the step; its loss, gradient norm and phase times (see :class:`StepResult`)."""
@@ -174,7 +179,7 @@ class PendingStep:
             fwd_bwd_s, optim_s = start.elapsed_time(backward_done) / 1e3, backward_done.elapsed_time(optimizer_done) / 1e3
         else:
             fwd_bwd_s, optim_s = self.host_times
-        return StepResult(loss_sum / self.n_trainable, grad_norm, fwd_bwd_s, optim_s)
+        return StepResult(loss_sum / self.n_trainable, grad_norm, fwd_bwd_s, optim_s, self.one_pass)
 
 
 def launch_step(
@@ -207,13 +212,13 @@ def launch_step(
     if events:
         events[1].record()
     t1 = time.perf_counter()
-    grad_norm = optimizer_step(model, optimizer, max_grad_norm)
+    grad_norm, one_pass = optimizer_step(model, optimizer, max_grad_norm)
     if events:
         events[2].record()
     dist.all_reduce(loss_sum)
     host_times = (t1 - t0, time.perf_counter() - t1)
     if not on_gpu:
-        return PendingStep(loss_sum, grad_norm, n_trainable, events, host_times)
+        return PendingStep(loss_sum, grad_norm, n_trainable, events, host_times, one_pass=one_pass)
     host_values = torch.empty(2, dtype=torch.float64, pin_memory=True)
     if grad_norm.device.type == "cpu":  # parallel.cpu_offload: computed on the host already; a copy to the device would sync
         host_values[1] = grad_norm.to(torch.float64)
@@ -222,7 +227,7 @@ def launch_step(
         host_values.copy_(torch.stack([loss_sum, grad_norm.to(torch.float64)]), non_blocking=True)
     copied = torch.cuda.Event()
     copied.record()
-    return PendingStep(loss_sum, grad_norm, n_trainable, events, host_times, host_values, copied)
+    return PendingStep(loss_sum, grad_norm, n_trainable, events, host_times, host_values, copied, one_pass)
 
 
 def train_step(
