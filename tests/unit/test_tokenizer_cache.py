@@ -136,3 +136,29 @@ def test_an_unwritable_directory_costs_no_parse(monkeypatch, tmp_path):
     monkeypatch.setattr(tokenizer_module.tempfile, "mkstemp", refuse)
     assert record_added_tokens(legacy) is False
     assert parsed == [len((legacy / "tokenizer_config.json").read_text())]  # the small config only
+
+
+def test_an_exported_model_directory_records_them(tmp_path):
+    """The export's config files (:func:`rayft.train.checkpoint.write_hf_config_files`, what
+    ``rayft export``, the run's end and the generation tests write) carry the added tokens too: the
+    chat and eval loads of an exported model take the quick branch, and load the tokenizer the slow
+    branch loads from the same files."""
+    from rayft.config import ModelConfig
+    from rayft.train.checkpoint import write_hf_config_files
+    from rayft.train.model_config import load_model_config
+
+    offline("qwen2.5")
+    tok = load_tokenizer("qwen2.5")
+    export = tmp_path / "export"
+    write_hf_config_files(load_model_config(ModelConfig(name_or_path="qwen2-tiny")), tok, export)
+    conf = json.loads((export / "tokenizer_config.json").read_text())
+    assert conf["added_tokens_decoder"]["151645"]["content"] == "<|im_end|>"
+    assert len(conf["added_tokens_decoder"]) == len(json.loads((export / "tokenizer.json").read_text())["added_tokens"])
+    quick = loaded(export)
+    same_tokenizer(quick, loaded(legacy_copy(export, tmp_path / "legacy")))
+    # config.json beside it makes transformers load Qwen2Tokenizer, which rebuilds the BPE model
+    # (ignore_merges false), either way; the ids are the trained tokenizer's
+    assert quick.encode(SAMPLE) == tok.encode(SAMPLE)
+    assert quick.apply_chat_template([{"role": "user", "content": SAMPLE}], tokenize=False) == tok.apply_chat_template(
+        [{"role": "user", "content": SAMPLE}], tokenize=False
+    )

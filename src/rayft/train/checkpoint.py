@@ -374,9 +374,12 @@ def write_hf_config_files(
     """Everything of a Hugging Face model directory but the weights, into ``out``: ``config.json``
     (``use_cache: true``, the architecture's class), ``generation_config.json`` that stops at the
     chat template's end of turn (:func:`rayft.train.generation.export_generation_config`; the base
-    model's sampling defaults from ``base_generation``), and the tokenizer (when given)."""
+    model's sampling defaults from ``base_generation``), and the tokenizer (when given), its added
+    tokens recorded in ``tokenizer_config.json`` too (:func:`rayft.data.tokenizer.record_added_tokens`:
+    the chat, eval and serving loads of the directory skip a Python parse of ``tokenizer.json``)."""
     from transformers import AutoModelForCausalLM
 
+    from rayft.data.tokenizer import record_added_tokens
     from rayft.train.generation import export_generation_config
 
     with torch.device("meta"):
@@ -388,6 +391,7 @@ def write_hf_config_files(
     conf.save_pretrained(out)
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
+        record_added_tokens(Path(out))
 
 
 def run_base_generation(run_dir: Path, say: Callable[[str], None] | None = None):
