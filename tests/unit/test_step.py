@@ -60,6 +60,24 @@ def test_train_step_is_the_global_mean_and_steps_the_optimizer(gloo):
     assert all(p.grad is None for p in model.module.parameters())  # zeroed for the next step
 
 
+def test_a_step_taken_in_one_pass_says_so_in_its_result(gloo, monkeypatch):
+    """``launch_step`` carries what ``optimizer_step`` says it did (the one pass ran: the step record's
+    ``copying_adamw``) through the pending step to the result; the one pass itself needs a GPU or
+    Triton's interpreter (tests/unit/test_compute_copy.py), so here optimizer_step is the plain one,
+    saying it took the one pass."""
+    import rayft.train.step as step_module
+
+    cpu = torch.device("cpu")
+    model = build_sharded_model(ModelConfig(name_or_path="qwen2-tiny"), ParallelConfig(), device=cpu, activation_checkpointing=False,
+                                compile_layers=False, seed=7)  # fmt: skip
+    opt = build_optimizer(model.module, TrainConfig(lr=1e-3), cpu)
+    plain = step_module.optimizer_step
+    monkeypatch.setattr(step_module, "optimizer_step", lambda *a: (plain(*a)[0], True))
+    bs = batches()
+    result = train_step(model, opt, bs, float(sum(int(b["num_trainable"]) for b in bs)), max_grad_norm=1.0)
+    assert result.one_pass is True and result.grad_norm > 0
+
+
 def test_global_counts_of_one_rank_are_host_sums_with_no_collective(gloo, monkeypatch):
     """One rank: the micro-batches' count scalars (host tensors, as the loop keeps them) summed on
     the host; no collective."""
