@@ -30,6 +30,7 @@ by tests/gpu/test_copying_adamw_gpu.py.
 from __future__ import annotations
 
 import math
+import struct
 
 import torch
 
@@ -89,6 +90,11 @@ def _kernel():
 
 
 _KERNEL = None
+
+
+def _fp32(x: float) -> float:
+    """``x`` rounded to the nearest fp32 value, as a Python float (exactly representable)."""
+    return struct.unpack("f", struct.pack("f", x))[0]
 
 
 def _flat_like(t: torch.Tensor | None, p: torch.Tensor) -> bool:
@@ -170,7 +176,12 @@ class CopyingAdamW:
         for (group, p, copy), t, count in zip(work, steps, counts):
             step = count + 1
             self._counts[id(p)] = (t, t._version, step)
-            lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+            lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
+            # torch's fused CUDA AdamW, which this step stands in for, reads its betas as fp32 and makes 1 − β and
+            # the bias corrections from those (adam_math, fused_adam_utils.cuh): so do the moments and corrections
+            # here. 1 − fp32(β) is exact in fp64. From the double betas instead, exp_avg_sq at β2 = 0.999 came out
+            # 1.3e-5 apart from fused AdamW's (one H200, bench/NOTES.md §44)
+            beta1, beta2 = (_fp32(b) for b in group["betas"])
             state = self.optimizer.state[p]
             n = p.numel()
             kernel[((n + BLOCK - 1) // BLOCK,)](
@@ -184,9 +195,6 @@ class CopyingAdamW:
                 lr * wd,
                 beta1,
                 beta2,
-                # 1 − β on the host in fp64, as torch's fused AdamW makes it from its double betas: the kernel's float
-                # arguments are fp32, and 1 − fp32(0.999) is 1.3e-5 off 1 − 0.999, a bias the fp64 corrections below
-                # would not cancel (7e-6 of every update at betas (0.9, 0.999); a review, bench/NOTES.md §43)
                 1.0 - beta1,
                 1.0 - beta2,
                 eps,
