@@ -14,8 +14,8 @@ AdamW keeps it), ``exp_avg`` and ``exp_avg_sq``, made as AdamW makes them. Check
 learning-rate schedule and a resume see the optimizer they always saw. The arithmetic is AdamW's
 (decoupled weight decay, bias-corrected moments), in fp32 with correctly rounded square root and
 division; from the betas as fp32, as torch's fused kernel reads them, with the bias corrections
-computed on the host in fp64 where that kernel computes them in fp32, and the compilers contract the products differently, so the two agree to a few ulps,
-not bit for bit (tests/gpu/test_copying_adamw_gpu.py). The gradient times the clip coefficient is the
+computed on the host in fp64 where that kernel computes them in fp32, and the compilers contract the
+products differently, so the two agree to a few ulps, not bit for bit (tests/gpu/test_copying_adamw_gpu.py). The gradient times the clip coefficient is the
 clip's own fp32 product, and each copy is its new master cast to the copy's dtype (round to nearest
 even), as ``Tensor.copy_`` casts it.
 
