@@ -132,11 +132,11 @@ from rayft.train import driver
 
 seen = {}
 
-def fail(*args, **kwargs):  # the data phase, failing at once: the Ray start is (most likely) still under way
+def fail(*args, **kwargs):  # the run, failing at once: the Ray start is (most likely) still under way
     seen["ray_up_at_failure"] = ray.is_initialized()
     raise driver.TrainError("a bad record (the test's)")
 
-driver.load_run_data = fail
+driver.train_run = fail
 cfg = RayftConfig.model_validate({"model": {"name_or_path": "qwen2-tiny"}, "data": {"train_files": ["unused.jsonl"]},
                                   "train": {"use_gpu": False, "num_workers": 1}, "checkpoint": {"storage_path": sys.argv[1]},
                                   "ray": {"num_cpus": 1}})

@@ -159,58 +159,121 @@ def run_training(cfg: RayftConfig, resume: str | None = None, console: Console |
         raise TrainStopped(signals.name, EXIT_CODES[e.signum], run_dir, held, before_training=True) from None
 
 
-def train_run(
+def process_group_backend(cfg: RayftConfig, use_gpu: bool) -> str:
+    """torch.distributed's backend for the run: ``parallel.backend``, or with ``auto`` NCCL for GPU
+    workers and gloo for CPU ones; with ``parallel.cpu_offload`` on GPUs, ``cpu:gloo,cuda:nccl``."""
+    backend = cfg.parallel.backend if cfg.parallel.backend != "auto" else ("nccl" if use_gpu else "gloo")
+    if backend == "nccl" and cfg.parallel.cpu_offload:
+        # offloaded shards are CPU tensors: their collectives (the gradient norm's all-reduce) go through gloo
+        backend = "cpu:gloo,cuda:nccl"
+    return backend
+
+
+def start_workers(
+    cfg: RayftConfig,
+    name: str,
+    run_dir: str,
+    where: str,
+    n_workers: int,
+    use_gpu: bool,
+    backend: str,
+    pending,
+    cleanup: contextlib.ExitStack,
+    outcome: dict[str, Any],
+) -> threading.Thread:
+    """Start the run's Ray Train ``TorchTrainer.fit()`` on a thread of its own and return the thread;
+    ``outcome`` gets ``result`` (what ``fit`` returned) or ``error`` (what it raised) when it ends.
+    ``backend``: the process group's (:func:`process_group_backend`); ``pending``: the workers'
+    :class:`~rayft.train.worker_args.PendingArgs`.
+
+    Every module ``fit`` uses is imported here, on the calling thread, before the thread starts: the
+    caller goes on importing and tokenizing the data meanwhile, and a module imported from two
+    threads at once failed a run (bench/NOTES.md §31); tests/integration/test_workers_beside_data.py
+    checks that the thread imports nothing."""
+    import ray.train
+    from ray.data import DataContext
+    from ray.train.torch import TorchTrainer  # noqa: F401 -- see above
+
+    DataContext.get_current()  # its first use imports Ray Data's issue detectors: fit() copies it for the workers (Ray 2.60)
+
+    from rayft.train.torch_config import DeviceDeferredTorchConfig
+    from rayft.train.worker_args import LOOP_CONFIG_KEY
+    from rayft.train.worker_entry import train_func
+
+    # TorchTrainer, whose end is seen sooner: the controller's poll, and (embedded) no placement-group cleaner to stop
+    trainer = make_trainer(
+        where,
+        cleanup,
+        train_func,
+        train_loop_config={LOOP_CONFIG_KEY: pending},
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=n_workers, use_gpu=use_gpu, resources_per_worker={"CPU": cfg.train.cpus_per_worker}
+        ),
+        run_config=ray.train.RunConfig(
+            name=name,
+            storage_path=cfg.checkpoint.storage_path
+            if "://" in cfg.checkpoint.storage_path
+            else str(Path(cfg.checkpoint.storage_path).resolve()),
+            failure_config=ray.train.FailureConfig(max_failures=cfg.ray.max_failures),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.checkpoint.keep_last),
+            worker_runtime_env={"env_vars": worker_env_vars(cfg, run_dir, use_gpu)},
+        ),
+        torch_config=DeviceDeferredTorchConfig(backend=backend),  # no CUDA context before the arguments (rayft.train.torch_config)
+    )
+
+    def fit() -> None:
+        try:
+            outcome["result"] = trainer.fit()
+        except Exception as e:  # surfaced on the driver after the progress loop
+            outcome["error"] = e
+
+    th = threading.Thread(target=fit, daemon=True, name="rayft-fit")
+    th.start()
+    return th
+
+
+def ready_worker_args(
     cfg: RayftConfig,
     resume: str | None,
     console: Console,
-    name: str,
     run_dir: str,
-    signals: SignalStop,
-    lock: RunLock,
-    cleanup: contextlib.ExitStack,
-    ray_start: EmbeddedRayStart | None = None,
-) -> dict:
-    """:func:`run_training` inside its lock and signal handling: data, Ray, checks, the workers.
-    ``cleanup`` runs when the run ends, however it ends. ``ray_start``: the embedded Ray's start
-    under way, waited for where Ray is needed (else :func:`connect_ray` connects there)."""
+    where: str,
+    n_workers: int,
+    run_actor,
+    marks: dict[str, float],
+):
+    """The data phase and every check that needs the data, while the workers start: the data read
+    and tokenized (or the token store opened), the step plan, the run directory prepared, the resume
+    checks. Returns ``(args, total_steps, resumed_state, data_timings)``: the workers'
+    :class:`~rayft.train.worker_args.WorkerArgs`, the run's step count, the resumed checkpoint's
+    state (None: a new run) and the data phase's parts (seconds: ``imports``, ``tokenizer``,
+    ``store``, their ``total``, then ``plan_and_checks``: the step plan, the run directory, the
+    workers' arguments). ``marks`` gets ``data_ready`` and ``args_ready`` (unix s).
+
+    Raises:
+        TrainError: bad data, a config the data cannot satisfy (warm-up or profiled steps past the
+            run's end), a run directory that holds another run, a resume of other data.
+    """
     import ray
-    import ray.train
-    from ray.train.torch import TorchConfig
 
     from rayft.train.events import ProgressChannel
     from rayft.train.step_plan import make_plan
     from rayft.train.worker_args import WorkerArgs
-    from rayft.train.worker_entry import train_func
 
-    marks = {"start": time.time()}  # wall clock (unix s) of the run's phases, for the summary's wall_s
-    reached: list[str] = []
-
-    def connect() -> None:  # Ray only if tokenizing there; ray.init replaces our SIGTERM handler: put it back
-        reached.append(ray_start.wait() if ray_start is not None else connect_ray(cfg))
-        signals.install()
+    def say(text: str) -> None:
+        console.print(text, highlight=False, markup=False)
 
     def locate(root: str) -> str:  # the token store on a multi-node cluster: storage every node reads
-        if ray_start is not None:  # an embedded Ray: one node, which sees the store where it is
+        if where == EMBEDDED:  # one node, which sees the store where it is
             return root
-        return shared_store_root(cfg, root, run_dir, connect, say=lambda s: console.print(s, highlight=False, markup=False))
+        return shared_store_root(cfg, root, run_dir, lambda: None, say=say)
 
     data_timings: dict[str, float] = {}  # the data phase's parts, in the summary (data_timings_s)
-    data = load_run_data(cfg, console, connect=connect, run_dir=run_dir, locate=locate, timings=data_timings)
-    ds = data.train
+    t_data = time.time()
+    data = load_run_data(cfg, console, connect=lambda: None, run_dir=run_dir, locate=locate, timings=data_timings)
     marks["data_ready"] = time.time()
-    if not reached:  # Ray now, or what is left of its start; connect() puts back our SIGTERM handler after a ray.init here
-        connect()
-    where = reached[0]
-    embedded = where == EMBEDDED  # Ray started by this process, stopped at its exit
-    marks["ray_ready"] = time.time()  # with an embedded Ray: what was left of its start after the data
-    if embedded:
-        start_autoscaling_coordinator()  # what Ray Train's controller waits for first, started while it starts
-    n_workers, use_gpu = resolve_workers(cfg)
-    check_worker_environment(cfg, use_gpu)
-    if use_gpu:
-        choose_single_worker(cfg, n_workers, embedded=embedded, say=lambda s: console.print(s, highlight=False, markup=False))
-    if use_gpu and resume is None and cfg.train.fit_check != "off":  # a resumed run was judged when it started
-        check_gpu_memory(cfg, n_workers, embedded=embedded, say=lambda s: console.print(s, highlight=False, markup=False))
+    data_timings["total"] = marks["data_ready"] - t_data
+    ds = data.train
     plan = make_plan(cfg, ds, n_workers)
     total = len(plan)
     if cfg.data.packing:
@@ -236,21 +299,6 @@ def train_run(
         checkpoint_uri, state = remote
         check_resume_data(checkpoint_uri, data_fingerprint, state)
         check_resume_steps(checkpoint_uri, total, state)
-    backend = cfg.parallel.backend if cfg.parallel.backend != "auto" else ("nccl" if use_gpu else "gloo")
-    if backend == "nccl" and cfg.parallel.cpu_offload:
-        # offloaded shards are CPU tensors: their collectives (the gradient norm's all-reduce) go through gloo
-        backend = "cpu:gloo,cuda:nccl"
-    console.print(
-        f"ray: {where}; {n_workers} {'GPU' if use_gpu else 'CPU'} worker(s), backend {backend}; {total} steps; run {run_dir}",
-        highlight=False,
-    )
-    # the run's one actor: rank 0's progress mailbox and the stop flag (rayft.train.run_actor)
-    run_actor = create_run_actor(f"{name}-{lock.holder.run_id}")
-    cleanup.callback(ray.kill, run_actor)  # it lives as long as the run (`rayft stop --wait` waits for that)
-    progress = ProgressChannel(ActorMailbox(run_actor))
-    # the Ray job recorded for `rayft doctor --run`; after a finished run, ray.verify_transport judged (after the summary)
-    cleanup.enter_context(TransportCheck(cfg, run_dir, say=lambda s: console.print(s, highlight=False, markup=False)))
-    signals.on_stop = lambda reason: run_actor.request.remote(reason)
     args = WorkerArgs(
         config=cfg.model_dump(mode="json"),
         # Ray Train's idiom is a Ray Data dataset per worker (get_dataset_shard), a stream; but the step
@@ -268,46 +316,85 @@ def train_run(
         data_fingerprint=data_fingerprint,
         tokenizer=data.tokenizer_name,
         run_dir=run_dir,
-        progress=progress,
+        progress=ProgressChannel(ActorMailbox(run_actor)),
         resume_from=resume_from,
         stop_flag=run_actor,
     )
-    # TorchTrainer, whose end is seen sooner: the controller's poll, and (embedded) no placement-group cleaner to stop
-    trainer = make_trainer(
-        where,
-        cleanup,
-        train_func,
-        train_loop_config=args.loop_config(),
-        scaling_config=ray.train.ScalingConfig(
-            num_workers=n_workers, use_gpu=use_gpu, resources_per_worker={"CPU": cfg.train.cpus_per_worker}
-        ),
-        run_config=ray.train.RunConfig(
-            name=name,
-            storage_path=cfg.checkpoint.storage_path
-            if "://" in cfg.checkpoint.storage_path
-            else str(Path(cfg.checkpoint.storage_path).resolve()),
-            failure_config=ray.train.FailureConfig(max_failures=cfg.ray.max_failures),
-            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.checkpoint.keep_last),
-            worker_runtime_env={"env_vars": worker_env_vars(cfg, run_dir, use_gpu)},
-        ),
-        torch_config=TorchConfig(backend=backend),
-    )
+    marks["args_ready"] = time.time()
+    data_timings["plan_and_checks"] = marks["args_ready"] - marks["data_ready"]
+    return args, total, resumed_state, data_timings
+
+
+def train_run(
+    cfg: RayftConfig,
+    resume: str | None,
+    console: Console,
+    name: str,
+    run_dir: str,
+    signals: SignalStop,
+    lock: RunLock,
+    cleanup: contextlib.ExitStack,
+    ray_start: EmbeddedRayStart | None = None,
+) -> dict:
+    """:func:`run_training` inside its lock and signal handling: Ray, checks, the workers' start and,
+    beside it, the data. ``cleanup`` runs when the run ends, however it ends. ``ray_start``: the
+    embedded Ray's start under way, waited for here (else :func:`connect_ray` connects here).
+
+    The workers start (Ray Train's controller, their processes, imports and process group: 12.6 s
+    of a warm 1.5B run on one H200, bench/NOTES.md §39) while this thread reads, tokenizes and
+    checks the data; they wait for their arguments, which hold the data's references, and touch no
+    GPU until then (:mod:`rayft.train.worker_entry`). A data error calls them off: it is raised here
+    as before, with no CUDA context made on any GPU. Ray Train's idiom passes everything in
+    ``train_loop_config`` at ``fit()``; the run's actor carries the arguments instead so that the
+    data phase need not come first."""
+    marks = {"start": time.time()}  # wall clock (unix s) of the run's phases, for the summary's wall_s
+    import ray
+    import ray.train
+
+    import rayft.data.tokenizer  # noqa: F401 -- the data phase's imports (transformers, torch), made while Ray starts: see start_workers
+    from rayft.train.worker_args import PendingArgs
+
+    def say(text: str) -> None:
+        console.print(text, highlight=False, markup=False)
+
+    where = ray_start.wait() if ray_start is not None else connect_ray(cfg)
+    signals.install()  # ray.init replaces our SIGTERM handler: put it back
+    embedded = where == EMBEDDED  # Ray started by this process, stopped at its exit
+    marks["ray_ready"] = time.time()  # with an embedded Ray: what was left of its start after the imports
+    if embedded:
+        start_autoscaling_coordinator()  # what Ray Train's controller waits for first, started while it starts
+    n_workers, use_gpu = resolve_workers(cfg)
+    check_worker_environment(cfg, use_gpu)
+    if use_gpu:
+        choose_single_worker(cfg, n_workers, embedded=embedded, say=say)
+    if use_gpu and resume is None and cfg.train.fit_check != "off":  # a resumed run was judged when it started
+        check_gpu_memory(cfg, n_workers, embedded=embedded, say=say)
+    # the run's one actor: rank 0's progress mailbox, the stop flag and the workers' arguments (rayft.train.run_actor)
+    run_actor = create_run_actor(f"{name}-{lock.holder.run_id}")
+    cleanup.callback(ray.kill, run_actor)  # it lives as long as the run (`rayft stop --wait` waits for that)
     outcome: dict[str, Any] = {}
-
-    def _fit() -> None:
-        try:
-            outcome["result"] = trainer.fit()
-        except Exception as e:  # surfaced on the driver below
-            outcome["error"] = e
-
+    marks["fit_called"] = time.time()
+    backend = process_group_backend(cfg, use_gpu)
+    th = start_workers(cfg, name, run_dir, where, n_workers, use_gpu, backend, PendingArgs(run_actor), cleanup, outcome)
+    try:
+        ready = ready_worker_args(cfg, resume, console, run_dir, where, n_workers, run_actor, marks)
+    except BaseException as e:  # a data error, a check, a signal: the waiting workers return without training
+        run_actor.cancel.remote(f"the driver stopped before training ({type(e).__name__}: {e})")
+        raise
+    args, total, resumed_state, data_timings = ready
+    say(f"ray: {where}; {n_workers} {'GPU' if use_gpu else 'CPU'} worker(s), backend {backend}; {total} steps; run {run_dir}")
+    progress = args.progress
+    # the Ray job recorded for `rayft doctor --run`; after a finished run, ray.verify_transport judged (after the summary)
+    cleanup.enter_context(TransportCheck(cfg, run_dir, say=say))
     resumed_step = int(resumed_state["step"]) if resumed_state is not None else None
+    local = "://" not in run_dir
     metrics_log = MetricsLog(run_dir, resumed_step) if local else None  # lines appended as they arrive: they survive any stop
     # TensorBoard / MLflow / W&B (tracking:): fed from the driver only; closed with the run's outcome
-    trackers = cleanup.enter_context(Trackers.open(cfg, run_dir, name, say=lambda s: console.print(s, highlight=False, markup=False)))
-    th = threading.Thread(target=_fit, daemon=True)
-    marks["fit_called"] = time.time()
+    trackers = cleanup.enter_context(Trackers.open(cfg, run_dir, name, say=say))
+    signals.on_stop = lambda reason: run_actor.request.remote(reason)
     signals.training_started()
-    th.start()
+    run_actor.give_args.remote(args)  # the workers go on from here
+    marks["args_given"] = time.time()
 
     def watch_lock() -> None:  # a lease another run took over (see run_lock): stop writing into its directory
         if lock.lost and not signals.signum and not lost_sent:

@@ -130,8 +130,11 @@ class LaunchedStep:
     pending: PendingStep
 
 
-def train_func(loop_config: dict[str, Any]) -> None:
-    """The Ray Train worker entry point; ``loop_config`` carries a :class:`WorkerArgs`.
+def train_func(loop_config: dict[str, Any], start_unix: dict[str, float] | None = None) -> None:
+    """The Ray Train worker's run (from :func:`rayft.train.worker_entry.train_func`); ``loop_config``
+    carries a :class:`WorkerArgs`. ``start_unix``: the worker's start, wall clock (unix s), recorded
+    in the first step's metrics for the driver's timeline: ``worker_entry_unix`` (the worker was ready:
+    the loop imported) and ``worker_args_unix`` (its arguments arrived); both now when not given.
 
     Each step is queued before the previous one is finished (its loss read, its record made and
     sent), so that the device never waits for the host between two steps: ~3 ms a step on one
@@ -141,7 +144,8 @@ def train_func(loop_config: dict[str, Any]) -> None:
     queued (:func:`must_finish_now`). Over several ranks the next step's counts and votes are
     all-reduced on the host (a gloo group of their own), so they do not wait for the step in flight.
     """
-    entry_unix = time.time()
+    now = time.time()
+    start_unix = {"worker_entry_unix": now, "worker_args_unix": now} | (start_unix or {})
     w = setup_worker(WorkerArgs.from_loop_config(loop_config))
     if w.rank == 0 and w.profiler.window and w.start_step >= w.profiler.window[1]:
         print(
@@ -166,7 +170,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
         report_checkpoints(w.saver.finalize_if_done(counts.writes_done == w.world), w.progress)  # a background save that finished
         if counts.stop_vote > 0:  # every rank agreed: abandon this step, keep the finished ones
             if in_flight is not None:
-                last = finish_step(w, in_flight, clock, entry_unix)
+                last = finish_step(w, in_flight, clock, start_unix)
             return stop_early(w, last)
         data_s = time.perf_counter() - t_top
         w.profiler.before(step + 1)
@@ -174,7 +178,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
             step, lr, counts, data_s, launch_step(w.model, w.optimizer, batches, counts.trainable, w.cfg.train.max_grad_norm)
         )
         if in_flight is not None:  # the previous step's loss and record, while the device runs this one
-            last = finish_step(w, in_flight, clock, entry_unix)
+            last = finish_step(w, in_flight, clock, start_unix)
             in_flight = None
         # a CPU step ran whole inside launch_step: nothing to overlap
         finish_now = launched.pending.copied is None or must_finish_now(w, step, counts)
@@ -184,7 +188,7 @@ def train_func(loop_config: dict[str, Any]) -> None:
             except Exception:  # made again at the next step's start, where an error stops the run: this step is recorded first
                 batches, finish_now = None, True
         if finish_now:
-            last = finish_step(w, launched, clock, entry_unix)
+            last = finish_step(w, launched, clock, start_unix)
         else:
             in_flight = launched
     export_inputs = None
@@ -212,9 +216,10 @@ def must_finish_now(w: Worker, step: int, counts: GlobalCounts) -> bool:
     )
 
 
-def finish_step(w: Worker, launched: LaunchedStep, clock: StepClock, entry_unix: float) -> tuple[int, float, dict]:
+def finish_step(w: Worker, launched: LaunchedStep, clock: StepClock, start_unix: dict[str, float]) -> tuple[int, float, dict]:
     """Wait for a queued step, then record, report, evaluate and checkpoint it as due; returns it as
-    the last finished step (0-based index, loss, metrics).
+    the last finished step (0-based index, loss, metrics). ``start_unix``: :func:`train_func`'s,
+    added to the first step's metrics.
 
     Raises:
         FloatingPointError: its loss is not finite.
@@ -233,7 +238,7 @@ def finish_step(w: Worker, launched: LaunchedStep, clock: StepClock, entry_unix:
             clock.skip()
     metrics = step_record(w, step, launched.lr, result, launched.counts, step_time, timings)
     if step == w.start_step:
-        metrics["worker_entry_unix"] = entry_unix
+        metrics.update(start_unix)
     if w.profiler.covers(step + 1):
         metrics["profiled"] = True
     if not math.isfinite(result.loss):

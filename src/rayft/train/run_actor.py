@@ -1,5 +1,5 @@
-"""The one small actor each run creates, on the driver's node: rank 0's progress mailbox and the
-run's stop flag.
+"""The one small actor each run creates, on the driver's node: rank 0's progress mailbox, the
+run's stop flag, and the workers' arguments, handed over once the driver's data are ready.
 
 Every Ray actor is a worker process of its own (about 1.5 CPU-s and a second or more to start on a
 busy head node), so the run's two small jobs share one: rank 0 posts its progress events to it
@@ -8,6 +8,11 @@ busy head node), so the run's two small jobs share one: rank 0 posts its progres
 call, and sets the stop request on a signal; ``rayft stop`` finds it by its name
 (:func:`rayft.train.stop.stop_actor_name`). Until 2026-12-03 these were two actors: a
 ``ray.util.queue.Queue`` (an async actor read one call per event) and a stop flag.
+
+The workers start while the driver reads and tokenizes the data (:mod:`rayft.train.driver`), so
+their :class:`~rayft.train.worker_args.WorkerArgs`, which hold the data's references, reach them
+here: the driver gives them (:meth:`RunActor.give_args`) or calls the run off before training
+(:meth:`RunActor.cancel`); each worker polls :meth:`RunActor.worker_args` until one of the two.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ class RunActor:
     def __init__(self) -> None:
         self.reason: str | None = None
         self.events: list = []
+        self.args: Any = None
+        self.cancelled: str | None = None
 
     def request(self, reason: str) -> None:
         """Ask the run to stop; the first reason given is kept."""
@@ -43,6 +50,26 @@ class RunActor:
         """Every event posted since the last call, oldest first."""
         events, self.events = self.events, []
         return events
+
+    def give_args(self, args: Any) -> None:
+        """Keep the workers' arguments (a :class:`~rayft.train.worker_args.WorkerArgs`) for every
+        worker that asks, a restarted worker group's too."""
+        self.args = args
+
+    def cancel(self, reason: str) -> None:
+        """Call the run off before training (the driver's data or checks failed, or it was stopped):
+        every worker still waiting for its arguments returns without training."""
+        if self.args is None and self.cancelled is None:
+            self.cancelled = reason
+
+    def worker_args(self) -> tuple[str, Any]:
+        """``("args", WorkerArgs)`` once given, ``("cancelled", reason)`` once called off, else
+        ``("waiting", None)``."""
+        if self.args is not None:
+            return "args", self.args
+        if self.cancelled is not None:
+            return "cancelled", self.cancelled
+        return "waiting", None
 
 
 def create_run_actor(run_name: str):

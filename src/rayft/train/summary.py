@@ -11,31 +11,35 @@ from rayft.train.errors import TrainError
 
 def wall_timeline(marks: dict[str, float], history: list[dict]) -> dict[str, float] | None:
     """Where a run's wall time went, in seconds, from the driver's clock marks (unix seconds:
-    ``start``, ``data_ready``, ``ray_ready``, ``fit_called``, ``fit_returned``) and the first and
-    last step's metrics (``worker_entry_unix``, ``time_setup_s``, ``step_time_s``, ``unix_time``).
+    ``start``, ``ray_ready``, ``fit_called``, ``fit_returned``) and the first and last step's
+    metrics (``worker_entry_unix``, ``worker_args_unix``, ``time_setup_s``, ``step_time_s``,
+    ``unix_time``). The phases follow one another and add up to ``total``; the driver's data phase
+    runs beside the workers' start and is not one of them (the summary's ``data_timings_s``).
 
     Returns:
-        ``data`` (read + tokenize, or the cache), ``ray`` (connect to Ray; an embedded Ray
-        starts on a thread before Ray Train's import, :mod:`rayft.train.ray_start`: what is left of its start after the data), ``checks`` (Ray
-        ready → fit called: the GPU memory check, the step plan, the run directory, the run's actor,
-        the trackers), ``workers_start``
-        (fit called → rank 0 enters the training function: the Ray Train controller, worker
-        processes, process group), ``worker_setup`` (model build, weight load, optimizer, resume),
-        ``first_step`` (with compilation), ``checkpoint_buffers`` (after the first step: the loop's
-        share of the pinned host buffers async checkpoint saves reuse, which a thread allocates while the
-        steps run; 0 without), ``steps`` (the other steps, with checkpoint saves and
-        evaluations), ``end`` (last step's end → fit returns: the final save, export, shutdown),
-        ``total``; None when the metrics lack the marks (a run of an older rayft). Clocks of other
-        nodes are compared as they are: on a cluster, differences carry their clock offset.
+        ``ray`` (the driver's imports, then connecting to Ray; an embedded Ray starts on a thread
+        meanwhile, :mod:`rayft.train.ray_start`: what is left of its start), ``checks`` (Ray ready →
+        fit called: the workers' resources, the GPU memory check, the run's actor), ``workers_start``
+        (fit called → rank 0 ready to train: the Ray Train controller, worker processes, process
+        group, the loop's imports), ``data_wait`` (rank 0 ready → its arguments arrived: what the
+        driver's data phase, its step plan and checks took beyond the workers' start), ``worker_setup``
+        (model build, weight load, optimizer, resume), ``first_step`` (with compilation),
+        ``checkpoint_buffers`` (after the first step: the loop's share of the pinned host buffers
+        async checkpoint saves reuse, which a thread allocates while the steps run; 0 without),
+        ``steps`` (the other steps, with checkpoint saves and evaluations), ``end`` (last step's end →
+        fit returns: the final save, export, shutdown), ``total``; None when the metrics lack the
+        marks (a run of an older rayft). Clocks of other nodes are compared as they are: on a
+        cluster, differences carry their clock offset.
     """
     if not history or "worker_entry_unix" not in history[0] or "unix_time" not in history[-1]:
         return None
     first, last = history[0], history[-1]
+    ready = first["worker_entry_unix"]
     return {
-        "data": marks["data_ready"] - marks["start"],
-        "ray": marks["ray_ready"] - marks["data_ready"],
+        "ray": marks["ray_ready"] - marks["start"],
         "checks": marks["fit_called"] - marks["ray_ready"],
-        "workers_start": first["worker_entry_unix"] - marks["fit_called"],
+        "workers_start": ready - marks["fit_called"],
+        "data_wait": first.get("worker_args_unix", ready) - ready,
         "worker_setup": first["time_setup_s"],
         "first_step": first["step_time_s"],
         "checkpoint_buffers": first.get("time_prestage_s", 0.0),

@@ -2,10 +2,13 @@
 
 Ray Train hands ``train_loop_config`` (a dict) to the training function; rayft puts a single
 :class:`WorkerArgs` in it under ``"args"`` so that the fields are named and typed on both sides.
+A run's driver starts its workers before its data are ready (:mod:`rayft.train.driver`), so what it
+puts there is a :class:`PendingArgs`: where the workers wait for their :class:`WorkerArgs`.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,3 +70,30 @@ class WorkerArgs:
         if not isinstance(args, WorkerArgs):
             raise TypeError(f"train_loop_config[{LOOP_CONFIG_KEY!r}] must be a WorkerArgs, got {type(args).__name__}")
         return args
+
+
+@dataclass(frozen=True)
+class PendingArgs:
+    """A worker's :class:`WorkerArgs`, to come from the run's actor (:class:`~rayft.train.run_actor.RunActor`)
+    once the driver's data are ready. ``run_actor``: the actor's handle; ``poll_s``: seconds between
+    two questions to it (each a small actor call, ~1 ms)."""
+
+    run_actor: Any
+    poll_s: float = 0.05
+
+    def wait(self) -> tuple[WorkerArgs | None, str | None]:
+        """Block until the driver gives the arguments or calls the run off. Returns ``(args, None)``,
+        or ``(None, reason)`` when the run was called off before training or the actor is gone (its
+        driver ended)."""
+        import ray
+
+        while True:
+            try:
+                state, value = ray.get(self.run_actor.worker_args.remote())
+            except ray.exceptions.RayActorError:
+                return None, "the driver stopped before training (the run's actor is gone)"
+            if state == "args":
+                return value, None
+            if state == "cancelled":
+                return None, value
+            time.sleep(self.poll_s)

@@ -5,15 +5,35 @@ module only, and each worker imports :mod:`rayft.train.loop` (torch.distributed'
 and FSDP, the export, the loss kernels) as it starts, which it needs anyway. Handing the loop's own
 function to ``TorchTrainer`` made the driver import all of it before its first phase too: 10.3 s
 of imports then, 5.8 s now, on a 2-core machine (bench/results/2026-12-04-driver-start-exit-2cpu.json).
+
+The driver starts the workers before its data are ready (:mod:`rayft.train.driver`): each worker
+imports the loop, then waits for its arguments (:class:`~rayft.train.worker_args.PendingArgs`)
+before anything touches its GPU. Ray Train's own torch context would make the worker's CUDA
+context as the function starts (``torch.cuda.set_device``); the driver's
+:func:`rayft.train.ray_trainer.torch_config` leaves that to the loop, which sets the device once
+the arguments are there.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 
 def train_func(loop_config: dict[str, Any]) -> None:
-    """Run :func:`rayft.train.loop.train_func` on this worker (``loop_config``: a :class:`~rayft.train.worker_args.WorkerArgs`'s)."""
+    """Run :func:`rayft.train.loop.train_func` on this worker once its arguments are there
+    (``loop_config``: a :class:`~rayft.train.worker_args.WorkerArgs`'s, or one holding a
+    :class:`~rayft.train.worker_args.PendingArgs`). A run called off before training (its data or
+    checks failed on the driver, a stop) returns without training."""
     from rayft.train.loop import train_func as run
+    from rayft.train.worker_args import LOOP_CONFIG_KEY, PendingArgs
 
-    run(loop_config)
+    ready_unix = time.time()  # the loop imported: this worker could start now
+    given = loop_config.get(LOOP_CONFIG_KEY)
+    if isinstance(given, PendingArgs):
+        args, why_not = given.wait()
+        if args is None:
+            print(f"[rayft] this worker did not train: {why_not}", flush=True)
+            return
+        loop_config = args.loop_config()
+    run(loop_config, start_unix={"worker_entry_unix": ready_unix, "worker_args_unix": time.time()})
