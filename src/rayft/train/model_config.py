@@ -1,6 +1,6 @@
 """A model's transformers config, tokenizer name and decoder layers, without the training stack.
 
-What the driver needs of a model before any worker starts (the tokenizer for the data, the config
+What the driver needs of a model (the tokenizer for the data, the config
 for the memory plan and synthetic data's vocabulary) lives here, so that the driver does not import
 :mod:`rayft.train.model` (FSDP2, DCP's state-dict helpers, the loss kernels) to get it.
 """

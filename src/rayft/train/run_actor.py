@@ -32,6 +32,7 @@ class RunActor:
         self.events: list = []
         self.args: Any = None
         self.cancelled: str | None = None
+        self.asked: set[int] = set()
 
     def request(self, reason: str) -> None:
         """Ask the run to stop; the first reason given is kept."""
@@ -62,14 +63,20 @@ class RunActor:
         if self.args is None and self.cancelled is None:
             self.cancelled = reason
 
-    def worker_args(self) -> tuple[str, Any]:
+    def worker_args(self, rank: int) -> tuple[str, Any]:
         """``("args", WorkerArgs)`` once given, ``("cancelled", reason)`` once called off, else
-        ``("waiting", None)``."""
+        ``("waiting", None)``; ``rank``: the asking worker's world rank."""
+        self.asked.add(rank)
         if self.args is not None:
             return "args", self.args
         if self.cancelled is not None:
             return "cancelled", self.cancelled
         return "waiting", None
+
+    def waiting_ranks(self) -> list[int]:
+        """The world ranks of the workers that have asked for their arguments so far (they are up,
+        their imports done), ascending."""
+        return sorted(self.asked)
 
 
 def create_run_actor(run_name: str):

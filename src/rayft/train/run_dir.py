@@ -137,7 +137,7 @@ def newest_remote_state(run_dir: str) -> tuple[str, dict] | None:
 
 
 def check_resume_data(checkpoint: str, data_fingerprint: str, state: dict | None = None) -> None:
-    """Refuse, before any worker starts, to resume ``checkpoint`` with other training data (the
+    """Refuse, before any worker trains or touches a GPU, to resume ``checkpoint`` with other training data (the
     workers check it again after a restart). ``state``: its state file's fields, when already read
     (else read here, from a local or mounted directory).
 
@@ -153,7 +153,7 @@ def check_resume_data(checkpoint: str, data_fingerprint: str, state: dict | None
 
 
 def check_resume_steps(checkpoint: str, total_steps: int, state: dict | None = None) -> None:
-    """Refuse, before any worker starts, a ``--resume`` with nothing to train: a checkpoint that
+    """Refuse, before any worker trains or touches a GPU, a ``--resume`` with nothing to train: a checkpoint that
     already holds all ``total_steps`` steps of the run; and one that holds the model only
     (``checkpoint.final_model_only``), which has no optimizer state to continue with. ``state``: as
     for :func:`check_resume_data`.

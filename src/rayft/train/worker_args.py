@@ -86,10 +86,12 @@ class PendingArgs:
         or ``(None, reason)`` when the run was called off before training or the actor is gone (its
         driver ended)."""
         import ray
+        import ray.train
 
+        rank = ray.train.get_context().get_world_rank()
         while True:
             try:
-                state, value = ray.get(self.run_actor.worker_args.remote())
+                state, value = ray.get(self.run_actor.worker_args.remote(rank))
             except ray.exceptions.RayActorError:
                 return None, "the driver stopped before training (the run's actor is gone)"
             if state == "args":
