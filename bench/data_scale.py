@@ -244,7 +244,7 @@ def train_to_first_step(cfg_dir: Path, data_file: str, cache: str) -> dict:
     (run,) = (cfg_dir / "runs").iterdir()
     summary = json.loads((run / "rayft_summary.json").read_text())
     w = summary.get("wall_s") or {}
-    before_first = sum(w.get(k, 0) for k in ("data", "ray", "checks", "workers_start", "worker_setup"))
+    before_first = sum(w.get(k, 0) for k in ("data", "ray", "checks", "workers_start", "data_wait", "worker_setup"))
     return {"process_wall_s": wall, "to_first_step_s": before_first, "wall": w, "used_store": "used the tokenized store" in p.stderr}
 
 

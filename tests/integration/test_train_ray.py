@@ -134,7 +134,7 @@ def test_two_worker_fsdp2_run_loss_export_and_tied_weights(fsdp2_run, qwen_token
     assert not any("time_setup_s" in h for h in hist[1:])
     # where the wall time went: every phase measured, one after the other, together the whole run
     wall = summary["wall_s"]
-    phases = ("ray", "checks", "workers_start", "data_wait", "worker_setup", "first_step", "checkpoint_buffers", "steps", "end")
+    phases = ("ray", "checks", "data", "workers_start", "data_wait", "worker_setup", "first_step", "checkpoint_buffers", "steps", "end")
     assert set(wall) == {*phases, "total"}
     parts = sum(v for k, v in wall.items() if k != "total")
     assert all(v >= 0 for v in wall.values()) and parts == pytest.approx(wall["total"], abs=0.05)

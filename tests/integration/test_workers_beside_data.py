@@ -25,7 +25,7 @@ from rich.console import Console
 from rayft.config_load import load_config
 from rayft.train import driver
 
-mode, runs, delay = sys.argv[1], sys.argv[2], float(sys.argv[3])
+mode, runs, delay, extra = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4:]
 
 class Recorder(importlib.abc.MetaPathFinder):  # every import not yet done, by thread
     seen = []
@@ -48,6 +48,12 @@ def data_phase(*args, **kwargs):  # the real data phase, after `delay` s: the wo
         while ray.get(actor.waiting_ranks.remote()) != [0, 1] and time.time() < deadline:
             time.sleep(0.2)
         seen["waiting_ranks"] = ray.get(actor.waiting_ranks.remote())
+    if mode == "stop":  # `rayft stop` while the data phase runs: the driver stops as on a SIGTERM
+        from rayft.train.stop import request_stop, running_stop_flags
+        seen["asked"] = running_stop_flags()
+        request_stop("the test's rayft stop", say=lambda s: None)
+        time.sleep(30)  # the data phase goes on: only the stop can end it sooner
+        seen["not_stopped"] = True
     if mode.startswith("fail"):
         raise driver.TrainError("data/bad.jsonl:3: a bad record (the test's)")
     return real(*args, **kwargs)
@@ -55,7 +61,7 @@ def data_phase(*args, **kwargs):  # the real data phase, after `delay` s: the wo
 driver.load_run_data = data_phase
 cfg = load_config("examples/quickstart.yaml", overrides=[f"checkpoint.storage_path={runs}", "checkpoint.name=r", "train.max_steps=2",
                                                         "train.warmup_steps=0", "checkpoint.every_steps=null", "checkpoint.export_hf=false",
-                                                        "ray.log_to_driver=true"])
+                                                        "ray.log_to_driver=true", *extra])
 sys.meta_path.insert(0, Recorder())
 try:
     summary = driver.run_training(cfg, console=Console(stderr=True))
@@ -63,15 +69,17 @@ try:
              "start_unix": summary["timeline_unix"]["start"]}
 except driver.TrainError as e:
     seen["error"] = str(e)
+except driver.TrainStopped as e:
+    seen["stopped"] = [e.signal, e.exit_code, e.before_training]
 seen["fit_thread_imports"] = sorted({m for t, m in Recorder.seen if t == "rayft-fit" and m in sys.modules})
 print(json.dumps(seen), flush=True)
 """
 
 
-def run(mode: str, tmp_path: Path, delay: float) -> tuple[dict, subprocess.CompletedProcess]:
+def run(mode: str, tmp_path: Path, delay: float, *extra: str) -> tuple[dict, subprocess.CompletedProcess]:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"PYTHONPATH": str(ROOT / "src")}
     p = subprocess.run(
-        [sys.executable, "-c", RUN, mode, str(tmp_path / "runs"), str(delay)],
+        [sys.executable, "-c", RUN, mode, str(tmp_path / "runs"), str(delay), *extra],
         capture_output=True,
         text=True,
         timeout=300,
@@ -102,6 +110,29 @@ def test_the_workers_start_before_the_data_phase_and_train_once_it_is_done(tmp_p
     assert sum(v for k, v in wall.items() if k != "total") == pytest.approx(wall["total"], abs=0.05)  # set-up is timed on another clock
     # a module imported from two threads at once failed a run (bench/NOTES.md §31): fit's thread must import none
     assert got["fit_thread_imports"] == [], "\n".join(got["fit_thread_imports"])
+    assert wall["data"] == 0.0  # beside the workers' start, not before it
+
+
+def test_a_data_phase_that_tokenizes_through_ray_data_comes_before_the_workers_start(tmp_path):
+    """Ray Data's tasks need the CPUs the workers' placement group would hold (2 workers × 1 CPU of
+    the quickstart's 2): with data.preprocess: ray the data phase runs first, and the run trains."""
+    got, p = run("train", tmp_path, 0.0, "data.preprocess=ray", f"data.cache_dir={tmp_path / 'store'}")
+    assert got["steps"] == 2, got
+    assert "with Ray Data on 2 CPUs" in p.stderr
+    wall = got["wall_s"]
+    assert wall["data"] >= got["data_timings_s"]["total"] > 0  # on the run's path, before fit
+    assert got["start_unix"] + wall["ray"] + wall["checks"] + wall["data"] > got["data_start_unix"]
+    assert sum(v for k, v in wall.items() if k != "total") == pytest.approx(wall["total"], abs=0.05)
+
+
+def test_rayft_stop_during_the_data_phase_stops_the_driver_as_a_sigterm_would(tmp_path):
+    """The stop flag is read while the data phase runs, not only once the workers train."""
+    t0 = time.time()
+    got, p = run("stop", tmp_path, 0.0)
+    assert len(got["asked"]) == 1 and "not_stopped" not in got
+    assert got["stopped"] == ["SIGTERM", 143, True]
+    assert time.time() - t0 < 60  # not after the data phase's 30 s and the workers' start
+    assert not (tmp_path / "runs" / "r").exists()
 
 
 def session_processes(pid: int) -> list[str]:

@@ -34,6 +34,26 @@ def test_a_second_holder_is_refused_with_who_holds_it(tmp_path):
     assert sorted(p.name for p in run.iterdir()) == ["rayft.yaml"]  # a directory the run used stays
 
 
+def test_a_directory_holding_only_ray_trains_storage_marker_goes_with_the_lock(tmp_path):
+    """The workers start beside the data phase: Ray Train's controller writes its storage marker into
+    the run directory as it starts, and a data error then ends the run with nothing else written."""
+    from rayft.train.run_lock import RAY_TRAIN_STORAGE_MARKER
+
+    run = tmp_path / "runs" / "r1"
+    with RunLock(str(run)):
+        (run / RAY_TRAIN_STORAGE_MARKER).write_text("")
+    assert not run.exists()
+    with RunLock(str(run)):
+        (run / RAY_TRAIN_STORAGE_MARKER).write_text("")
+        (run / "rayft.yaml").write_text("x")
+    assert sorted(p.name for p in run.iterdir()) == [RAY_TRAIN_STORAGE_MARKER, "rayft.yaml"]  # a run that began: kept whole
+    run2 = tmp_path / "runs" / "r2"
+    run2.mkdir()
+    with RunLock(str(run2)):  # a directory the lock did not make is never removed
+        (run2 / RAY_TRAIN_STORAGE_MARKER).write_text("")
+    assert sorted(p.name for p in run2.iterdir()) == [RAY_TRAIN_STORAGE_MARKER]
+
+
 def test_another_process_holding_the_lock_refuses_this_one(tmp_path):
     run = tmp_path / "r2"
     code = (

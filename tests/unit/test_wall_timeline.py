@@ -10,6 +10,7 @@ def test_wall_timeline_splits_a_run_at_its_marks():
     assert wall_timeline(marks, history) == {
         "ray": 3.0,
         "checks": 1.0,
+        "data": 0.0,
         "workers_start": 26.0,
         "data_wait": 2.0,
         "worker_setup": 6.0,
@@ -32,6 +33,18 @@ def test_a_worker_that_did_not_wait_for_its_arguments_has_no_data_wait():
     first = {"worker_entry_unix": 130.0, "time_setup_s": 6.0, "step_time_s": 12.0, "unix_time": 148.0}
     wall = wall_timeline(marks, [first, {"unix_time": 180.0}])
     assert (wall["workers_start"], wall["data_wait"], wall["steps"]) == (26.0, 0.0, 32.0)
+    assert sum(v for k, v in wall.items() if k != "total") == wall["total"] == 100.0
+
+
+def test_a_data_phase_before_the_workers_start_is_on_the_runs_path():
+    """Where the data are tokenized through Ray Data, they come before the workers' start: their
+    seconds (``data_first_s``) are a phase of their own, out of the span from Ray to ``fit``."""
+    from rayft.train.summary import wall_timeline
+
+    marks = {"start": 100.0, "ray_ready": 103.0, "fit_called": 124.0, "data_first_s": 20.0, "fit_returned": 200.0}
+    first = {"worker_entry_unix": 140.0, "worker_args_unix": 140.0, "time_setup_s": 6.0, "step_time_s": 12.0, "unix_time": 158.0}
+    wall = wall_timeline(marks, [first, {"unix_time": 180.0}])
+    assert (wall["ray"], wall["checks"], wall["data"], wall["workers_start"], wall["data_wait"]) == (3.0, 1.0, 20.0, 16.0, 0.0)
     assert sum(v for k, v in wall.items() if k != "total") == wall["total"] == 100.0
 
 

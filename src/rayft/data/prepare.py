@@ -178,6 +178,28 @@ def prepare_data(
     return build_store(cfg, console, tokenizer, tokenizer_name, location, key, key_parts, stamps, train_files, val_files, connect, progress)
 
 
+def may_ingest_with_ray(cfg: RayftConfig) -> bool:
+    """Whether :func:`prepare_data` may tokenize through Ray Data (:func:`rayft.data.ingest.use_ray`,
+    on a store miss): ``data.preprocess: ray``, or ``auto`` with at least
+    :data:`~rayft.data.ingest.RAY_MIN_INPUT_BYTES` of input (the files listed and sized, nothing
+    read); never with ``data.synthetic`` or ``local``. The driver starts its workers beside the data
+    phase only where this is False: a Ray Data ingest needs the CPUs their placement group holds.
+
+    Raises:
+        DataError: a missing input file or a pattern that matches none (:func:`rayft.data.sources.expand_files`).
+    """
+    from rayft.data.ingest import use_ray
+    from rayft.data.sources import expand_files, file_size
+
+    dc = cfg.data
+    if dc.synthetic is not None or dc.preprocess == "local":
+        return False
+    if dc.preprocess == "ray":
+        return True
+    files = expand_files(dc.train_files) + (expand_files(dc.validation_files) if dc.validation_files else [])
+    return use_ray(dc.preprocess, sum(_size_or_0(file_size, f) for f in files), None)
+
+
 def build_store(
     cfg, console, tokenizer, tokenizer_name, location, key, key_parts, stamps, train_files, val_files, connect, progress
 ) -> PreparedData:

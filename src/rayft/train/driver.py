@@ -1,9 +1,10 @@
-"""The driver: one run from start to end — data, Ray, workers, progress, records.
+"""The driver: one run from start to end — Ray, the workers' start and beside it the data, progress, records.
 
 The steps live in their own modules: the data (:mod:`rayft.data.prepare`), reaching Ray and
 checking its resources (:mod:`rayft.train.ray_cluster`), the run directory
 (:mod:`rayft.train.run_dir`), the live display (:mod:`rayft.train.progress`) and the summary
-(:mod:`rayft.train.summary`). Data problems surface before any worker (or GPU) starts. The
+(:mod:`rayft.train.summary`). Data problems surface before any worker trains or touches a GPU
+(the workers start beside the data phase and wait for it: :func:`train_run`). The
 tokenized data stay in the token store (:mod:`rayft.data.token_store`), on storage every node
 reads; the workers receive small views of it (:class:`rayft.data.token_view.StoreView`) through
 the Ray object store and read only their examples' shards.
@@ -180,11 +181,12 @@ def start_workers(
     pending,
     cleanup: contextlib.ExitStack,
     outcome: dict[str, Any],
+    marks: dict[str, float],
 ) -> threading.Thread:
     """Start the run's Ray Train ``TorchTrainer.fit()`` on a thread of its own and return the thread;
     ``outcome`` gets ``result`` (what ``fit`` returned) or ``error`` (what it raised) when it ends.
     ``backend``: the process group's (:func:`process_group_backend`); ``pending``: the workers'
-    :class:`~rayft.train.worker_args.PendingArgs`.
+    :class:`~rayft.train.worker_args.PendingArgs`; ``marks`` gets ``fit_called`` (unix s).
 
     Every module ``fit`` uses is imported here, on the calling thread, before the thread starts: the
     caller goes on importing and tokenizing the data meanwhile, and a module imported from two
@@ -228,6 +230,7 @@ def start_workers(
             outcome["error"] = e
 
     th = threading.Thread(target=fit, daemon=True, name="rayft-fit")
+    marks["fit_called"] = time.time()
     th.start()
     return th
 
@@ -325,6 +328,73 @@ def ready_worker_args(
     return args, total, resumed_state, data_timings
 
 
+#: seconds a run that failed before training waits for its Ray Train run to end, where the Ray outlives
+#: the driver's run (one this process had initialised before: a notebook, a test session); the
+#: workers return once they have started and read the cancel (~12 s on a 2-core machine)
+CANCELLED_FIT_WAIT_S = 120.0
+
+
+def workers_and_data(
+    cfg: RayftConfig,
+    resume: str | None,
+    console: Console,
+    name: str,
+    run_dir: str,
+    where: str,
+    n_workers: int,
+    use_gpu: bool,
+    run_actor,
+    cleanup: contextlib.ExitStack,
+    marks: dict[str, float],
+    outcome: dict[str, Any],
+):
+    """Start the workers (:func:`start_workers`) and ready their arguments (:func:`ready_worker_args`),
+    the workers first unless the data phase may tokenize through Ray Data
+    (:func:`rayft.data.prepare.may_ingest_with_ray`), whose tasks need the CPUs the workers' placement
+    group would hold. Returns ``(fit thread, backend, ready_worker_args's tuple)``. ``marks`` gets
+    ``fit_called`` and, where the data came first, ``data_first_s`` (their seconds on the run's path).
+
+    While the data phase runs, a stop asked through the run's actor stops the driver
+    (:class:`~rayft.train.stop.StopRequestWatch`). When anything fails before the arguments are
+    given, the waiting workers are called off (they return without training) and the error is
+    raised; where the Ray outlives this run (``where`` is ``existing``), its Ray Train run is first
+    waited for, up to :data:`CANCELLED_FIT_WAIT_S`, so that it does not hold the cluster's resources
+    after the error.
+
+    Raises:
+        TrainError: as :func:`ready_worker_args`; a missing input file (before any worker starts).
+        StopBeforeTraining: a signal or a stop request.
+    """
+    from rayft.data.prepare import may_ingest_with_ray
+    from rayft.train.stop import StopRequestWatch
+    from rayft.train.worker_args import PendingArgs
+
+    backend = process_group_backend(cfg, use_gpu)
+    try:
+        beside = not may_ingest_with_ray(cfg)
+    except DataError as e:
+        raise TrainError(str(e)) from None
+
+    def start() -> threading.Thread:
+        return start_workers(cfg, name, run_dir, where, n_workers, use_gpu, backend, PendingArgs(run_actor), cleanup, outcome, marks)
+
+    th = start() if beside else None
+    try:
+        t0 = time.time()
+        with StopRequestWatch(run_actor):
+            ready = ready_worker_args(cfg, resume, console, run_dir, where, n_workers, run_actor, marks)
+        if th is None:
+            marks["data_first_s"] = time.time() - t0
+            th = start()
+    except BaseException as e:  # a data error, a check, a signal, a stop: the waiting workers return without training
+        if th is not None:
+            run_actor.cancel.remote(f"the driver stopped before training ({type(e).__name__}: {e})")
+            if where == "existing":
+                th.join(CANCELLED_FIT_WAIT_S)
+        raise
+    return th, backend, ready
+
+
 def train_run(
     cfg: RayftConfig,
     resume: str | None,
@@ -346,13 +416,13 @@ def train_run(
     GPU until then (:mod:`rayft.train.worker_entry`). A data error calls them off: it is raised here
     as before, with no CUDA context made on any GPU. Ray Train's idiom passes everything in
     ``train_loop_config`` at ``fit()``; the run's actor carries the arguments instead so that the
-    data phase need not come first."""
+    data phase need not come first. Where the data phase may tokenize through Ray Data, it comes
+    first, as before (:func:`workers_and_data`)."""
     marks = {"start": time.time()}  # wall clock (unix s) of the run's phases, for the summary's wall_s
     import ray
     import ray.train
 
     import rayft.data.tokenizer  # noqa: F401 -- the data phase's imports (transformers, torch), made while Ray starts: see start_workers
-    from rayft.train.worker_args import PendingArgs
 
     def say(text: str) -> None:
         console.print(text, highlight=False, markup=False)
@@ -373,14 +443,9 @@ def train_run(
     run_actor = create_run_actor(f"{name}-{lock.holder.run_id}")
     cleanup.callback(ray.kill, run_actor)  # it lives as long as the run (`rayft stop --wait` waits for that)
     outcome: dict[str, Any] = {}
-    marks["fit_called"] = time.time()
-    backend = process_group_backend(cfg, use_gpu)
-    th = start_workers(cfg, name, run_dir, where, n_workers, use_gpu, backend, PendingArgs(run_actor), cleanup, outcome)
-    try:
-        ready = ready_worker_args(cfg, resume, console, run_dir, where, n_workers, run_actor, marks)
-    except BaseException as e:  # a data error, a check, a signal: the waiting workers return without training
-        run_actor.cancel.remote(f"the driver stopped before training ({type(e).__name__}: {e})")
-        raise
+    th, backend, ready = workers_and_data(
+        cfg, resume, console, name, run_dir, where, n_workers, use_gpu, run_actor, cleanup, marks, outcome
+    )
     args, total, resumed_state, data_timings = ready
     say(f"ray: {where}; {n_workers} {'GPU' if use_gpu else 'CPU'} worker(s), backend {backend}; {total} steps; run {run_dir}")
     progress = args.progress
@@ -394,7 +459,6 @@ def train_run(
     signals.on_stop = lambda reason: run_actor.request.remote(reason)
     signals.training_started()
     run_actor.give_args.remote(args)  # the workers go on from here
-    marks["args_given"] = time.time()
 
     def watch_lock() -> None:  # a lease another run took over (see run_lock): stop writing into its directory
         if lock.lost and not signals.signum and not lost_sent:

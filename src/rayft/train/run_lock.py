@@ -37,6 +37,10 @@ LOCK_FILE = ".rayft.lock"
 HEARTBEAT_S = 15.0
 LEASE_S = 60.0
 
+#: the file Ray Train's controller writes into the run directory as it starts (it checks the storage
+#: is writable; ray.train.v2._internal.constants.VALIDATE_STORAGE_MARKER_FILENAME, Ray 2.60)
+RAY_TRAIN_STORAGE_MARKER = ".validate_storage_marker"
+
 
 @dataclass(frozen=True)
 class LockHolder:
@@ -151,7 +155,9 @@ class RunLock:
 
     def release(self) -> None:
         """Give the lock back and remove the lock file (no-op when not held); a run directory that
-        :meth:`acquire` created and that is still empty goes too."""
+        :meth:`acquire` created and that is still empty goes too, or that holds only Ray Train's
+        storage marker (:data:`RAY_TRAIN_STORAGE_MARKER`: the workers started beside a data phase
+        that then failed)."""
         leased = self._thread is not None
         self._stop.set()
         if self._thread is not None:
@@ -166,6 +172,8 @@ class RunLock:
             self._fd = None
             if self._made_dir:
                 try:
+                    if os.listdir(self.run_dir) == [RAY_TRAIN_STORAGE_MARKER]:  # all Ray Train wrote: its controller started
+                        os.unlink(os.path.join(self.run_dir, RAY_TRAIN_STORAGE_MARKER))
                     os.rmdir(self.run_dir)  # only when empty: a run that failed before writing anything
                 except OSError:
                     pass

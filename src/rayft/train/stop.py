@@ -16,7 +16,8 @@ default); a user sends SIGINT with Ctrl-C. The path of a stop:
    Past the grace it writes what arrived and exits without waiting (a second signal does the same
    at once).
 
-Before training starts (data, Ray) a signal stops the driver at once with the same exit codes.
+Before training starts (data, Ray) a signal stops the driver at once with the same exit codes, and
+so does ``rayft stop`` (:class:`StopRequestWatch`).
 """
 
 from __future__ import annotations
@@ -163,6 +164,43 @@ class SignalStop:
             f"{self.name}: stopping after the current step, checkpointing the last finished one (up to {self.grace_s:g} s; "
             "a second signal stops at once)"
         )
+
+
+class StopRequestWatch:
+    """While the driver's data phase runs (the workers start beside it), a stop asked through the
+    run's actor (``rayft stop``, a pod's preStop hook) stops the driver as a SIGTERM would: a thread
+    reads the actor's request every ``poll_s`` seconds and, when one is set, sends the main thread
+    SIGTERM (``_thread.interrupt_main``), whose :class:`SignalStop` handler raises
+    :class:`StopBeforeTraining`. Without it the request would be read only once the workers train,
+    after the whole data phase. A context manager; ``flag``: the run's
+    :class:`~rayft.train.run_actor.RunActor` handle."""
+
+    def __init__(self, flag: Any, poll_s: float = 0.5):
+        self.flag, self.poll_s = flag, poll_s
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True, name="rayft-stop-watch")
+
+    def __enter__(self) -> StopRequestWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        import _thread
+
+        import ray
+
+        while not self._done.wait(self.poll_s):
+            try:
+                reason = ray.get(self.flag.requested.remote())
+            except ray.exceptions.RayActorError:  # the run is ending anyway
+                return
+            if reason is not None and not self._done.is_set():
+                _thread.interrupt_main(signal.SIGTERM)
+                return
 
 
 def running_stop_flags(run: str | None = None) -> list[str]:

@@ -13,13 +13,16 @@ def wall_timeline(marks: dict[str, float], history: list[dict]) -> dict[str, flo
     """Where a run's wall time went, in seconds, from the driver's clock marks (unix seconds:
     ``start``, ``ray_ready``, ``fit_called``, ``fit_returned``) and the first and last step's
     metrics (``worker_entry_unix``, ``worker_args_unix``, ``time_setup_s``, ``step_time_s``,
-    ``unix_time``). The phases follow one another and add up to ``total``; the driver's data phase
-    runs beside the workers' start and is not one of them (the summary's ``data_timings_s``).
+    ``unix_time``) and, where the data phase ran before the workers' start (a Ray Data ingest),
+    ``data_first_s``. The phases follow one another and add up to ``total``; a data phase beside the
+    workers' start is not one of them (the summary's ``data_timings_s`` has its parts).
 
     Returns:
         ``ray`` (the driver's imports, then connecting to Ray; an embedded Ray starts on a thread
         meanwhile, :mod:`rayft.train.ray_start`: what is left of its start), ``checks`` (Ray ready →
-        fit called: the workers' resources, the GPU memory check, the run's actor), ``workers_start``
+        fit called, but for ``data``: the workers' resources, the GPU memory check, the run's actor,
+        building the trainer), ``data`` (the data phase where it ran before the workers' start, else
+        0), ``workers_start``
         (fit called → rank 0 ready to train: the Ray Train controller, worker processes, process
         group, the loop's imports), ``data_wait`` (rank 0 ready → its arguments arrived: what the
         driver's data phase, its step plan and checks took beyond the workers' start), ``worker_setup``
@@ -35,9 +38,11 @@ def wall_timeline(marks: dict[str, float], history: list[dict]) -> dict[str, flo
         return None
     first, last = history[0], history[-1]
     ready = first["worker_entry_unix"]
+    data = marks.get("data_first_s", 0.0)
     return {
         "ray": marks["ray_ready"] - marks["start"],
-        "checks": marks["fit_called"] - marks["ray_ready"],
+        "checks": marks["fit_called"] - marks["ray_ready"] - data,
+        "data": data,
         "workers_start": ready - marks["fit_called"],
         "data_wait": first.get("worker_args_unix", ready) - ready,
         "worker_setup": first["time_setup_s"],

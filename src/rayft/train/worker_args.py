@@ -76,26 +76,34 @@ class WorkerArgs:
 class PendingArgs:
     """A worker's :class:`WorkerArgs`, to come from the run's actor (:class:`~rayft.train.run_actor.RunActor`)
     once the driver's data are ready. ``run_actor``: the actor's handle; ``poll_s``: seconds between
-    two questions to it (each a small actor call, ~1 ms)."""
+    two questions to it at first (each a small actor call, ~1 ms), doubled after each unanswered one
+    up to ``max_poll_s``: a long data phase costs the actor five calls a second per worker, not 20."""
 
     run_actor: Any
     poll_s: float = 0.05
+    max_poll_s: float = 0.2
 
     def wait(self) -> tuple[WorkerArgs | None, str | None]:
         """Block until the driver gives the arguments or calls the run off. Returns ``(args, None)``,
-        or ``(None, reason)`` when the run was called off before training or the actor is gone (its
-        driver ended)."""
+        or ``(None, reason)`` when the run was called off before training or the actor has died (its
+        driver ended). An actor that is only unreachable for a moment (``ActorUnavailableError``: a
+        network blip between nodes) is asked again: one rank going home alone would leave the others
+        waiting in their first collective."""
         import ray
         import ray.train
 
         rank = ray.train.get_context().get_world_rank()
+        pause = self.poll_s
         while True:
             try:
                 state, value = ray.get(self.run_actor.worker_args.remote(rank))
+            except ray.exceptions.ActorUnavailableError:
+                state, value = "waiting", None
             except ray.exceptions.RayActorError:
-                return None, "the driver stopped before training (the run's actor is gone)"
+                return None, "the driver stopped before training (the run's actor has died)"
             if state == "args":
                 return value, None
             if state == "cancelled":
                 return None, value
-            time.sleep(self.poll_s)
+            time.sleep(pause)
+            pause = min(2 * pause, self.max_poll_s)

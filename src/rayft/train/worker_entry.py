@@ -10,7 +10,7 @@ The driver starts the workers before its data are ready (:mod:`rayft.train.drive
 imports the loop, then waits for its arguments (:class:`~rayft.train.worker_args.PendingArgs`)
 before anything touches its GPU. Ray Train's own torch context would make the worker's CUDA
 context as the function starts (``torch.cuda.set_device``); the driver's
-:func:`rayft.train.ray_trainer.torch_config` leaves that to the loop, which sets the device once
+:class:`rayft.train.torch_config.DeviceDeferredTorchConfig` leaves that to the loop, which sets the device once
 the arguments are there.
 """
 
