@@ -328,12 +328,6 @@ def ready_worker_args(
     return args, total, resumed_state, data_timings
 
 
-#: seconds a run that failed before training waits for its Ray Train run to end, where the Ray outlives
-#: the driver's run (one this process had initialised before: a notebook, a test session); the
-#: workers return once they have started and read the cancel (~12 s on a 2-core machine)
-CANCELLED_FIT_WAIT_S = 120.0
-
-
 def workers_and_data(
     cfg: RayftConfig,
     resume: str | None,
@@ -349,17 +343,21 @@ def workers_and_data(
     outcome: dict[str, Any],
 ):
     """Start the workers (:func:`start_workers`) and ready their arguments (:func:`ready_worker_args`),
-    the workers first unless the data phase may tokenize through Ray Data
-    (:func:`rayft.data.prepare.may_ingest_with_ray`), whose tasks need the CPUs the workers' placement
-    group would hold. Returns ``(fit thread, backend, ready_worker_args's tuple)``. ``marks`` gets
-    ``fit_called`` and, where the data came first, ``data_first_s`` (their seconds on the run's path).
+    the workers first, except where:
+
+    * the data phase may tokenize through Ray Data (:func:`rayft.data.prepare.may_ingest_with_ray`),
+      whose tasks need the CPUs the workers' placement group would hold;
+    * the Ray outlives the run (``where`` is ``existing``: one this process had initialised, a
+      notebook's, a test session's): a run that fails before training would leave its Ray Train run
+      holding that cluster's resources while its workers start, then return (~12 s on 2 cores).
+
+    Returns ``(fit thread, backend, ready_worker_args's tuple)``. ``marks`` gets ``fit_called`` and,
+    where the data came first, ``data_first_s`` (their seconds on the run's path).
 
     While the data phase runs, a stop asked through the run's actor stops the driver
     (:class:`~rayft.train.stop.StopRequestWatch`). When anything fails before the arguments are
     given, the waiting workers are called off (they return without training) and the error is
-    raised; where the Ray outlives this run (``where`` is ``existing``), its Ray Train run is first
-    waited for, up to :data:`CANCELLED_FIT_WAIT_S`, so that it does not hold the cluster's resources
-    after the error.
+    raised; the driver's exit then ends its Ray job.
 
     Raises:
         TrainError: as :func:`ready_worker_args`; a missing input file (before any worker starts).
@@ -371,7 +369,7 @@ def workers_and_data(
 
     backend = process_group_backend(cfg, use_gpu)
     try:
-        beside = not may_ingest_with_ray(cfg)
+        beside = where != "existing" and not may_ingest_with_ray(cfg)
     except DataError as e:
         raise TrainError(str(e)) from None
 
@@ -389,8 +387,6 @@ def workers_and_data(
     except BaseException as e:  # a data error, a check, a signal, a stop: the waiting workers return without training
         if th is not None:
             run_actor.cancel.remote(f"the driver stopped before training ({type(e).__name__}: {e})")
-            if where == "existing":
-                th.join(CANCELLED_FIT_WAIT_S)
         raise
     return th, backend, ready
 
@@ -416,8 +412,8 @@ def train_run(
     GPU until then (:mod:`rayft.train.worker_entry`). A data error calls them off: it is raised here
     as before, with no CUDA context made on any GPU. Ray Train's idiom passes everything in
     ``train_loop_config`` at ``fit()``; the run's actor carries the arguments instead so that the
-    data phase need not come first. Where the data phase may tokenize through Ray Data, it comes
-    first, as before (:func:`workers_and_data`)."""
+    data phase need not come first. Where the data phase may tokenize through Ray Data, or the Ray
+    outlives the run, the data come first, as before (:func:`workers_and_data`)."""
     marks = {"start": time.time()}  # wall clock (unix s) of the run's phases, for the summary's wall_s
     import ray
     import ray.train
