@@ -130,27 +130,3 @@ def test_auto_uses_ray_only_when_it_pays():
     assert use_ray("auto", RAY_MIN_INPUT_BYTES, None) and use_ray("auto", RAY_MIN_INPUT_BYTES, 8)
     assert not use_ray("auto", RAY_MIN_INPUT_BYTES - 1, 64) and not use_ray("auto", 10**12, 1)
     assert use_ray("ray", 1, 1) and not use_ray("local", 10**12, 64)
-
-
-def test_the_driver_knows_before_the_data_phase_whether_it_may_ingest_with_ray(tmp_path, monkeypatch):
-    """The driver starts its workers beside the data phase only where that phase cannot use Ray
-    Data (whose tasks need the CPUs the workers' placement group holds): decided from the settings
-    and the inputs' sizes, nothing read; a missing input is the data's error, before any worker."""
-    from rayft.config import RayftConfig
-    from rayft.data import ingest
-    from rayft.data.examples import DataError
-    from rayft.data.prepare import may_ingest_with_ray
-
-    small = tmp_path / "small.jsonl"
-    small.write_text('{"text": "a"}\n' * 100)
-
-    def cfg(**data):
-        return RayftConfig.model_validate({"data": {"train_files": [str(small)], **data}})
-
-    assert not may_ingest_with_ray(cfg())  # auto, 1.4 kB
-    assert may_ingest_with_ray(cfg(preprocess="ray")) and not may_ingest_with_ray(cfg(preprocess="local"))
-    monkeypatch.setattr(ingest, "RAY_MIN_INPUT_BYTES", small.stat().st_size)  # the threshold use_ray reads
-    assert may_ingest_with_ray(cfg()) and not may_ingest_with_ray(cfg(preprocess="local"))
-    assert not may_ingest_with_ray(cfg(train_files=[], synthetic={"rows": 8}, preprocess="ray"))
-    with pytest.raises(DataError, match="missing.jsonl"):
-        may_ingest_with_ray(cfg(train_files=[str(tmp_path / "missing.jsonl")]))

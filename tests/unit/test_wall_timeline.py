@@ -4,7 +4,7 @@
 def test_wall_timeline_splits_a_run_at_its_marks():
     from rayft.train.summary import wall_timeline
 
-    marks = {"start": 100.0, "ray_ready": 103.0, "fit_called": 104.0, "fit_returned": 200.0}
+    marks = {"start": 100.0, "ray_ready": 103.0, "data_start": 104.0, "fit_called": 104.0, "fit_returned": 200.0}
     first = {"worker_entry_unix": 130.0, "worker_args_unix": 132.0, "time_setup_s": 6.0, "step_time_s": 12.0, "unix_time": 150.0}
     history = [first, {"unix_time": 180.0}]
     assert wall_timeline(marks, history) == {
@@ -37,11 +37,11 @@ def test_a_worker_that_did_not_wait_for_its_arguments_has_no_data_wait():
 
 
 def test_a_data_phase_before_the_workers_start_is_on_the_runs_path():
-    """Where the data are tokenized through Ray Data, they come before the workers' start: their
-    seconds (``data_first_s``) are a phase of their own, out of the span from Ray to ``fit``."""
+    """On a store hit, or a Ray Data ingest, the data come before the workers' start: their seconds
+    to ``fit`` are a phase of their own, out of the checks."""
     from rayft.train.summary import wall_timeline
 
-    marks = {"start": 100.0, "ray_ready": 103.0, "fit_called": 124.0, "data_first_s": 20.0, "fit_returned": 200.0}
+    marks = {"start": 100.0, "ray_ready": 103.0, "data_start": 104.0, "fit_called": 124.0, "fit_returned": 200.0}
     first = {"worker_entry_unix": 140.0, "worker_args_unix": 140.0, "time_setup_s": 6.0, "step_time_s": 12.0, "unix_time": 158.0}
     wall = wall_timeline(marks, [first, {"unix_time": 180.0}])
     assert (wall["ray"], wall["checks"], wall["data"], wall["workers_start"], wall["data_wait"]) == (3.0, 1.0, 20.0, 16.0, 0.0)

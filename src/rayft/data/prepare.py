@@ -104,6 +104,7 @@ def prepare_data(
     run_dir: str | None = None,
     locate: Callable[[str], str] | None = None,
     progress: Progress | None = None,
+    before_ingest: Callable[[bool], None] | None = None,
 ) -> PreparedData:
     """The run's data: the token store for these inputs, tokenizer and settings, opened or built,
     and the selected examples' views.
@@ -126,6 +127,10 @@ def prepare_data(
         locate: ``root → root`` where the store must go (the driver's check that every Ray node
             can read it), called after the input files are listed and before anything is read.
         progress: receives the ingest's progress (:class:`Progress`).
+        before_ingest: called once on a store miss, when the inputs are listed and it is decided
+            whether they are tokenized through Ray Data (its argument), before anything is read:
+            the driver starts its workers there when they are not (a Ray Data ingest needs the
+            CPUs their placement group would hold).
 
     Raises:
         DataError: a bad record (``file:line: reason``, policy ``error``), an unreadable file, or
@@ -175,33 +180,13 @@ def prepare_data(
         say(f"data: used the tokenized store {location} (no file read or tokenized)")
         skipped = f"{location}/{ts.SKIPPED_FILE}" if store.manifest.get("skipped") else None
         return PreparedData(tokenizer, tokenizer_name, train, val, "hit", location, train.fingerprint, skipped)
-    return build_store(cfg, console, tokenizer, tokenizer_name, location, key, key_parts, stamps, train_files, val_files, connect, progress)
-
-
-def may_ingest_with_ray(cfg: RayftConfig) -> bool:
-    """Whether :func:`prepare_data` may tokenize through Ray Data (:func:`rayft.data.ingest.use_ray`,
-    on a store miss): ``data.preprocess: ray``, or ``auto`` with at least
-    :data:`~rayft.data.ingest.RAY_MIN_INPUT_BYTES` of input (the files listed and sized, nothing
-    read); never with ``data.synthetic`` or ``local``. The driver starts its workers beside the data
-    phase only where this is False: a Ray Data ingest needs the CPUs their placement group holds.
-
-    Raises:
-        DataError: a missing input file or a pattern that matches none (:func:`rayft.data.sources.expand_files`).
-    """
-    from rayft.data.ingest import use_ray
-    from rayft.data.sources import expand_files, file_size
-
-    dc = cfg.data
-    if dc.synthetic is not None or dc.preprocess == "local":
-        return False
-    if dc.preprocess == "ray":
-        return True
-    files = expand_files(dc.train_files) + (expand_files(dc.validation_files) if dc.validation_files else [])
-    return use_ray(dc.preprocess, sum(_size_or_0(file_size, f) for f in files), None)
+    return build_store(
+        cfg, console, tokenizer, tokenizer_name, location, key, key_parts, stamps, train_files, val_files, connect, progress, before_ingest
+    )
 
 
 def build_store(
-    cfg, console, tokenizer, tokenizer_name, location, key, key_parts, stamps, train_files, val_files, connect, progress
+    cfg, console, tokenizer, tokenizer_name, location, key, key_parts, stamps, train_files, val_files, connect, progress, before_ingest=None
 ) -> PreparedData:
     """Ingest the inputs into the store at ``location`` and open it (see :func:`prepare_data`)."""
     from rayft.data import cache as cache_lib
@@ -227,6 +212,8 @@ def build_store(
             connect()
         cpus = ray.cluster_resources().get("CPU", 0) if ray.is_initialized() else 0
         ray_data = use_ray(dc.preprocess, total, cpus)
+    if before_ingest is not None:
+        before_ingest(ray_data)
     if progress is not None:
         progress.start(total)
     settings = Settings(location, dc.seq_len, dc.format, check_columns(dc.columns.mapping()), dc.on_bad_record, dict(dc.placeholders or {}))

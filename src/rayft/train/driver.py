@@ -53,7 +53,7 @@ from rayft.train.run_dir import (
     write_run_records,
 )
 from rayft.train.run_lock import RunLock
-from rayft.train.stop import EXIT_CODES, SignalStop, StopBeforeTraining
+from rayft.train.stop import EXIT_CODES, SignalStop
 from rayft.train.summary import build_summary, stop_record, wall_timeline
 from rayft.train.transport_check import TransportCheck
 
@@ -73,11 +73,13 @@ def load_run_data(
     run_dir: str | None = None,
     locate=None,
     timings: dict[str, float] | None = None,
+    before_ingest=None,
 ) -> PreparedData:
     """The run's data (:func:`rayft.data.prepare.prepare_data`) with the model's tokenizer, which
     is loaded here unless given (``tokenizer``: the one :func:`default_tokenizer` names).
-    ``run_dir``: the run directory (the store's root with ``data.cache_dir: null``); ``locate``:
-    see :func:`~rayft.data.prepare.prepare_data` (the driver's cluster-storage check).
+    ``run_dir``: the run directory (the store's root with ``data.cache_dir: null``); ``locate`` and
+    ``before_ingest``: see :func:`~rayft.data.prepare.prepare_data` (the driver's cluster-storage
+    check; where it starts its workers).
     ``timings`` gets the wall seconds of the parts: ``imports`` (the model-config helpers, with
     transformers), ``tokenizer`` (its load), ``store`` (the token store: its key, then opened or built).
 
@@ -98,7 +100,15 @@ def load_run_data(
         t = time.perf_counter()
         vocab = load_model_config(cfg.model).vocab_size if cfg.data.synthetic is not None else None
         data = prepare_data(
-            cfg, console, tokenizer, name, vocab_size=vocab, connect=connect or (lambda: connect_ray(cfg)), run_dir=run_dir, locate=locate
+            cfg,
+            console,
+            tokenizer,
+            name,
+            vocab_size=vocab,
+            connect=connect or (lambda: connect_ray(cfg)),
+            run_dir=run_dir,
+            locate=locate,
+            before_ingest=before_ingest,
         )
         timings["store"] = time.perf_counter() - t
         return data
@@ -145,7 +155,9 @@ def run_training(cfg: RayftConfig, resume: str | None = None, console: Console |
             ray_start = EmbeddedRayStart.begin(cfg)
             try:
                 return train_run(cfg, resume, console, name, run_dir, signals, lock, cleanup, ray_start)
-            except StopBeforeTraining as e:
+            except KeyboardInterrupt as interrupt:
+                if (e := signals.stop_before_training(interrupt)) is None:
+                    raise
                 local = "://" not in run_dir
                 held = newest_checkpoint_step(run_dir) if local else None  # a --resume run keeps its resume point
                 if local and not resume and Path(run_dir, "rayft.yaml").exists():  # a new run whose directory was prepared
@@ -155,7 +167,9 @@ def run_training(cfg: RayftConfig, resume: str | None = None, console: Console |
             finally:
                 if ray_start is not None:
                     ray_start.settle(SETTLE_S)
-    except StopBeforeTraining as e:  # in the moment before the lock was held
+    except KeyboardInterrupt as interrupt:  # in the moment before the lock was held
+        if (e := signals.stop_before_training(interrupt)) is None:
+            raise
         held = newest_checkpoint_step(run_dir) if "://" not in run_dir else None
         raise TrainStopped(signals.name, EXIT_CODES[e.signum], run_dir, held, before_training=True) from None
 
@@ -244,6 +258,7 @@ def ready_worker_args(
     n_workers: int,
     run_actor,
     marks: dict[str, float],
+    before_ingest=None,
 ):
     """The data phase and every check that needs the data, while the workers start: the data read
     and tokenized (or the token store opened), the step plan, the run directory prepared, the resume
@@ -251,7 +266,8 @@ def ready_worker_args(
     :class:`~rayft.train.worker_args.WorkerArgs`, the run's step count, the resumed checkpoint's
     state (None: a new run) and the data phase's parts (seconds: ``imports``, ``tokenizer``,
     ``store``, their ``total``, then ``plan_and_checks``: the step plan, the run directory, the
-    workers' arguments). ``marks`` gets ``data_ready`` and ``args_ready`` (unix s).
+    workers' arguments). ``marks`` gets ``data_start``, ``data_ready`` and ``args_ready`` (unix s).
+    ``before_ingest``: :func:`~rayft.data.prepare.prepare_data`'s.
 
     Raises:
         TrainError: bad data, a config the data cannot satisfy (warm-up or profiled steps past the
@@ -272,10 +288,12 @@ def ready_worker_args(
         return shared_store_root(cfg, root, run_dir, lambda: None, say=say)
 
     data_timings: dict[str, float] = {}  # the data phase's parts, in the summary (data_timings_s)
-    t_data = time.time()
-    data = load_run_data(cfg, console, connect=lambda: None, run_dir=run_dir, locate=locate, timings=data_timings)
+    marks["data_start"] = time.time()
+    data = load_run_data(
+        cfg, console, connect=lambda: None, run_dir=run_dir, locate=locate, timings=data_timings, before_ingest=before_ingest
+    )
     marks["data_ready"] = time.time()
-    data_timings["total"] = marks["data_ready"] - t_data
+    data_timings["total"] = marks["data_ready"] - marks["data_start"]
     ds = data.train
     plan = make_plan(cfg, ds, n_workers)
     total = len(plan)
@@ -338,57 +356,57 @@ def workers_and_data(
     n_workers: int,
     use_gpu: bool,
     run_actor,
+    signals: SignalStop,
     cleanup: contextlib.ExitStack,
     marks: dict[str, float],
     outcome: dict[str, Any],
 ):
-    """Start the workers (:func:`start_workers`) and ready their arguments (:func:`ready_worker_args`),
-    the workers first, except where:
+    """Ready the workers' arguments (:func:`ready_worker_args`) and start the workers
+    (:func:`start_workers`): beside the data phase where it tokenizes the inputs on this node, as soon
+    as it knows it will (``before_ingest``: the tokenizer loaded, the inputs listed, the store
+    missed), else after it:
 
-    * the data phase may tokenize through Ray Data (:func:`rayft.data.prepare.may_ingest_with_ray`),
-      whose tasks need the CPUs the workers' placement group would hold;
-    * the Ray outlives the run (``where`` is ``existing``: one this process had initialised, a
-      notebook's, a test session's): a run that fails before training would leave its Ray Train run
+    * on a store hit there is nothing to tokenize: the rest of the data phase (the examples' views,
+      the step plan, the checks) is short, and its errors come before any worker starts;
+    * a Ray Data ingest needs the CPUs the workers' placement group would hold;
+    * where the Ray outlives the run (``where`` is ``existing``: one this process had initialised, a
+      notebook's, a test session's), a run that fails before training would leave its Ray Train run
       holding that cluster's resources while its workers start, then return (~12 s on 2 cores).
 
-    Returns ``(fit thread, backend, ready_worker_args's tuple)``. ``marks`` gets ``fit_called`` and,
-    where the data came first, ``data_first_s`` (their seconds on the run's path).
-
+    Returns ``(fit thread, backend, ready_worker_args's tuple)``; ``marks`` gets ``fit_called``.
     While the data phase runs, a stop asked through the run's actor stops the driver
-    (:class:`~rayft.train.stop.StopRequestWatch`). When anything fails before the arguments are
-    given, the waiting workers are called off (they return without training) and the error is
-    raised; the driver's exit then ends its Ray job.
+    (:class:`~rayft.train.stop.StopRequestWatch`). When anything fails after the workers started,
+    they are called off (they return without training) and the error is raised; the driver's exit
+    then ends its Ray job.
 
     Raises:
-        TrainError: as :func:`ready_worker_args`; a missing input file (before any worker starts).
+        TrainError: as :func:`ready_worker_args`.
         StopBeforeTraining: a signal or a stop request.
     """
-    from rayft.data.prepare import may_ingest_with_ray
     from rayft.train.stop import StopRequestWatch
     from rayft.train.worker_args import PendingArgs
 
     backend = process_group_backend(cfg, use_gpu)
-    try:
-        beside = where != "existing" and not may_ingest_with_ray(cfg)
-    except DataError as e:
-        raise TrainError(str(e)) from None
+    started: list[threading.Thread] = []
 
-    def start() -> threading.Thread:
-        return start_workers(cfg, name, run_dir, where, n_workers, use_gpu, backend, PendingArgs(run_actor), cleanup, outcome, marks)
+    def start() -> None:
+        pending = PendingArgs(run_actor)
+        started.append(start_workers(cfg, name, run_dir, where, n_workers, use_gpu, backend, pending, cleanup, outcome, marks))
 
-    th = start() if beside else None
+    def before_ingest(uses_ray_data: bool) -> None:
+        if not uses_ray_data and where != "existing":
+            start()
+
     try:
-        t0 = time.time()
-        with StopRequestWatch(run_actor):
-            ready = ready_worker_args(cfg, resume, console, run_dir, where, n_workers, run_actor, marks)
-        if th is None:
-            marks["data_first_s"] = time.time() - t0
-            th = start()
+        with StopRequestWatch(run_actor, signals):
+            ready = ready_worker_args(cfg, resume, console, run_dir, where, n_workers, run_actor, marks, before_ingest)
+        if not started:
+            start()
     except BaseException as e:  # a data error, a check, a signal, a stop: the waiting workers return without training
-        if th is not None:
+        if started:
             run_actor.cancel.remote(f"the driver stopped before training ({type(e).__name__}: {e})")
         raise
-    return th, backend, ready
+    return started[0], backend, ready
 
 
 def train_run(
@@ -412,8 +430,9 @@ def train_run(
     GPU until then (:mod:`rayft.train.worker_entry`). A data error calls them off: it is raised here
     as before, with no CUDA context made on any GPU. Ray Train's idiom passes everything in
     ``train_loop_config`` at ``fit()``; the run's actor carries the arguments instead so that the
-    data phase need not come first. Where the data phase may tokenize through Ray Data, or the Ray
-    outlives the run, the data come first, as before (:func:`workers_and_data`)."""
+    data phase need not come first. Only a data phase that tokenizes on this node runs beside the
+    workers' start; on a store hit, a Ray Data ingest, or where the Ray outlives the run, the data
+    come first, as before (:func:`workers_and_data`)."""
     marks = {"start": time.time()}  # wall clock (unix s) of the run's phases, for the summary's wall_s
     import ray
     import ray.train
@@ -440,7 +459,7 @@ def train_run(
     cleanup.callback(ray.kill, run_actor)  # it lives as long as the run (`rayft stop --wait` waits for that)
     outcome: dict[str, Any] = {}
     th, backend, ready = workers_and_data(
-        cfg, resume, console, name, run_dir, where, n_workers, use_gpu, run_actor, cleanup, marks, outcome
+        cfg, resume, console, name, run_dir, where, n_workers, use_gpu, run_actor, signals, cleanup, marks, outcome
     )
     args, total, resumed_state, data_timings = ready
     say(f"ray: {where}; {n_workers} {'GPU' if use_gpu else 'CPU'} worker(s), backend {backend}; {total} steps; run {run_dir}")

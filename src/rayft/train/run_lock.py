@@ -20,6 +20,7 @@ A stale lock is taken over with a note naming its old holder. Errors are
 
 from __future__ import annotations
 
+import atexit
 import datetime as dt
 import errno
 import json
@@ -40,6 +41,18 @@ LEASE_S = 60.0
 #: the file Ray Train's controller writes into the run directory as it starts (it checks the storage
 #: is writable; ray.train.v2._internal.constants.VALIDATE_STORAGE_MARKER_FILENAME, Ray 2.60)
 RAY_TRAIN_STORAGE_MARKER = ".validate_storage_marker"
+
+
+def remove_if_only_marker(run_dir: str) -> None:
+    """Remove ``run_dir`` when it is empty or holds nothing but :data:`RAY_TRAIN_STORAGE_MARKER`
+    (a run that failed before it wrote anything; its Ray Train controller may have started); else
+    leave it. Never raises."""
+    try:
+        if os.listdir(run_dir) == [RAY_TRAIN_STORAGE_MARKER]:
+            os.unlink(os.path.join(run_dir, RAY_TRAIN_STORAGE_MARKER))
+        os.rmdir(run_dir)
+    except OSError:
+        pass
 
 
 @dataclass(frozen=True)
@@ -122,6 +135,11 @@ class RunLock:
             return
         self._made_dir = not os.path.isdir(self.run_dir)
         os.makedirs(self.run_dir, exist_ok=True)
+        if self._made_dir:
+            # also at the process's exit, after Ray's shutdown (atexit runs handlers last-registered first, and
+            # Ray registers its own at ray.init, later): a controller that started after release() may write its
+            # marker until then
+            atexit.register(remove_if_only_marker, self.run_dir)
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
@@ -171,12 +189,7 @@ class RunLock:
             os.close(self._fd)  # closing releases the flock
             self._fd = None
             if self._made_dir:
-                try:
-                    if os.listdir(self.run_dir) == [RAY_TRAIN_STORAGE_MARKER]:  # all Ray Train wrote: its controller started
-                        os.unlink(os.path.join(self.run_dir, RAY_TRAIN_STORAGE_MARKER))
-                    os.rmdir(self.run_dir)  # only when empty: a run that failed before writing anything
-                except OSError:
-                    pass
+                remove_if_only_marker(self.run_dir)  # a run that failed before writing anything
         elif leased and self.lost is None:
             self._delete()
 

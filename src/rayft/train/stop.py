@@ -81,9 +81,12 @@ class StopPoll:
         return self.reason is not None
 
 
-class StopBeforeTraining(BaseException):
-    """A signal arrived before the workers started training (raised from the signal handler, so a
-    ``BaseException`` like ``KeyboardInterrupt``: no ``except Exception`` on the way swallows it)."""
+class StopBeforeTraining(KeyboardInterrupt):
+    """A signal arrived before the workers started training (raised from the signal handler). A
+    ``KeyboardInterrupt``: no ``except Exception`` on the way swallows it, and Ray's own check for
+    signals while the driver waits in ``ray.get`` passes it on, where it prints and drops any other
+    exception a handler raises (the driver maps a bare ``KeyboardInterrupt`` back to the recorded
+    signal: :meth:`SignalStop.stop_before_training`)."""
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
@@ -131,6 +134,18 @@ class SignalStop:
     def training_started(self) -> None:
         self.training = True
 
+    def handles_sigterm(self) -> bool:
+        """Whether this process's SIGTERM handler is this object's (installed, on the main thread)."""
+        return threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == self._handle
+
+    def stop_before_training(self, e: KeyboardInterrupt) -> StopBeforeTraining | None:
+        """The stop ``e`` stands for: itself when it is a :class:`StopBeforeTraining`; for another
+        ``KeyboardInterrupt`` (one Ray raised in its place) the signal this object recorded before
+        training, if any; else None (an interrupt of someone else's)."""
+        if isinstance(e, StopBeforeTraining):
+            return e
+        return StopBeforeTraining(self.signum) if self.signum is not None and not self.training else None
+
     @property
     def exit_code(self) -> int | None:
         return EXIT_CODES.get(self.signum) if self.signum is not None else None
@@ -167,26 +182,30 @@ class SignalStop:
 
 
 class StopRequestWatch:
-    """While the driver's data phase runs (the workers start beside it), a stop asked through the
-    run's actor (``rayft stop``, a pod's preStop hook) stops the driver as a SIGTERM would: a thread
-    reads the actor's request every ``poll_s`` seconds and, when one is set, sends the main thread
-    SIGTERM (``_thread.interrupt_main``), whose :class:`SignalStop` handler raises
-    :class:`StopBeforeTraining`. Without it the request would be read only once the workers train,
-    after the whole data phase. A context manager; ``flag``: the run's
+    """While the driver's data phase runs (the workers may start beside it), a stop asked through
+    the run's actor (``rayft stop``, a pod's preStop hook) stops the driver as a SIGTERM would: a
+    thread reads the actor's request every ``poll_s`` seconds and, when one is set, sends the main
+    thread SIGTERM (``_thread.interrupt_main``), whose ``signals`` handler raises
+    :class:`StopBeforeTraining` at the main thread's next Python instruction. Without it the request
+    would be read only once the workers train, after the whole data phase. Only where ``signals``
+    handles this process's SIGTERM (the driver on its main thread): elsewhere the interrupt would
+    reach someone else's handler. A context manager; ``flag``: the run's
     :class:`~rayft.train.run_actor.RunActor` handle."""
 
-    def __init__(self, flag: Any, poll_s: float = 0.5):
+    def __init__(self, flag: Any, signals: SignalStop, poll_s: float = 0.5):
         self.flag, self.poll_s = flag, poll_s
         self._done = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True, name="rayft-stop-watch")
+        self._thread = threading.Thread(target=self._watch, daemon=True, name="rayft-stop-watch") if signals.handles_sigterm() else None
 
     def __enter__(self) -> StopRequestWatch:
-        self._thread.start()
+        if self._thread is not None:
+            self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._done.set()
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join(timeout=5 * self.poll_s)  # one question to the actor in flight, at most
 
     def _watch(self) -> None:
         import _thread
@@ -195,7 +214,9 @@ class StopRequestWatch:
 
         while not self._done.wait(self.poll_s):
             try:
-                reason = ray.get(self.flag.requested.remote())
+                reason = ray.get(self.flag.requested.remote(), timeout=30)
+            except (ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):  # for a moment: ask again
+                continue
             except ray.exceptions.RayActorError:  # the run is ending anyway
                 return
             if reason is not None and not self._done.is_set():
