@@ -117,10 +117,11 @@ def test_the_workers_start_as_the_data_are_tokenized_and_after_a_store_hit(tmp_p
     got, p = run("train", tmp_path, 3.0, "checkpoint.name=first")
     assert got["steps"] == 2 and got["uses_ray_data"] is False, got
     wall = got["wall_s"]
-    assert got["ingest_start_unix"] <= fit_called(got) <= got["ingest_start_unix"] + 2.0  # Ray Train's fit, called from the hook
+    # Ray Train's fit, called from the hook (after what is left of Ray's start and the checks), before the data's end
+    assert got["ingest_start_unix"] <= fit_called(got) < got["data_end_unix"] - 2.5
     assert got["data_timings_s"]["total"] >= 3.0
     # the workers waited for the data's end, not longer: the tokenization is not added to their start
-    beyond = got["data_end_unix"] + got["data_timings_s"]["plan_and_checks"] - fit_called(got) - wall["workers_start"]
+    beyond = got["data_end_unix"] + got["data_timings_s"]["plan_and_checks"] + 0.5 - fit_called(got) - wall["workers_start"]
     assert wall["data_wait"] <= max(0.0, beyond) + 1.0
     assert sum(v for k, v in wall.items() if k != "total") == pytest.approx(wall["total"], abs=0.05)  # set-up is timed on another clock
     # a module imported from two threads at once failed a run (bench/NOTES.md §31): fit's thread and the stop watch import none
@@ -129,7 +130,7 @@ def test_the_workers_start_as_the_data_are_tokenized_and_after_a_store_hit(tmp_p
     again, _ = run("train", tmp_path, 0.0, "checkpoint.name=second")  # the same store: a hit, nothing to tokenize
     assert again["steps"] == 2 and "ingest_start_unix" not in again
     assert fit_called(again) >= again["data_end_unix"]  # the data came first: their errors before any worker
-    assert again["wall_s"]["data"] >= again["data_timings_s"]["total"] > 0
+    assert again["wall_s"]["data"] >= again["data_timings_s"]["total"] - 0.01 > 0  # the summary's parts are rounded to ms
 
 
 def test_a_data_phase_that_tokenizes_through_ray_data_comes_before_the_workers_start(tmp_path):
@@ -139,7 +140,8 @@ def test_a_data_phase_that_tokenizes_through_ray_data_comes_before_the_workers_s
     assert got["steps"] == 2 and got["uses_ray_data"] is True, got
     assert "with Ray Data on 2 CPUs" in p.stderr
     assert fit_called(got) >= got["data_end_unix"]
-    assert got["wall_s"]["data"] >= got["data_timings_s"]["total"] > 0
+    wall = got["wall_s"]  # the data phase waited for Ray inside (its Ray Data ingest), then went on: all on the run's path
+    assert wall["data"] + wall["ray"] >= got["data_timings_s"]["total"] - 0.01 > 0
 
 
 def test_rayft_stop_during_the_data_phase_stops_the_driver_as_a_sigterm_would(tmp_path):

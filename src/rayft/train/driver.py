@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 
@@ -27,19 +25,9 @@ from rayft.data.prepare import PreparedData, open_tokenizer, prepare_data
 from rayft.tracking import Trackers
 from rayft.train.errors import TrainError, TrainStopped
 from rayft.train.progress import show_progress
-from rayft.train.ray_cluster import (
-    EMBEDDED,
-    check_gpu_memory,
-    check_worker_environment,
-    choose_single_worker,
-    connect_ray,
-    resolve_workers,
-    shared_store_root,
-    worker_env_vars,
-)
-from rayft.train.ray_start import EmbeddedRayStart, start_autoscaling_coordinator
-from rayft.train.ray_trainer import make_trainer
-from rayft.train.run_actor import ActorMailbox, create_run_actor
+from rayft.train.ray_cluster import connect_ray
+from rayft.train.ray_start import EmbeddedRayStart
+from rayft.train.run_actor import ActorMailbox
 from rayft.train.run_dir import (
     MetricsLog,
     check_resume_data,
@@ -56,6 +44,7 @@ from rayft.train.run_lock import RunLock
 from rayft.train.stop import EXIT_CODES, SignalStop
 from rayft.train.summary import build_summary, stop_record, wall_timeline
 from rayft.train.transport_check import TransportCheck
+from rayft.train.worker_launch import WorkerLaunch
 
 __all__ = ["TrainError", "TrainStopped", "load_run_data", "run_training"]
 
@@ -174,104 +163,23 @@ def run_training(cfg: RayftConfig, resume: str | None = None, console: Console |
         raise TrainStopped(signals.name, EXIT_CODES[e.signum], run_dir, held, before_training=True) from None
 
 
-def process_group_backend(cfg: RayftConfig, use_gpu: bool) -> str:
-    """torch.distributed's backend for the run: ``parallel.backend``, or with ``auto`` NCCL for GPU
-    workers and gloo for CPU ones; with ``parallel.cpu_offload`` on GPUs, ``cpu:gloo,cuda:nccl``."""
-    backend = cfg.parallel.backend if cfg.parallel.backend != "auto" else ("nccl" if use_gpu else "gloo")
-    if backend == "nccl" and cfg.parallel.cpu_offload:
-        # offloaded shards are CPU tensors: their collectives (the gradient norm's all-reduce) go through gloo
-        backend = "cpu:gloo,cuda:nccl"
-    return backend
-
-
-def start_workers(
+def worker_args_for(
     cfg: RayftConfig,
-    name: str,
-    run_dir: str,
-    where: str,
-    n_workers: int,
-    use_gpu: bool,
-    backend: str,
-    pending,
-    cleanup: contextlib.ExitStack,
-    outcome: dict[str, Any],
-    marks: dict[str, float],
-) -> threading.Thread:
-    """Start the run's Ray Train ``TorchTrainer.fit()`` on a thread of its own and return the thread;
-    ``outcome`` gets ``result`` (what ``fit`` returned) or ``error`` (what it raised) when it ends.
-    ``backend``: the process group's (:func:`process_group_backend`); ``pending``: the workers'
-    :class:`~rayft.train.worker_args.PendingArgs`; ``marks`` gets ``fit_called`` (unix s).
-
-    Every module ``fit`` uses is imported here, on the calling thread, before the thread starts: the
-    caller goes on importing and tokenizing the data meanwhile, and a module imported from two
-    threads at once failed a run (bench/NOTES.md §31); tests/integration/test_workers_beside_data.py
-    checks that the thread imports nothing."""
-    import ray.train
-    from ray.data import DataContext
-    from ray.train.torch import TorchTrainer  # noqa: F401 -- see above
-
-    DataContext.get_current()  # its first use imports Ray Data's issue detectors: fit() copies it for the workers (Ray 2.60)
-
-    from rayft.train.torch_config import DeviceDeferredTorchConfig
-    from rayft.train.worker_args import LOOP_CONFIG_KEY
-    from rayft.train.worker_entry import train_func
-
-    # TorchTrainer, whose end is seen sooner: the controller's poll, and (embedded) no placement-group cleaner to stop
-    trainer = make_trainer(
-        where,
-        cleanup,
-        train_func,
-        train_loop_config={LOOP_CONFIG_KEY: pending},
-        scaling_config=ray.train.ScalingConfig(
-            num_workers=n_workers, use_gpu=use_gpu, resources_per_worker={"CPU": cfg.train.cpus_per_worker}
-        ),
-        run_config=ray.train.RunConfig(
-            name=name,
-            storage_path=cfg.checkpoint.storage_path
-            if "://" in cfg.checkpoint.storage_path
-            else str(Path(cfg.checkpoint.storage_path).resolve()),
-            failure_config=ray.train.FailureConfig(max_failures=cfg.ray.max_failures),
-            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.checkpoint.keep_last),
-            worker_runtime_env={"env_vars": worker_env_vars(cfg, run_dir, use_gpu)},
-        ),
-        torch_config=DeviceDeferredTorchConfig(backend=backend),  # no CUDA context before the arguments (rayft.train.torch_config)
-    )
-
-    def fit() -> None:
-        try:
-            outcome["result"] = trainer.fit()
-        except Exception as e:  # surfaced on the driver after the progress loop
-            outcome["error"] = e
-
-    th = threading.Thread(target=fit, daemon=True, name="rayft-fit")
-    marks["fit_called"] = time.time()
-    th.start()
-    return th
-
-
-def ready_worker_args(
-    cfg: RayftConfig,
+    data: PreparedData,
     resume: str | None,
     console: Console,
     run_dir: str,
-    where: str,
     n_workers: int,
     run_actor,
-    marks: dict[str, float],
-    before_ingest=None,
 ):
-    """The data phase and every check that needs the data, while the workers start: the data read
-    and tokenized (or the token store opened), the step plan, the run directory prepared, the resume
-    checks. Returns ``(args, total_steps, resumed_state, data_timings)``: the workers'
-    :class:`~rayft.train.worker_args.WorkerArgs`, the run's step count, the resumed checkpoint's
-    state (None: a new run) and the data phase's parts (seconds: ``imports``, ``tokenizer``,
-    ``store``, their ``total``, then ``plan_and_checks``: the step plan, the run directory, the
-    workers' arguments). ``marks`` gets ``data_start``, ``data_ready`` and ``args_ready`` (unix s).
-    ``before_ingest``: :func:`~rayft.data.prepare.prepare_data`'s.
+    """Every check that needs the data, then the workers' arguments: the step plan, the run
+    directory prepared, the resume checks. Returns ``(args, total_steps, resumed_state)``: the
+    workers' :class:`~rayft.train.worker_args.WorkerArgs`, the run's step count and the resumed
+    checkpoint's state (None: a new run).
 
     Raises:
-        TrainError: bad data, a config the data cannot satisfy (warm-up or profiled steps past the
-            run's end), a run directory that holds another run, a resume of other data.
+        TrainError: a config the data cannot satisfy (warm-up or profiled steps past the run's end),
+            a run directory that holds another run, a resume of other data.
     """
     import ray
 
@@ -279,21 +187,6 @@ def ready_worker_args(
     from rayft.train.step_plan import make_plan
     from rayft.train.worker_args import WorkerArgs
 
-    def say(text: str) -> None:
-        console.print(text, highlight=False, markup=False)
-
-    def locate(root: str) -> str:  # the token store on a multi-node cluster: storage every node reads
-        if where == EMBEDDED:  # one node, which sees the store where it is
-            return root
-        return shared_store_root(cfg, root, run_dir, lambda: None, say=say)
-
-    data_timings: dict[str, float] = {}  # the data phase's parts, in the summary (data_timings_s)
-    marks["data_start"] = time.time()
-    data = load_run_data(
-        cfg, console, connect=lambda: None, run_dir=run_dir, locate=locate, timings=data_timings, before_ingest=before_ingest
-    )
-    marks["data_ready"] = time.time()
-    data_timings["total"] = marks["data_ready"] - marks["data_start"]
     ds = data.train
     plan = make_plan(cfg, ds, n_workers)
     total = len(plan)
@@ -341,72 +234,7 @@ def ready_worker_args(
         resume_from=resume_from,
         stop_flag=run_actor,
     )
-    marks["args_ready"] = time.time()
-    data_timings["plan_and_checks"] = marks["args_ready"] - marks["data_ready"]
-    return args, total, resumed_state, data_timings
-
-
-def workers_and_data(
-    cfg: RayftConfig,
-    resume: str | None,
-    console: Console,
-    name: str,
-    run_dir: str,
-    where: str,
-    n_workers: int,
-    use_gpu: bool,
-    run_actor,
-    signals: SignalStop,
-    cleanup: contextlib.ExitStack,
-    marks: dict[str, float],
-    outcome: dict[str, Any],
-):
-    """Ready the workers' arguments (:func:`ready_worker_args`) and start the workers
-    (:func:`start_workers`): beside the data phase where it tokenizes the inputs on this node, as soon
-    as it knows it will (``before_ingest``: the tokenizer loaded, the inputs listed, the store
-    missed), else after it:
-
-    * on a store hit there is nothing to tokenize: the rest of the data phase (the examples' views,
-      the step plan, the checks) is short, and its errors come before any worker starts;
-    * a Ray Data ingest needs the CPUs the workers' placement group would hold;
-    * where the Ray outlives the run (``where`` is ``existing``: one this process had initialised, a
-      notebook's, a test session's), a run that fails before training would leave its Ray Train run
-      holding that cluster's resources while its workers start, then return (~12 s on 2 cores).
-
-    Returns ``(fit thread, backend, ready_worker_args's tuple)``; ``marks`` gets ``fit_called``.
-    While the data phase runs, a stop asked through the run's actor stops the driver
-    (:class:`~rayft.train.stop.StopRequestWatch`). When anything fails after the workers started,
-    they are called off (they return without training) and the error is raised; the driver's exit
-    then ends its Ray job.
-
-    Raises:
-        TrainError: as :func:`ready_worker_args`.
-        StopBeforeTraining: a signal or a stop request.
-    """
-    from rayft.train.stop import StopRequestWatch
-    from rayft.train.worker_args import PendingArgs
-
-    backend = process_group_backend(cfg, use_gpu)
-    started: list[threading.Thread] = []
-
-    def start() -> None:
-        pending = PendingArgs(run_actor)
-        started.append(start_workers(cfg, name, run_dir, where, n_workers, use_gpu, backend, pending, cleanup, outcome, marks))
-
-    def before_ingest(uses_ray_data: bool) -> None:
-        if not uses_ray_data and where != "existing":
-            start()
-
-    try:
-        with StopRequestWatch(run_actor, signals):
-            ready = ready_worker_args(cfg, resume, console, run_dir, where, n_workers, run_actor, marks, before_ingest)
-        if not started:
-            start()
-    except BaseException as e:  # a data error, a check, a signal, a stop: the waiting workers return without training
-        if started:
-            run_actor.cancel.remote(f"the driver stopped before training ({type(e).__name__}: {e})")
-        raise
-    return started[0], backend, ready
+    return args, total, resumed_state
 
 
 def train_run(
@@ -420,49 +248,47 @@ def train_run(
     cleanup: contextlib.ExitStack,
     ray_start: EmbeddedRayStart | None = None,
 ) -> dict:
-    """:func:`run_training` inside its lock and signal handling: Ray, checks, the workers' start and,
-    beside it, the data. ``cleanup`` runs when the run ends, however it ends. ``ray_start``: the
-    embedded Ray's start under way, waited for here (else :func:`connect_ray` connects here).
-
-    The workers start (Ray Train's controller, their processes, imports and process group: 12.6 s
-    of a warm 1.5B run on one H200, bench/NOTES.md §39) while this thread reads, tokenizes and
-    checks the data; they wait for their arguments, which hold the data's references, and touch no
-    GPU until then (:mod:`rayft.train.worker_entry`). A data error calls them off: it is raised here
-    as before, with no CUDA context made on any GPU. Ray Train's idiom passes everything in
-    ``train_loop_config`` at ``fit()``; the run's actor carries the arguments instead so that the
-    data phase need not come first. Only a data phase that tokenizes on this node runs beside the
-    workers' start; on a store hit, a Ray Data ingest, or where the Ray outlives the run, the data
-    come first, as before (:func:`workers_and_data`)."""
+    """:func:`run_training` inside its lock and signal handling: the data phase beside the embedded
+    Ray's start, the workers' start beside the data's tokenization where it runs on this node
+    (:mod:`rayft.train.worker_launch`), then the progress and the records. ``cleanup`` runs when the
+    run ends, however it ends. ``ray_start``: the embedded Ray's start under way (else
+    :func:`connect_ray` connects where Ray is first needed)."""
     marks = {"start": time.time()}  # wall clock (unix s) of the run's phases, for the summary's wall_s
-    import ray
-    import ray.train
-
-    import rayft.data.tokenizer  # noqa: F401 -- the data phase's imports (transformers, torch), made while Ray starts: see start_workers
 
     def say(text: str) -> None:
         console.print(text, highlight=False, markup=False)
 
-    where = ray_start.wait() if ray_start is not None else connect_ray(cfg)
-    signals.install()  # ray.init replaces our SIGTERM handler: put it back
-    embedded = where == EMBEDDED  # Ray started by this process, stopped at its exit
-    marks["ray_ready"] = time.time()  # with an embedded Ray: what was left of its start after the imports
-    if embedded:
-        start_autoscaling_coordinator()  # what Ray Train's controller waits for first, started while it starts
-    n_workers, use_gpu = resolve_workers(cfg)
-    check_worker_environment(cfg, use_gpu)
-    if use_gpu:
-        choose_single_worker(cfg, n_workers, embedded=embedded, say=say)
-    if use_gpu and resume is None and cfg.train.fit_check != "off":  # a resumed run was judged when it started
-        check_gpu_memory(cfg, n_workers, embedded=embedded, say=say)
-    # the run's one actor: rank 0's progress mailbox, the stop flag and the workers' arguments (rayft.train.run_actor)
-    run_actor = create_run_actor(f"{name}-{lock.holder.run_id}")
-    cleanup.callback(ray.kill, run_actor)  # it lives as long as the run (`rayft stop --wait` waits for that)
-    outcome: dict[str, Any] = {}
-    th, backend, ready = workers_and_data(
-        cfg, resume, console, name, run_dir, where, n_workers, use_gpu, run_actor, signals, cleanup, marks, outcome
+    launch = WorkerLaunch(cfg, console, name, run_dir, resume, signals, lock.holder.run_id, cleanup, ray_start, marks)
+    data_timings: dict[str, float] = {}  # the data phase's parts, in the summary (data_timings_s)
+    try:
+        data = load_run_data(
+            cfg,
+            console,
+            connect=launch.connect,
+            run_dir=run_dir,
+            locate=launch.locate,
+            timings=data_timings,
+            before_ingest=launch.before_ingest,
+        )
+        marks["data_ready"] = time.time()
+        launch.ready()
+        t_args = time.time()
+        args, total, resumed_state = worker_args_for(cfg, data, resume, console, run_dir, launch.n_workers, launch.run_actor)
+        data_timings["plan_and_checks"] = time.time() - t_args
+        launch.start()
+        launch.close()
+    except BaseException as e:  # a data error, a check, a signal, a stop: workers already started return without training
+        launch.cancel(e)
+        raise
+    data_timings["total"] = marks["data_ready"] - marks["start"]
+    if marks["fit_called"] < marks["data_ready"]:  # the workers' start from the data phase's hook: not the data's time
+        for part in ("store", "total"):
+            data_timings[part] -= marks["fit_called"] - marks["ray_wait"]
+    run_actor, th = launch.run_actor, launch.thread
+    say(
+        f"ray: {launch.where}; {launch.n_workers} {'GPU' if launch.use_gpu else 'CPU'} worker(s), backend {launch.backend}; "
+        f"{total} steps; run {run_dir}"
     )
-    args, total, resumed_state, data_timings = ready
-    say(f"ray: {where}; {n_workers} {'GPU' if use_gpu else 'CPU'} worker(s), backend {backend}; {total} steps; run {run_dir}")
     progress = args.progress
     # the Ray job recorded for `rayft doctor --run`; after a finished run, ray.verify_transport judged (after the summary)
     cleanup.enter_context(TransportCheck(cfg, run_dir, say=say))
@@ -474,6 +300,7 @@ def train_run(
     signals.on_stop = lambda reason: run_actor.request.remote(reason)
     signals.training_started()
     run_actor.give_args.remote(args)  # the workers go on from here
+    outcome = launch.outcome
 
     def watch_lock() -> None:  # a lease another run took over (see run_lock): stop writing into its directory
         if lock.lost and not signals.signum and not lost_sent:

@@ -1,10 +1,10 @@
-"""The embedded local Ray started on a thread while the driver imports Ray Train, transformers and torch.
+"""The embedded local Ray started on a thread while the driver imports Ray Train and reads its data.
 
 ``ray.init`` for an embedded Ray spends its 3-4 s waiting: it starts the GCS, the raylet and their
 Python agents as processes and waits until each has registered, with ~0.1 s of CPU in the driver
 (measured on the 2-core development machine; bench/NOTES.md §35). The driver's own work before it
-needs Ray (importing Ray Train and the data phase's modules) does not use Ray, so the start runs
-beside it; the data phase itself runs once Ray is up, beside the workers' start (:mod:`rayft.train.driver`). It begins after the hub check, whose ``HF_HUB_OFFLINE`` Ray's
+needs Ray (importing Ray Train, loading the tokenizer, reading or tokenizing the data) does not use
+Ray, so the start runs beside it. It begins after the hub check, whose ``HF_HUB_OFFLINE`` Ray's
 processes must copy, and inside the driver's signal handling and run lock.
 
 Importing one package from two threads at once is not safe with these libraries: a thread can see

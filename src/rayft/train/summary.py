@@ -11,39 +11,41 @@ from rayft.train.errors import TrainError
 
 def wall_timeline(marks: dict[str, float], history: list[dict]) -> dict[str, float] | None:
     """Where a run's wall time went, in seconds, from the driver's clock marks (unix seconds:
-    ``start``, ``ray_ready``, ``data_start``, ``fit_called``, ``fit_returned``) and the first and
-    last step's metrics (``worker_entry_unix``, ``worker_args_unix``, ``time_setup_s``,
-    ``step_time_s``, ``unix_time``). The phases follow one another and add up to ``total``; the part
-    of the data phase beside the workers' start is not one of them (the summary's
-    ``data_timings_s`` has the whole phase's parts).
+    ``start``; ``ray_wait`` and ``ray_ready``, the driver's wait for Ray; ``checks_start``;
+    ``fit_called``; ``fit_returned``) and the first and last step's metrics (``worker_entry_unix``,
+    ``worker_args_unix``, ``time_setup_s``, ``step_time_s``, ``unix_time``). The phases add up to
+    ``total``; up to ``fit`` the driver's thread goes through the data phase, the wait for Ray and the
+    checks in an order of the run's (:mod:`rayft.train.worker_launch`), and where the workers start
+    from inside the data phase, its tokenization runs beside their start and is in no phase (the
+    summary's ``data_timings_s`` has the data phase's parts).
 
     Returns:
-        ``ray`` (the driver's imports, then connecting to Ray; an embedded Ray starts on a thread
-        meanwhile, :mod:`rayft.train.ray_start`: what is left of its start), ``checks`` (Ray ready →
-        the data phase began: the workers' resources, the GPU memory check, the run's actor),
-        ``data`` (the data phase until the workers' start was called: all of it on a store hit or a
-        Ray Data ingest; the tokenizer's load and the store's lookup where the inputs are tokenized
-        beside the workers' start; with the trainer's build), ``workers_start`` (fit called → rank 0
-        ready to train: the Ray Train controller, worker processes, process group, the loop's
-        imports), ``data_wait`` (rank 0 ready → its arguments arrived: what the driver's data phase,
-        its step plan and checks took beyond the workers' start), ``worker_setup`` (model build,
-        weight load, optimizer, resume), ``first_step`` (with compilation), ``checkpoint_buffers``
-        (after the first step: the loop's share of the pinned host buffers async checkpoint saves
-        reuse, which a thread allocates while the steps run; 0 without), ``steps`` (the other steps,
-        with checkpoint saves and evaluations), ``end`` (last step's end → fit returns: the final
-        save, export, shutdown), ``total``; None when the metrics lack the marks (a run of an older
-        rayft). Clocks of other nodes are compared as they are: on a cluster, differences carry
-        their clock offset.
+        ``data`` (the driver's thread until ``fit``, but for the next two: the data phase's imports,
+        the tokenizer, the token store's lookup, and on a store hit or a Ray Data ingest all of it),
+        ``ray`` (the wait for Ray: what was left of the embedded Ray's start, which runs on a thread
+        from the run's start, :mod:`rayft.train.ray_start`; or joining a cluster), ``checks`` (from
+        Ray to ``fit``: the workers' resources, the GPU memory check, the run's actor, where the data
+        came first the step plan and the run directory, the trainer's build), ``workers_start`` (fit called → rank 0 ready to train: the Ray Train
+        controller, worker processes, process group, the loop's imports), ``data_wait`` (rank 0 ready
+        → its arguments arrived: the data phase beyond the workers' start), ``worker_setup`` (model
+        build, weight load, optimizer, resume), ``first_step`` (with compilation),
+        ``checkpoint_buffers`` (after the first step: the loop's share of the pinned host buffers
+        async checkpoint saves reuse, which a thread allocates while the steps run; 0 without),
+        ``steps`` (the other steps, with checkpoint saves and evaluations), ``end`` (last step's end →
+        fit returns: the final save, export, shutdown), ``total``; None when the metrics lack the
+        marks (a run of an older rayft). Clocks of other nodes are compared as they are: on a
+        cluster, differences carry their clock offset.
     """
     if not history or "worker_entry_unix" not in history[0] or "unix_time" not in history[-1]:
         return None
     first, last = history[0], history[-1]
     ready = first["worker_entry_unix"]
-    data_start = marks.get("data_start", marks["fit_called"])
+    ray = marks["ray_ready"] - marks["ray_wait"]
+    checks = marks["fit_called"] - marks["checks_start"]
     return {
-        "ray": marks["ray_ready"] - marks["start"],
-        "checks": data_start - marks["ray_ready"],
-        "data": marks["fit_called"] - data_start,
+        "data": marks["fit_called"] - marks["start"] - ray - checks,
+        "ray": ray,
+        "checks": checks,
         "workers_start": ready - marks["fit_called"],
         "data_wait": first.get("worker_args_unix", ready) - ready,
         "worker_setup": first["time_setup_s"],
