@@ -19,6 +19,8 @@ from rayft.train.errors import TrainError
 
 #: what :func:`connect_ray` returns when it started a Ray of its own in this process
 EMBEDDED = "embedded local Ray"
+#: what :func:`connect_ray` returns for a Ray this process had initialised before it was called
+EXISTING = "existing"
 
 
 def ray_address(cfg: RayftConfig) -> str | None:
@@ -39,7 +41,7 @@ def connect_ray(cfg: RayftConfig) -> str:
         configure_logging=True,
     )
     if ray.is_initialized():
-        return "existing"
+        return EXISTING
     if address:
         if address.startswith(("http://", "https://")):
             raise TrainError(

@@ -33,6 +33,7 @@ from rich.console import Console
 from rayft.config import RayftConfig
 from rayft.train.ray_cluster import (
     EMBEDDED,
+    EXISTING,
     check_gpu_memory,
     check_worker_environment,
     choose_single_worker,
@@ -45,9 +46,6 @@ from rayft.train.ray_start import EmbeddedRayStart, start_autoscaling_coordinato
 from rayft.train.ray_trainer import make_trainer
 from rayft.train.run_actor import create_run_actor
 from rayft.train.stop import SignalStop, StopRequestWatch
-
-#: what :func:`~rayft.train.ray_cluster.connect_ray` returns for a Ray this process had initialised
-EXISTING = "existing"
 
 
 def process_group_backend(cfg: RayftConfig, use_gpu: bool) -> str:
