@@ -514,3 +514,29 @@ def test_optimizer_step_takes_the_one_pass_and_falls_back_where_a_copy_is_missin
         assert torch.equal(b, a), n
     with new.computing():  # the missing copy made, every copy cast from its master
         assert torch.equal(new.module[0].weight, first.detach().to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("betas", [(0.9, 0.95), (0.9, 0.999)])
+def test_the_one_pass_rounds_its_bias_corrections_as_torchs_fused_kernel(betas):
+    """``1 − β^t`` and its square root in fp32 from the fp32 β, the step size the fp32 of ``lr`` over
+    that (fused_adam_utils.cuh's adam_math): numpy's fp32 arithmetic is the reference. At β2 = 0.999
+    the fp64 corrections differ (one H100: weights 5.2e-9 apart from fused AdamW's, NOTES §45)."""
+    import math
+
+    import numpy as np
+
+    from rayft.train.copying_adamw import _fp32, bias_corrections
+
+    f = np.float32
+    b1, b2 = (_fp32(b) for b in betas)
+    differs = []
+    for step in (1, 2, 3, 10, 1000):
+        lr = 2e-3
+        step_size, bc2_sqrt = bias_corrections(lr, b1, b2, step)
+        bc1 = f(1) - f(b1) ** f(step)
+        bc2 = f(1) - f(b2) ** f(step)
+        assert step_size == float(f(lr / float(bc1)))
+        assert bc2_sqrt == float(np.sqrt(bc2))
+        differs.append(bc2_sqrt != _fp32(math.sqrt(1.0 - b2**step)))  # the fp64 correction, as the kernel got it before
+    assert differs[0] is False  # β^1 is exact: no rounding to differ by
+    assert any(differs)

@@ -14,8 +14,8 @@ AdamW keeps it), ``exp_avg`` and ``exp_avg_sq``, made as AdamW makes them. Check
 learning-rate schedule and a resume see the optimizer they always saw. The arithmetic is AdamW's
 (decoupled weight decay, bias-corrected moments), in fp32 with correctly rounded square root and
 division; from the betas as fp32, as torch's fused kernel reads them, with the bias corrections
-computed on the host in fp64 where that kernel computes them in fp32, and the compilers contract the
-products differently, so the two agree to a few ulps, not bit for bit (tests/gpu/test_copying_adamw_gpu.py). The gradient times the clip coefficient is the
+rounded as that kernel rounds them (:func:`bias_corrections`, made on the host), and the compilers
+contract the products differently, so the two agree to a few ulps, not bit for bit (tests/gpu/test_copying_adamw_gpu.py). The gradient times the clip coefficient is the
 clip's own fp32 product, and each copy is its new master cast to the copy's dtype (round to nearest
 even), as ``Tensor.copy_`` casts it.
 
@@ -95,6 +95,19 @@ _KERNEL = None
 def _fp32(x: float) -> float:
     """``x`` rounded to the nearest fp32 value, as a Python float (exactly representable)."""
     return struct.unpack("f", struct.pack("f", x))[0]
+
+
+def bias_corrections(lr: float, beta1: float, beta2: float, step: int) -> tuple[float, float]:
+    """AdamW's step size ``lr / (1 − β1^t)`` and ``sqrt(1 − β2^t)`` for step ``t``, rounded as torch's
+    fused CUDA AdamW rounds them (adam_math, fused_adam_utils.cuh): ``β^t`` as fp32 (``powf`` of the
+    fp32 β), ``1 − β^t`` and its square root in fp32, the step size the fp32 of ``lr`` (double) over
+    that fp32 correction. In fp64 instead, at β2 = 0.999 and step 2 (one fp32 ulp of β2² is 3e-5 of
+    ``1 − β2²``), the weights came out up to 5.2e-9 apart from fused AdamW's (one H100, bench/NOTES.md
+    §45). ``beta1``, ``beta2``: already fp32 (:func:`_fp32`). Returns ``(step_size, bc2_sqrt)``, each an
+    fp32 value as a Python float."""
+    bc1 = _fp32(1.0 - _fp32(beta1**step))
+    bc2 = _fp32(1.0 - _fp32(beta2**step))
+    return _fp32(lr / bc1), _fp32(math.sqrt(bc2))
 
 
 def _flat_like(t: torch.Tensor | None, p: torch.Tensor) -> bool:
@@ -198,8 +211,7 @@ class CopyingAdamW:
                 1.0 - beta1,
                 1.0 - beta2,
                 eps,
-                lr / (1.0 - beta1**step),
-                math.sqrt(1.0 - beta2**step),
+                *bias_corrections(lr, beta1, beta2, step),
                 HAS_COEF=clip_coef is not None,
                 BLOCK=BLOCK,
                 num_warps=8,
