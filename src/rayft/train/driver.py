@@ -1,11 +1,11 @@
-"""The driver: one run from start to end — Ray, the workers' start and beside it the data, progress, records.
+"""The driver: one run from start to end — data, Ray, workers, progress, records.
 
 The steps live in their own modules: the data (:mod:`rayft.data.prepare`), reaching Ray and
 checking its resources (:mod:`rayft.train.ray_cluster`), the run directory
 (:mod:`rayft.train.run_dir`), the live display (:mod:`rayft.train.progress`) and the summary
-(:mod:`rayft.train.summary`). Data problems surface before any worker trains or touches a GPU
-(the workers start beside the data phase and wait for it: :func:`train_run`). The
-tokenized data stay in the token store (:mod:`rayft.data.token_store`), on storage every node
+(:mod:`rayft.train.summary`); the workers' start, from inside the data phase where it tokenizes
+(:mod:`rayft.train.worker_launch`). Data problems surface before any worker trains or touches a
+GPU. The tokenized data stay in the token store (:mod:`rayft.data.token_store`), on storage every node
 reads; the workers receive small views of it (:class:`rayft.data.token_view.StoreView`) through
 the Ray object store and read only their examples' shards.
 """

@@ -9,7 +9,7 @@ call, and sets the stop request on a signal; ``rayft stop`` finds it by its name
 (:func:`rayft.train.stop.stop_actor_name`). Until 2026-12-03 these were two actors: a
 ``ray.util.queue.Queue`` (an async actor read one call per event) and a stop flag.
 
-The workers start while the driver reads and tokenizes the data (:mod:`rayft.train.driver`), so
+The workers may start while the driver tokenizes the data (:mod:`rayft.train.worker_launch`), so
 their :class:`~rayft.train.worker_args.WorkerArgs`, which hold the data's references, reach them
 here: the driver gives them (:meth:`RunActor.give_args`) or calls the run off before training
 (:meth:`RunActor.cancel`); each worker polls :meth:`RunActor.worker_args` until one of the two.

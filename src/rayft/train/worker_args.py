@@ -2,7 +2,7 @@
 
 Ray Train hands ``train_loop_config`` (a dict) to the training function; rayft puts a single
 :class:`WorkerArgs` in it under ``"args"`` so that the fields are named and typed on both sides.
-A run's driver starts its workers before its data are ready (:mod:`rayft.train.driver`), so what it
+A run's driver may start its workers before its data are ready (:mod:`rayft.train.worker_launch`), so what it
 puts there is a :class:`PendingArgs`: where the workers wait for their :class:`WorkerArgs`.
 """
 

@@ -6,7 +6,7 @@ and FSDP, the export, the loss kernels) as it starts, which it needs anyway. Han
 function to ``TorchTrainer`` made the driver import all of it before its first phase too: 10.3 s
 of imports then, 5.8 s now, on a 2-core machine (bench/results/2026-12-04-driver-start-exit-2cpu.json).
 
-The driver starts the workers before its data are ready (:mod:`rayft.train.driver`): each worker
+The driver may start the workers before its data are ready (:mod:`rayft.train.worker_launch`): each worker
 imports the loop, then waits for its arguments (:class:`~rayft.train.worker_args.PendingArgs`)
 before anything touches its GPU. Ray Train's own torch context would make the worker's CUDA
 context as the function starts (``torch.cuda.set_device``); the driver's
