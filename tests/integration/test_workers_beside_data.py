@@ -4,7 +4,8 @@ train with them; the thread running Ray Train's ``fit`` imports nothing while th
 imports and tokenizes; a data error raised after the workers started is the run's error, the
 workers return without training, and no Ray process or run directory outlives the driver; a store
 hit or a Ray Data ingest comes before the workers' start; ``rayft stop`` during the data phase
-stops the driver within a second or two. Each run is a real quickstart-sized ``rayft train`` on an
+ends it within a second or two, and the driver returns once ``fit`` has (its workers, still
+starting, return without training). Each run is a real quickstart-sized ``rayft train`` on an
 embedded Ray, in its own Python process, with the tokenization slowed or failed by a wrapper
 around the driver's real hook."""
 
@@ -84,8 +85,10 @@ try:
 except driver.TrainError as e:
     seen["error"] = str(e)
 except driver.TrainStopped as e:
-    seen["stopped"] = [e.signal, e.exit_code, e.before_training]
+    seen["stopped"] = [e.signal, e.exit_code, e.before_training, e.forced]
     seen["stopped_unix"] = time.time()
+# fit's thread ended before the process's exit (Ray's shutdown under it would end the process with status 1)
+seen["fit_alive"] = [t.name for t in threading.enumerate() if t.name == "rayft-fit" and t.is_alive()]
 seen["thread_imports"] = sorted({m for t, m in Recorder.seen if t in ("rayft-fit", "rayft-stop-watch") and m in sys.modules})
 print(json.dumps(seen), flush=True)
 """
@@ -146,10 +149,13 @@ def test_a_data_phase_that_tokenizes_through_ray_data_comes_before_the_workers_s
 
 def test_rayft_stop_during_the_data_phase_stops_the_driver_as_a_sigterm_would(tmp_path):
     """The stop flag is read while the data phase runs, not only once the workers train."""
-    got, p = run("stop", tmp_path, 0.0)
+    got, p = run("stop", tmp_path, 0.0)  # its exit status 0: a SIGTERM's 143 not lost to Ray's shutdown (CI, 2026-12-05)
     assert len(got["asked"]) == 1 and "not_stopped" not in got
-    assert got["stopped"] == ["SIGTERM", 143, True]
-    assert got["stopped_unix"] - got["requested_unix"] < 5  # the watch asks every 0.5 s
+    assert got["stopped"] == ["SIGTERM", 143, True, False]  # before training, not forced: the workers returned in time
+    assert got["data_end_unix"] - got["requested_unix"] < 5  # the watch asks every 0.5 s
+    # then the driver waits for fit to return: the workers, still starting, return without training (8-9 s on 2 cores)
+    assert got["fit_alive"] == [] and got["stopped_unix"] - got["requested_unix"] < 25  # checkpoint.signal_grace_s
+    assert "step 1/" not in p.stderr
     assert not (tmp_path / "runs" / "r").exists()
 
 
@@ -173,7 +179,7 @@ def test_a_data_error_after_the_workers_started_is_the_runs_error_and_no_worker_
     assert proc.returncode == 0, err[-3000:]
     got = last_json(out)
     assert got["error"] == "data/bad.jsonl:3: a bad record (the test's)"
-    assert "step 1/" not in err
+    assert "step 1/" not in err and got["fit_alive"] == []
     assert not (tmp_path / "runs" / "r").exists()
     if mode == "fail-once-waiting":  # both workers had asked for their arguments when the data failed
         assert got["waiting_ranks"] == [0, 1]

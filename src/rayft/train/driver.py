@@ -152,7 +152,7 @@ def run_training(cfg: RayftConfig, resume: str | None = None, console: Console |
                 if local and not resume and Path(run_dir, "rayft.yaml").exists():  # a new run whose directory was prepared
                     stop = stop_record(signals.name, None, [], held, forced=False)
                     write_run_records(run_dir, [], {"run_dir": run_dir, "steps": 0, "stopped": stop}, resumed=False)
-                raise TrainStopped(signals.name, EXIT_CODES[e.signum], run_dir, held, before_training=True) from None
+                raise TrainStopped(signals.name, EXIT_CODES[e.signum], run_dir, held, before_training=True, forced=signals.forced) from None
             finally:
                 if ray_start is not None:
                     ray_start.settle(SETTLE_S)
@@ -160,7 +160,7 @@ def run_training(cfg: RayftConfig, resume: str | None = None, console: Console |
         if (e := signals.stop_before_training(interrupt)) is None:
             raise
         held = newest_checkpoint_step(run_dir) if "://" not in run_dir else None
-        raise TrainStopped(signals.name, EXIT_CODES[e.signum], run_dir, held, before_training=True) from None
+        raise TrainStopped(signals.name, EXIT_CODES[e.signum], run_dir, held, before_training=True, forced=signals.forced) from None
 
 
 def worker_args_for(

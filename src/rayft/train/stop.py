@@ -17,7 +17,9 @@ default); a user sends SIGINT with Ctrl-C. The path of a stop:
    at once).
 
 Before training starts (data, Ray) a signal stops the driver at once with the same exit codes, and
-so does ``rayft stop`` (:class:`StopRequestWatch`).
+so does ``rayft stop`` (:class:`StopRequestWatch`); workers already starting are called off, and the
+driver waits for them to return, up to the same grace
+(:meth:`rayft.train.worker_launch.WorkerLaunch.cancel`).
 """
 
 from __future__ import annotations

@@ -89,21 +89,33 @@ class PendingArgs:
         driver ended). An actor that is only unreachable for a moment (``ActorUnavailableError``: a
         network blip between nodes) is asked again: one rank going home alone would leave the others
         waiting in their first collective."""
-        import ray
-        import ray.train
-
-        rank = ray.train.get_context().get_world_rank()
         pause = self.poll_s
         while True:
-            try:
-                state, value = ray.get(self.run_actor.worker_args.remote(rank))
-            except ray.exceptions.ActorUnavailableError:
-                state, value = "waiting", None
-            except ray.exceptions.RayActorError:
-                return None, "the driver stopped before training (the run's actor has died)"
+            state, value = self.ask()
             if state == "args":
                 return value, None
             if state == "cancelled":
                 return None, value
             time.sleep(pause)
             pause = min(2 * pause, self.max_poll_s)
+
+    def called_off(self) -> str | None:
+        """Ask once, without waiting: the reason the run was called off before training, or None
+        (the arguments are there, or still to come). A worker asks before its imports, which a
+        cancelled run need not wait for (3.7 s of a 2-core machine's)."""
+        state, value = self.ask()
+        return value if state == "cancelled" else None
+
+    def ask(self) -> tuple[str, Any]:
+        """One question to the run's actor: ``("args", WorkerArgs)``, ``("cancelled", reason)`` (a
+        dead actor counts as called off), or ``("waiting", None)`` (an unreachable one too)."""
+        import ray
+        import ray.train
+
+        rank = ray.train.get_context().get_world_rank()
+        try:
+            return ray.get(self.run_actor.worker_args.remote(rank))
+        except ray.exceptions.ActorUnavailableError:
+            return "waiting", None
+        except ray.exceptions.RayActorError:
+            return "cancelled", "the driver stopped before training (the run's actor has died)"

@@ -25,15 +25,22 @@ def train_func(loop_config: dict[str, Any]) -> None:
     (``loop_config``: a :class:`~rayft.train.worker_args.WorkerArgs`'s, or one holding a
     :class:`~rayft.train.worker_args.PendingArgs`). A run called off before training (its data or
     checks failed on the driver, a stop) returns without training."""
-    from rayft.train.loop import train_func as run
     from rayft.train.worker_args import LOOP_CONFIG_KEY, PendingArgs
 
-    ready_unix = time.time()  # the loop imported: this worker could start now
     given = loop_config.get(LOOP_CONFIG_KEY)
-    if isinstance(given, PendingArgs):
+    pending = isinstance(given, PendingArgs)
+    if pending and (why_not := given.called_off()) is not None:  # called off already: the loop's imports not waited for
+        return did_not_train(why_not)
+    from rayft.train.loop import train_func as run
+
+    ready_unix = time.time()  # the loop imported: this worker could start now
+    if pending:
         args, why_not = given.wait()
         if args is None:
-            print(f"[rayft] this worker did not train: {why_not}", flush=True)
-            return
+            return did_not_train(why_not)
         loop_config = args.loop_config()
     run(loop_config, start_unix={"worker_entry_unix": ready_unix, "worker_args_unix": time.time()})
+
+
+def did_not_train(why: str) -> None:
+    print(f"[rayft] this worker did not train: {why}", flush=True)

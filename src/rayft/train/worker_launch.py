@@ -202,8 +202,26 @@ class WorkerLaunch:
             self.watch.__exit__(None, None, None)
             self.watch = None
 
-    def cancel(self, e: BaseException) -> None:
-        """The driver stops before training (``e``): workers already started return without training."""
+    def cancel(self, e: BaseException) -> bool:
+        """The driver stops before training (``e``): workers already started return without training,
+        and this waits for ``fit`` to return, up to ``checkpoint.signal_grace_s`` (a second signal
+        ends the wait). Returns whether ``fit``'s thread has ended (or never started).
+
+        Why wait: ``fit``'s thread blocks in a ``ray.get`` on Ray Train's controller. Were Ray shut
+        down under it (at the process's exit), that ``ray.get`` returns into a core worker that is
+        gone, and Ray's C++ core worker ends the process with status 1 (a SIGTERM's 143 lost; CI
+        caught it, 2026-12-05). Where the wait runs out, ``signals.forced`` is set: the CLI then exits
+        without Ray's shutdown at exit, as after a forced stop during training."""
         self.close()
-        if self.thread is not None:
-            self.run_actor.cancel.remote(f"the driver stopped before training ({type(e).__name__}: {e})")
+        if self.thread is None:
+            return True
+        self.run_actor.cancel.remote(f"the driver stopped before training ({type(e).__name__}: {e})")
+        deadline = time.monotonic() + self.cfg.checkpoint.signal_grace_s
+        try:
+            while self.thread.is_alive() and time.monotonic() < deadline and not self.signals.forced:
+                self.thread.join(0.1)
+        finally:  # a signal during the wait raises here (StopBeforeTraining): the thread may still run
+            if self.thread.is_alive():
+                self.signals.forced = True
+                self.say("the workers did not return in time: exiting without waiting for them")
+        return not self.thread.is_alive()
