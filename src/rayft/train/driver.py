@@ -276,7 +276,22 @@ def train_run(
         args, total, resumed_state = worker_args_for(cfg, data, resume, console, run_dir, launch.n_workers, launch.run_actor)
         data_timings["plan_and_checks"] = time.time() - t_args
         launch.start()
+        run_actor, th = launch.run_actor, launch.thread
+        say(
+            f"ray: {launch.where}; {launch.n_workers} {'GPU' if launch.use_gpu else 'CPU'} worker(s), backend {launch.backend}; "
+            f"{total} steps; run {run_dir}"
+        )
+        # the Ray job recorded for `rayft doctor --run`; after a finished run, ray.verify_transport judged (after the summary)
+        cleanup.enter_context(TransportCheck(cfg, run_dir, say=say))
+        resumed_step = int(resumed_state["step"]) if resumed_state is not None else None
+        local = "://" not in run_dir
+        metrics_log = MetricsLog(run_dir, resumed_step) if local else None  # lines appended as they arrive: they survive any stop
+        # TensorBoard / MLflow / W&B (tracking:): fed from the driver only; closed with the run's outcome
+        trackers = cleanup.enter_context(Trackers.open(cfg, run_dir, name, say=say))
         launch.close()
+        signals.on_stop = lambda reason: run_actor.request.remote(reason)
+        signals.training_started()
+        run_actor.give_args.remote(args)  # the workers go on from here
     except BaseException as e:  # a data error, a check, a signal, a stop: workers already started return without training
         launch.cancel(e)
         raise
@@ -284,22 +299,7 @@ def train_run(
     if marks["fit_called"] < marks["data_ready"]:  # the workers' start from the data phase's hook: not the data's time
         for part in ("store", "total"):
             data_timings[part] -= marks["fit_called"] - marks["ray_wait"]
-    run_actor, th = launch.run_actor, launch.thread
-    say(
-        f"ray: {launch.where}; {launch.n_workers} {'GPU' if launch.use_gpu else 'CPU'} worker(s), backend {launch.backend}; "
-        f"{total} steps; run {run_dir}"
-    )
     progress = args.progress
-    # the Ray job recorded for `rayft doctor --run`; after a finished run, ray.verify_transport judged (after the summary)
-    cleanup.enter_context(TransportCheck(cfg, run_dir, say=say))
-    resumed_step = int(resumed_state["step"]) if resumed_state is not None else None
-    local = "://" not in run_dir
-    metrics_log = MetricsLog(run_dir, resumed_step) if local else None  # lines appended as they arrive: they survive any stop
-    # TensorBoard / MLflow / W&B (tracking:): fed from the driver only; closed with the run's outcome
-    trackers = cleanup.enter_context(Trackers.open(cfg, run_dir, name, say=say))
-    signals.on_stop = lambda reason: run_actor.request.remote(reason)
-    signals.training_started()
-    run_actor.give_args.remote(args)  # the workers go on from here
     outcome = launch.outcome
 
     def watch_lock() -> None:  # a lease another run took over (see run_lock): stop writing into its directory
