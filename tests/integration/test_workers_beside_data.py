@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
 
 RUN = r"""
-import importlib.abc, json, sys, threading, time
+import importlib.abc, json, os, signal, sys, threading, time
 from rich.console import Console
 from rayft.config_load import load_config
 from rayft.train import driver
@@ -56,7 +56,7 @@ def data_phase(*args, **kwargs):  # the real data phase, its tokenization slowed
             while ray.get(actor.waiting_ranks.remote()) != [0, 1] and time.time() < deadline:
                 time.sleep(0.2)
             seen["waiting_ranks"] = ray.get(actor.waiting_ranks.remote())
-        if mode == "stop":  # `rayft stop` while the data are tokenized: the driver stops as on a SIGTERM
+        if mode in ("stop", "cli-stop"):  # `rayft stop` while the data are tokenized: the driver stops as on a SIGTERM
             from rayft.train.stop import request_stop, running_stop_flags
             seen["asked"] = running_stop_flags()
             seen["requested_unix"] = time.time()
@@ -64,6 +64,8 @@ def data_phase(*args, **kwargs):  # the real data phase, its tokenization slowed
             for _ in range(300):  # 30 s of tokenization in short calls: only the stop can end it sooner
                 time.sleep(0.1)
             seen["not_stopped"] = True
+        if mode == "fail":  # and a SIGTERM while the driver waits for the workers it called off
+            threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
         if mode.startswith("fail"):
             raise driver.TrainError("data/bad.jsonl:3: a bad record (the test's)")
 
@@ -74,9 +76,12 @@ def data_phase(*args, **kwargs):  # the real data phase, its tokenization slowed
         seen["data_end_unix"] = time.time()
 
 driver.load_run_data = data_phase
-cfg = load_config("examples/quickstart.yaml", overrides=[f"checkpoint.storage_path={runs}", "checkpoint.name=r", "train.max_steps=2",
-                                                        "train.warmup_steps=0", "checkpoint.every_steps=null", "checkpoint.export_hf=false",
-                                                        "ray.log_to_driver=true", *extra])
+overrides = [f"checkpoint.storage_path={runs}", "checkpoint.name=r", "train.max_steps=2", "train.warmup_steps=0",
+             "checkpoint.every_steps=null", "checkpoint.export_hf=false", "ray.log_to_driver=true", *extra]
+if mode.startswith("cli"):  # the `rayft train` command itself, in this process: its exit status is the test's
+    from rayft.cli import app
+    app(["train", "examples/quickstart.yaml", *(a for kv in overrides for a in ("--set", kv))])
+cfg = load_config("examples/quickstart.yaml", overrides=overrides)
 sys.meta_path.insert(0, Recorder())
 try:
     summary = driver.run_training(cfg, console=Console(stderr=True))
@@ -159,6 +164,33 @@ def test_rayft_stop_during_the_data_phase_stops_the_driver_as_a_sigterm_would(tm
     assert not (tmp_path / "runs" / "r").exists()
 
 
+def test_a_stop_whose_workers_outlive_the_grace_exits_143_without_rays_shutdown(tmp_path):
+    """``rayft train`` stopped during the data phase with ``checkpoint.signal_grace_s`` shorter than
+    the workers' start: the driver stops waiting for them and exits 143 at once, skipping Ray's
+    shutdown at exit (which would end it with status 1 under fit's thread); Ray's processes end
+    with it."""
+    args = [
+        sys.executable,
+        "-c",
+        RUN,
+        "cli-stop",
+        str(tmp_path / "runs"),
+        "0",
+        f"data.cache_dir={tmp_path / 'store'}",
+        "checkpoint.signal_grace_s=0.5",
+    ]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(), cwd=ROOT)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143, err[-3000:]
+    assert "the workers did not return in time: exiting without waiting for them" in err
+    assert "stopped by SIGTERM before training started" in err and "core worker has already been shutdown" not in err
+    assert not (tmp_path / "runs" / "r").exists()
+    deadline = time.time() + 10
+    while (left := session_processes(proc.pid)) and time.time() < deadline:
+        time.sleep(0.5)
+    assert left == []
+
+
 def session_processes(pid: int) -> list[str]:
     import re
 
@@ -180,6 +212,9 @@ def test_a_data_error_after_the_workers_started_is_the_runs_error_and_no_worker_
     got = last_json(out)
     assert got["error"] == "data/bad.jsonl:3: a bad record (the test's)"
     assert "step 1/" not in err and got["fit_alive"] == []
+    if mode == "fail":  # a SIGTERM came 0.5 s into the wait for the workers: noted, the wait went on, the error stayed the run's
+        assert "SIGTERM: the run is ending before training; waiting for its workers to return" in err
+        assert "did not return in time" not in err
     assert not (tmp_path / "runs" / "r").exists()
     if mode == "fail-once-waiting":  # both workers had asked for their arguments when the data failed
         assert got["waiting_ranks"] == [0, 1]

@@ -45,6 +45,23 @@ def test_during_training_the_first_signal_requests_a_stop_and_the_second_forces_
         assert said[-1] == "a second signal (SIGTERM): stopping now without waiting for the workers"
 
 
+def test_while_the_run_calls_its_workers_off_a_signal_only_records_itself_and_a_second_forces():
+    """Before training, once the driver waits for workers it called off (WorkerLaunch.cancel), a
+    signal raising out of that wait would leave fit's thread under Ray's shutdown at exit."""
+    said = []
+    with SignalStop(grace_s=5, say=said.append) as stop:
+        stop.calling_off = True
+        t0 = time.monotonic()
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)  # no StopBeforeTraining
+        assert stop.signum == signal.SIGTERM and t0 <= stop.first_at <= time.monotonic() and not stop.forced
+        stop.poll()
+        assert said == ["SIGTERM: the run is ending before training; waiting for its workers to return (a second signal stops at once)"]
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+        assert stop.forced and stop.signum == signal.SIGTERM and stop.exit_code == 143
+
+
 def test_the_stop_flag_is_set_once_and_the_poll_without_a_flag_never_stops():
     flag = RunActor()
     assert flag.requested() is None

@@ -39,6 +39,8 @@ def train(
         run_training(cfg, resume=resume, console=console)
     except TrainError as e:
         print_error("error", e)
+        if fit_running():  # workers called off did not return in time: see below
+            exit_now(1)
         raise typer.Exit(1) from None
     except TrainStopped as e:
         console.print(str(e), highlight=False, markup=False)
@@ -47,11 +49,24 @@ def train(
         elif e.checkpoint_step is not None:
             again = ["rayft", "train", str(config), *(a for kv in set_ or [] for a in ("--set", kv)), "--resume", e.run_dir]
             console.print(f"resume with: {shlex.join(again)}", highlight=False, markup=False)
-        if e.forced:  # the workers may still be running: do not wait for Ray's shutdown at exit
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(e.exit_code)
+        if e.forced or fit_running():
+            exit_now(e.exit_code)
         raise typer.Exit(e.exit_code) from None
+
+
+def fit_running() -> bool:
+    from rayft.train.worker_launch import fit_running
+
+    return fit_running()
+
+
+def exit_now(code: int) -> None:
+    """Exit without Ray's shutdown at exit: the workers may still be running, and Ray's core worker
+    ends the process with status 1 when its shutdown lands under ``fit``'s thread
+    (:meth:`rayft.train.worker_launch.WorkerLaunch.cancel`); Ray's processes end with this one."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def check_cluster_fit(cfg: RayftConfig, config: str | os.PathLike[str]) -> None:

@@ -142,17 +142,21 @@ def run_training(cfg: RayftConfig, resume: str | None = None, console: Console |
             # cluster's is joined later). Begun inside `signals`: its thread puts back their handlers once Ray's
             # core worker replaced them; settled before they are undone.
             ray_start = EmbeddedRayStart.begin(cfg)
+            marks = {"start": time.time()}  # wall clock (unix s) of the run's phases, for the summary's wall_s
+            launch = WorkerLaunch(cfg, console, name, run_dir, resume, signals, lock.holder.run_id, cleanup, ray_start, marks)
             try:
-                return train_run(cfg, resume, console, name, run_dir, signals, lock, cleanup, ray_start)
+                return train_run(cfg, resume, console, run_dir, signals, lock, cleanup, launch)
             except KeyboardInterrupt as interrupt:
                 if (e := signals.stop_before_training(interrupt)) is None:
                     raise
                 local = "://" not in run_dir
                 held = newest_checkpoint_step(run_dir) if local else None  # a --resume run keeps its resume point
                 if local and not resume and Path(run_dir, "rayft.yaml").exists():  # a new run whose directory was prepared
-                    stop = stop_record(signals.name, None, [], held, forced=False)
+                    stop = stop_record(signals.name, None, [], held, forced=launch.abandoned)
                     write_run_records(run_dir, [], {"run_dir": run_dir, "steps": 0, "stopped": stop}, resumed=False)
-                raise TrainStopped(signals.name, EXIT_CODES[e.signum], run_dir, held, before_training=True, forced=signals.forced) from None
+                raise TrainStopped(
+                    signals.name, EXIT_CODES[e.signum], run_dir, held, before_training=True, forced=launch.abandoned
+                ) from None
             finally:
                 if ray_start is not None:
                     ray_start.settle(SETTLE_S)
@@ -160,7 +164,7 @@ def run_training(cfg: RayftConfig, resume: str | None = None, console: Console |
         if (e := signals.stop_before_training(interrupt)) is None:
             raise
         held = newest_checkpoint_step(run_dir) if "://" not in run_dir else None
-        raise TrainStopped(signals.name, EXIT_CODES[e.signum], run_dir, held, before_training=True, forced=signals.forced) from None
+        raise TrainStopped(signals.name, EXIT_CODES[e.signum], run_dir, held, before_training=True) from None
 
 
 def worker_args_for(
@@ -241,24 +245,21 @@ def train_run(
     cfg: RayftConfig,
     resume: str | None,
     console: Console,
-    name: str,
     run_dir: str,
     signals: SignalStop,
     lock: RunLock,
     cleanup: contextlib.ExitStack,
-    ray_start: EmbeddedRayStart | None = None,
+    launch: WorkerLaunch,
 ) -> dict:
     """:func:`run_training` inside its lock and signal handling: the data phase beside the embedded
     Ray's start, the workers' start beside the data's tokenization where it runs on this node
-    (:mod:`rayft.train.worker_launch`), then the progress and the records. ``cleanup`` runs when the
-    run ends, however it ends. ``ray_start``: the embedded Ray's start under way (else
-    :func:`connect_ray` connects where Ray is first needed)."""
-    marks = {"start": time.time()}  # wall clock (unix s) of the run's phases, for the summary's wall_s
+    (``launch``: :mod:`rayft.train.worker_launch`), then the progress and the records. ``cleanup``
+    runs when the run ends, however it ends."""
+    marks = launch.marks
 
     def say(text: str) -> None:
         console.print(text, highlight=False, markup=False)
 
-    launch = WorkerLaunch(cfg, console, name, run_dir, resume, signals, lock.holder.run_id, cleanup, ray_start, marks)
     data_timings: dict[str, float] = {}  # the data phase's parts, in the summary (data_timings_s)
     try:
         data = load_run_data(
@@ -287,7 +288,7 @@ def train_run(
         local = "://" not in run_dir
         metrics_log = MetricsLog(run_dir, resumed_step) if local else None  # lines appended as they arrive: they survive any stop
         # TensorBoard / MLflow / W&B (tracking:): fed from the driver only; closed with the run's outcome
-        trackers = cleanup.enter_context(Trackers.open(cfg, run_dir, name, say=say))
+        trackers = cleanup.enter_context(Trackers.open(cfg, run_dir, launch.name, say=say))
         launch.close()
         signals.on_stop = lambda reason: run_actor.request.remote(reason)
         signals.training_started()

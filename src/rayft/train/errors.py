@@ -13,7 +13,7 @@ class TrainStopped(Exception):
     Attributes: ``signal`` (``SIGTERM`` or ``SIGINT``), ``exit_code`` (143 or 130), ``run_dir``,
     ``checkpoint_step`` (the newest checkpoint's step, from which ``--resume`` continues; None:
     nothing to resume from), ``forced`` (the driver stopped waiting for the workers: the grace
-    period ran out, or a second signal), ``before_training`` (no worker had started),
+    period ran out, or a second signal), ``before_training`` (no worker had begun training: any that had started were called off),
     ``steps_done``, ``total_steps`` (the run's; None when not known).
     """
 

@@ -105,15 +105,21 @@ class SignalStop:
     sets ``forced``: the driver stops waiting.
 
     ``grace_s``: seconds from the first signal until the driver stops waiting (``deadline``).
+    ``first_at``: the first signal's ``time.monotonic()``. ``calling_off``: the run ends before
+    training and the driver waits for workers it started to return
+    (:meth:`rayft.train.worker_launch.WorkerLaunch.cancel`); a signal then only records itself, as
+    in training (a second one sets ``forced``).
     """
 
     grace_s: float
     say: Callable[[str], None] = print
     on_stop: Callable[[str], None] | None = None
     signum: int | None = None
+    first_at: float | None = None
     deadline: float | None = None
     forced: bool = False
     training: bool = False
+    calling_off: bool = False
     _notes: list[str] = field(default_factory=list)
     _stop_sent: bool = False
 
@@ -173,7 +179,12 @@ class SignalStop:
             self.forced = True
             self._notes.append(f"a second signal ({signal.Signals(signum).name}): stopping now without waiting for the workers")
             return
-        self.signum = signum
+        self.signum, self.first_at = signum, time.monotonic()
+        if self.calling_off:  # the run is ending already: raising here would skip the wait for its workers
+            self._notes.append(
+                f"{self.name}: the run is ending before training; waiting for its workers to return (a second signal stops at once)"
+            )
+            return
         if not self.training:
             raise StopBeforeTraining(signum)
         self.deadline = time.monotonic() + self.grace_s

@@ -47,6 +47,9 @@ from rayft.train.ray_trainer import make_trainer
 from rayft.train.run_actor import create_run_actor
 from rayft.train.stop import SignalStop, StopRequestWatch
 
+#: the name of the thread that runs Ray Train's ``fit`` (:meth:`WorkerLaunch.start`)
+FIT_THREAD = "rayft-fit"
+
 
 def process_group_backend(cfg: RayftConfig, use_gpu: bool) -> str:
     """torch.distributed's backend for the run: ``parallel.backend``, or with ``auto`` NCCL for GPU
@@ -66,7 +69,8 @@ class WorkerLaunch:
     ``checks_start`` and ``fit_called``; ``outcome`` gets ``result`` or ``error`` when ``fit`` ends.
 
     Attributes after :meth:`ready`: ``where`` (connect_ray's answer), ``n_workers``, ``use_gpu``,
-    ``backend``, ``run_actor``; after :meth:`start`: ``thread``.
+    ``backend``, ``run_actor``; after :meth:`start`: ``thread``; after :meth:`cancel`: ``abandoned``
+    (``fit``'s thread outlived the wait for it).
     """
 
     def __init__(
@@ -89,6 +93,7 @@ class WorkerLaunch:
         self.thread: threading.Thread | None = None
         self.outcome: dict[str, Any] = {}
         self.watch: StopRequestWatch | None = None
+        self.abandoned = False
 
     def say(self, text: str) -> None:
         self.console.print(text, highlight=False, markup=False)
@@ -191,7 +196,7 @@ class WorkerLaunch:
             except Exception as e:  # surfaced on the driver after the progress loop
                 self.outcome["error"] = e
 
-        self.thread = threading.Thread(target=fit, daemon=True, name="rayft-fit")
+        self.thread = threading.Thread(target=fit, daemon=True, name=FIT_THREAD)
         self.marks["fit_called"] = time.time()
         self.thread.start()
         return self.thread
@@ -202,26 +207,37 @@ class WorkerLaunch:
             self.watch.__exit__(None, None, None)
             self.watch = None
 
-    def cancel(self, e: BaseException) -> bool:
-        """The driver stops before training (``e``): workers already started return without training,
-        and this waits for ``fit`` to return, up to ``checkpoint.signal_grace_s`` (a second signal
-        ends the wait). Returns whether ``fit``'s thread has ended (or never started).
+    def cancel(self, e: BaseException) -> None:
+        """The driver stops before training (``e``): workers already started are called off and
+        return without training, and this waits for ``fit`` to return, up to
+        ``checkpoint.signal_grace_s`` from the first signal (or from now, without one). From here a
+        signal only records itself (``signals.calling_off``); a second one ends the wait. Sets
+        ``abandoned`` when ``fit``'s thread outlives the wait.
 
         Why wait: ``fit``'s thread blocks in a ``ray.get`` on Ray Train's controller. Were Ray shut
-        down under it (at the process's exit), that ``ray.get`` returns into a core worker that is
-        gone, and Ray's C++ core worker ends the process with status 1 (a SIGTERM's 143 lost; CI
-        caught it, 2026-12-05). Where the wait runs out, ``signals.forced`` is set: the CLI then exits
-        without Ray's shutdown at exit, as after a forced stop during training."""
+        down under it (at the process's exit), that ``ray.get`` would return into a core worker that
+        is gone, and Ray's C++ core worker ends the process with status 1 (a SIGTERM's 143 lost; CI
+        caught it, 2026-12-05). Where the wait runs out, the CLI exits without Ray's shutdown at exit
+        (:func:`fit_running`), as after a forced stop during training."""
+        self.signals.calling_off = True
+        if self.thread is not None:  # called off first: the stop watch's end may take a poll
+            self.run_actor.cancel.remote(f"the driver stopped before training ({type(e).__name__}: {e})")
         self.close()
         if self.thread is None:
-            return True
-        self.run_actor.cancel.remote(f"the driver stopped before training ({type(e).__name__}: {e})")
-        deadline = time.monotonic() + self.cfg.checkpoint.signal_grace_s
-        try:
-            while self.thread.is_alive() and time.monotonic() < deadline and not self.signals.forced:
-                self.thread.join(0.1)
-        finally:  # a signal during the wait raises here (StopBeforeTraining): the thread may still run
-            if self.thread.is_alive():
-                self.signals.forced = True
-                self.say("the workers did not return in time: exiting without waiting for them")
-        return not self.thread.is_alive()
+            return
+        start = time.monotonic()
+        deadline = min(start, self.signals.first_at or start) + self.cfg.checkpoint.signal_grace_s
+        while self.thread.is_alive() and not self.signals.forced and time.monotonic() < deadline:
+            self.signals.poll()  # its notes (no stop to pass on before training)
+            self.thread.join(0.1)
+        self.signals.poll()
+        self.abandoned = self.thread.is_alive()
+        if self.abandoned:
+            self.say("the workers did not return in time: exiting without waiting for them")
+
+
+def fit_running() -> bool:
+    """Whether a run's ``fit`` thread (:meth:`WorkerLaunch.start`) is still alive in this process:
+    then the process must end without Ray's shutdown at exit (``os._exit``), which would end it with
+    status 1 under that thread (see :meth:`WorkerLaunch.cancel`)."""
+    return any(t.name == FIT_THREAD and t.is_alive() for t in threading.enumerate())
