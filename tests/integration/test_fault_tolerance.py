@@ -453,35 +453,3 @@ def test_rayft_stop_asks_the_runs_of_the_cluster_to_stop(ray_local, cli_runs):
     time.sleep(0.5)
     assert running_stop_flags() == []
     assert request_stop("again", say=said.append) == [] and said[-1] == "no running rayft run on this Ray cluster"
-
-
-def test_a_driver_failure_during_training_stops_the_workers_at_a_checkpoint(ray_local, workdir, monkeypatch):
-    """The driver fails while its workers train (the disk under its metrics log full at step 3):
-    the workers are asked to stop as by ``rayft stop``, the last finished step is checkpointed,
-    ``fit`` has returned when the error is raised, and the error says where to resume. Before, the
-    workers went on training unseen until the process's exit stopped them without a checkpoint."""
-    from rayft.train.driver import TrainError
-    from rayft.train.run_dir import MetricsLog
-
-    real = MetricsLog.append
-
-    def append(self, record):
-        if record["step"] == 3:
-            raise OSError(28, "No space left on device")
-        real(self, record)
-
-    monkeypatch.setattr(MetricsLog, "append", append)
-    run = workdir / "runs" / "driver-failed"
-    with pytest.raises(TrainError) as e:
-        run_training(config(workdir, "driver-failed", "train.num_workers=1", "train.grad_accum_steps=4", "train.epochs=2"))
-    m = re.fullmatch(
-        r"the driver failed during training \(OSError: \[Errno 28\] No space left on device\); its workers were asked to stop "
-        rf"\(they returned\); resume from the checkpoint of step (\d+): --resume {re.escape(str(run))}",
-        str(e.value),
-    )
-    assert m, str(e.value)
-    step = int(m.group(1))
-    assert step in (3, 4) and (run / f"checkpoint_{step:07d}" / "rayft_state.json").exists()
-    assert [t.name for t in threading.enumerate() if t.name == "rayft-fit" and t.is_alive()] == []
-    assert sorted(losses(workdir, "driver-failed")) == [1, 2]  # the lines appended before the failure
-    assert not (run / ".rayft.lock").exists()

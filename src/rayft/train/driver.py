@@ -315,10 +315,7 @@ def train_run(
             metrics_log.append(record)
         trackers.log_step(record)
 
-    try:
-        reported = show_progress(th, progress, total, console, signals, on_step=on_step, tick=watch_lock)
-    except Exception as e:  # the driver's own failure while its workers train (a full disk under the metrics log, say)
-        raise stop_after_driver_failure(e, run_actor, th, signals, run_dir, cfg.checkpoint.signal_grace_s) from e
+    reported = show_progress(th, progress, total, console, signals, on_step=on_step, tick=watch_lock)
     forced = signals.signum is not None and th.is_alive()  # past the grace (or a second signal): do not wait
     if not forced:
         th.join()
@@ -355,19 +352,3 @@ def train_run(
     if local and summary["export"]:
         trackers.log_artifact(summary["export"]["export_dir"], "hf")
     return summary
-
-
-def stop_after_driver_failure(e: Exception, run_actor, fit_thread, signals: SignalStop, run_dir: str, grace_s: float) -> TrainError:
-    """The driver failed (``e``) while its workers train: ask them to stop as ``rayft stop`` does
-    (rank 0 checkpoints the last finished step, with ``checkpoint.on_signal``), wait up to
-    ``grace_s`` for ``fit`` to return (a second signal ends the wait), and return the error to raise,
-    naming the checkpoint to resume from. Without this the workers went on training, unseen, until
-    the process's exit stopped them with no checkpoint."""
-    run_actor.request.remote(f"the driver failed: {type(e).__name__}: {e}")
-    deadline = time.monotonic() + grace_s
-    while fit_thread.is_alive() and not signals.forced and time.monotonic() < deadline:
-        fit_thread.join(0.1)
-    held = newest_checkpoint_step(run_dir) if "://" not in run_dir else None
-    how = "they returned" if not fit_thread.is_alive() else f"they had not returned after {grace_s:g} s"
-    resume = f"; resume from the checkpoint of step {held}: --resume {run_dir}" if held is not None else "; no checkpoint to resume from"
-    return TrainError(f"the driver failed during training ({type(e).__name__}: {e}); its workers were asked to stop ({how}){resume}")
