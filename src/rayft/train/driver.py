@@ -310,10 +310,18 @@ def train_run(
 
     lost_sent: list[bool] = []
 
+    failed: list[str] = []  # the driver's own failure while its workers train (see on_step)
+
     def on_step(record: dict) -> None:
-        if metrics_log:
-            metrics_log.append(record)
-        trackers.log_step(record)
+        try:
+            if metrics_log:
+                metrics_log.append(record)
+            trackers.log_step(record)
+        except Exception as e:  # a full disk under the metrics log, say: the workers stop at a checkpoint, as on `rayft stop`
+            if not failed:  # (before, they trained on, unseen, until the process's exit stopped them without one)
+                failed.append(f"the driver could not record step {record['step']} ({type(e).__name__}: {e})")
+                say(f"{failed[0]}: asking the workers to stop after a checkpoint")
+                run_actor.request.remote(failed[0])
 
     reported = show_progress(th, progress, total, console, signals, on_step=on_step, tick=watch_lock)
     forced = signals.signum is not None and th.is_alive()  # past the grace (or a second signal): do not wait
@@ -338,8 +346,20 @@ def train_run(
         summary = build_summary(history, reported.extra(), run_dir, total, console, wall, stop, clock)
         summary["data_timings_s"] = data_parts
         if local:
-            write_run_records(run_dir, history, summary, resumed=bool(resume))
+            try:
+                write_run_records(run_dir, history, summary, resumed=bool(resume))
+            except OSError as e:
+                if not failed:
+                    raise
+                say(f"the run's records could not be written either ({type(e).__name__}: {e})")  # the same disk, likely
         trackers.log_summary(summary)
+        if failed and signals.signum is None:  # the driver's failure stopped the run, not a stop from outside
+            held = (
+                f"checkpoint of step {stop['checkpoint_step']}: resume with --resume {run_dir}"
+                if stop["checkpoint_step"]
+                else "no checkpoint"
+            )
+            raise TrainError(f"{failed[0]}; the workers stopped after step {stop['steps_done']}; {held}")
         code = signals.exit_code or EXIT_CODES[signal.SIGTERM]  # a stop from outside: as a pod's SIGTERM
         raise TrainStopped(
             stop["signal"], code, run_dir, stop["checkpoint_step"], forced=forced, steps_done=stop["steps_done"], total_steps=total
