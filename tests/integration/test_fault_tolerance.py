@@ -456,11 +456,11 @@ def test_rayft_stop_asks_the_runs_of_the_cluster_to_stop(ray_local, cli_runs):
 
 
 def test_a_driver_failure_during_training_stops_the_workers_at_a_checkpoint(ray_local, workdir, monkeypatch):
-    """The driver cannot record a step (the disk under its metrics log full at step 3 of 12): it asks
+    """The driver cannot record a step (the disk under its metrics log full from step 3): it asks
     the workers to stop as ``rayft stop`` does, they checkpoint the last finished step, the run's
     records are rewritten whole at its end, and the error says where to resume. Before, the workers
     trained on, unseen, until the process's exit stopped them without a checkpoint."""
-    from rayft.train.driver import TrainError
+    from rayft.train.driver import DRIVER_FAILURE, TrainError
     from rayft.train.run_dir import MetricsLog
 
     real = MetricsLog.append
@@ -472,17 +472,19 @@ def test_a_driver_failure_during_training_stops_the_workers_at_a_checkpoint(ray_
 
     monkeypatch.setattr(MetricsLog, "append", append)
     run = workdir / "runs" / "driver-failed"
-    with pytest.raises(TrainError) as e:  # 1 worker, 8 rows a step: 2 steps an epoch, 12 in all
-        run_training(config(workdir, "driver-failed", "train.num_workers=1", "train.grad_accum_steps=4", "train.epochs=6"))
+    # 1 worker, 8 rows a step: 2 steps an epoch, 100 in all; the stop ends it (rank 0 reads the flag up to two steps late)
+    with pytest.raises(TrainError) as e:
+        run_training(config(workdir, "driver-failed", "train.num_workers=1", "train.grad_accum_steps=4", "train.epochs=50"))
     stop = json.loads((run / "rayft_summary.json").read_text())["stopped"]
-    assert stop["reason"] == "the driver could not record step 3 (OSError: [Errno 28] No space left on device)"
-    # rank 0 reads the stop flag up to two steps late; the last finished step is checkpointed
-    assert 3 <= stop["steps_done"] < 12 and stop["checkpoint_step"] == stop["steps_done"], stop
-    assert (run / f"checkpoint_{stop['steps_done']:07d}" / "rayft_state.json").exists()
+    reason = "the driver could not record step 3 (OSError: [Errno 28] No space left on device)"
+    assert (stop["signal"], stop["reason"]) == (DRIVER_FAILURE, reason)
+    done = stop["steps_done"]
+    assert 3 <= done < 100 and stop["checkpoint_step"] == done, stop  # the last finished step checkpointed (checkpoint.on_signal)
+    assert (run / f"checkpoint_{done:07d}" / "rayft_state.json").exists()
     assert str(e.value) == (
-        f"{stop['reason']}; the workers stopped after step {stop['steps_done']}; "
-        f"checkpoint of step {stop['steps_done']}: resume with --resume {run}"
+        f"{reason}; the workers stopped after step {done}; newest checkpoint: step {done}; "
+        f"resume with: rayft train <the run's config> --resume {run}"
     )
-    assert sorted(losses(workdir, "driver-failed")) == list(range(1, stop["steps_done"] + 1))  # rewritten whole at the end
+    assert sorted(losses(workdir, "driver-failed")) == list(range(1, done + 1))  # rewritten whole at the end
     assert [t.name for t in threading.enumerate() if t.name == "rayft-fit" and t.is_alive()] == []
     assert not (run / ".rayft.lock").exists()

@@ -7,6 +7,7 @@ import threading
 import time
 from collections import deque
 
+import pytest
 from rich.console import Console
 
 from rayft.train.events import ProgressChannel, ResumedEvent, StepEvent
@@ -62,6 +63,44 @@ def test_resumed_run_keeps_the_metrics_before_its_checkpoint_once(tmp_path):
     assert [r["step"] for r in recs] == list(range(1, 9)) and recs[4]["loss"] == 5.0 and recs[5]["loss"] == 1.0
     MetricsLog(str(tmp_path), resumed_step=None)  # a new run starts the file empty
     assert path.read_text() == ""
+
+
+def test_a_failed_rewrite_of_the_records_leaves_the_old_ones_whole(tmp_path, monkeypatch):
+    """A full disk at the run's end: the metrics and summary files keep what they held (write_text
+    would have emptied them first), and no temporary file is left."""
+    from rayft.train.run_dir import write_run_records
+
+    old = "".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in (1, 2))
+    (tmp_path / "rayft_metrics.jsonl").write_text(old)
+
+    def full(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full)
+    history = [{"step": s, "loss": 0.5} for s in (1, 2, 3)]
+    with pytest.raises(OSError, match="No space left"):
+        write_run_records(str(tmp_path), history, {"steps": 3}, resumed=False)
+    assert (tmp_path / "rayft_metrics.jsonl").read_text() == old
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rayft_metrics.jsonl"]
+    monkeypatch.undo()
+    write_run_records(str(tmp_path), history, {"steps": 3}, resumed=False)
+    assert [json.loads(x)["loss"] for x in (tmp_path / "rayft_metrics.jsonl").read_text().splitlines()] == [0.5] * 3
+    assert json.loads((tmp_path / "rayft_summary.json").read_text()) == {"steps": 3}
+
+
+def test_the_error_of_a_run_its_driver_stopped_names_the_checkpoint_and_what_it_lacks():
+    from rayft.train.driver import driver_failure_error
+
+    reason = "the driver could not record step 3 (OSError: [Errno 28] No space left on device)"
+    got = [str(driver_failure_error(reason, {"steps_done": 5, "checkpoint_step": held}, "/runs/r")) for held in (5, 4, 2, None)]
+    assert got == [
+        f"{reason}; the workers stopped after step 5; newest checkpoint: step 5; resume with: rayft train <the run's config> --resume /runs/r",
+        f"{reason}; the workers stopped after step 5; newest checkpoint: step 4 (step 5 is not in it: checkpoint.on_signal is off); "
+        "resume with: rayft train <the run's config> --resume /runs/r",
+        f"{reason}; the workers stopped after step 5; newest checkpoint: step 2 (steps 3-5 are not in it: checkpoint.on_signal is off); "
+        "resume with: rayft train <the run's config> --resume /runs/r",
+        f"{reason}; the workers stopped after step 5; no checkpoint to resume from",
+    ]
 
 
 def test_unreachable_hub_is_one_line_and_the_cache(monkeypatch):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
@@ -310,18 +311,26 @@ def train_run(
 
     lost_sent: list[bool] = []
 
-    failed: list[str] = []  # the driver's own failure while its workers train (see on_step)
+    failed: list[str] = []  # a step the driver could not record (see on_step)
 
     def on_step(record: dict) -> None:
+        trackers.log_step(record)  # a tracker's own failure is its warning (rayft.tracking)
+        if metrics_log is None or failed:
+            return
         try:
-            if metrics_log:
-                metrics_log.append(record)
-            trackers.log_step(record)
-        except Exception as e:  # a full disk under the metrics log, say: the workers stop at a checkpoint, as on `rayft stop`
-            if not failed:  # (before, they trained on, unseen, until the process's exit stopped them without one)
-                failed.append(f"the driver could not record step {record['step']} ({type(e).__name__}: {e})")
-                say(f"{failed[0]}: asking the workers to stop after a checkpoint")
-                run_actor.request.remote(failed[0])
+            metrics_log.append(record)
+        except Exception as e:  # a full disk, say: the workers stop as on `rayft stop` (before, they trained on unseen)
+            failed.append(f"the driver could not record step {record['step']} ({type(e).__name__}: {e})")
+            say(f"{failed[0]}: asking the workers to stop")
+            run_actor.request.remote(failed[0])
+
+    def write_records(write: Callable[[], None]) -> None:  # after such a failure, a failed rewrite is said, not raised
+        try:
+            write()
+        except OSError as e:
+            if not failed:
+                raise
+            say(f"the run's records could not be written either ({type(e).__name__}: {e})")
 
     reported = show_progress(th, progress, total, console, signals, on_step=on_step, tick=watch_lock)
     forced = signals.signum is not None and th.is_alive()  # past the grace (or a second signal): do not wait
@@ -330,9 +339,9 @@ def train_run(
     marks["fit_returned"] = time.time()
     history = reported.history
     if "error" in outcome and not forced:
-        if local and history:
-            write_metrics(run_dir, history, resumed=bool(resume))  # the appended lines, without re-run steps
-        raise TrainError(f"training failed: {outcome['error']}")
+        if local and history:  # the appended lines, without re-run steps
+            write_records(lambda: write_metrics(run_dir, history, resumed=bool(resume)))
+        raise TrainError(f"training failed: {outcome['error']}" + (f" (after this: {failed[0]})" if failed else ""))
     if lock.lost:
         raise TrainError(f"{lock.lost}; this run stopped after step {history[-1]['step'] if history else 0}")
     wall = wall_timeline(marks, history)
@@ -342,24 +351,16 @@ def train_run(
     # A signal after the last step's stop vote lets the run complete: it then ends as a finished run.
     if reported.stopped is not None or forced:
         held = newest_checkpoint_step(run_dir) if local else max((c["step"] for c in reported.checkpoints), default=None)
-        stop = stop_record(signals.name, reported.stopped, history, held, forced)
+        # the workers stopped for the driver's failure, and no signal came: the run's error, not a stop from outside
+        driver_stop = failed and signals.signum is None and reported.stopped is not None and reported.stopped.reason == failed[0]
+        stop = stop_record(DRIVER_FAILURE if driver_stop else signals.name, reported.stopped, history, held, forced)
         summary = build_summary(history, reported.extra(), run_dir, total, console, wall, stop, clock)
         summary["data_timings_s"] = data_parts
         if local:
-            try:
-                write_run_records(run_dir, history, summary, resumed=bool(resume))
-            except OSError as e:
-                if not failed:
-                    raise
-                say(f"the run's records could not be written either ({type(e).__name__}: {e})")  # the same disk, likely
+            write_records(lambda: write_run_records(run_dir, history, summary, resumed=bool(resume)))
         trackers.log_summary(summary)
-        if failed and signals.signum is None:  # the driver's failure stopped the run, not a stop from outside
-            held = (
-                f"checkpoint of step {stop['checkpoint_step']}: resume with --resume {run_dir}"
-                if stop["checkpoint_step"]
-                else "no checkpoint"
-            )
-            raise TrainError(f"{failed[0]}; the workers stopped after step {stop['steps_done']}; {held}")
+        if driver_stop:
+            raise driver_failure_error(failed[0], stop, run_dir)
         code = signals.exit_code or EXIT_CODES[signal.SIGTERM]  # a stop from outside: as a pod's SIGTERM
         raise TrainStopped(
             stop["signal"], code, run_dir, stop["checkpoint_step"], forced=forced, steps_done=stop["steps_done"], total_steps=total
@@ -367,8 +368,29 @@ def train_run(
     summary = build_summary(history, reported.extra(), run_dir, total, console, wall, clock=clock)
     summary["data_timings_s"] = data_parts
     if local:
-        write_run_records(run_dir, history, summary, resumed=bool(resume))
+        write_records(lambda: write_run_records(run_dir, history, summary, resumed=bool(resume)))
+    if failed:  # the run ended before the workers' stop landed
+        say(f"{failed[0]}; the run had finished all its steps (its records are rewritten at the end)")
     trackers.log_summary(summary)
     if local and summary["export"]:
         trackers.log_artifact(summary["export"]["export_dir"], "hf")
     return summary
+
+
+#: the summary's ``stopped.signal`` for a run its driver stopped (a step it could not record)
+DRIVER_FAILURE = "the driver's failure"
+
+
+def driver_failure_error(reason: str, stop: dict, run_dir: str) -> TrainError:
+    """The error of a run stopped by its driver's failure (``reason``; ``stop``: the summary's
+    :func:`~rayft.train.summary.stop_record`): the steps done and the checkpoint to resume from,
+    which holds fewer steps where ``checkpoint.on_signal`` is off."""
+    done, held = stop["steps_done"], stop["checkpoint_step"]
+    if held is None:
+        return TrainError(f"{reason}; the workers stopped after step {done}; no checkpoint to resume from")
+    lost = f"step {done} is" if held + 1 == done else f"steps {held + 1}-{done} are"
+    behind = f" ({lost} not in it: checkpoint.on_signal is off)" if held < done else ""
+    return TrainError(
+        f"{reason}; the workers stopped after step {done}; newest checkpoint: step {held}{behind}; "
+        f"resume with: rayft train <the run's config> --resume {run_dir}"
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 from pathlib import Path
 
 from rich.console import Console
@@ -212,10 +213,21 @@ def write_metrics(run_dir: str, history: list[dict], resumed: bool) -> None:
     earlier = [json.loads(x) for x in metrics_file.read_text().splitlines()] if resumed and metrics_file.exists() else []
     first = history[0]["step"] if history else float("inf")
     merged = [h for h in earlier if h["step"] < first] + history  # a resumed run keeps the original curve
-    metrics_file.write_text("".join(json.dumps(h) + "\n" for h in merged))
+    replace_text(metrics_file, "".join(json.dumps(h) + "\n" for h in merged))
 
 
 def write_run_records(run_dir: str, history: list[dict], summary: dict, resumed: bool) -> None:
     """Write ``rayft_metrics.jsonl`` (:func:`write_metrics`) and ``rayft_summary.json`` into a local ``run_dir``."""
     write_metrics(run_dir, history, resumed)
-    (Path(run_dir) / "rayft_summary.json").write_text(json.dumps(summary, indent=2))
+    replace_text(Path(run_dir) / "rayft_summary.json", json.dumps(summary, indent=2))
+
+
+def replace_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file beside it and ``os.replace``: a write that
+    fails (a full disk) leaves the old file whole, where ``write_text`` would have emptied it first."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
