@@ -352,7 +352,7 @@ def train_run(
     if reported.stopped is not None or forced:
         held = newest_checkpoint_step(run_dir) if local else max((c["step"] for c in reported.checkpoints), default=None)
         # the workers stopped for the driver's failure, and no signal came: the run's error, not a stop from outside
-        driver_stop = failed and signals.signum is None and reported.stopped is not None and reported.stopped.reason == failed[0]
+        driver_stop = bool(failed) and signals.signum is None and reported.stopped is not None and reported.stopped.reason == failed[0]
         stop = stop_record(DRIVER_FAILURE if driver_stop else signals.name, reported.stopped, history, held, forced)
         summary = build_summary(history, reported.extra(), run_dir, total, console, wall, stop, clock)
         summary["data_timings_s"] = data_parts
