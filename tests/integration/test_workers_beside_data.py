@@ -156,7 +156,7 @@ def test_rayft_stop_during_the_data_phase_stops_the_driver_as_a_sigterm_would(tm
     """The stop flag is read while the data phase runs, not only once the workers train."""
     got, p = run("stop", tmp_path, 0.0)  # its exit status 0: a SIGTERM's 143 not lost to Ray's shutdown (CI, 2026-12-05)
     assert len(got["asked"]) == 1 and "not_stopped" not in got
-    assert got["stopped"] == ["SIGTERM", 143, True, False]  # before training, not forced: the workers returned in time
+    assert got["stopped"] == ["rayft stop", 143, True, False]  # as during training: named by the stop, 143; not forced
     assert got["data_end_unix"] - got["requested_unix"] < 5  # the watch asks every 0.5 s
     # then the driver waits for fit to return: the workers, still starting, return without training (8-9 s on 2 cores)
     assert got["fit_alive"] == [] and got["stopped_unix"] - got["requested_unix"] < 25  # checkpoint.signal_grace_s
@@ -183,7 +183,7 @@ def test_a_stop_whose_workers_outlive_the_grace_exits_143_without_rays_shutdown(
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 143, err[-3000:]
     assert "the workers did not return in time: exiting without waiting for them" in err
-    assert "stopped by SIGTERM before training started" in err and "core worker has already been shutdown" not in err
+    assert "stopped by rayft stop before training started" in err and "core worker has already been shutdown" not in err
     assert not (tmp_path / "runs" / "r").exists()
     deadline = time.time() + 10
     while (left := session_processes(proc.pid)) and time.time() < deadline:

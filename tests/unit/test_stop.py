@@ -62,6 +62,14 @@ def test_while_the_run_calls_its_workers_off_a_signal_only_records_itself_and_a_
         assert stop.forced and stop.signum == signal.SIGTERM and stop.exit_code == 143
 
 
+def test_a_stop_record_before_training_keeps_the_stops_reason():
+    from rayft.train.summary import stop_record
+
+    asked = stop_record("rayft stop", None, [], None, forced=False, reason="preStop of pod head-0")
+    assert (asked["signal"], asked["reason"], asked["steps_done"]) == ("rayft stop", "preStop of pod head-0", 0)
+    assert stop_record("SIGTERM", None, [], 4, forced=True)["reason"] == "SIGTERM to the driver"
+
+
 def test_the_stop_flag_is_set_once_and_the_poll_without_a_flag_never_stops():
     flag = RunActor()
     assert flag.requested() is None

@@ -108,7 +108,9 @@ class SignalStop:
     ``first_at``: the first signal's ``time.monotonic()``. ``calling_off``: the run ends before
     training and the driver waits for workers it started to return
     (:meth:`rayft.train.worker_launch.WorkerLaunch.cancel`); a signal then only records itself, as
-    in training (a second one sets ``forced``).
+    in training (a second one sets ``forced``). ``asked``: the reason of a stop asked through the
+    run's actor before training (``rayft stop``), which :class:`StopRequestWatch` turns into this
+    SIGTERM.
     """
 
     grace_s: float
@@ -120,6 +122,7 @@ class SignalStop:
     forced: bool = False
     training: bool = False
     calling_off: bool = False
+    asked: str | None = None
     _notes: list[str] = field(default_factory=list)
     _stop_sent: bool = False
 
@@ -206,7 +209,7 @@ class StopRequestWatch:
     :class:`~rayft.train.run_actor.RunActor` handle."""
 
     def __init__(self, flag: Any, signals: SignalStop, poll_s: float = 0.5):
-        self.flag, self.poll_s = flag, poll_s
+        self.flag, self.signals, self.poll_s = flag, signals, poll_s
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True, name="rayft-stop-watch") if signals.handles_sigterm() else None
 
@@ -233,6 +236,7 @@ class StopRequestWatch:
             except ray.exceptions.RayActorError:  # the run is ending anyway
                 return
             if reason is not None and not self._done.is_set():
+                self.signals.asked = reason  # the stop's own name and reason, not the SIGTERM's that carries it
                 _thread.interrupt_main(signal.SIGTERM)
                 return
 

@@ -184,11 +184,14 @@ def print_paths(console: Console, run_dir: str, export_dir: str | None) -> None:
         )
 
 
-def stop_record(signal_name: str, stopped, history: list[dict], checkpoint_step: int | None, forced: bool) -> dict:
+def stop_record(
+    signal_name: str, stopped, history: list[dict], checkpoint_step: int | None, forced: bool, reason: str | None = None
+) -> dict:
     """The summary's ``stopped`` entry: ``signal`` (the driver's, or ``rayft stop``), ``steps_done``,
     ``checkpoint_step`` (None: nothing to resume from), ``forced`` (the driver stopped waiting for
     the workers), ``reason``. ``stopped``: the workers' :class:`StoppedEvent`, None when they sent
-    none (they were still starting, or did not stop in time)."""
+    none (they were still starting, or did not stop in time); ``reason``: the stop's reason then
+    (else the signal's)."""
     steps_done = stopped.steps_done if stopped is not None else (history[-1]["step"] if history else 0)
     if stopped is not None and stopped.checkpoint_step is not None:
         checkpoint_step = stopped.checkpoint_step
@@ -197,7 +200,7 @@ def stop_record(signal_name: str, stopped, history: list[dict], checkpoint_step:
         "steps_done": steps_done,
         "checkpoint_step": checkpoint_step,
         "forced": forced,
-        "reason": stopped.reason if stopped is not None else f"{signal_name} to the driver",
+        "reason": stopped.reason if stopped is not None else (reason or f"{signal_name} to the driver"),
     }
 
 
