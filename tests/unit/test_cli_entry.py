@@ -42,3 +42,10 @@ def test_the_cli_loads_without_the_frameworks_and_the_benchmarks():
     code = f"import sys, rayft.cli; print(','.join(m for m in {heavy!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_an_error_prints_its_brackets_as_text_and_rays_colours_decoded(capsys):
+    from rayft.commands import common
+
+    common.print_error("error", RuntimeError("training failed: \x1b[36mray::execute()\x1b[39m (pid=1) [/a/b.cc:5] [bold]x"))
+    assert capsys.readouterr().err == "error: training failed: ray::execute() (pid=1) [/a/b.cc:5] [bold]x\n"

@@ -21,8 +21,9 @@ SetOpt = Annotated[Optional[list[str]], typer.Option("--set", "-s", help="Overri
 
 
 def print_error(label: str, err: BaseException) -> None:
-    """Print an error without interpreting its text as Rich markup (paths like ``[/a/b.cc:5]``)."""
-    console.print(Text.assemble((label, "bold red"), ": ", str(err)), highlight=False)
+    """Print an error without interpreting its text as Rich markup (paths like ``[/a/b.cc:5]``); the
+    ANSI colours in it (Ray's, around a worker's name) are decoded, not printed as escape codes."""
+    console.print(Text.assemble((label, "bold red"), ": ", Text.from_ansi(str(err))), highlight=False)
 
 
 def load_config_or_exit(path: Path, overrides: list[str] | None) -> RayftConfig:
