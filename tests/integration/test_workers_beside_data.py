@@ -76,6 +76,17 @@ def data_phase(*args, **kwargs):  # the real data phase, its tokenization slowed
         seen["data_end_unix"] = time.time()
 
 driver.load_run_data = data_phase
+if mode == "worker-fail":  # a tokenization of 30 s more, reporting its progress as a large one does
+    from rayft.data import ingest
+    real_run = ingest.TaskRunner.run
+    def slow_run(self, task, limit=None, progress=None):
+        out = real_run(self, task, limit, progress)
+        for _ in range(300):
+            if progress is not None:
+                progress(0, 0, 0)
+            time.sleep(0.1)
+        return out
+    ingest.TaskRunner.run = slow_run
 overrides = [f"checkpoint.storage_path={runs}", "checkpoint.name=r", "train.max_steps=2", "train.warmup_steps=0",
              "checkpoint.every_steps=null", "checkpoint.export_hf=false", "ray.log_to_driver=true", *extra]
 if mode.startswith("cli"):  # the `rayft train` command itself, in this process: its exit status is the test's
@@ -162,6 +173,23 @@ def test_rayft_stop_during_the_data_phase_stops_the_driver_as_a_sigterm_would(tm
     assert got["fit_alive"] == [] and got["stopped_unix"] - got["requested_unix"] < 25  # checkpoint.signal_grace_s
     assert "step 1/" not in p.stderr
     assert not (tmp_path / "runs" / "r").exists()
+
+
+def test_workers_failing_at_their_start_end_the_data_phase_with_their_error(tmp_path):
+    """A worker's process group cannot start (GLOO_SOCKET_IFNAME names no interface, as on a node
+    set up wrong) while the driver tokenizes: the next progress report of the tokenization raises
+    Ray Train's error, not 30 s later after the rest of it, and the token store is not left half
+    built (a second run without the fault tokenizes afresh and trains)."""
+    args = [sys.executable, "-c", RUN, "worker-fail", str(tmp_path / "runs"), "0", f"data.cache_dir={tmp_path / 'store'}"]
+    p = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env() | {"GLOO_SOCKET_IFNAME": "bogus0"}, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = last_json(p.stdout)
+    assert got["error"].startswith("the workers failed at their start, while the data were tokenized: "), got["error"]
+    assert "Unable to find address for: bogus0" in got["error"]
+    assert got["data_end_unix"] - got["ingest_start_unix"] < 25 and got["fit_alive"] == []
+    assert not (tmp_path / "runs" / "r").exists()
+    again, _ = run("train", tmp_path, 0.0)
+    assert again["steps"] == 2 and "ingest_start_unix" in again  # a store miss: nothing half built was taken for a store
 
 
 def test_a_stop_whose_workers_outlive_the_grace_exits_143_without_rays_shutdown(tmp_path):

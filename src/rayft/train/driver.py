@@ -64,12 +64,13 @@ def load_run_data(
     locate=None,
     timings: dict[str, float] | None = None,
     before_ingest=None,
+    progress=None,
 ) -> PreparedData:
     """The run's data (:func:`rayft.data.prepare.prepare_data`) with the model's tokenizer, which
     is loaded here unless given (``tokenizer``: the one :func:`default_tokenizer` names).
     ``run_dir``: the run directory (the store's root with ``data.cache_dir: null``); ``locate`` and
-    ``before_ingest``: see :func:`~rayft.data.prepare.prepare_data` (the driver's cluster-storage
-    check; where it starts its workers).
+    ``before_ingest``, ``progress``: see :func:`~rayft.data.prepare.prepare_data` (the driver's
+    cluster-storage check; where it starts its workers; its look at them while it tokenizes).
     ``timings`` gets the wall seconds of the parts: ``imports`` (the model-config helpers, with
     transformers), ``tokenizer`` (its load), ``store`` (the token store: its key, then opened or built).
 
@@ -99,6 +100,7 @@ def load_run_data(
             run_dir=run_dir,
             locate=locate,
             before_ingest=before_ingest,
+            progress=progress,
         )
         timings["store"] = time.perf_counter() - t
         return data
@@ -270,6 +272,7 @@ def train_run(
             locate=launch.locate,
             timings=data_timings,
             before_ingest=launch.before_ingest,
+            progress=launch.ingest_progress(),
         )
         marks["data_ready"] = time.time()
         launch.ready()

@@ -31,6 +31,7 @@ from typing import Any
 from rich.console import Console
 
 from rayft.config import RayftConfig
+from rayft.train.errors import TrainError
 from rayft.train.ray_cluster import (
     EMBEDDED,
     EXISTING,
@@ -149,6 +150,21 @@ class WorkerLaunch:
             self.ready()
             self.start()
 
+    def ingest_progress(self) -> WorkersStartWatch:
+        """The data phase's progress (:class:`rayft.data.prepare.Progress`): see :class:`WorkersStartWatch`."""
+        return WorkersStartWatch(self)
+
+    def check_started(self) -> None:
+        """Raises, once ``fit`` has returned before the workers got their arguments: they failed at
+        their start (their process group, an import, their node), and Ray Train gave up.
+
+        Raises:
+            TrainError: with Ray Train's error.
+        """
+        if self.thread is not None and not self.thread.is_alive():
+            error = self.outcome.get("error", "fit returned before the workers had their arguments")
+            raise TrainError(f"the workers failed at their start, while the data were tokenized: {error}")
+
     def start(self) -> threading.Thread:
         """Start Ray Train's ``TorchTrainer.fit()`` on a thread of its own (once) and return it.
 
@@ -241,3 +257,20 @@ def fit_running() -> bool:
     then the process must end without Ray's shutdown at exit (``os._exit``), which would end it with
     status 1 under that thread (see :meth:`WorkerLaunch.cancel`)."""
     return any(t.name == FIT_THREAD and t.is_alive() for t in threading.enumerate())
+
+
+class WorkersStartWatch:
+    """The data phase's progress reports (:class:`rayft.data.prepare.Progress`: every 256 records
+    of a local tokenization, and each task's end) while the workers start beside it
+    (:meth:`WorkerLaunch.before_ingest`): each looks whether they have failed already
+    (:meth:`WorkerLaunch.check_started`, a thread's liveness) and raises their error at once,
+    instead of after the whole tokenization, minutes of it on a large corpus."""
+
+    def __init__(self, launch: WorkerLaunch):
+        self.launch = launch
+
+    def start(self, total_bytes: int) -> None:
+        self.launch.check_started()
+
+    def advance(self, nbytes: int, records: int, tokens: int) -> None:
+        self.launch.check_started()
