@@ -49,3 +49,7 @@ def test_an_error_prints_its_brackets_as_text_and_rays_colours_decoded(capsys):
 
     common.print_error("error", RuntimeError("training failed: \x1b[36mray::execute()\x1b[39m (pid=1) [/a/b.cc:5] [bold]x"))
     assert capsys.readouterr().err == "error: training failed: ray::execute() (pid=1) [/a/b.cc:5] [bold]x\n"
+    common.print_error("error", OSError("line one\r\nline two"))  # CRLF text, as some services answer
+    assert capsys.readouterr().err == "error: line one\nline two\n"
+    common.print_error("error", RuntimeError("\x1b[31mred\x1b[0m\r\nnext"))
+    assert capsys.readouterr().err == "error: red\nnext\n"

@@ -22,8 +22,12 @@ SetOpt = Annotated[Optional[list[str]], typer.Option("--set", "-s", help="Overri
 
 def print_error(label: str, err: BaseException) -> None:
     """Print an error without interpreting its text as Rich markup (paths like ``[/a/b.cc:5]``); the
-    ANSI colours in it (Ray's, around a worker's name) are decoded, not printed as escape codes."""
-    console.print(Text.assemble((label, "bold red"), ": ", Text.from_ansi(str(err))), highlight=False)
+    ANSI colours in it (Ray's, around a worker's name) are decoded, not printed as escape codes.
+    Only a text with an escape code is decoded: rich's decoder keeps what follows a line's last
+    ``\r``, which would drop the start of a CRLF line."""
+    text = str(err)
+    body = Text.from_ansi(text.replace("\r\n", "\n")) if "\x1b" in text else text
+    console.print(Text.assemble((label, "bold red"), ": ", body), highlight=False)
 
 
 def load_config_or_exit(path: Path, overrides: list[str] | None) -> RayftConfig:

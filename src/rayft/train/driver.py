@@ -154,7 +154,7 @@ def run_training(cfg: RayftConfig, resume: str | None = None, console: Console |
                     raise
                 local = "://" not in run_dir
                 held = newest_checkpoint_step(run_dir) if local else None  # a --resume run keeps its resume point
-                by = "rayft stop" if signals.asked else signals.name  # as a stop during training names it
+                by = "rayft stop" if signals.asked is not None else signals.name  # as a stop during training names it
                 if local and not resume and Path(run_dir, "rayft.yaml").exists():  # a new run whose directory was prepared
                     stop = stop_record(by, None, [], held, forced=launch.abandoned, reason=signals.asked)
                     write_run_records(run_dir, [], {"run_dir": run_dir, "steps": 0, "stopped": stop}, resumed=False)

@@ -236,7 +236,8 @@ class StopRequestWatch:
             except ray.exceptions.RayActorError:  # the run is ending anyway
                 return
             if reason is not None and not self._done.is_set():
-                self.signals.asked = reason  # the stop's own name and reason, not the SIGTERM's that carries it
+                if self.signals.signum is None and not self.signals.calling_off:  # else a signal came first: its name stays
+                    self.signals.asked = reason  # the stop's own name and reason, not the SIGTERM's that carries it
                 _thread.interrupt_main(signal.SIGTERM)
                 return
 
