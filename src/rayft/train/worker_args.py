@@ -102,7 +102,7 @@ class PendingArgs:
     def called_off(self) -> str | None:
         """Ask once, without waiting: the reason the run was called off before training, or None
         (the arguments are there, or still to come). A worker asks before its imports, which a
-        cancelled run need not wait for (3.7 s of a 2-core machine's)."""
+        cancelled run need not wait for."""
         state, value = self.ask()
         return value if state == "cancelled" else None
 
