@@ -137,6 +137,7 @@ def fail(*args, **kwargs):  # the run, failing at once: the Ray start is (most l
     raise driver.TrainError("a bad record (the test's)")
 
 driver.train_run = fail
+driver.SETTLE_S = 120.0  # the wait under test, without its cap: on a loaded 2-core machine a start took > 10 s (2026-12-05)
 cfg = RayftConfig.model_validate({"model": {"name_or_path": "qwen2-tiny"}, "data": {"train_files": ["unused.jsonl"]},
                                   "train": {"use_gpu": False, "num_workers": 1}, "checkpoint": {"storage_path": sys.argv[1]},
                                   "ray": {"num_cpus": 1}})
