@@ -45,7 +45,7 @@ from rayft.train.run_lock import RunLock
 from rayft.train.stop import EXIT_CODES, SignalStop
 from rayft.train.summary import build_summary, stop_record, wall_timeline
 from rayft.train.transport_check import TransportCheck
-from rayft.train.worker_launch import WorkerLaunch
+from rayft.train.worker_launch import WorkerLaunch, WorkersStartWatch
 
 __all__ = ["TrainError", "TrainStopped", "load_run_data", "run_training"]
 
@@ -272,7 +272,7 @@ def train_run(
             locate=launch.locate,
             timings=data_timings,
             before_ingest=launch.before_ingest,
-            progress=launch.ingest_progress(),
+            progress=WorkersStartWatch(launch),  # the workers' failure at their start, seen as it tokenizes
         )
         marks["data_ready"] = time.time()
         launch.ready()

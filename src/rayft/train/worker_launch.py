@@ -150,10 +150,6 @@ class WorkerLaunch:
             self.ready()
             self.start()
 
-    def ingest_progress(self) -> WorkersStartWatch:
-        """The data phase's progress (:class:`rayft.data.prepare.Progress`): see :class:`WorkersStartWatch`."""
-        return WorkersStartWatch(self)
-
     def check_started(self) -> None:
         """Raises, once ``fit`` has returned before the workers got their arguments: they failed at
         their start (their process group, an import, their node), and Ray Train gave up.
