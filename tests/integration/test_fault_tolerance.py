@@ -488,3 +488,52 @@ def test_a_driver_failure_during_training_stops_the_workers_at_a_checkpoint(ray_
     assert sorted(losses(workdir, "driver-failed")) == list(range(1, done + 1))  # rewritten whole at the end
     assert [t.name for t in threading.enumerate() if t.name == "rayft-fit" and t.is_alive()] == []
     assert not (run / ".rayft.lock").exists()
+
+
+class PipeClosedAtStep3:
+    """A console's file whose reader went away once the progress line of step 3 was written: every
+    later write or flush raises ``BrokenPipeError``, as stderr does under ``rayft train ... 2>&1 | head``."""
+
+    def __init__(self):
+        self.text, self.closed_pipe = "", False
+
+    def write(self, text):
+        if self.closed_pipe:
+            raise BrokenPipeError(32, "Broken pipe")
+        self.text += text
+        self.closed_pipe = "step 3/" in self.text
+        return len(text)
+
+    def flush(self):
+        if self.closed_pipe:
+            raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_a_failed_progress_display_stops_the_workers_at_a_checkpoint(ray_local, workdir):
+    """The driver's console fails mid-run (its pipe closed: rich's console raises ``SystemExit(1)``,
+    Console.on_broken_pipe): the driver asks the workers to stop as
+    ``rayft stop`` does, keeps collecting their records without a display, and ends with an error
+    naming the checkpoint. Before, the exception left ``fit`` running and the workers training until
+    the process's exit killed them without a checkpoint."""
+    from rich.console import Console
+
+    from rayft.train.driver import DRIVER_FAILURE, TrainError
+
+    out = PipeClosedAtStep3()
+    run = workdir / "runs" / "display-failed"
+    with pytest.raises(TrainError) as e:
+        run_training(
+            config(workdir, "display-failed", "train.num_workers=1", "train.grad_accum_steps=4", "train.epochs=50"),
+            console=Console(file=out, width=200),
+        )
+    assert out.closed_pipe and "step 4/" not in out.text
+    summary = json.loads((run / "rayft_summary.json").read_text())
+    reason = "the driver could not show the run's progress (its console's pipe was closed)"  # rich: SystemExit(1)
+    assert (summary["stopped"]["signal"], summary["stopped"]["reason"]) == (DRIVER_FAILURE, reason)
+    done = summary["stopped"]["steps_done"]
+    assert 3 <= done < 100 and summary["stopped"]["checkpoint_step"] == done, summary["stopped"]
+    assert (run / f"checkpoint_{done:07d}" / "rayft_state.json").exists()
+    assert str(e.value).startswith(f"{reason}; the workers stopped after step {done}; newest checkpoint: step {done}; ")
+    assert sorted(losses(workdir, "display-failed")) == list(range(1, done + 1))  # every step recorded, after the display too
+    assert [t.name for t in threading.enumerate() if t.name == "rayft-fit" and t.is_alive()] == []
+    assert not (run / ".rayft.lock").exists()

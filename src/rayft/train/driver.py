@@ -25,7 +25,7 @@ from rayft.data.examples import DataError
 from rayft.data.prepare import PreparedData, open_tokenizer, prepare_data
 from rayft.tracking import Trackers
 from rayft.train.errors import TrainError, TrainStopped
-from rayft.train.progress import show_progress
+from rayft.train.progress import RunProgress, show_progress
 from rayft.train.ray_cluster import connect_ray
 from rayft.train.ray_start import EmbeddedRayStart
 from rayft.train.run_actor import ActorMailbox
@@ -313,18 +313,24 @@ def train_run(
 
     lost_sent: list[bool] = []
 
-    failed: list[str] = []  # a step the driver could not record (see on_step)
+    failed: list[str] = []  # the driver's own failure: the first one's reason (see driver_failed)
+    unrecorded: list[bool] = []  # the metrics log failed: no more lines appended (rewritten whole at the end)
+
+    def driver_failed(reason: str) -> None:  # the workers stop as on `rayft stop` (before, they trained on unseen)
+        if not failed:
+            failed.append(reason)
+            say(f"{reason}: asking the workers to stop")
+            run_actor.request.remote(reason)
 
     def on_step(record: dict) -> None:
         trackers.log_step(record)  # a tracker's own failure is its warning (rayft.tracking)
-        if metrics_log is None or failed:
+        if metrics_log is None or unrecorded:
             return
         try:
             metrics_log.append(record)
-        except Exception as e:  # a full disk, say: the workers stop as on `rayft stop` (before, they trained on unseen)
-            failed.append(f"the driver could not record step {record['step']} ({type(e).__name__}: {e})")
-            say(f"{failed[0]}: asking the workers to stop")
-            run_actor.request.remote(failed[0])
+        except Exception as e:  # a full disk, say
+            unrecorded.append(True)
+            driver_failed(f"the driver could not record step {record['step']} ({type(e).__name__}: {e})")
 
     def write_records(write: Callable[[], None]) -> None:  # after such a failure, a failed rewrite is said, not raised
         try:
@@ -334,7 +340,21 @@ def train_run(
                 raise
             say(f"the run's records could not be written either ({type(e).__name__}: {e})")
 
-    reported = show_progress(th, progress, total, console, signals, on_step=on_step, tick=watch_lock)
+    reported = RunProgress()  # what arrived, kept where the display fails
+    try:
+        show_progress(th, progress, total, console, signals, on_step=on_step, tick=watch_lock, run=reported)
+    except (Exception, SystemExit) as e:  # the display itself; rich ends the process on a closed pipe (Console.on_broken_pipe)
+        why = "its console's pipe was closed" if isinstance(e, SystemExit) else f"{type(e).__name__}: {e}"
+        console = Console(quiet=True)  # the console may be what failed: the rest is in the run's records and its error
+        driver_failed(f"the driver could not show the run's progress ({why})")
+        try:  # the steps' records and the workers' stop still arrive through the channel
+            show_progress(th, progress, total, console, signals, on_step=on_step, tick=watch_lock, run=reported)
+        except Exception as again:  # the channel too: the workers were asked to stop; wait for them as on a signal
+            th.join(cfg.checkpoint.signal_grace_s)
+            raise TrainError(
+                f"{failed[0]}; the workers were asked to stop, then their progress was lost too ({type(again).__name__}: {again}); "
+                f"the newest checkpoint in {run_dir} is the one to resume from"
+            ) from again
     forced = signals.signum is not None and th.is_alive()  # past the grace (or a second signal): do not wait
     if not forced:
         th.join()

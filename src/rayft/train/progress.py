@@ -103,16 +103,18 @@ def show_progress(
     signals: SignalStop | None = None,
     on_step: Callable[[dict], None] | None = None,
     tick: Callable[[], None] | None = None,
+    run: RunProgress | None = None,
 ) -> RunProgress:
     """Show the progress of ``total`` steps until ``fit_thread`` (running ``trainer.fit()``) ends
     and the channel is empty, or a signal's grace period is over (``signals``); returns what was
     reported. On a terminal that is a live progress bar; elsewhere (``console`` not a terminal: a
     file, a pipe, Ray job logs) one plain line per reported step (:func:`plain_line`; the workers
     report every ``train.log_every`` steps, the first and the last). ``on_step(metrics)`` is
-    called with each step's record as it arrives, ``tick()`` every quarter second."""
+    called with each step's record as it arrives, ``tick()`` every quarter second. ``run``: where to
+    collect (a new one by default), so that a caller keeps what arrived when this raises."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    run = RunProgress()
+    run = RunProgress() if run is None else run
     live = console.is_terminal
     cols = [
         TextColumn("step"),
@@ -150,12 +152,18 @@ def show_progress(
                 tick()
             alive = fit_thread.is_alive()
             events = channel.drain()
-            for event in events:
-                info = run.add(event, say)
+            shown: list[tuple[list[str], int | None, str | None]] = []  # each event's lines, then its step's line
+            for event in events:  # all recorded before anything is shown: a display that fails loses no drained event
+                lines: list[str] = []
+                info = run.add(event, lines.append)
+                if info is not None and on_step is not None:
+                    on_step(run.history[-1])
+                shown.append((lines, run.history[-1]["step"] if info is not None else None, info))
+            for lines, step, info in shown:
+                for line in lines:
+                    say(line)
                 if info is not None:
-                    show(run.history[-1]["step"], info)
-                    if on_step is not None:
-                        on_step(run.history[-1])
+                    show(step, info)
             if not alive and not events:
                 break
             if signals is not None and signals.past_deadline():
