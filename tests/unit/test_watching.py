@@ -185,3 +185,33 @@ def test_the_loop_sees_fit_return_without_finishing_its_quarter_second():
     show_progress(fit, ProgressChannel(ListMailbox([])), 8, Console(file=io.StringIO()))
     assert not fit.is_alive()
     assert time.perf_counter() - t0 < 0.2
+
+
+def test_a_fit_that_ended_during_the_data_phase_is_named_by_ray_trains_error():
+    """The data phase's watch on the workers' start (WorkerLaunch.check_started): a live ``fit`` is
+    no error; one that ended says whether the workers failed (Ray Train's WorkerGroupError) or Ray
+    Train's run did before them (its controller: the run's storage, say), with Ray Train's text."""
+    from ray.train import ControllerError, WorkerGroupError
+
+    from rayft.train.errors import TrainError
+    from rayft.train.worker_launch import WorkerLaunch
+
+    launch = WorkerLaunch(None, Console(file=io.StringIO()), "r", "/runs/r", None, None, "id", None, None, {})
+    launch.check_started()  # fit not started yet
+    release = threading.Event()
+    launch.thread = threading.Thread(target=release.wait)
+    launch.thread.start()
+    launch.check_started()  # starting: no error
+    release.set()
+    launch.thread.join()
+    launch.outcome["error"] = WorkerGroupError("Training failed due to worker errors", {0: RuntimeError("Unable to find address for: bogus0")})
+    with pytest.raises(TrainError) as e:
+        launch.check_started()
+    assert str(e.value).startswith("the workers failed at their start, while the data were tokenized: Training failed due to worker errors")
+    launch.outcome["error"] = ControllerError(PermissionError(13, "Permission denied", "/runs/r"))
+    with pytest.raises(TrainError) as e:
+        launch.check_started()
+    assert str(e.value) == (
+        "Ray Train's run failed before training, while the data were tokenized: "
+        "Training failed due to controller error:\n[Errno 13] Permission denied: '/runs/r'"
+    )

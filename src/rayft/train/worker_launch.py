@@ -152,14 +152,18 @@ class WorkerLaunch:
 
     def check_started(self) -> None:
         """Raises, once ``fit`` has returned before the workers got their arguments: they failed at
-        their start (their process group, an import, their node), and Ray Train gave up.
+        their start (their process group, an import, their node: Ray Train's ``WorkerGroupError``),
+        or Ray Train's run did before them (its controller: the run's storage, say).
 
         Raises:
-            TrainError: with Ray Train's error.
+            TrainError: naming which, with Ray Train's error.
         """
         if self.thread is not None and not self.thread.is_alive():
+            from ray.train import WorkerGroupError
+
             error = self.outcome.get("error", "fit returned before the workers had their arguments")
-            raise TrainError(f"the workers failed at their start, while the data were tokenized: {error}")
+            who = "the workers failed at their start" if isinstance(error, WorkerGroupError) else "Ray Train's run failed before training"
+            raise TrainError(f"{who}, while the data were tokenized: {error}")
 
     def start(self) -> threading.Thread:
         """Start Ray Train's ``TorchTrainer.fit()`` on a thread of its own (once) and return it.
