@@ -204,7 +204,9 @@ def test_a_fit_that_ended_during_the_data_phase_is_named_by_ray_trains_error():
     launch.check_started()  # starting: no error
     release.set()
     launch.thread.join()
-    launch.outcome["error"] = WorkerGroupError("Training failed due to worker errors", {0: RuntimeError("Unable to find address for: bogus0")})
+    launch.outcome["error"] = WorkerGroupError(
+        "Training failed due to worker errors", {0: RuntimeError("Unable to find address for: bogus0")}
+    )
     with pytest.raises(TrainError) as e:
         launch.check_started()
     assert str(e.value).startswith("the workers failed at their start, while the data were tokenized: Training failed due to worker errors")
