@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import signal
+import sys
 import threading
 import time
 
@@ -490,50 +491,67 @@ def test_a_driver_failure_during_training_stops_the_workers_at_a_checkpoint(ray_
     assert not (run / ".rayft.lock").exists()
 
 
-class PipeClosedAtStep3:
-    """A console's file whose reader went away once the progress line of step 3 was written: every
-    later write or flush raises ``BrokenPipeError``, as stderr does under ``rayft train ... 2>&1 | head``."""
+class ConsoleFileFailingAtStep3:
+    """A console's file that fails once the progress line of step 3 was written: every later write or
+    flush raises ``error`` (``BrokenPipeError``: its reader went away, as under ``rayft train ...
+    2>&1 | head``; ``OSError(EIO)``: a hung-up terminal). ``sigterm``: the process gets a SIGTERM as
+    the file fails (a pod's stop landing then)."""
 
-    def __init__(self):
-        self.text, self.closed_pipe = "", False
+    def __init__(self, error, sigterm=False):
+        self.text, self.failed, self.error, self.sigterm = "", False, error, sigterm
 
     def write(self, text):
-        if self.closed_pipe:
-            raise BrokenPipeError(32, "Broken pipe")
+        if self.failed:
+            raise self.error
         self.text += text
-        self.closed_pipe = "step 3/" in self.text
+        if "step 3/" in self.text and not self.failed:
+            self.failed = True
+            if self.sigterm:
+                os.kill(os.getpid(), signal.SIGTERM)
         return len(text)
 
     def flush(self):
-        if self.closed_pipe:
-            raise BrokenPipeError(32, "Broken pipe")
+        if self.failed:
+            raise self.error
 
 
-def test_a_failed_progress_display_stops_the_workers_at_a_checkpoint(ray_local, workdir):
-    """The driver's console fails mid-run (its pipe closed: rich's console raises ``SystemExit(1)``,
-    Console.on_broken_pipe): the driver asks the workers to stop as
-    ``rayft stop`` does, keeps collecting their records without a display, and ends with an error
-    naming the checkpoint. Before, the exception left ``fit`` running and the workers training until
-    the process's exit killed them without a checkpoint."""
+@pytest.mark.parametrize("case", ["closed-pipe", "hung-up-terminal-then-sigterm"])
+def test_a_failed_progress_display_stops_the_workers_at_a_checkpoint(ray_local, workdir, monkeypatch, case):
+    """The driver's console fails mid-run: the driver asks the workers to stop as ``rayft stop``
+    does, makes its console quiet (every later print would fail too: a signal's notes, the summary),
+    keeps collecting their records, and ends with an error naming the checkpoint; a SIGTERM landing
+    then ends it as a stop (143). On a closed pipe rich's console raises ``SystemExit(1)``
+    (Console.on_broken_pipe, which also points the process's stdout at /dev/null: here a devnull file
+    of the test's). Before, the exception left ``fit`` running and the workers training until the
+    process's exit killed them without a checkpoint."""
     from rich.console import Console
 
-    from rayft.train.driver import DRIVER_FAILURE, TrainError
+    from rayft.train.driver import DRIVER_FAILURE, TrainError, TrainStopped
 
-    out = PipeClosedAtStep3()
-    run = workdir / "runs" / "display-failed"
-    with pytest.raises(TrainError) as e:
+    monkeypatch.setattr(sys, "stdout", open(os.devnull, "w"))
+    sigterm = case.endswith("sigterm")
+    out = ConsoleFileFailingAtStep3(
+        BrokenPipeError(32, "Broken pipe") if case == "closed-pipe" else OSError(5, "Input/output error"), sigterm
+    )
+    name = f"display-failed-{case}"
+    run = workdir / "runs" / name
+    with pytest.raises(TrainStopped if sigterm else TrainError) as e:
         run_training(
-            config(workdir, "display-failed", "train.num_workers=1", "train.grad_accum_steps=4", "train.epochs=50"),
+            config(workdir, name, "train.num_workers=1", "train.grad_accum_steps=4", "train.epochs=50"),
             console=Console(file=out, width=200),
         )
-    assert out.closed_pipe and "step 4/" not in out.text
+    assert out.failed and "step 4/" not in out.text
     summary = json.loads((run / "rayft_summary.json").read_text())
-    reason = "the driver could not show the run's progress (its console's pipe was closed)"  # rich: SystemExit(1)
-    assert (summary["stopped"]["signal"], summary["stopped"]["reason"]) == (DRIVER_FAILURE, reason)
+    why = "its console's pipe was closed" if case == "closed-pipe" else "OSError: [Errno 5] Input/output error"
+    reason = f"the driver could not show the run's progress ({why})"
     done = summary["stopped"]["steps_done"]
     assert 3 <= done < 100 and summary["stopped"]["checkpoint_step"] == done, summary["stopped"]
     assert (run / f"checkpoint_{done:07d}" / "rayft_state.json").exists()
-    assert str(e.value).startswith(f"{reason}; the workers stopped after step {done}; newest checkpoint: step {done}; ")
-    assert sorted(losses(workdir, "display-failed")) == list(range(1, done + 1))  # every step recorded, after the display too
+    if sigterm:  # a stop from outside: as a pod's SIGTERM, whichever request the workers saw first
+        assert summary["stopped"]["signal"] == "SIGTERM" and e.value.exit_code == 143 and e.value.checkpoint_step == done
+    else:
+        assert (summary["stopped"]["signal"], summary["stopped"]["reason"]) == (DRIVER_FAILURE, reason)
+        assert str(e.value).startswith(f"{reason}; the workers stopped after step {done}; newest checkpoint: step {done}; ")
+    assert sorted(losses(workdir, name)) == list(range(1, done + 1))  # every step recorded, after the display's failure too
     assert [t.name for t in threading.enumerate() if t.name == "rayft-fit" and t.is_alive()] == []
     assert not (run / ".rayft.lock").exists()

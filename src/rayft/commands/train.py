@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 import sys
-from typing import Annotated, NoReturn, Optional
+from typing import Annotated, Callable, NoReturn, Optional
 
 import typer
 
@@ -38,20 +39,32 @@ def train(
     try:
         run_training(cfg, resume=resume, console=console)
     except TrainError as e:
-        print_error("error", e)
-        if fit_running():  # workers called off did not return in time: see below
-            exit_now(1)
-        raise typer.Exit(1) from None
+        leave(1, functools.partial(print_error, "error", e))
     except TrainStopped as e:
-        console.print(str(e), highlight=False, markup=False)
-        if e.finished:
-            console.print(f"export with: {shlex.join(['rayft', 'export', e.run_dir])}", highlight=False, markup=False)
-        elif e.checkpoint_step is not None:
-            again = ["rayft", "train", str(config), *(a for kv in set_ or [] for a in ("--set", kv)), "--resume", e.run_dir]
-            console.print(f"resume with: {shlex.join(again)}", highlight=False, markup=False)
-        if e.forced or fit_running():
-            exit_now(e.exit_code)
-        raise typer.Exit(e.exit_code) from None
+        leave(e.exit_code, functools.partial(tell_stopped, e, config, set_), forced=e.forced)
+
+
+def tell_stopped(e, config: str | os.PathLike[str], set_: list[str] | None) -> None:
+    """Print a stopped run's line (``e``: a :class:`~rayft.train.errors.TrainStopped`), then how to
+    export it (all its steps done) or resume it (a checkpoint held)."""
+    console.print(str(e), highlight=False, markup=False)
+    if e.finished:
+        console.print(f"export with: {shlex.join(['rayft', 'export', e.run_dir])}", highlight=False, markup=False)
+    elif e.checkpoint_step is not None:
+        again = ["rayft", "train", str(config), *(a for kv in set_ or [] for a in ("--set", kv)), "--resume", e.run_dir]
+        console.print(f"resume with: {shlex.join(again)}", highlight=False, markup=False)
+
+
+def leave(code: int, tell: Callable[[], None], forced: bool = False) -> NoReturn:
+    """Exit with ``code`` after ``tell()`` prints why. Where workers called off did not return in
+    time (``forced``, :func:`fit_running`) the exit skips Ray's shutdown (:func:`exit_now`), also
+    when ``tell`` itself fails (a console whose pipe was closed)."""
+    try:
+        tell()
+    finally:
+        if forced or fit_running():
+            exit_now(code)
+    raise typer.Exit(code) from None
 
 
 def fit_running() -> bool:

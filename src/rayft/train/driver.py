@@ -25,7 +25,7 @@ from rayft.data.examples import DataError
 from rayft.data.prepare import PreparedData, open_tokenizer, prepare_data
 from rayft.tracking import Trackers
 from rayft.train.errors import TrainError, TrainStopped
-from rayft.train.progress import RunProgress, show_progress
+from rayft.train.progress import RunProgress, progress_failure, show_progress
 from rayft.train.ray_cluster import connect_ray
 from rayft.train.ray_start import EmbeddedRayStart
 from rayft.train.run_actor import ActorMailbox
@@ -332,24 +332,22 @@ def train_run(
             unrecorded.append(True)
             driver_failed(f"the driver could not record step {record['step']} ({type(e).__name__}: {e})")
 
-    def write_records(write: Callable[[], None]) -> None:  # after such a failure, a failed rewrite is said, not raised
+    def write_records(write: Callable[[], None]) -> None:  # after the metrics log failed, a failed rewrite is said, not raised
         try:
             write()
         except OSError as e:
-            if not failed:
+            if not unrecorded:
                 raise
             say(f"the run's records could not be written either ({type(e).__name__}: {e})")
 
-    reported = RunProgress()  # what arrived, kept where the display fails
+    reported = RunProgress()  # what arrived, kept where the loop fails
     try:
         show_progress(th, progress, total, console, signals, on_step=on_step, tick=watch_lock, run=reported)
-    except (Exception, SystemExit) as e:  # the display itself; rich ends the process on a closed pipe (Console.on_broken_pipe)
-        why = "its console's pipe was closed" if isinstance(e, SystemExit) else f"{type(e).__name__}: {e}"
-        console = Console(quiet=True)  # the console may be what failed: the rest is in the run's records and its error
-        driver_failed(f"the driver could not show the run's progress ({why})")
+    except (Exception, SystemExit) as e:  # any: else the workers train on, unseen, until the process's exit kills them
+        driver_failed(progress_failure(e, console))
         try:  # the steps' records and the workers' stop still arrive through the channel
             show_progress(th, progress, total, console, signals, on_step=on_step, tick=watch_lock, run=reported)
-        except Exception as again:  # the channel too: the workers were asked to stop; wait for them as on a signal
+        except (Exception, SystemExit) as again:  # the channel too: the workers were asked to stop; wait for them as on a signal
             th.join(cfg.checkpoint.signal_grace_s)
             raise TrainError(
                 f"{failed[0]}; the workers were asked to stop, then their progress was lost too ({type(again).__name__}: {again}); "

@@ -4,6 +4,7 @@ Ray Train runs, and collect what the summary needs."""
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -171,3 +172,22 @@ def show_progress(
                 break
             fit_thread.join(0.25)  # a quarter second, or less where fit returns meanwhile: its end is not waited for
     return run
+
+
+def progress_failure(e: BaseException, console: Console) -> str:
+    """The reason a driver gives for :func:`show_progress`'s failure ``e``. A failure inside rich's
+    console (its file a closed pipe or a hung-up terminal; on a closed pipe rich raises
+    ``SystemExit(1)``, ``Console.on_broken_pipe``) also makes ``console`` quiet: every later print
+    to it would fail the same way, the signals' notes and the summary's included."""
+    import rich
+
+    root = os.path.dirname(rich.__file__) + os.sep
+    tb, in_console = e.__traceback__, False
+    while tb is not None and not in_console:
+        in_console = tb.tb_frame.f_code.co_filename.startswith(root)
+        tb = tb.tb_next
+    why = "its console's pipe was closed" if isinstance(e, SystemExit) and in_console else f"{type(e).__name__}: {e}"
+    if not in_console:
+        return f"the driver's progress loop failed ({why})"
+    console.quiet = True
+    return f"the driver could not show the run's progress ({why})"
