@@ -549,6 +549,7 @@ def test_a_failed_progress_display_stops_the_workers_at_a_checkpoint(ray_local, 
     assert (run / f"checkpoint_{done:07d}" / "rayft_state.json").exists()
     if sigterm:  # a stop from outside: as a pod's SIGTERM, whichever request the workers saw first
         assert summary["stopped"]["signal"] == "SIGTERM" and e.value.exit_code == 143 and e.value.checkpoint_step == done
+        assert summary["stopped"]["reason"] == reason  # the driver's request came first: the workers' stop names it
     else:
         assert (summary["stopped"]["signal"], summary["stopped"]["reason"]) == (DRIVER_FAILURE, reason)
         assert str(e.value).startswith(f"{reason}; the workers stopped after step {done}; newest checkpoint: step {done}; ")

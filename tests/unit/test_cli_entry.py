@@ -53,3 +53,24 @@ def test_an_error_prints_its_brackets_as_text_and_rays_colours_decoded(capsys):
     assert capsys.readouterr().err == "error: line one\nline two\n"
     common.print_error("error", RuntimeError("\x1b[31mred\x1b[0m\r\nnext"))
     assert capsys.readouterr().err == "error: red\nnext\n"
+
+
+@pytest.mark.parametrize("failure", [SystemExit(1), BrokenPipeError(32, "Broken pipe"), None])
+def test_a_stopped_runs_exit_status_survives_a_console_that_fails_to_say_why(failure):
+    """`rayft train`'s exit after a stop or an error (commands.train.leave): the status is the run's
+    (143 for a SIGTERM) whether or not its line could be printed (rich raises SystemExit(1) on a
+    closed pipe)."""
+    import typer
+
+    from rayft.commands.train import leave
+
+    said = []
+
+    def tell():
+        said.append(True)
+        if failure is not None:
+            raise failure
+
+    with pytest.raises(typer.Exit) as e:
+        leave(143, tell)
+    assert e.value.exit_code == 143 and said == [True]

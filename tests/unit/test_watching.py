@@ -189,8 +189,11 @@ def test_the_loop_sees_fit_return_without_finishing_its_quarter_second():
 
 def test_a_fit_that_ended_during_the_data_phase_is_named_by_ray_trains_error():
     """The data phase's watch on the workers' start (WorkerLaunch.check_started): a live ``fit`` is
-    no error; one that ended says whether the workers failed (Ray Train's WorkerGroupError) or Ray
-    Train's run did before them (its controller: the run's storage, say), with Ray Train's text."""
+    no error; one that ended says whether the workers failed (Ray Train's WorkerGroupError, or its
+    ControllerError around a worker's failed call: the process group's set-up, which the controller
+    makes through the workers' actors) or Ray Train's run did before them (its controller: the run's
+    storage, say), with Ray Train's text."""
+    import ray.exceptions
     from ray.train import ControllerError, WorkerGroupError
 
     from rayft.train.errors import TrainError
@@ -204,16 +207,91 @@ def test_a_fit_that_ended_during_the_data_phase_is_named_by_ray_trains_error():
     launch.check_started()  # starting: no error
     release.set()
     launch.thread.join()
-    launch.outcome["error"] = WorkerGroupError(
-        "Training failed due to worker errors", {0: RuntimeError("Unable to find address for: bogus0")}
+
+    def said(error):
+        launch.outcome["error"] = error
+        with pytest.raises(TrainError) as e:
+            launch.check_started()
+        return str(e.value)
+
+    gloo = RuntimeError("Unable to find address for: bogus0")
+    assert said(WorkerGroupError("Training failed due to worker errors", {0: gloo})).startswith(
+        "the workers failed at their start, while the data were tokenized: Training failed due to worker errors"
     )
-    with pytest.raises(TrainError) as e:
-        launch.check_started()
-    assert str(e.value).startswith("the workers failed at their start, while the data were tokenized: Training failed due to worker errors")
-    launch.outcome["error"] = ControllerError(PermissionError(13, "Permission denied", "/runs/r"))
-    with pytest.raises(TrainError) as e:
-        launch.check_started()
-    assert str(e.value) == (
+    in_worker = ray.exceptions.RayTaskError("execute._setup_torch_process_group", "Traceback: ... bogus0", gloo)
+    assert said(ControllerError(in_worker)).startswith(
+        "the workers failed at their start, while the data were tokenized: Training failed due to controller error:"
+    )
+    assert said(ControllerError(PermissionError(13, "Permission denied", "/runs/r"))) == (
         "Ray Train's run failed before training, while the data were tokenized: "
         "Training failed due to controller error:\n[Errno 13] Permission denied: '/runs/r'"
     )
+
+
+class TerminalFailing:
+    """A terminal's file that fails with ``error``: from its first write that holds ``at`` on (a
+    hung-up terminal: EIO), or at that write only (``once``: a non-blocking stream full for a
+    moment, EAGAIN; rich keeps what it could not write and writes it with its next)."""
+
+    def __init__(self, error, at, once=False):
+        self.error, self.at, self.once, self.failed, self.text = error, at, once, 0, ""
+
+    def isatty(self):
+        return True
+
+    def write(self, text):
+        if (self.at in text and not (self.once and self.failed)) or (self.failed and not self.once):
+            self.failed += 1
+            raise self.error
+        self.text += text
+        return len(text)
+
+    def flush(self):
+        pass
+
+
+def test_a_live_bar_whose_terminal_fails_raises_in_the_loop_while_fit_runs():
+    """On a terminal the bar is drawn from the progress loop, not rich's refresh thread, so a
+    terminal that fails mid-run (EIO) raises there while ``fit`` still runs (the driver then asks the
+    workers to stop: rayft.train.driver) instead of dying silently in rich's thread, unseen until the
+    run's end; the failure is named as the console's, and the console made quiet."""
+    from rayft.train.progress import RunProgress, progress_failure
+
+    console = Console(file=TerminalFailing(OSError(5, "Input/output error"), at="loss"), width=100, force_terminal=True)
+    assert console.is_terminal
+    release = threading.Event()
+    fit = threading.Thread(target=release.wait, args=(30,))
+    fit.start()
+    run = RunProgress()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(OSError) as e:
+            show_progress(fit, ProgressChannel(ListMailbox([step(n, 2.0) for n in range(1, 6)])), 100, console, run=run)
+        assert fit.is_alive() and time.monotonic() - t0 < 5
+    finally:
+        release.set()
+    assert [h["step"] for h in run.history] == [1, 2, 3, 4, 5]  # every drained event recorded before any was shown
+    assert progress_failure(e.value, console) == "the driver could not show the run's progress (OSError: [Errno 5] Input/output error)"
+    assert console.quiet
+
+
+def test_a_stream_full_for_a_moment_delays_a_line_and_the_run_goes_on():
+    """EAGAIN from a non-blocking stream (a CI runner's pipe, say) is not a dead console: the loop
+    goes on, and the line rich could not write comes with the next one."""
+    out = TerminalFailing(BlockingIOError(11, "Resource temporarily unavailable"), at="step 1/", once=True)
+    out.isatty = lambda: False  # plain lines, one write each
+    fit = threading.Thread(target=time.sleep, args=(0.6,))
+    fit.start()
+
+    class Later(ListMailbox):  # step 1 now, step 2 on a later pass
+        def take(self):
+            taken = super().take()
+            if not taken and fit.is_alive() and not hasattr(self, "sent"):
+                self.sent = True
+                return [step(2, 1.5)]
+            return taken
+
+    console = Console(file=out, width=200)
+    run = show_progress(fit, ProgressChannel(Later([step(1, 2.0)])), 2, console)
+    assert [h["step"] for h in run.history] == [1, 2] and out.failed == 1 and not console.quiet
+    assert [ln.split()[1] for ln in out.text.splitlines()] == ["1/2", "2/2"]

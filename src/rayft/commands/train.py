@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shlex
@@ -56,14 +57,15 @@ def tell_stopped(e, config: str | os.PathLike[str], set_: list[str] | None) -> N
 
 
 def leave(code: int, tell: Callable[[], None], forced: bool = False) -> NoReturn:
-    """Exit with ``code`` after ``tell()`` prints why. Where workers called off did not return in
-    time (``forced``, :func:`fit_running`) the exit skips Ray's shutdown (:func:`exit_now`), also
-    when ``tell`` itself fails (a console whose pipe was closed)."""
+    """Exit with ``code`` after ``tell()`` prints why; where that print fails (a console whose pipe
+    was closed) the exit is the same. Where workers called off did not return in time (``forced``,
+    :func:`fit_running`) the exit skips Ray's shutdown (:func:`exit_now`)."""
     try:
         tell()
-    finally:
-        if forced or fit_running():
-            exit_now(code)
+    except (Exception, SystemExit):  # the console failed (rich: SystemExit(1) on a closed pipe): the exit status stays the run's
+        pass
+    if forced or fit_running():
+        exit_now(code)
     raise typer.Exit(code) from None
 
 
@@ -77,8 +79,9 @@ def exit_now(code: int) -> None:
     """Exit without Ray's shutdown at exit: the workers may still be running, and Ray's core worker
     ends the process with status 1 when its shutdown lands under ``fit``'s thread
     (:meth:`rayft.train.worker_launch.WorkerLaunch.cancel`); Ray's processes end with this one."""
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a hung-up terminal's flush must not skip the exit
+            stream.flush()
     os._exit(code)
 
 

@@ -319,8 +319,8 @@ def train_run(
     def driver_failed(reason: str) -> None:  # the workers stop as on `rayft stop` (before, they trained on unseen)
         if not failed:
             failed.append(reason)
+            run_actor.request.remote(reason)  # first: the line below may fail on a failing console
             say(f"{reason}: asking the workers to stop")
-            run_actor.request.remote(reason)
 
     def on_step(record: dict) -> None:
         trackers.log_step(record)  # a tracker's own failure is its warning (rayft.tracking)

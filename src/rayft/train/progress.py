@@ -128,7 +128,8 @@ def show_progress(
     ]
     started = time.monotonic()
     first: list[tuple[int, float]] = []  # the first reported step and when: the ETA's rate is measured from there
-    with Progress(*cols, console=console, transient=False, refresh_per_second=4) if live else contextlib.nullcontext() as bar:
+    # refreshed from this loop, not rich's thread: a console that fails (a closed pipe) fails here, where the driver sees it
+    with Progress(*cols, console=console, transient=False, auto_refresh=False) if live else contextlib.nullcontext() as bar:
         task = bar.add_task("train", total=total, info="starting workers…") if live else None
         out = bar.console if live else console
 
@@ -160,11 +161,16 @@ def show_progress(
                 if info is not None and on_step is not None:
                     on_step(run.history[-1])
                 shown.append((lines, run.history[-1]["step"] if info is not None else None, info))
-            for lines, step, info in shown:
-                for line in lines:
-                    say(line)
-                if info is not None:
-                    show(step, info)
+            try:
+                for lines, step, info in shown:
+                    for line in lines:
+                        say(line)
+                    if info is not None:
+                        show(step, info)
+                if live:
+                    bar.refresh()
+            except BlockingIOError:  # a non-blocking stream full for now: lines dropped, the run goes on
+                pass
             if not alive and not events:
                 break
             if signals is not None and signals.past_deadline():
@@ -186,7 +192,11 @@ def progress_failure(e: BaseException, console: Console) -> str:
     while tb is not None and not in_console:
         in_console = tb.tb_frame.f_code.co_filename.startswith(root)
         tb = tb.tb_next
-    why = "its console's pipe was closed" if isinstance(e, SystemExit) and in_console else f"{type(e).__name__}: {e}"
+    try:
+        text = str(e)
+    except Exception:  # an exception whose text fails: its type says enough
+        text = "(its text could not be made)"
+    why = "its console's pipe was closed" if isinstance(e, SystemExit) and in_console else f"{type(e).__name__}: {text}"
     if not in_console:
         return f"the driver's progress loop failed ({why})"
     console.quiet = True

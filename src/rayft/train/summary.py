@@ -91,8 +91,7 @@ def build_summary(
         }
         t = Table(title="rayft run summary", show_header=False)
         t.add_row("stopped", stop_line(stop))
-        console.print(t)
-        print_paths(console, run_dir, None)
+        print_table(console, t, run_dir, None)
         return summary
     if not history:
         raise TrainError("training finished without reporting a step")
@@ -146,9 +145,19 @@ def build_summary(
         t.add_row("HF export", export_line(export, vs))
     if stop is not None:
         t.add_row("stopped", stop_line(stop))
-    console.print(t)
-    print_paths(console, run_dir, export.get("export_dir") if export else None)
+    print_table(console, t, run_dir, export.get("export_dir") if export else None)
     return summary
+
+
+def print_table(console: Console, table, run_dir: str, export_dir: str | None) -> None:
+    """Print the summary's table and paths. A console that fails here (its pipe closed: rich
+    raises ``SystemExit(1)``, Console.on_broken_pipe) is made quiet instead of losing the summary,
+    which the driver writes after this."""
+    try:
+        console.print(table)
+        print_paths(console, run_dir, export_dir)
+    except (Exception, SystemExit):  # printing only: the run's records and its exit status matter more
+        console.quiet = True
 
 
 def export_line(export: dict, vs: str) -> str:

@@ -152,17 +152,15 @@ class WorkerLaunch:
 
     def check_started(self) -> None:
         """Raises, once ``fit`` has returned before the workers got their arguments: they failed at
-        their start (their process group, an import, their node: Ray Train's ``WorkerGroupError``),
-        or Ray Train's run did before them (its controller: the run's storage, say).
+        their start (their process group, an import, their node: :func:`workers_failed`), or Ray
+        Train's run did before them (its controller: the run's storage, say).
 
         Raises:
             TrainError: naming which, with Ray Train's error.
         """
         if self.thread is not None and not self.thread.is_alive():
-            from ray.train import WorkerGroupError
-
             error = self.outcome.get("error", "fit returned before the workers had their arguments")
-            who = "the workers failed at their start" if isinstance(error, WorkerGroupError) else "Ray Train's run failed before training"
+            who = "the workers failed at their start" if workers_failed(error) else "Ray Train's run failed before training"
             raise TrainError(f"{who}, while the data were tokenized: {error}")
 
     def start(self) -> threading.Thread:
@@ -250,6 +248,20 @@ class WorkerLaunch:
         self.abandoned = self.thread.is_alive()
         if self.abandoned:
             self.say("the workers did not return in time: exiting without waiting for them")
+
+
+def workers_failed(error: object) -> bool:
+    """Whether Ray Train's error from ``fit`` is its workers' own: a ``WorkerGroupError`` (their
+    train function), or a ``ControllerError`` around a call into a worker that failed: Ray Train's
+    controller sets up the workers' process group through their actors (Ray 2.60), so a worker's
+    failure there (a ``RayTaskError``, a dead actor) reaches ``fit`` as the controller's."""
+    import ray.exceptions
+    from ray.train import ControllerError, WorkerGroupError
+
+    if isinstance(error, WorkerGroupError):
+        return True
+    cause = error.controller_failure if isinstance(error, ControllerError) else None
+    return isinstance(cause, (ray.exceptions.RayTaskError, ray.exceptions.RayActorError))
 
 
 def fit_running() -> bool:
