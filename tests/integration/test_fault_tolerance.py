@@ -556,3 +556,50 @@ def test_a_failed_progress_display_stops_the_workers_at_a_checkpoint(ray_local, 
     assert sorted(losses(workdir, name)) == list(range(1, done + 1))  # every step recorded, after the display's failure too
     assert [t.name for t in threading.enumerate() if t.name == "rayft-fit" and t.is_alive()] == []
     assert not (run / ".rayft.lock").exists()
+
+
+def test_a_failing_worker_tells_the_driver_its_rank_and_error(ray_local, tmp_path):
+    """Each worker whose train function raises posts its rank and error on the run's channel before
+    Ray Train acts on the failure (a restart from the newest checkpoint, or here, with no failure
+    allowed, the run's end), so the driver can say which worker failed and why: before, a restart
+    showed only as the resume that followed. The failure is a real one on rayft's real entry: a
+    config the workers' validation refuses, on both ranks."""
+    import ray
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    from rayft.train.events import ProgressChannel, WorkerFailedEvent
+    from rayft.train.run_actor import ActorMailbox, create_run_actor
+    from rayft.train.worker_args import WorkerArgs
+    from rayft.train.worker_entry import train_func
+
+    actor = create_run_actor("failing-workers-test")
+    channel = ProgressChannel(ActorMailbox(actor))
+    try:
+        args = WorkerArgs(
+            config={"train": {"micro_batch_size": "two"}},
+            dataset=None,
+            validation=None,
+            plan=None,
+            pad_id=0,
+            data_fingerprint="-",
+            tokenizer="-",
+            run_dir=str(tmp_path / "run"),
+            progress=channel,
+        )
+        trainer = TorchTrainer(
+            train_func,
+            train_loop_config=args.loop_config(),
+            scaling_config=ray.train.ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.3}),
+            run_config=ray.train.RunConfig(
+                name="failing-workers", storage_path=str(tmp_path), failure_config=ray.train.FailureConfig(max_failures=0)
+            ),
+        )
+        with pytest.raises(ray.train.WorkerGroupError):
+            trainer.fit()
+        events = channel.drain()
+    finally:
+        ray.kill(actor)
+    failed = sorted((e.rank, e.error.splitlines()[0][:16]) for e in events if isinstance(e, WorkerFailedEvent))
+    assert failed == [(0, "ValidationError:"), (1, "ValidationError:")], events
+    assert all("micro_batch_size" in e.error for e in events), events

@@ -26,7 +26,7 @@ class ListMailbox:
     def __init__(self, items):
         self.items = list(items)
 
-    def post(self, event, wait=False):
+    def post(self, event, wait=False, timeout_s=None):
         self.items.append(event)
 
     def take(self):
@@ -96,6 +96,7 @@ def test_the_driver_collects_each_kind_and_keeps_the_latest_of_a_rerun_step():
         "export": {"export_dir": "/r/hf", "export_max_abs_logit_diff": 0.0},
         "checkpoints": [{"step": 2, "save_s": 0.5}],
         "resumes": [{"step": 2, "from_world_size": 2, "world_size": 1, "load_s": 0.25}],
+        "failures": [],
         "eval_initial": {"eval_loss": 2.5, "eval_tokens": 40.0},
     }
 
@@ -188,3 +189,23 @@ def test_a_checkpoints_state_records_the_packing_rule():
         w = SimpleNamespace(cfg=cfg, plan=plan, world=2, args=SimpleNamespace(data_fingerprint="f", tokenizer="t"))
         state = Worker.checkpoint_state(w, 0, 1.5)
         assert state["packing"] == rule and state["global_batch_rows"] == 4 and state["step"] == 1
+
+
+def test_a_workers_failure_is_said_and_kept_for_the_summary():
+    """WorkerFailedEvent (a worker's own report before Ray Train restarts the group): a line on the
+    driver naming the rank and error, and the summary's ``failures``."""
+    from rayft.train.events import WorkerFailedEvent, failure_text
+
+    error = failure_text(OSError(28, "No space left on device"))
+    assert error == "OSError: [Errno 28] No space left on device"
+    assert failure_text(RuntimeError("\n  first line\nsecond")) == "RuntimeError: first line / second"
+    assert failure_text(ValueError("")) == "ValueError"
+    assert failure_text(RuntimeError("x" * 500), limit=20) == "RuntimeError: xxxxx…"
+    run, said = RunProgress(), []
+    infos = [run.add(e, said.append) for e in ProgressChannel(ListMailbox([WorkerFailedEvent(1, error, 1.5)])).drain()]
+    assert infos == [None]
+    assert said == [
+        "worker rank 1 failed: OSError: [Errno 28] No space left on device; Ray Train restarts the workers from the "
+        "newest checkpoint while ray.max_failures allows (the workers' logs have the traceback)"
+    ]
+    assert run.extra()["failures"] == [{"rank": 1, "error": error, "unix_time": 1.5}]

@@ -32,7 +32,7 @@ class ListMailbox:
     def __init__(self) -> None:
         self.events: list = []
 
-    def post(self, event, wait: bool = False) -> None:
+    def post(self, event, wait: bool = False, timeout_s: float | None = None) -> None:
         self.events.append(event)
 
     def take(self) -> list:

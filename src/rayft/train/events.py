@@ -72,8 +72,33 @@ class StoppedEvent:
     reason: str
 
 
-ProgressEvent = Union[StepEvent, CheckpointEvent, ResumedEvent, InitialEvalEvent, ExportEvent, StoppedEvent]
-EVENT_TYPES = (StepEvent, CheckpointEvent, ResumedEvent, InitialEvalEvent, ExportEvent, StoppedEvent)
+@dataclass(frozen=True)
+class WorkerFailedEvent:
+    """A worker's train function raised: its world ``rank``, ``error`` (the exception's type and
+    first line, :func:`failure_text`) and ``unix_time``. Ray Train then restarts the worker group
+    from the newest checkpoint while ``ray.max_failures`` allows, else the run fails with Ray
+    Train's error. Posted by the failing worker itself, whatever its rank (every rank's channel
+    drops the other events); a worker killed outright (SIGKILL, its node lost) posts nothing."""
+
+    rank: int
+    error: str
+    unix_time: float
+
+
+def failure_text(e: BaseException, limit: int = 300) -> str:
+    """``Type: message`` on one line (its lines joined by `` / ``), cut to ``limit`` characters: a
+    worker's failure as the driver says it (Ray Train's own error, with its traceback, stays in the
+    workers' logs)."""
+    try:
+        message = " / ".join(line.strip() for line in str(e).splitlines() if line.strip())
+    except Exception:  # an exception whose text fails: its type says enough
+        message = ""
+    text = f"{type(e).__name__}: {message}" if message else type(e).__name__
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+ProgressEvent = Union[StepEvent, CheckpointEvent, ResumedEvent, InitialEvalEvent, ExportEvent, StoppedEvent, WorkerFailedEvent]
+EVENT_TYPES = (StepEvent, CheckpointEvent, ResumedEvent, InitialEvalEvent, ExportEvent, StoppedEvent, WorkerFailedEvent)
 
 
 class UnknownEventError(TypeError):
@@ -108,16 +133,16 @@ class ProgressChannel:
         """This channel on rank 0, a silent one elsewhere (only rank 0 reports)."""
         return self if rank == 0 else ProgressChannel.silent()
 
-    def send(self, event: ProgressEvent, wait: bool = False) -> None:
+    def send(self, event: ProgressEvent, wait: bool = False, timeout_s: float | None = None) -> None:
         """Post ``event`` without blocking; ``wait``: until the mailbox holds it (the last messages
-        before a worker exits, which would otherwise be lost with it).
+        before a worker exits, which would otherwise be lost with it), at most ``timeout_s``.
 
         Raises:
             UnknownEventError: ``event`` is not a progress event.
         """
         check_event(event)
         if self.mailbox is not None:
-            self.mailbox.post(event, wait=wait)
+            self.mailbox.post(event, wait=wait, timeout_s=timeout_s)
 
     def drain(self) -> list[ProgressEvent]:
         """Every event posted so far and not drained yet, oldest first (driver side; one call, no wait

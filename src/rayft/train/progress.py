@@ -21,6 +21,7 @@ from rayft.train.events import (
     ResumedEvent,
     StepEvent,
     StoppedEvent,
+    WorkerFailedEvent,
 )
 from rayft.train.stop import SignalStop
 
@@ -29,7 +30,8 @@ from rayft.train.stop import SignalStop
 class RunProgress:
     """What the workers reported: ``history`` (one metrics record per reported step, the latest
     kept after a restart re-ran steps), the export check, finished checkpoints' timings, resumes,
-    the initial evaluation and the workers' early stop (``stopped``)."""
+    the initial evaluation, the workers' early stop (``stopped``) and their failures (``failures``:
+    rank, error, unix time, each a worker's own report before Ray Train's restart)."""
 
     history: list[dict] = field(default_factory=list)
     export: dict = field(default_factory=dict)
@@ -37,6 +39,7 @@ class RunProgress:
     resumes: list[dict] = field(default_factory=list)
     eval_initial: dict | None = None
     stopped: StoppedEvent | None = None
+    failures: list[dict] = field(default_factory=list)
 
     def add(self, event: ProgressEvent, say) -> str | None:
         """Take one event; ``say(text)`` prints a line above the bar. Returns the bar's new info
@@ -59,6 +62,12 @@ class RunProgress:
             self.stopped = event
             held = f"checkpoint of step {event.checkpoint_step}" if event.checkpoint_step is not None else "no checkpoint"
             say(f"workers stopped after step {event.steps_done} ({event.reason}); {held}")
+        elif isinstance(event, WorkerFailedEvent):
+            self.failures.append({"rank": event.rank, "error": event.error, "unix_time": event.unix_time})
+            say(
+                f"worker rank {event.rank} failed: {event.error}; Ray Train restarts the workers from the newest "
+                "checkpoint while ray.max_failures allows (the workers' logs have the traceback)"
+            )
         elif isinstance(event, StepEvent):
             return self.add_step(event.metrics)
         return None
@@ -78,7 +87,7 @@ class RunProgress:
 
     def extra(self) -> dict:
         """The summary's non-step parts (:func:`rayft.train.summary.build_summary`)."""
-        extra = {"export": self.export, "checkpoints": self.checkpoints, "resumes": self.resumes}
+        extra = {"export": self.export, "checkpoints": self.checkpoints, "resumes": self.resumes, "failures": self.failures}
         if self.eval_initial is not None:
             extra["eval_initial"] = self.eval_initial
         return extra

@@ -102,17 +102,18 @@ class ActorMailbox:
 
     actor: Any
 
-    def post(self, event: Any, wait: bool = False) -> None:
-        """Post ``event`` without blocking; ``wait``: until the actor holds it.
+    def post(self, event: Any, wait: bool = False, timeout_s: float | None = None) -> None:
+        """Post ``event`` without blocking; ``wait``: until the actor holds it (at most ``timeout_s``).
 
         Raises:
             ray.exceptions.RayActorError: with ``wait``, the actor is gone (its driver ended).
+            ray.exceptions.GetTimeoutError: with ``wait``, not held within ``timeout_s``.
         """
         sent = self.actor.post.remote(event)
         if wait:
             import ray
 
-            ray.get(sent)
+            ray.get(sent, timeout=timeout_s)
 
     def take(self) -> list:
         """Every event posted and not taken yet, oldest first (one call to the actor).

@@ -39,7 +39,27 @@ def train_func(loop_config: dict[str, Any]) -> None:
         if args is None:
             return did_not_train(why_not)
         loop_config = args.loop_config()
-    run(loop_config, start_unix={"worker_entry_unix": ready_unix, "worker_args_unix": time.time()})
+    try:
+        run(loop_config, start_unix={"worker_entry_unix": ready_unix, "worker_args_unix": time.time()})
+    except Exception as e:  # Ray Train restarts the group (or fails the run) with its own error; the driver says which worker and why
+        tell_driver_of_failure(loop_config, e)
+        raise
+
+
+def tell_driver_of_failure(loop_config: dict[str, Any], e: Exception) -> None:
+    """Post :class:`~rayft.train.events.WorkerFailedEvent` for this worker's failure ``e`` on the
+    run's progress channel, whatever this worker's rank; best effort, within 10 s: the failure
+    itself is what Ray Train acts on."""
+    import ray.train
+
+    from rayft.train.events import WorkerFailedEvent, failure_text
+    from rayft.train.worker_args import WorkerArgs
+
+    try:
+        event = WorkerFailedEvent(ray.train.get_context().get_world_rank(), failure_text(e), time.time())
+        WorkerArgs.from_loop_config(loop_config).progress.send(event, wait=True, timeout_s=10)  # the channel, not rank 0's
+    except Exception as again:  # noqa: BLE001 -- the run actor gone with its driver, say
+        print(f"[rayft] this worker's failure could not be posted to the driver: {failure_text(again)}", flush=True)
 
 
 def did_not_train(why: str) -> None:
