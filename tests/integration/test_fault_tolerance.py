@@ -600,6 +600,7 @@ def test_a_failing_worker_tells_the_driver_its_rank_and_error(ray_local, tmp_pat
         events = channel.drain()
     finally:
         ray.kill(actor)
-    failed = sorted((e.rank, e.error.splitlines()[0][:16]) for e in events if isinstance(e, WorkerFailedEvent))
-    assert failed == [(0, "ValidationError:"), (1, "ValidationError:")], events
-    assert all("micro_batch_size" in e.error for e in events), events
+    failed = [e for e in events if isinstance(e, WorkerFailedEvent)]
+    # the first rank's failure makes Ray Train end the group: a rank that lags by a second is killed before it posts
+    assert failed and {e.rank for e in failed} <= {0, 1} and len({e.rank for e in failed}) == len(failed), events
+    assert all(e.error.startswith("ValidationError: ") and "micro_batch_size" in e.error for e in failed), events

@@ -209,3 +209,19 @@ def test_a_workers_failure_is_said_and_kept_for_the_summary():
         "newest checkpoint while ray.max_failures allows (the workers' logs have the traceback)"
     ]
     assert run.extra()["failures"] == [{"rank": 1, "error": error, "unix_time": 1.5}]
+
+
+def test_ranks_failing_alike_are_said_once_until_the_next_resume():
+    """A failed save raises on every rank (a full shared disk): one line for them, each kept for the
+    summary; after the restart's resume the same error is said again."""
+    from rayft.train.events import ResumedEvent, WorkerFailedEvent
+
+    full = "OSError: [Errno 28] No space left on device"
+    events = [WorkerFailedEvent(r, full, 1.0) for r in range(64)] + [WorkerFailedEvent(7, "RuntimeError: gloo", 1.1)]
+    events += [ResumedEvent(100, 64, 64, 15.0), WorkerFailedEvent(3, full, 2.0)]
+    run, said = RunProgress(), []
+    for e in ProgressChannel(ListMailbox(events)).drain():
+        run.add(e, said.append)
+    failed = [line.split(";")[0] for line in said if line.startswith("worker rank")]
+    assert failed == [f"worker rank 0 failed: {full}", "worker rank 7 failed: RuntimeError: gloo", f"worker rank 3 failed: {full}"]
+    assert len(run.extra()["failures"]) == 66

@@ -280,14 +280,15 @@ def test_a_stream_full_for_a_moment_delays_a_line_and_the_run_goes_on():
     goes on, and the line rich could not write comes with the next one."""
     out = TerminalFailing(BlockingIOError(11, "Resource temporarily unavailable"), at="step 1/", once=True)
     out.isatty = lambda: False  # plain lines, one write each
-    fit = threading.Thread(target=time.sleep, args=(0.6,))
+    sent = threading.Event()
+    fit = threading.Thread(target=sent.wait, args=(30,))  # ends once step 2 was handed over
     fit.start()
 
     class Later(ListMailbox):  # step 1 now, step 2 on a later pass
         def take(self):
             taken = super().take()
-            if not taken and fit.is_alive() and not hasattr(self, "sent"):
-                self.sent = True
+            if not taken and not sent.is_set():
+                sent.set()
                 return [step(2, 1.5)]
             return taken
 

@@ -64,8 +64,9 @@ def leave(code: int, tell: Callable[[], None], forced: bool = False) -> NoReturn
         tell()
     except (Exception, SystemExit):  # the console failed (rich: SystemExit(1) on a closed pipe): the exit status stays the run's
         pass
-    if forced or fit_running():
-        exit_now(code)
+    finally:  # a Ctrl-C during the print too
+        if forced or fit_running():
+            exit_now(code)
     raise typer.Exit(code) from None
 
 

@@ -25,13 +25,17 @@ from rayft.train.events import (
 )
 from rayft.train.stop import SignalStop
 
+#: the summary's ``failures`` keep at most this many reports (64 ranks failing at each of a few restarts fit)
+MAX_FAILURES_KEPT = 256
+
 
 @dataclass
 class RunProgress:
     """What the workers reported: ``history`` (one metrics record per reported step, the latest
     kept after a restart re-ran steps), the export check, finished checkpoints' timings, resumes,
     the initial evaluation, the workers' early stop (``stopped``) and their failures (``failures``:
-    rank, error, unix time, each a worker's own report before Ray Train's restart)."""
+    rank, error, unix time, each a worker's own report before Ray Train's restart; the first
+    :data:`MAX_FAILURES_KEPT`). Each distinct error is said once until the next resume."""
 
     history: list[dict] = field(default_factory=list)
     export: dict = field(default_factory=dict)
@@ -40,6 +44,7 @@ class RunProgress:
     eval_initial: dict | None = None
     stopped: StoppedEvent | None = None
     failures: list[dict] = field(default_factory=list)
+    failures_said: set[str] = field(default_factory=set)  # the errors said since the last resume
 
     def add(self, event: ProgressEvent, say) -> str | None:
         """Take one event; ``say(text)`` prints a line above the bar. Returns the bar's new info
@@ -52,6 +57,7 @@ class RunProgress:
             self.eval_initial = {"eval_loss": event.eval_loss, "eval_tokens": event.eval_tokens}
             say(f"eval loss before training: {event.eval_loss:.4f}")
         elif isinstance(event, ResumedEvent):
+            self.failures_said.clear()  # a restart's new failures are said again
             self.resumes.append(
                 {"step": event.step, "from_world_size": event.from_world_size, "world_size": event.world_size, "load_s": event.load_s}
             )
@@ -63,11 +69,14 @@ class RunProgress:
             held = f"checkpoint of step {event.checkpoint_step}" if event.checkpoint_step is not None else "no checkpoint"
             say(f"workers stopped after step {event.steps_done} ({event.reason}); {held}")
         elif isinstance(event, WorkerFailedEvent):
-            self.failures.append({"rank": event.rank, "error": event.error, "unix_time": event.unix_time})
-            say(
-                f"worker rank {event.rank} failed: {event.error}; Ray Train restarts the workers from the newest "
-                "checkpoint while ray.max_failures allows (the workers' logs have the traceback)"
-            )
+            if len(self.failures) < MAX_FAILURES_KEPT:
+                self.failures.append({"rank": event.rank, "error": event.error, "unix_time": event.unix_time})
+            if event.error not in self.failures_said:  # every rank's failed save says the same: one line for them
+                self.failures_said.add(event.error)
+                say(
+                    f"worker rank {event.rank} failed: {event.error}; Ray Train restarts the workers from the newest "
+                    "checkpoint while ray.max_failures allows (the workers' logs have the traceback)"
+                )
         elif isinstance(event, StepEvent):
             return self.add_step(event.metrics)
         return None
@@ -178,7 +187,7 @@ def show_progress(
                         show(step, info)
                 if live:
                     bar.refresh()
-            except BlockingIOError:  # a non-blocking stream full for now: lines dropped, the run goes on
+            except BlockingIOError:  # a non-blocking stream full for now: rich writes what it kept with its next output
                 pass
             if not alive and not events:
                 break
