@@ -76,12 +76,12 @@ def data_phase(*args, **kwargs):  # the real data phase, its tokenization slowed
         seen["data_end_unix"] = time.time()
 
 driver.load_run_data = data_phase
-if mode == "worker-fail":  # a tokenization of 30 s more, reporting its progress as a large one does
+if mode == "worker-fail":  # a tokenization of 90 s more, reporting its progress as a large one does
     from rayft.data import ingest
     real_run = ingest.TaskRunner.run
     def slow_run(self, task, limit=None, progress=None):
         out = real_run(self, task, limit, progress)
-        for _ in range(300):
+        for _ in range(900):
             if progress is not None:
                 progress(0, 0, 0)
             time.sleep(0.1)
@@ -178,7 +178,7 @@ def test_rayft_stop_during_the_data_phase_stops_the_driver_as_a_sigterm_would(tm
 def test_workers_failing_at_their_start_end_the_data_phase_with_their_error(tmp_path):
     """A worker's process group cannot start (GLOO_SOCKET_IFNAME names no interface, as on a node
     set up wrong) while the driver tokenizes: the next progress report of the tokenization raises
-    Ray Train's error, not 30 s later after the rest of it, and no token store is left to be taken
+    Ray Train's error, not 90 s later after the rest of it, and no token store is left to be taken
     for built (its manifest is written last: rayft.data.token_store)."""
     args = [sys.executable, "-c", RUN, "worker-fail", str(tmp_path / "runs"), "0", f"data.cache_dir={tmp_path / 'store'}"]
     p = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env() | {"GLOO_SOCKET_IFNAME": "bogus0"}, cwd=ROOT)
@@ -186,7 +186,8 @@ def test_workers_failing_at_their_start_end_the_data_phase_with_their_error(tmp_
     got = last_json(p.stdout)
     assert got["error"].startswith("the workers failed at their start, while the data were tokenized: "), got["error"]
     assert "Unable to find address for: bogus0" in got["error"]
-    assert got["data_end_unix"] - got["ingest_start_unix"] < 25 and got["fit_alive"] == []
+    # 9-10 s on 2 idle cores, 25 s once on loaded ones (2026-12-05): well before the 90 s the rest of the tokenization takes
+    assert got["data_end_unix"] - got["ingest_start_unix"] < 60 and got["fit_alive"] == []
     assert not (tmp_path / "runs" / "r").exists()
     assert list((tmp_path / "store").rglob("*.npy")) and not list((tmp_path / "store").rglob("manifest.json"))
 
