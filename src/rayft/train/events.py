@@ -75,7 +75,7 @@ class StoppedEvent:
 @dataclass(frozen=True)
 class WorkerFailedEvent:
     """A worker's train function raised: its world ``rank``, ``error`` (the exception's type and
-    first line, :func:`failure_text`) and ``unix_time``. Ray Train then restarts the worker group
+    message on one line, :func:`failure_text`) and ``unix_time``. Ray Train then restarts the worker group
     from the newest checkpoint while ``ray.max_failures`` allows, else the run fails with Ray
     Train's error. Posted by the failing worker itself, whatever its rank (every rank's channel
     drops the other events); a worker killed outright (SIGKILL, its node lost) posts nothing."""

@@ -22,6 +22,7 @@ from rayft.train.events import (
     StepEvent,
     StoppedEvent,
     WorkerFailedEvent,
+    failure_text,
 )
 from rayft.train.stop import SignalStop
 
@@ -210,11 +211,7 @@ def progress_failure(e: BaseException, console: Console) -> str:
     while tb is not None and not in_console:
         in_console = tb.tb_frame.f_code.co_filename.startswith(root)
         tb = tb.tb_next
-    try:
-        text = str(e)
-    except Exception:  # an exception whose text fails: its type says enough
-        text = "(its text could not be made)"
-    why = "its console's pipe was closed" if isinstance(e, SystemExit) and in_console else f"{type(e).__name__}: {text}"
+    why = "its console's pipe was closed" if isinstance(e, SystemExit) and in_console else failure_text(e, limit=500)
     if not in_console:
         return f"the driver's progress loop failed ({why})"
     console.quiet = True
