@@ -397,7 +397,7 @@ def train_run(
     return summary
 
 
-#: the summary's ``stopped.signal`` for a run its driver stopped (a step it could not record)
+#: the summary's ``stopped.signal`` for a run its driver stopped (a step it could not record, a progress it could not show)
 DRIVER_FAILURE = "the driver's failure"
 
 
