@@ -343,7 +343,8 @@ def cli_runs(ray_local, workdir):
 def test_sigkill_of_a_worker_costs_at_most_one_checkpoint_interval(baseline, workdir, cli_runs):
     """One of the two workers of the ``stopped`` run, SIGKILLed in the step after checkpoint 2: Ray
     Train restarts the worker group, which goes on from checkpoint 2 (or 4, had the kill come late),
-    and the steps it runs again give the uninterrupted run's losses."""
+    and the steps it runs again give the uninterrupted run's losses. The driver says which worker
+    Ray Train lost and how (the killed pid)."""
     stopped = cli_runs["stopped"]
     stopped.killer.join(timeout=600)
     assert stopped.killed, f"no worker was killed: {stopped.kill_error!r}; log: {stopped.log_path.read_text()[-2000:]}"
@@ -352,7 +353,12 @@ def test_sigkill_of_a_worker_costs_at_most_one_checkpoint_interval(baseline, wor
     summary = json.loads((stopped.run / "rayft_summary.json").read_text())
     [restart] = summary["resumes"]
     assert restart["step"] in (2, 4) and (restart["from_world_size"], restart["world_size"]) == (2, 2)
-    assert f"resumed from the checkpoint of step {restart['step']} (world size 2 → 2" in stopped.log_path.read_text()
+    log = stopped.log_path.read_text()
+    assert f"resumed from the checkpoint of step {restart['step']} (world size 2 → 2" in log
+    # the killed worker posted nothing: Ray Train's controller said why it lost it (rayft.train.worker_loss)
+    [lost] = summary["failures"]
+    assert lost["seen_by"] == "ray_train" and lost["error"].startswith(f"its process died (pid {stopped.killed[0]} on "), lost
+    assert f"Ray Train lost worker rank {lost['rank']}: its process died (pid {stopped.killed[0]} on " in log
     got = losses(workdir, "stopped")
     assert sorted(got) == list(range(1, summary["stopped"]["steps_done"] + 1))
     for step in got:

@@ -208,7 +208,7 @@ def test_a_workers_failure_is_said_and_kept_for_the_summary():
         "worker rank 1 failed: OSError: [Errno 28] No space left on device; Ray Train restarts the workers from the "
         "newest checkpoint while ray.max_failures allows (the workers' logs have the traceback)"
     ]
-    assert run.extra()["failures"] == [{"rank": 1, "error": error, "unix_time": 1.5}]
+    assert run.extra()["failures"] == [{"rank": 1, "error": error, "unix_time": 1.5, "seen_by": "worker"}]
 
 
 def test_ranks_failing_alike_are_said_once_until_the_next_resume():
@@ -225,3 +225,69 @@ def test_ranks_failing_alike_are_said_once_until_the_next_resume():
     failed = [line.split(";")[0] for line in said if line.startswith("worker rank")]
     assert failed == [f"worker rank 0 failed: {full}", "worker rank 7 failed: RuntimeError: gloo", f"worker rank 3 failed: {full}"]
     assert len(run.extra()["failures"]) == 66
+
+
+#: Ray 2.60's ActorDiedError for a Ray Train worker SIGKILLed mid-step (its text as Ray Train's controller held it, 2026-12-05)
+DIED = (
+    "The actor died unexpectedly before finishing this task.\n\tclass_name: RayTrainWorker\n\tactor_id: 0a48ab6453f67ec3873573a901000000\n"
+    "\tpid: 8523\n\tnamespace: 1963c72e-992f-4469-b840-2ddfbd7e252a\n\tip: 192.0.2.2\nThe actor is dead because its worker process has "
+    "died. Worker exit type: SYSTEM_ERROR Worker exit detail: Worker unexpectedly exits with a connection error code 2. End of file. "
+    "Some common causes include: (1) the process was killed by the OOM killer due to high memory usage, (2) ray stop --force was called"
+)
+
+
+def test_how_ray_train_lost_a_worker_is_said_in_one_line():
+    """rayft.train.worker_loss.lost_worker_text on Ray Train's own error classes: a dead process (its
+    pid, host and Ray's exit detail, cut to the limit), a hung health check (its first line)."""
+    from ray.train.v2._internal.exceptions import WorkerHealthCheckFailedError, WorkerHealthCheckTimeoutError
+
+    from rayft.train.worker_loss import lost_worker_text
+
+    died = WorkerHealthCheckFailedError("A worker health check failed.\nWorker info: Worker(pid=8523)", failure=RuntimeError(DIED))
+    text = lost_worker_text(died)
+    assert text.startswith(
+        "its process died (pid 8523 on 192.0.2.2): Worker exit type: SYSTEM_ERROR Worker exit detail: Worker unexpectedly exits "
+        "with a connection error code 2. End of file."
+    )
+    assert text.endswith("(2) ray stop --force was called") and "\n" not in text and "  " not in text
+    cut = lost_worker_text(died, limit=120)
+    assert len(cut) == 120 and cut.endswith("…") and text.startswith(cut[:-1])
+    hung = WorkerHealthCheckTimeoutError(
+        "A worker health check has been hanging for 600.12 seconds. Marking the worker as dead.\nWorker info: x"
+    )
+    assert lost_worker_text(hung) == (
+        "WorkerHealthCheckTimeoutError: A worker health check has been hanging for 600.12 seconds. Marking the worker as dead."
+    )
+
+
+def test_ray_trains_report_of_a_lost_worker_is_said_and_a_workers_own_report_wins():
+    """Ray Train's controller reports every failed rank (rayft.train.worker_loss): for a worker killed
+    outright that is the only report, said as "Ray Train lost worker rank R"; for a rank that reported
+    its own failure since the last resume, the controller's view of it is dropped; losses that differ
+    only by numbers (pids) are said once."""
+    from rayft.train.events import ResumedEvent, WorkerFailedEvent
+
+    tb = "UserExceptionWithTraceback: Traceback (most recent call last): / ..."
+    died = "its process died (pid {} on 10.0.0.2): Worker exit type: SYSTEM_ERROR"
+    events = [
+        WorkerFailedEvent(1, "ValueError: bad row", 1.0),
+        WorkerFailedEvent(1, tb, 1.1, seen_by="ray_train"),
+        WorkerFailedEvent(2, died.format(8523), 1.2, seen_by="ray_train"),
+        WorkerFailedEvent(3, died.format(8524), 1.2, seen_by="ray_train"),
+        ResumedEvent(4, 4, 4, 3.0),
+        WorkerFailedEvent(1, tb, 5.0, seen_by="ray_train"),
+    ]
+    run, said = RunProgress(), []
+    for e in ProgressChannel(ListMailbox(events)).drain():
+        run.add(e, said.append)
+    assert [line.split("; Ray Train restarts")[0] for line in said if "resumed" not in line] == [
+        "worker rank 1 failed: ValueError: bad row",
+        f"Ray Train lost worker rank 2: {died.format(8523)}",
+        f"Ray Train lost worker rank 1: {tb}",
+    ]
+    assert [(f["rank"], f["seen_by"]) for f in run.extra()["failures"]] == [
+        (1, "worker"),
+        (2, "ray_train"),
+        (3, "ray_train"),
+        (1, "ray_train"),
+    ]

@@ -74,15 +74,19 @@ class StoppedEvent:
 
 @dataclass(frozen=True)
 class WorkerFailedEvent:
-    """A worker's train function raised: its world ``rank``, ``error`` (the exception's type and
-    message on one line, :func:`failure_text`) and ``unix_time``. Ray Train then restarts the worker group
-    from the newest checkpoint while ``ray.max_failures`` allows, else the run fails with Ray
-    Train's error. Posted by the failing worker itself, whatever its rank (every rank's channel
-    drops the other events); a worker killed outright (SIGKILL, its node lost) posts nothing."""
+    """A worker failed: its world ``rank``, ``error`` (on one line: :func:`failure_text`) and
+    ``unix_time``. Ray Train then restarts the worker group from the newest checkpoint while
+    ``ray.max_failures`` allows, else the run fails with Ray Train's error.
+
+    ``seen_by``: ``"worker"``, posted by the failing worker itself when its train function raised,
+    whatever its rank (every rank's channel drops the other events); ``"ray_train"``, posted by Ray
+    Train's controller for each rank it found failed (:mod:`rayft.train.worker_loss`), which is
+    how a worker killed outright (SIGKILL, the OOM killer, its node lost) is told: it posts nothing."""
 
     rank: int
     error: str
     unix_time: float
+    seen_by: str = "worker"
 
 
 def failure_text(e: BaseException, limit: int = 300) -> str:
@@ -93,7 +97,11 @@ def failure_text(e: BaseException, limit: int = 300) -> str:
         message = " / ".join(line.strip() for line in str(e).splitlines() if line.strip())
     except Exception:  # an exception whose text fails: its type says enough
         message = ""
-    text = f"{type(e).__name__}: {message}" if message else type(e).__name__
+    return clip(f"{type(e).__name__}: {message}" if message else type(e).__name__, limit)
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, the last one an ellipsis where it was cut."""
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -35,8 +36,9 @@ class RunProgress:
     """What the workers reported: ``history`` (one metrics record per reported step, the latest
     kept after a restart re-ran steps), the export check, finished checkpoints' timings, resumes,
     the initial evaluation, the workers' early stop (``stopped``) and their failures (``failures``:
-    rank, error, unix time, each a worker's own report before Ray Train's restart; the first
-    :data:`MAX_FAILURES_KEPT`). Each distinct error is said once until the next resume."""
+    rank, error, unix time and who saw it: the worker's own report before Ray Train's restart, or Ray
+    Train's for a worker lost without one; the first :data:`MAX_FAILURES_KEPT`). Each distinct error
+    is said once until the next resume."""
 
     history: list[dict] = field(default_factory=list)
     export: dict = field(default_factory=dict)
@@ -46,6 +48,7 @@ class RunProgress:
     stopped: StoppedEvent | None = None
     failures: list[dict] = field(default_factory=list)
     failures_said: set[str] = field(default_factory=set)  # the errors said since the last resume
+    ranks_failed: set[int] = field(default_factory=set)  # the ranks that reported their own failure since then
 
     def add(self, event: ProgressEvent, say) -> str | None:
         """Take one event; ``say(text)`` prints a line above the bar. Returns the bar's new info
@@ -59,6 +62,7 @@ class RunProgress:
             say(f"eval loss before training: {event.eval_loss:.4f}")
         elif isinstance(event, ResumedEvent):
             self.failures_said.clear()  # a restart's new failures are said again
+            self.ranks_failed.clear()
             self.resumes.append(
                 {"step": event.step, "from_world_size": event.from_world_size, "world_size": event.world_size, "load_s": event.load_s}
             )
@@ -70,17 +74,30 @@ class RunProgress:
             held = f"checkpoint of step {event.checkpoint_step}" if event.checkpoint_step is not None else "no checkpoint"
             say(f"workers stopped after step {event.steps_done} ({event.reason}); {held}")
         elif isinstance(event, WorkerFailedEvent):
-            if len(self.failures) < MAX_FAILURES_KEPT:
-                self.failures.append({"rank": event.rank, "error": event.error, "unix_time": event.unix_time})
-            if event.error not in self.failures_said:  # every rank's failed save says the same: one line for them
-                self.failures_said.add(event.error)
-                say(
-                    f"worker rank {event.rank} failed: {event.error}; Ray Train restarts the workers from the newest "
-                    "checkpoint while ray.max_failures allows (the workers' logs have the traceback)"
-                )
+            self.add_failure(event, say)
         elif isinstance(event, StepEvent):
             return self.add_step(event.metrics)
         return None
+
+    def add_failure(self, event: WorkerFailedEvent, say) -> None:
+        """A worker's failure: kept (the first :data:`MAX_FAILURES_KEPT`) and said, once per distinct
+        error (numbers aside: a pid, a rank) until the next resume. Ray Train's report of a rank
+        that reported its own failure since then is the same failure, seen from the controller: dropped."""
+        if event.seen_by == "ray_train" and event.rank in self.ranks_failed:
+            return
+        if event.seen_by == "worker":
+            self.ranks_failed.add(event.rank)
+        if len(self.failures) < MAX_FAILURES_KEPT:
+            self.failures.append({"rank": event.rank, "error": event.error, "unix_time": event.unix_time, "seen_by": event.seen_by})
+        key = re.sub(r"\d+", "#", event.error)
+        if key in self.failures_said:  # every rank's failed save says the same: one line for them
+            return
+        self.failures_said.add(key)
+        what = f"worker rank {event.rank} failed" if event.seen_by == "worker" else f"Ray Train lost worker rank {event.rank}"
+        say(
+            f"{what}: {event.error}; Ray Train restarts the workers from the newest checkpoint while ray.max_failures "
+            "allows (the workers' logs have the traceback)"
+        )
 
     def add_step(self, m: dict) -> str:
         # After a restart the steps since the last checkpoint run again: keep the latest.

@@ -177,9 +177,12 @@ class WorkerLaunch:
         from ray.data import DataContext
         from ray.train.torch import TorchTrainer  # noqa: F401 -- see above
 
+        from rayft.train.events import ProgressChannel
+        from rayft.train.run_actor import ActorMailbox
         from rayft.train.torch_config import DeviceDeferredTorchConfig
         from rayft.train.worker_args import LOOP_CONFIG_KEY, PendingArgs
         from rayft.train.worker_entry import train_func
+        from rayft.train.worker_loss import WorkerLossReport
 
         DataContext.get_current()  # its first use imports Ray Data's issue detectors: fit() copies it for the workers (Ray 2.60)
         cfg = self.cfg
@@ -200,6 +203,8 @@ class WorkerLaunch:
                 failure_config=ray.train.FailureConfig(max_failures=cfg.ray.max_failures),
                 checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.checkpoint.keep_last),
                 worker_runtime_env={"env_vars": worker_env_vars(cfg, self.run_dir, self.use_gpu)},
+                # a worker lost without its own report (SIGKILL, the OOM killer, its node): Ray Train's controller says it
+                callbacks=[WorkerLossReport(ProgressChannel(ActorMailbox(self.run_actor)))],
             ),
             torch_config=DeviceDeferredTorchConfig(backend=self.backend),  # no CUDA context before the arguments
         )
