@@ -80,7 +80,8 @@ def run() -> None:
     the modules down; with torch, transformers and Ray loaded the end took 1.35 s on the 2-core
     development machine, 0.28 s after ``gc.freeze()`` (bench/results/2026-12-04-driver-start-exit-2cpu.json). Nothing is
     skipped that a command relies on: the commands close what they open, and the ``atexit``
-    handlers (Ray's shutdown among them) still run."""
+    handlers still run (`rayft train` takes out Ray's shutdown for an embedded Ray:
+    :func:`rayft.train.ray_cluster.leave_embedded_ray_to_the_exit`)."""
     try:
         app()
     finally:

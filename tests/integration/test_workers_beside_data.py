@@ -23,6 +23,9 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
 
 RUN = r"""
+import atexit
+last_handlers = []  # run last at exit (registered first: atexit runs the last registered first), after Ray's shutdown where that runs
+atexit.register(lambda: [f() for f in last_handlers])
 import importlib.abc, json, os, signal, sys, threading, time
 from rich.console import Console
 from rayft.config_load import load_config
@@ -89,6 +92,22 @@ if mode == "worker-fail":  # a tokenization of 90 s more, reporting its progress
     ingest.TaskRunner.run = slow_run
 overrides = [f"checkpoint.storage_path={runs}", "checkpoint.name=r", "train.max_steps=2", "train.warmup_steps=0",
              "checkpoint.every_steps=null", "checkpoint.export_hf=false", "ray.log_to_driver=true", *extra]
+if mode == "cli-train":  # the command's success path: the run's figures from the driver, then the command's exit
+    real_training = driver.run_training
+    def training(*args, **kwargs):
+        summary = real_training(*args, **kwargs)
+        seen.update(steps=summary["steps"], wall_s=summary["wall_s"], data_timings_s=summary["data_timings_s"],
+                    start_unix=summary["timeline_unix"]["start"])
+        return summary
+    driver.run_training = training  # the command imports it from the driver as it runs
+    seen["pid"] = os.getpid()
+    import ray
+    def report_at_exit():  # the exit's last handler: after Ray's shutdown at exit, had it run
+        seen["ray_up_at_exit"] = ray.is_initialized()
+        print(json.dumps(seen), flush=True)
+    last_handlers.append(report_at_exit)
+    from rayft.cli import app
+    app(["train", "examples/quickstart.yaml", *(a for kv in overrides for a in ("--set", kv))])
 if mode.startswith("cli"):  # the `rayft train` command itself, in this process: its exit status is the test's
     from rayft.cli import app
     app(["train", "examples/quickstart.yaml", *(a for kv in overrides for a in ("--set", kv))])
@@ -146,10 +165,20 @@ def test_the_workers_start_as_the_data_are_tokenized_and_after_a_store_hit(tmp_p
     # a module imported from two threads at once failed a run (bench/NOTES.md §31): fit's thread and the stop watch import none
     assert got["thread_imports"] == [], "\n".join(got["thread_imports"])
 
-    again, _ = run("train", tmp_path, 0.0, "checkpoint.name=second")  # the same store: a hit, nothing to tokenize
-    assert again["steps"] == 2 and "ingest_start_unix" not in again
+    # the same store: a hit, nothing to tokenize; through the `rayft train` command, whose exit leaves out Ray's
+    # shutdown (rayft.train.ray_cluster.leave_embedded_ray_to_the_exit)
+    again, _ = run("cli-train", tmp_path, 0.0, "checkpoint.name=second")
+    assert again["steps"] == 2 and "ingest_start_unix" not in again  # (its exit status 0: run())
+    assert again["ray_up_at_exit"] is True  # the exit's handlers ran, Ray's shutdown not among them
     assert fit_called(again) >= again["data_end_unix"]  # the data came first: their errors before any worker
     assert again["wall_s"]["data"] >= again["data_timings_s"]["total"] - 0.01 > 0  # the summary's parts are rounded to ms
+    # Ray's processes end with the command's (PR_SET_PDEATHSIG): none is left behind
+    deadline = time.time() + 30
+    while (left := session_processes(again["pid"])) and time.time() < deadline:
+        time.sleep(0.5)
+    assert left == []
+    second = tmp_path / "runs" / "second"
+    assert (second / "rayft_summary.json").is_file() and not (second / ".rayft.lock").exists()  # its records, its lock released
 
 
 def test_a_data_phase_that_tokenizes_through_ray_data_comes_before_the_workers_start(tmp_path):
