@@ -97,7 +97,7 @@ if mode == "cli-train":  # the command's success path: the run's figures from th
     def training(*args, **kwargs):
         summary = real_training(*args, **kwargs)
         seen.update(steps=summary["steps"], wall_s=summary["wall_s"], data_timings_s=summary["data_timings_s"],
-                    start_unix=summary["timeline_unix"]["start"])
+                    start_unix=summary["timeline_unix"]["start"], end_unix=summary["timeline_unix"]["end"])
         return summary
     driver.run_training = training  # the command imports it from the driver as it runs
     seen["pid"] = os.getpid()
