@@ -357,8 +357,10 @@ def test_sigkill_of_a_worker_costs_at_most_one_checkpoint_interval(baseline, wor
     assert f"resumed from the checkpoint of step {restart['step']} (world size 2 → 2" in log
     # the killed worker posted nothing: Ray Train's controller said why it lost it (rayft.train.worker_loss)
     # (the other worker's own failure, its collective broken, may come too: it says so itself)
-    [lost] = [f for f in summary["failures"] if f["seen_by"] == "ray_train"] or [summary["failures"]]
-    assert lost["error"].startswith(f"its process died (pid {stopped.killed[0]} on "), summary["failures"]
+    [lost] = [f for f in summary["failures"] if f["lost"]] or [summary["failures"]]
+    assert lost["seen_by"] == "ray_train" and lost["error"].startswith(f"its process died (pid {stopped.killed[0]} on "), summary[
+        "failures"
+    ]
     assert f"Ray Train lost worker rank {lost['rank']}: its process died (pid {stopped.killed[0]} on " in log
     got = losses(workdir, "stopped")
     assert sorted(got) == list(range(1, summary["stopped"]["steps_done"] + 1))

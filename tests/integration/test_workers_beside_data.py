@@ -102,12 +102,16 @@ if mode == "cli-train":  # the command's success path: the run's figures from th
     driver.run_training = training  # the command imports it from the driver as it runs
     seen["pid"] = os.getpid()
     import ray
+    from rayft.train.ray_cluster import ray_start_processes
     def report_at_exit():  # the exit's last handler: after Ray's shutdown at exit, had it run
         seen["ray_up_at_exit"] = ray.is_initialized()
+        # Ray's processes (the GCS, raylet, ...) and what they started (the raylet's agents, renamed `ray::...`)
+        seen["ray_pids"] = sorted({q.pid for p in ray_start_processes(set()) for q in [p, *p.children(recursive=True)]})
         print(json.dumps(seen), flush=True)
     last_handlers.append(report_at_exit)
-    from rayft.cli import app
-    app(["train", "examples/quickstart.yaml", *(a for kv in overrides for a in ("--set", kv))])
+    from rayft.cli import run as rayft_command  # the console script's entry
+    sys.argv = ["rayft", "train", "examples/quickstart.yaml", *(a for kv in overrides for a in ("--set", kv))]
+    rayft_command()
 if mode.startswith("cli"):  # the `rayft train` command itself, in this process: its exit status is the test's
     from rayft.cli import app
     app(["train", "examples/quickstart.yaml", *(a for kv in overrides for a in ("--set", kv))])
@@ -166,17 +170,23 @@ def test_the_workers_start_as_the_data_are_tokenized_and_after_a_store_hit(tmp_p
     assert got["thread_imports"] == [], "\n".join(got["thread_imports"])
 
     # the same store: a hit, nothing to tokenize; through the `rayft train` command, whose exit leaves out Ray's
-    # shutdown (rayft.train.ray_cluster.leave_embedded_ray_to_the_exit)
+    # shutdown (rayft.train.ray_cluster.exit_leaving_embedded_ray)
     again, _ = run("cli-train", tmp_path, 0.0, "checkpoint.name=second")
     assert again["steps"] == 2 and "ingest_start_unix" not in again  # (its exit status 0: run())
     assert again["ray_up_at_exit"] is True  # the exit's handlers ran, Ray's shutdown not among them
     assert fit_called(again) >= again["data_end_unix"]  # the data came first: their errors before any worker
     assert again["wall_s"]["data"] >= again["data_timings_s"]["total"] - 0.01 > 0  # the summary's parts are rounded to ms
-    # Ray's processes end with the command's (PR_SET_PDEATHSIG): none is left behind
+    # Ray's processes end with the command's: none is left behind, nor what they started (the raylet's agents
+    # outlived it by ~80 s before they were SIGKILLed at the exit)
+    import psutil
+
+    assert len(again["ray_pids"]) >= 4, again["ray_pids"]  # at least the GCS, the raylet and its two agents
     deadline = time.time() + 30
-    while (left := session_processes(again["pid"])) and time.time() < deadline:
+    while (
+        left := [p for p in again["ray_pids"] if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    ) and time.time() < deadline:
         time.sleep(0.5)
-    assert left == []
+    assert left == [], [psutil.Process(p).cmdline() for p in left if psutil.pid_exists(p)]
     second = tmp_path / "runs" / "second"
     assert (second / "rayft_summary.json").is_file() and not (second / ".rayft.lock").exists()  # its records, its lock released
 

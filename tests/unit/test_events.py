@@ -208,7 +208,7 @@ def test_a_workers_failure_is_said_and_kept_for_the_summary():
         "worker rank 1 failed: OSError: [Errno 28] No space left on device; Ray Train restarts the workers from the "
         "newest checkpoint while ray.max_failures allows (the workers' logs have the traceback)"
     ]
-    assert run.extra()["failures"] == [{"rank": 1, "error": error, "unix_time": 1.5, "seen_by": "worker"}]
+    assert run.extra()["failures"] == [{"rank": 1, "error": error, "unix_time": 1.5, "seen_by": "worker", "lost": False}]
 
 
 def test_ranks_failing_alike_are_said_once_until_the_next_resume():
@@ -236,46 +236,58 @@ DIED = (
 )
 
 
-def test_how_ray_train_lost_a_worker_is_said_in_one_line():
+def test_how_ray_train_saw_a_worker_fail_is_said_in_one_line():
     """rayft.train.worker_loss.lost_worker_text on Ray Train's own error classes: a dead process (its
-    pid, host and Ray's exit detail, cut to the limit), a hung health check (its first line)."""
-    from ray.train.v2._internal.exceptions import WorkerHealthCheckFailedError, WorkerHealthCheckTimeoutError
+    pid, host and Ray's exit detail, cut to the limit; lost), a hung health check (its first line;
+    lost), a train function's exception (the exception as the worker's own report says it; not lost)."""
+    from ray.train.v2._internal.exceptions import (
+        UserExceptionWithTraceback,
+        WorkerHealthCheckFailedError,
+        WorkerHealthCheckTimeoutError,
+    )
 
     from rayft.train.worker_loss import lost_worker_text
 
     died = WorkerHealthCheckFailedError("A worker health check failed.\nWorker info: Worker(pid=8523)", failure=RuntimeError(DIED))
-    text = lost_worker_text(died)
-    assert text.startswith(
+    text, lost = lost_worker_text(died)
+    assert lost and text.startswith(
         "its process died (pid 8523 on 192.0.2.2): Worker exit type: SYSTEM_ERROR Worker exit detail: Worker unexpectedly exits "
         "with a connection error code 2. End of file."
     )
     assert text.endswith("(2) ray stop --force was called") and "\n" not in text and "  " not in text
-    cut = lost_worker_text(died, limit=120)
+    cut, _ = lost_worker_text(died, limit=120)
     assert len(cut) == 120 and cut.endswith("…") and text.startswith(cut[:-1])
     hung = WorkerHealthCheckTimeoutError(
         "A worker health check has been hanging for 600.12 seconds. Marking the worker as dead.\nWorker info: x"
     )
     assert lost_worker_text(hung) == (
-        "WorkerHealthCheckTimeoutError: A worker health check has been hanging for 600.12 seconds. Marking the worker as dead."
+        "WorkerHealthCheckTimeoutError: A worker health check has been hanging for 600.12 seconds. Marking the worker as dead.",
+        True,
     )
+    tb = 'Traceback (most recent call last):\n  File "loop.py", line 3, in run\n    raise ValueError("bad row")\nValueError: bad row\n'
+    raised = UserExceptionWithTraceback(ValueError("bad row"), tb)
+    assert lost_worker_text(raised) == ("ValueError: bad row", False)  # as the worker's own report (failure_text) says it
+    raised._base_exc = None  # a Ray that keeps only the traceback: its last line
+    assert lost_worker_text(raised) == ("ValueError: bad row", False)
 
 
-def test_ray_trains_report_of_a_lost_worker_is_said_and_a_workers_own_report_wins():
-    """Ray Train's controller reports every failed rank (rayft.train.worker_loss): for a worker killed
-    outright that is the only report, said as "Ray Train lost worker rank R"; for a rank that reported
-    its own failure since the last resume, the controller's view of it is dropped; losses that differ
-    only by numbers (pids) are said once."""
+def test_ray_trains_report_is_said_where_the_worker_could_not_report_itself():
+    """Ray Train's controller reports every failed rank (rayft.train.worker_loss): a worker killed
+    outright is said as "Ray Train lost worker rank R"; the controller's report of what a worker
+    reported itself (same rank and text) is dropped, but not a later loss of that rank; losses that
+    differ only by numbers (pids) are said once; after a resume a raise the worker could not post
+    is said from the controller's report."""
     from rayft.train.events import ResumedEvent, WorkerFailedEvent
 
-    tb = "UserExceptionWithTraceback: Traceback (most recent call last): / ..."
     died = "its process died (pid {} on 10.0.0.2): Worker exit type: SYSTEM_ERROR"
     events = [
         WorkerFailedEvent(1, "ValueError: bad row", 1.0),
-        WorkerFailedEvent(1, tb, 1.1, seen_by="ray_train"),
-        WorkerFailedEvent(2, died.format(8523), 1.2, seen_by="ray_train"),
-        WorkerFailedEvent(3, died.format(8524), 1.2, seen_by="ray_train"),
+        WorkerFailedEvent(1, "ValueError: bad row", 1.1, seen_by="ray_train"),
+        WorkerFailedEvent(2, died.format(8523), 1.2, seen_by="ray_train", lost=True),
+        WorkerFailedEvent(3, died.format(8524), 1.2, seen_by="ray_train", lost=True),
+        WorkerFailedEvent(1, died.format(9999), 1.3, seen_by="ray_train", lost=True),  # rank 1 OOM-killed in the next attempt
         ResumedEvent(4, 4, 4, 3.0),
-        WorkerFailedEvent(1, tb, 5.0, seen_by="ray_train"),
+        WorkerFailedEvent(1, "ValueError: bad row", 5.0, seen_by="ray_train"),  # its own post timed out
     ]
     run, said = RunProgress(), []
     for e in ProgressChannel(ListMailbox(events)).drain():
@@ -283,11 +295,31 @@ def test_ray_trains_report_of_a_lost_worker_is_said_and_a_workers_own_report_win
     assert [line.split("; Ray Train restarts")[0] for line in said if "resumed" not in line] == [
         "worker rank 1 failed: ValueError: bad row",
         f"Ray Train lost worker rank 2: {died.format(8523)}",
-        f"Ray Train lost worker rank 1: {tb}",
+        "worker rank 1 failed: ValueError: bad row",
     ]
-    assert [(f["rank"], f["seen_by"]) for f in run.extra()["failures"]] == [
-        (1, "worker"),
-        (2, "ray_train"),
-        (3, "ray_train"),
-        (1, "ray_train"),
+    kept = [(f["rank"], f["seen_by"], f["lost"]) for f in run.extra()["failures"]]
+    assert kept == [(1, "worker", False), (2, "ray_train", True), (3, "ray_train", True), (1, "ray_train", True), (1, "ray_train", False)]
+
+
+def test_the_controllers_report_posts_each_failure_once():
+    """WorkerLossReport on Ray Train's controller: a rank polled again with the same failure (a
+    preempted worker, Ray 2.60) is posted once; another pid is another failure."""
+    from ray.train.v2._internal.exceptions import WorkerHealthCheckFailedError
+
+    from rayft.train.worker_loss import WorkerLossReport
+
+    mailbox = ListMailbox([])
+    report = WorkerLossReport(ProgressChannel(mailbox))
+
+    def dead(pid):
+        return WorkerHealthCheckFailedError("A worker health check failed.", failure=RuntimeError(DIED.replace("8523", str(pid))))
+
+    report.after_exception(None, {0: dead(8523)})
+    report.after_exception(None, {0: dead(8523)})
+    report.after_exception(None, {0: dead(8600), 1: dead(8601)})
+    got = [(e.rank, e.error.split(")")[0], e.lost) for e in mailbox.items]
+    assert got == [
+        (0, "its process died (pid 8523 on 192.0.2.2", True),
+        (0, "its process died (pid 8600 on 192.0.2.2", True),
+        (1, "its process died (pid 8601 on 192.0.2.2", True),
     ]

@@ -36,7 +36,6 @@ def train(
     elif resume is None:  # a resumed run was judged when it started
         check_cluster_fit(cfg, config)
     from rayft.train.driver import TrainError, TrainStopped, run_training
-    from rayft.train.ray_cluster import leave_embedded_ray_to_the_exit
 
     try:
         run_training(cfg, resume=resume, console=console)
@@ -44,8 +43,6 @@ def train(
         leave(1, functools.partial(print_error, "error", e))
     except TrainStopped as e:
         leave(e.exit_code, functools.partial(tell_stopped, e, config, set_), forced=e.forced)
-    if leave_embedded_ray_to_the_exit():  # the run is over: its embedded Ray ends with the process, without a 1.5-2 s shutdown
-        exit_after_handlers(0)
 
 
 def tell_stopped(e, config: str | os.PathLike[str], set_: list[str] | None) -> None:
@@ -87,18 +84,6 @@ def exit_now(code: int) -> None:
         with contextlib.suppress(Exception):  # a hung-up terminal's flush must not skip the exit
             stream.flush()
     os._exit(code)
-
-
-def exit_after_handlers(code: int) -> NoReturn:
-    """Run the process's ``atexit`` handlers (every one still registered: the run lock's, temporary
-    directories', the loggers' flush), then exit with ``code`` without the interpreter's teardown
-    (:func:`exit_now`). For an exit that leaves an embedded Ray up
-    (:func:`rayft.train.ray_cluster.leave_embedded_ray_to_the_exit`): the teardown under Ray's live
-    core worker segfaulted 1 exit in 8 on the development machine (its threads still running)."""
-    import atexit
-
-    atexit._run_exitfuncs()  # CPython's own (3.x): the handlers as a normal exit runs them, last registered first
-    exit_now(code)
 
 
 def check_cluster_fit(cfg: RayftConfig, config: str | os.PathLike[str]) -> None:

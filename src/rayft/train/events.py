@@ -81,12 +81,14 @@ class WorkerFailedEvent:
     ``seen_by``: ``"worker"``, posted by the failing worker itself when its train function raised,
     whatever its rank (every rank's channel drops the other events); ``"ray_train"``, posted by Ray
     Train's controller for each rank it found failed (:mod:`rayft.train.worker_loss`), which is
-    how a worker killed outright (SIGKILL, the OOM killer, its node lost) is told: it posts nothing."""
+    how a worker killed outright (SIGKILL, the OOM killer, its node lost) is told: it posts nothing.
+    ``lost``: the worker's process died or hung (Ray Train's report only), rather than raising."""
 
     rank: int
     error: str
     unix_time: float
     seen_by: str = "worker"
+    lost: bool = False
 
 
 def failure_text(e: BaseException, limit: int = 300) -> str:

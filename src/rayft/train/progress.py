@@ -48,7 +48,7 @@ class RunProgress:
     stopped: StoppedEvent | None = None
     failures: list[dict] = field(default_factory=list)
     failures_said: set[str] = field(default_factory=set)  # the errors said since the last resume
-    ranks_failed: set[int] = field(default_factory=set)  # the ranks that reported their own failure since then
+    worker_reports: set[tuple[int, str]] = field(default_factory=set)  # (rank, error) the workers reported themselves since then
 
     def add(self, event: ProgressEvent, say) -> str | None:
         """Take one event; ``say(text)`` prints a line above the bar. Returns the bar's new info
@@ -62,7 +62,7 @@ class RunProgress:
             say(f"eval loss before training: {event.eval_loss:.4f}")
         elif isinstance(event, ResumedEvent):
             self.failures_said.clear()  # a restart's new failures are said again
-            self.ranks_failed.clear()
+            self.worker_reports.clear()
             self.resumes.append(
                 {"step": event.step, "from_world_size": event.from_world_size, "world_size": event.world_size, "load_s": event.load_s}
             )
@@ -81,19 +81,22 @@ class RunProgress:
 
     def add_failure(self, event: WorkerFailedEvent, say) -> None:
         """A worker's failure: kept (the first :data:`MAX_FAILURES_KEPT`) and said, once per distinct
-        error (numbers aside: a pid, a rank) until the next resume. Ray Train's report of a rank
-        that reported its own failure since then is the same failure, seen from the controller: dropped."""
-        if event.seen_by == "ray_train" and event.rank in self.ranks_failed:
-            return
+        error (numbers aside: a pid, a rank) until the next resume. Ray Train's report of what a
+        worker reported itself since then (the same rank and text) is that failure seen from the
+        controller: dropped."""
         if event.seen_by == "worker":
-            self.ranks_failed.add(event.rank)
+            self.worker_reports.add((event.rank, event.error))
+        elif (event.rank, event.error) in self.worker_reports:
+            return
         if len(self.failures) < MAX_FAILURES_KEPT:
-            self.failures.append({"rank": event.rank, "error": event.error, "unix_time": event.unix_time, "seen_by": event.seen_by})
+            self.failures.append(
+                {"rank": event.rank, "error": event.error, "unix_time": event.unix_time, "seen_by": event.seen_by, "lost": event.lost}
+            )
         key = re.sub(r"\d+", "#", event.error)
         if key in self.failures_said:  # every rank's failed save says the same: one line for them
             return
         self.failures_said.add(key)
-        what = f"worker rank {event.rank} failed" if event.seen_by == "worker" else f"Ray Train lost worker rank {event.rank}"
+        what = f"Ray Train lost worker rank {event.rank}" if event.lost else f"worker rank {event.rank} failed"
         say(
             f"{what}: {event.error}; Ray Train restarts the workers from the newest checkpoint while ray.max_failures "
             "allows (the workers' logs have the traceback)"

@@ -23,7 +23,7 @@ from rayft.train.errors import TrainError
 EMBEDDED = "embedded local Ray"
 #: what :func:`connect_ray` returns for a Ray this process had initialised before it was called
 EXISTING = "existing"
-#: set once :func:`connect_ray` has started an embedded Ray in this process (:func:`leave_embedded_ray_to_the_exit`)
+#: set once :func:`connect_ray` has started an embedded Ray in this process (:func:`exit_leaving_embedded_ray`)
 EMBEDDED_STARTED = threading.Event()
 
 
@@ -85,27 +85,49 @@ def connect_ray(cfg: RayftConfig) -> str:
     return EMBEDDED
 
 
-def leave_embedded_ray_to_the_exit() -> bool:
-    """Where this process started an embedded Ray (:data:`EMBEDDED_STARTED`) that is still up, take
-    Ray's shutdown out of the process's ``atexit`` handlers; returns whether it did. For a command whose
-    run has ended (``fit`` returned, its workers gone), just before it exits; the caller then ends
-    the process without the interpreter's teardown (:func:`rayft.commands.train.exit_after_handlers`),
-    which segfaulted 1 exit in 8 with Ray's core worker still up.
+def exit_leaving_embedded_ray(code: int) -> None:
+    """Where this process started an embedded Ray (:data:`EMBEDDED_STARTED`) that is still up, end
+    the process with ``code`` without Ray's shutdown: run every other ``atexit`` handler (the run
+    lock's, temporary directories', logging's flush), SIGKILL what Ray's own processes started
+    (:func:`stop_what_ray_started`), flush stdout and stderr, then ``os._exit``. Else return (the
+    process exits as usual). For the ``rayft`` command's exit after a command that succeeded
+    (:func:`rayft.cli.run`): never from a library call or a notebook, whose process goes on.
 
     Why: ``ray.shutdown()`` at exit stops each process Ray started and waits for it: 1.4-1.6 s on the
-    2-core development machine after a ``TorchTrainer`` run, and the process's whole exit took 2.2 s on
-    the GPU host (bench/NOTES.md §47-§48). Nothing needs that wait here: Ray starts the GCS and the
-    raylet with ``PR_SET_PDEATHSIG`` (SIGKILL when the thread that started them ends, which the
-    process's exit does), and what the raylet started goes with it; an embedded Ray keeps nothing
-    that outlives it. Measured there: the exit 2.58 → 0.05 s, and no Ray process left a second later
-    but two zombies that init reaps. A Ray that this process joined (a cluster) keeps its shutdown,
-    a disconnection."""
+    2-core development machine after a ``TorchTrainer`` run, and the process's whole exit took
+    2.2 s on the GPU host (bench/NOTES.md §47-§48). An embedded Ray keeps nothing that must outlive
+    the run. Ray starts its GCS, raylet and log monitor with ``PR_SET_PDEATHSIG`` (SIGKILL when the
+    thread that started them ends, which this exit does); the raylet's agents and workers are not
+    tied to it (its dashboard agent, holding port 52365, lived ~80 s on), hence the SIGKILL. Why not
+    a plain exit without Ray's shutdown: the interpreter's teardown under Ray's live core worker
+    segfaulted 1 exit in 8."""
     import ray
 
     if not (EMBEDDED_STARTED.is_set() and ray.is_initialized()):
-        return False
+        return
     atexit.unregister(ray.shutdown)
-    return True
+    atexit._run_exitfuncs()  # CPython's own: the handlers as a normal exit runs them, last registered first
+    stop_what_ray_started()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a hung-up terminal's flush must not skip the exit
+            stream.flush()
+    os._exit(code)
+
+
+def stop_what_ray_started() -> int:
+    """SIGKILL, without waiting, every process that the embedded Ray's own processes of this
+    process (:func:`ray_start_processes`: the GCS, raylet, log monitor) started: the raylet's agents
+    and workers. Returns how many were signalled."""
+    import psutil
+
+    doomed = []
+    for p in ray_start_processes(set()):
+        with contextlib.suppress(psutil.Error):
+            doomed += p.children(recursive=True)
+    for p in doomed:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    return len(doomed)
 
 
 def child_pids() -> set[int]:
