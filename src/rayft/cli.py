@@ -83,14 +83,16 @@ def run() -> None:
     skipped that a command relies on: the commands close what they open, and the ``atexit``
     handlers still run. After a command that succeeded with an embedded Ray it started (`rayft
     train`), the process ends without Ray's 1.5-2 s shutdown
-    (:func:`rayft.train.ray_cluster.exit_leaving_embedded_ray`)."""
+    (:func:`rayft.train.ray_cluster.end_embedded_ray_for_the_exit`)."""
     try:
         app()
     except SystemExit as e:
         if e.code in (0, None) and "ray" in sys.modules:
-            from rayft.train.ray_cluster import exit_leaving_embedded_ray
+            from rayft.commands.train import exit_now
+            from rayft.train.ray_cluster import end_embedded_ray_for_the_exit
 
-            exit_leaving_embedded_ray(0)  # returns where this process started no Ray of its own
+            if end_embedded_ray_for_the_exit():
+                exit_now(0)
         raise
     finally:
         gc.freeze()

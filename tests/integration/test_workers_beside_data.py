@@ -170,7 +170,7 @@ def test_the_workers_start_as_the_data_are_tokenized_and_after_a_store_hit(tmp_p
     assert got["thread_imports"] == [], "\n".join(got["thread_imports"])
 
     # the same store: a hit, nothing to tokenize; through the `rayft train` command, whose exit leaves out Ray's
-    # shutdown (rayft.train.ray_cluster.exit_leaving_embedded_ray)
+    # shutdown (rayft.train.ray_cluster.end_embedded_ray_for_the_exit)
     again, _ = run("cli-train", tmp_path, 0.0, "checkpoint.name=second")
     assert again["steps"] == 2 and "ingest_start_unix" not in again  # (its exit status 0: run())
     assert again["ray_up_at_exit"] is True  # the exit's handlers ran, Ray's shutdown not among them

@@ -77,9 +77,11 @@ def fit_running() -> bool:
 
 
 def exit_now(code: int) -> None:
-    """Exit without Ray's shutdown at exit: the workers may still be running, and Ray's core worker
-    ends the process with status 1 when its shutdown lands under ``fit``'s thread
-    (:meth:`rayft.train.worker_launch.WorkerLaunch.cancel`); Ray's processes end with this one."""
+    """Exit at once (stdout and stderr flushed), without Ray's shutdown at exit or the interpreter's
+    teardown. After a forced stop: the workers may still be running, and Ray's core worker ends the
+    process with status 1 when its shutdown lands under ``fit``'s thread
+    (:meth:`rayft.train.worker_launch.WorkerLaunch.cancel`); Ray's processes end with this one. After
+    a finished run: :func:`rayft.train.ray_cluster.end_embedded_ray_for_the_exit`."""
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # a hung-up terminal's flush must not skip the exit
             stream.flush()

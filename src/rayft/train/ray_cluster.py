@@ -23,7 +23,7 @@ from rayft.train.errors import TrainError
 EMBEDDED = "embedded local Ray"
 #: what :func:`connect_ray` returns for a Ray this process had initialised before it was called
 EXISTING = "existing"
-#: set once :func:`connect_ray` has started an embedded Ray in this process (:func:`exit_leaving_embedded_ray`)
+#: set once :func:`connect_ray` has started an embedded Ray in this process (:func:`end_embedded_ray_for_the_exit`)
 EMBEDDED_STARTED = threading.Event()
 
 
@@ -85,33 +85,32 @@ def connect_ray(cfg: RayftConfig) -> str:
     return EMBEDDED
 
 
-def exit_leaving_embedded_ray(code: int) -> None:
-    """Where this process started an embedded Ray (:data:`EMBEDDED_STARTED`) that is still up, end
-    the process with ``code`` without Ray's shutdown: run every other ``atexit`` handler (the run
-    lock's, temporary directories', logging's flush), SIGKILL what Ray's own processes started
-    (:func:`stop_what_ray_started`), flush stdout and stderr, then ``os._exit``. Else return (the
-    process exits as usual). For the ``rayft`` command's exit after a command that succeeded
+def end_embedded_ray_for_the_exit() -> bool:
+    """Where this process started an embedded Ray (:data:`EMBEDDED_STARTED`) that is still up, make
+    ready to end the process without Ray's shutdown and return True: take that shutdown out of the
+    ``atexit`` handlers, run every other one now (the run lock's, temporary directories', logging's
+    flush; they do not run again), and SIGKILL what Ray's own processes started
+    (:func:`stop_what_ray_started`). The caller then ends the process at once, without the
+    interpreter's teardown (``os._exit``: :func:`rayft.commands.train.exit_now`). Else False: the
+    process exits as usual. For the ``rayft`` command's exit after a command that succeeded
     (:func:`rayft.cli.run`): never from a library call or a notebook, whose process goes on.
 
     Why: ``ray.shutdown()`` at exit stops each process Ray started and waits for it: 1.4-1.6 s on the
     2-core development machine after a ``TorchTrainer`` run, and the process's whole exit took
     2.2 s on the GPU host (bench/NOTES.md §47-§48). An embedded Ray keeps nothing that must outlive
     the run. Ray starts its GCS, raylet and log monitor with ``PR_SET_PDEATHSIG`` (SIGKILL when the
-    thread that started them ends, which this exit does); the raylet's agents and workers are not
+    thread that started them ends, which the exit does); the raylet's agents and workers are not
     tied to it (its dashboard agent, holding port 52365, lived ~80 s on), hence the SIGKILL. Why not
     a plain exit without Ray's shutdown: the interpreter's teardown under Ray's live core worker
     segfaulted 1 exit in 8."""
     import ray
 
     if not (EMBEDDED_STARTED.is_set() and ray.is_initialized()):
-        return
+        return False
     atexit.unregister(ray.shutdown)
     atexit._run_exitfuncs()  # CPython's own: the handlers as a normal exit runs them, last registered first
     stop_what_ray_started()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):  # a hung-up terminal's flush must not skip the exit
-            stream.flush()
-    os._exit(code)
+    return True
 
 
 def stop_what_ray_started() -> int:
