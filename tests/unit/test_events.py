@@ -237,7 +237,7 @@ DIED = (
 
 
 def test_how_ray_train_saw_a_worker_fail_is_said_in_one_line():
-    """rayft.train.worker_loss.lost_worker_text on Ray Train's own error classes: a dead process (its
+    """rayft.train.worker_loss.failure_as_ray_train_saw_it on Ray Train's own error classes: a dead process (its
     pid, host and Ray's exit detail, cut to the limit; lost), a hung health check (its first line;
     lost), a train function's exception (the exception as the worker's own report says it; not lost)."""
     from ray.train.v2._internal.exceptions import (
@@ -246,29 +246,29 @@ def test_how_ray_train_saw_a_worker_fail_is_said_in_one_line():
         WorkerHealthCheckTimeoutError,
     )
 
-    from rayft.train.worker_loss import lost_worker_text
+    from rayft.train.worker_loss import failure_as_ray_train_saw_it
 
     died = WorkerHealthCheckFailedError("A worker health check failed.\nWorker info: Worker(pid=8523)", failure=RuntimeError(DIED))
-    text, lost = lost_worker_text(died)
+    text, lost = failure_as_ray_train_saw_it(died)
     assert lost and text.startswith(
         "its process died (pid 8523 on 192.0.2.2): Worker exit type: SYSTEM_ERROR Worker exit detail: Worker unexpectedly exits "
         "with a connection error code 2. End of file."
     )
     assert text.endswith("(2) ray stop --force was called") and "\n" not in text and "  " not in text
-    cut, _ = lost_worker_text(died, limit=120)
+    cut, _ = failure_as_ray_train_saw_it(died, limit=120)
     assert len(cut) == 120 and cut.endswith("…") and text.startswith(cut[:-1])
     hung = WorkerHealthCheckTimeoutError(
         "A worker health check has been hanging for 600.12 seconds. Marking the worker as dead.\nWorker info: x"
     )
-    assert lost_worker_text(hung) == (
+    assert failure_as_ray_train_saw_it(hung) == (
         "WorkerHealthCheckTimeoutError: A worker health check has been hanging for 600.12 seconds. Marking the worker as dead.",
         True,
     )
     tb = 'Traceback (most recent call last):\n  File "loop.py", line 3, in run\n    raise ValueError("bad row")\nValueError: bad row\n'
     raised = UserExceptionWithTraceback(ValueError("bad row"), tb)
-    assert lost_worker_text(raised) == ("ValueError: bad row", False)  # as the worker's own report (failure_text) says it
+    assert failure_as_ray_train_saw_it(raised) == ("ValueError: bad row", False)  # as the worker's own report (failure_text) says it
     raised._base_exc = None  # a Ray that keeps only the traceback: its last line
-    assert lost_worker_text(raised) == ("ValueError: bad row", False)
+    assert failure_as_ray_train_saw_it(raised) == ("ValueError: bad row", False)
 
 
 def test_ray_trains_report_is_said_where_the_worker_could_not_report_itself():

@@ -119,14 +119,23 @@ def stop_what_ray_started() -> int:
     and workers. Returns how many were signalled."""
     import psutil
 
-    doomed = []
-    for p in ray_start_processes(set()):
-        with contextlib.suppress(psutil.Error):
-            doomed += p.children(recursive=True)
+    doomed = started_by(ray_start_processes(set()))
     for p in doomed:
         with contextlib.suppress(psutil.Error):
             p.kill()
     return len(doomed)
+
+
+def started_by(processes: list) -> list:
+    """What ``processes`` (``psutil.Process`` objects) started, all the way down; one that ended
+    meanwhile adds nothing."""
+    import psutil
+
+    found = []
+    for p in processes:
+        with contextlib.suppress(psutil.Error):
+            found += p.children(recursive=True)
+    return found
 
 
 def child_pids() -> set[int]:
@@ -163,10 +172,8 @@ def stop_failed_ray_start(before: set[int], timeout_s: float = 10.0) -> int:
     then SIGKILL after ``timeout_s``)."""
     import psutil
 
-    doomed = []
-    for p in ray_start_processes(before):
-        with contextlib.suppress(psutil.Error):
-            doomed += [p, *p.children(recursive=True)]
+    roots = ray_start_processes(before)
+    doomed = roots + started_by(roots)
     for p in doomed:
         with contextlib.suppress(psutil.Error):
             p.terminate()

@@ -34,7 +34,7 @@ PID = re.compile(r"\bpid[:=]\s*(\d+)")
 IP = re.compile(r"\b(?:ip|node_ip)[:=]\s*'?([0-9a-fA-F.:]+)")
 
 
-def lost_worker_text(error: BaseException, limit: int = 300) -> tuple[str, bool]:
+def failure_as_ray_train_saw_it(error: BaseException, limit: int = 300) -> tuple[str, bool]:
     """How Ray Train's controller saw a worker fail, on one line of at most ``limit`` characters, and
     whether the worker was lost (its process died or hung) rather than its train function raising.
 
@@ -79,7 +79,7 @@ class WorkerLossReport(ray.train.UserCallback):
         now = time.time()
         for rank, error in sorted(worker_exceptions.items()):
             try:
-                text, lost = lost_worker_text(error)
+                text, lost = failure_as_ray_train_saw_it(error)
                 if (int(rank), text) in self.posted:
                     continue
                 self.posted.add((int(rank), text))
